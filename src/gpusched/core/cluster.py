@@ -1,0 +1,180 @@
+"""The cluster model: integer resource arrays over nodes and GPUs, with assume/forget.
+
+``ClusterState`` is the scheduler cache and the snapshot a scheduling cycle reads. Every
+resource is an integer numpy array so that filters and scores run over all nodes at once:
+
+- ``cpu_free[n]``, ``mem_free[n]``: milli-CPU and MiB left on node ``n``.
+- ``gpu_free[n, i]``: milli-GPU left on GPU ``i`` of node ``n`` (0..1000); padding GPUs of
+  nodes with fewer than ``max_gpus`` GPUs hold 0 and ``gpu_mem_free`` 0, so they never fit.
+- ``gen[n]``: a generation counter bumped on every change of node ``n``. Score caches keyed
+  by pod shape recompute only nodes whose generation moved (an equivalence-class cache).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from gpusched.core.model import GPU_MILLI, Allocation, InvalidSpec, NodeSpec, PodSpec
+
+I64 = npt.NDArray[np.int64]
+BoolArr = npt.NDArray[np.bool_]
+
+
+class AccountingError(RuntimeError):
+    """An assume or forget that would break the books (double booking, unknown pod)."""
+
+
+class ClusterState:
+    def __init__(self, nodes: Sequence[NodeSpec]) -> None:
+        names = [n.name for n in nodes]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise InvalidSpec(f"duplicate node name {dup!r}")
+        self.nodes: tuple[NodeSpec, ...] = tuple(nodes)
+        self.names: tuple[str, ...] = tuple(names)
+        self.index: dict[str, int] = {n: i for i, n in enumerate(names)}
+        n = len(nodes)
+        self.max_gpus = max((nd.gpu_count for nd in nodes), default=0) or 1
+        self.models: tuple[str, ...] = tuple(sorted({nd.gpu_model for nd in nodes if nd.gpu_model}))
+        self.model_index = {m: i for i, m in enumerate(self.models)}
+        self.cpu_cap: I64 = np.array([nd.cpu_milli for nd in nodes], dtype=np.int64)
+        self.mem_cap: I64 = np.array([nd.memory_mib for nd in nodes], dtype=np.int64)
+        self.gpu_count: I64 = np.array([nd.gpu_count for nd in nodes], dtype=np.int64)
+        self.model_id: I64 = np.array([self.model_index.get(nd.gpu_model, -1) for nd in nodes], dtype=np.int64)
+        self.gpu_exists: BoolArr = np.arange(self.max_gpus)[None, :] < self.gpu_count[:, None]
+        self.gpu_cap: I64 = np.where(self.gpu_exists, GPU_MILLI, 0).astype(np.int64)
+        gmem = np.array([nd.gpu_memory_mib for nd in nodes], dtype=np.int64)
+        self.gpu_mem_cap: I64 = np.where(self.gpu_exists, gmem[:, None], 0).astype(np.int64)
+        self.cpu_free: I64 = self.cpu_cap.copy()
+        self.mem_free: I64 = self.mem_cap.copy()
+        self.gpu_free: I64 = self.gpu_cap.copy()
+        self.gpu_mem_free: I64 = self.gpu_mem_cap.copy()
+        self.gen: I64 = np.zeros(n, dtype=np.int64)
+        self.allocations: dict[str, Allocation] = {}
+        self.node_pods: list[set[str]] = [set() for _ in range(n)]
+        self.score_cache: dict[object, object] = {}
+        """Per-snapshot caches of plugins (label masks, scores by pod shape); a copy starts empty."""
+        self.total_gpu_milli = int(self.gpu_cap.sum())
+
+    # ----------------------------------------------------------------- views
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def node_gpu_free(self, node: int) -> list[int]:
+        return [int(v) for v in self.gpu_free[node, : int(self.gpu_count[node])]]
+
+    def allocated_gpu_milli(self) -> int:
+        return self.total_gpu_milli - int(self.gpu_free.sum())
+
+    def gpu_allocation_ratio(self) -> float:
+        return self.allocated_gpu_milli() / self.total_gpu_milli if self.total_gpu_milli else 0.0
+
+    def pods_on(self, node: int) -> list[Allocation]:
+        return [self.allocations[k] for k in sorted(self.node_pods[node])]
+
+    # ------------------------------------------------------------ accounting
+    def check_fits(self, pod: PodSpec, node: int, gpus: Sequence[int]) -> str | None:
+        """Why ``pod`` cannot take ``gpus`` on ``node`` now, or None when it can."""
+        if not 0 <= node < len(self.nodes):
+            return f"node index {node} out of range"
+        name = self.names[node]
+        if len(gpus) != pod.num_gpu:
+            return f"pod {pod.key} asks for {pod.num_gpu} GPUs, assignment has {len(gpus)}"
+        if len(set(gpus)) != len(gpus):
+            return f"pod {pod.key}: GPU indices repeat in {list(gpus)}"
+        if self.cpu_free[node] < pod.cpu_milli:
+            return f"node {name}: cpu {self.cpu_free[node]} free < {pod.cpu_milli}"
+        if self.mem_free[node] < pod.memory_mib:
+            return f"node {name}: memory {self.mem_free[node]} MiB free < {pod.memory_mib}"
+        if pod.num_gpu and pod.gpu_models and self.nodes[node].gpu_model not in pod.gpu_models:
+            return f"node {name}: GPU model {self.nodes[node].gpu_model} not in {sorted(pod.gpu_models)}"
+        for g in gpus:
+            if not 0 <= g < self.gpu_count[node]:
+                return f"node {name} has no GPU {g}"
+            if self.gpu_free[node, g] < pod.gpu_milli:
+                return f"node {name} GPU {g}: {self.gpu_free[node, g]} milli free < {pod.gpu_milli}"
+            if self.gpu_mem_free[node, g] < pod.gpu_memory_mib:
+                return f"node {name} GPU {g}: {self.gpu_mem_free[node, g]} MiB free < {pod.gpu_memory_mib}"
+        return None
+
+    def assume(self, pod: PodSpec, node: int, gpus: Sequence[int]) -> Allocation:
+        """Book ``pod`` onto ``node`` and ``gpus``. Raises AccountingError if it does not fit."""
+        if pod.key in self.allocations:
+            raise AccountingError(f"pod {pod.key} is already assumed on {self.names[self.allocations[pod.key].node]}")
+        why = self.check_fits(pod, node, gpus)
+        if why is not None:
+            raise AccountingError(why)
+        alloc = Allocation(pod, node, tuple(int(g) for g in gpus))
+        self._apply(alloc, -1)
+        self.allocations[pod.key] = alloc
+        self.node_pods[node].add(pod.key)
+        return alloc
+
+    def forget(self, pod_key: str) -> Allocation:
+        """Release what ``pod_key`` holds; the exact inverse of ``assume``."""
+        alloc = self.allocations.pop(pod_key, None)
+        if alloc is None:
+            raise AccountingError(f"pod {pod_key} is not assumed")
+        self._apply(alloc, +1)
+        self.node_pods[alloc.node].discard(pod_key)
+        return alloc
+
+    def _apply(self, a: Allocation, sign: int) -> None:
+        p, n = a.pod, a.node
+        self.cpu_free[n] += sign * p.cpu_milli
+        self.mem_free[n] += sign * p.memory_mib
+        if a.gpus:
+            idx = list(a.gpus)
+            self.gpu_free[n, idx] += sign * p.gpu_milli
+            self.gpu_mem_free[n, idx] += sign * p.gpu_memory_mib
+        self.gen[n] += 1
+
+    # --------------------------------------------------------------- copying
+    def copy(self) -> ClusterState:
+        """An independent snapshot sharing the immutable node specs."""
+        c = object.__new__(ClusterState)
+        c.__dict__.update(self.__dict__)
+        for f in ("cpu_free", "mem_free", "gpu_free", "gpu_mem_free", "gen"):
+            setattr(c, f, getattr(self, f).copy())
+        c.allocations = dict(self.allocations)
+        c.node_pods = [set(s) for s in self.node_pods]
+        c.score_cache = {}
+        return c
+
+    def restore(self, allocations: Iterable[Allocation]) -> list[str]:
+        """Re-book allocations (e.g. read back after a restart). Returns the keys that did not fit."""
+        bad = []
+        for a in allocations:
+            try:
+                self.assume(a.pod, a.node, a.gpus)
+            except AccountingError:
+                bad.append(a.pod.key)
+        return bad
+
+    def verify(self) -> list[str]:
+        """Recompute every free amount from the allocations; list any disagreement (should be none)."""
+        cpu = self.cpu_cap.copy()
+        mem = self.mem_cap.copy()
+        gpu = self.gpu_cap.copy()
+        gmem = self.gpu_mem_cap.copy()
+        for a in self.allocations.values():
+            cpu[a.node] -= a.pod.cpu_milli
+            mem[a.node] -= a.pod.memory_mib
+            for g in a.gpus:
+                gpu[a.node, g] -= a.pod.gpu_milli
+                gmem[a.node, g] -= a.pod.gpu_memory_mib
+        errs = []
+        for name, want, have in (
+            ("cpu", cpu, self.cpu_free),
+            ("memory", mem, self.mem_free),
+            ("gpu milli", gpu, self.gpu_free),
+            ("gpu memory", gmem, self.gpu_mem_free),
+        ):
+            if not np.array_equal(want, have):
+                errs.append(f"{name} books disagree with allocations")
+            if (have < 0).any():
+                errs.append(f"{name} overcommitted")
+        return errs

@@ -1,0 +1,127 @@
+"""The plugin framework, after kube-scheduler's: extension points, cycle state, profiles.
+
+Extension points, in the order ``schedule_one`` runs them:
+
+- **PreFilter** — checks the pod alone (and may precompute into the cycle state).
+- **Filter** — a boolean mask over *all* nodes at once (vectorised); ``explain`` gives the
+  per-node reason for failed nodes, only when a diagnosis is asked for.
+- **PostFilter** — runs when no node fits (preemption lives here).
+- **Score** — a score per candidate node, with an optional device choice per node (which GPU
+  a share would take there); weighted and summed across score plugins.
+- **Reserve/Unreserve** — side bookkeeping once a node is chosen (rolled back on failure).
+- **Permit** — allow, reject or make the pod wait (gang scheduling).
+- **Bind** — lives in the front ends (simulator: nothing; Kubernetes: the binding API).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from gpusched.core.cluster import BoolArr, ClusterState, I64
+from gpusched.core.model import PodSpec
+from gpusched.core.status import Code, Diagnosis, Status
+
+F64 = npt.NDArray[np.float64]
+
+
+class CycleState:
+    """Data one scheduling cycle passes between extension points (per pod, per cycle)."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self) -> None:
+        self._data: dict[str, object] = {}
+
+    def write(self, key: str, value: object) -> None:
+        self._data[key] = value
+
+    def read(self, key: str) -> object | None:
+        return self._data.get(key)
+
+
+@runtime_checkable
+class PreFilterPlugin(Protocol):
+    name: str
+
+    def pre_filter(self, state: CycleState, pod: PodSpec, snap: ClusterState) -> Status: ...
+
+
+@runtime_checkable
+class FilterPlugin(Protocol):
+    name: str
+
+    def filter(self, state: CycleState, pod: PodSpec, snap: ClusterState) -> BoolArr: ...
+
+    def explain(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> tuple[str, Code]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class NodeScores:
+    """Raw scores for ``nodes`` (higher is better) and, optionally, the GPU a share takes on each."""
+
+    scores: F64 | I64
+    gpu_choice: I64 | None = None
+
+
+@runtime_checkable
+class ScorePlugin(Protocol):
+    name: str
+
+    def score(self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64) -> NodeScores: ...
+
+
+@runtime_checkable
+class ReservePlugin(Protocol):
+    name: str
+
+    def reserve(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> Status: ...
+
+    def unreserve(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> None: ...
+
+
+@runtime_checkable
+class PermitPlugin(Protocol):
+    name: str
+
+    def permit(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> Status: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PostFilterResult:
+    status: Status
+    nominated_node: int = -1
+    victims: tuple[str, ...] = ()
+
+
+@runtime_checkable
+class PostFilterPlugin(Protocol):
+    name: str
+
+    def post_filter(
+        self, state: CycleState, pod: PodSpec, snap: ClusterState, diagnosis: Diagnosis | None
+    ) -> PostFilterResult: ...
+
+
+@dataclass(frozen=True, slots=True)
+class WeightedScore:
+    plugin: ScorePlugin
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One scheduler profile: the plugins enabled at each extension point."""
+
+    name: str
+    pre_filters: Sequence[PreFilterPlugin] = ()
+    filters: Sequence[FilterPlugin] = ()
+    post_filters: Sequence[PostFilterPlugin] = ()
+    scores: Sequence[WeightedScore] = ()
+    reserves: Sequence[ReservePlugin] = ()
+    permits: Sequence[PermitPlugin] = ()
+    meta: dict[str, object] = field(default_factory=dict)

@@ -1,0 +1,144 @@
+"""Specs of nodes and pods in integer units: milli-CPU, MiB, milli-GPU. Never floats.
+
+A GPU is 1000 milli-GPU. A pod asks for ``num_gpu`` GPUs with ``gpu_milli`` of each
+(``gpu_milli < 1000`` is a share of one GPU) and optionally ``gpu_memory_mib`` of each
+GPU's memory. Room is left for what later front ends bring (labels, taints, priority,
+gang groups, queues); the core treats them as plain data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+GPU_MILLI = 1000
+"""Milli-GPU in one whole GPU."""
+
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+class InvalidSpec(ValueError):
+    """A node or pod spec that cannot be scheduled as written. The message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    key: str = ""
+    operator: str = "Equal"  # Equal | Exists
+    value: str = ""
+    effect: str = ""  # empty: every effect
+
+    def tolerates(self, taint: Taint) -> bool:
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.operator == "Exists":
+            return not self.key or self.key == taint.key
+        return self.key == taint.key and self.value == taint.value
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """One node. All GPUs of a node are of one model (as GPU feature discovery labels them)."""
+
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpu_count: int = 0
+    gpu_model: str = ""
+    gpu_memory_mib: int = 0  # per GPU; 0 when the model's memory is unknown
+    labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    taints: tuple[Taint, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise InvalidSpec("node: name is empty")
+        for fname in ("cpu_milli", "memory_mib", "gpu_count", "gpu_memory_mib"):
+            v = getattr(self, fname)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise InvalidSpec(f"node {self.name}: {fname} must be a non-negative integer, got {v!r}")
+        if self.gpu_count and not self.gpu_model:
+            raise InvalidSpec(f"node {self.name}: has {self.gpu_count} GPUs but no gpu_model")
+
+
+@dataclass(frozen=True, slots=True)
+class PodSpec:
+    """One pod's request. ``key`` (namespace/name) identifies it in the cluster state."""
+
+    name: str
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    num_gpu: int = 0
+    gpu_milli: int = 0  # per GPU; GPU_MILLI for whole GPUs
+    gpu_memory_mib: int = 0  # per GPU; 0 = no GPU-memory constraint
+    gpu_models: frozenset[str] = frozenset()  # empty = any model
+    namespace: str = "default"
+    priority: int = 0
+    node_selector: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    tolerations: tuple[Toleration, ...] = ()
+    gang: str = ""  # all-or-nothing group, empty = none
+    queue: str = ""  # tenant queue, empty = default
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise InvalidSpec("pod: name is empty")
+        for fname in ("cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_memory_mib"):
+            v = getattr(self, fname)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise InvalidSpec(f"pod {self.key}: {fname} must be a non-negative integer, got {v!r}")
+        if self.gpu_milli > GPU_MILLI:
+            raise InvalidSpec(f"pod {self.key}: gpu_milli {self.gpu_milli} is more than one GPU ({GPU_MILLI})")
+        if self.num_gpu == 0 and (self.gpu_milli or self.gpu_memory_mib):
+            raise InvalidSpec(f"pod {self.key}: gpu_milli/gpu_memory_mib given but num_gpu is 0")
+        if self.num_gpu > 0 and self.gpu_milli == 0 and self.gpu_memory_mib == 0:
+            raise InvalidSpec(f"pod {self.key}: num_gpu {self.num_gpu} but neither gpu_milli nor gpu_memory_mib")
+        if self.num_gpu > 1 and 0 < self.gpu_milli < GPU_MILLI:
+            raise InvalidSpec(
+                f"pod {self.key}: a GPU share (gpu_milli {self.gpu_milli} < {GPU_MILLI}) "
+                f"needs num_gpu 1, got {self.num_gpu}"
+            )
+        for m in self.gpu_models:
+            if not m or "|" in m or m.strip() != m:
+                raise InvalidSpec(f"pod {self.key}: invalid GPU model name {m!r} in gpu_models")
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def is_share(self) -> bool:
+        return self.num_gpu == 1 and self.gpu_milli < GPU_MILLI
+
+    @property
+    def gpu_demand_milli(self) -> int:
+        return self.num_gpu * self.gpu_milli
+
+    def shape(self) -> tuple[object, ...]:
+        """Everything that a node-local filter or score may read of this pod. Pods with
+        equal shapes are interchangeable for scheduling (an equivalence class)."""
+        return (
+            self.cpu_milli,
+            self.memory_mib,
+            self.num_gpu,
+            self.gpu_milli,
+            self.gpu_memory_mib,
+            self.gpu_models,
+            tuple(sorted(self.node_selector.items())),
+            self.tolerations,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """What one pod holds: its node and, per assigned GPU, the GPU index on that node."""
+
+    pod: PodSpec
+    node: int
+    gpus: tuple[int, ...]

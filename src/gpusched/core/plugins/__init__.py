@@ -1,0 +1,1 @@
+"""Built-in plugins, one per module (filters here; score policies live in ``core.policies``)."""

@@ -1,0 +1,37 @@
+"""TaintToleration: NoSchedule/NoExecute taints the pod does not tolerate (Filter)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpusched.core.cluster import BoolArr, ClusterState
+from gpusched.core.framework import CycleState
+from gpusched.core.model import NodeSpec, PodSpec, Taint
+from gpusched.core.status import Code
+
+_BLOCKING = ("NoSchedule", "NoExecute")
+
+
+def untolerated(pod: PodSpec, node: NodeSpec) -> Taint | None:
+    for t in node.taints:
+        if t.effect in _BLOCKING and not any(tol.tolerates(t) for tol in pod.tolerations):
+            return t
+    return None
+
+
+class TaintToleration:
+    name = "TaintToleration"
+
+    def filter(self, state: CycleState, pod: PodSpec, snap: ClusterState) -> BoolArr:
+        key = ("TaintToleration", pod.tolerations)
+        cached = snap.score_cache.get(key)
+        if cached is None:
+            cached = np.array([untolerated(pod, nd) is None for nd in snap.nodes], dtype=bool)
+            snap.score_cache[key] = cached
+        assert isinstance(cached, np.ndarray)
+        return cached
+
+    def explain(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> tuple[str, Code]:
+        t = untolerated(pod, snap.nodes[node])
+        taint = f"{{{t.key}: {t.value}}}" if t else "{}"
+        return f"node(s) had untolerated taint {taint}", Code.UNSCHEDULABLE_AND_UNRESOLVABLE

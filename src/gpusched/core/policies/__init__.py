@@ -1,0 +1,66 @@
+"""Placement policies, each a Score plugin, and the profiles that enable them by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpusched.core.fragmentation import TargetWorkload
+from gpusched.core.framework import Profile, ScorePlugin, WeightedScore
+from gpusched.core.plugins.gpufit import GPUFit
+from gpusched.core.plugins.nodeaffinity import NodeAffinity
+from gpusched.core.plugins.noderesources import NodeResourcesFit
+from gpusched.core.plugins.tainttoleration import TaintToleration
+from gpusched.core.policies.bestfit import BestFitScore
+from gpusched.core.policies.clustering import GpuClusteringScore
+from gpusched.core.policies.dotprod import DotProductScore
+from gpusched.core.policies.fgd import FGDScore
+from gpusched.core.policies.packing import GpuPackingScore
+from gpusched.core.policies.random import RandomScore
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """What a policy may be built from: the target workload (for fragmentation-aware
+    policies) and a seeded random generator (for the random policy)."""
+
+    workload: TargetWorkload | None = None
+    rng: np.random.Generator | None = None
+
+    def need_workload(self, policy: str) -> TargetWorkload:
+        if self.workload is None:
+            raise ValueError(f"policy {policy!r} needs a target workload (a pod list to learn it from)")
+        return self.workload
+
+
+def _default(ctx: PolicyContext) -> ScorePlugin:
+    from gpusched.core.policies.default import DefaultScore
+
+    return DefaultScore(ctx.need_workload("default"))
+
+
+_FACTORIES: dict[str, Callable[[PolicyContext], ScorePlugin]] = {
+    "random": lambda ctx: RandomScore(ctx.rng if ctx.rng is not None else np.random.default_rng(0)),
+    "dotprod": lambda ctx: DotProductScore(),
+    "packing": lambda ctx: GpuPackingScore(),
+    "clustering": lambda ctx: GpuClusteringScore(),
+    "bestfit": lambda ctx: BestFitScore(),
+    "fgd": lambda ctx: FGDScore(ctx.need_workload("fgd")),
+    "default": _default,
+}
+
+POLICIES: tuple[str, ...] = tuple(_FACTORIES)
+
+
+def standard_filters() -> tuple[NodeResourcesFit, GPUFit, NodeAffinity, TaintToleration]:
+    return (NodeResourcesFit(), GPUFit(), NodeAffinity(), TaintToleration())
+
+
+def make_profile(policy: str, ctx: PolicyContext | None = None) -> Profile:
+    """A profile with the standard filters and ``policy`` as its only score plugin."""
+    if policy not in _FACTORIES:
+        raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    plugin = _FACTORIES[policy](ctx or PolicyContext())
+    return Profile(name=policy, filters=standard_filters(), scores=(WeightedScore(plugin, 1.0),))
