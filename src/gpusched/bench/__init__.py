@@ -1,0 +1,1 @@
+"""Benchmarks: placement quality against the published baseline, and decision latency."""

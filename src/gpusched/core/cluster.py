@@ -43,7 +43,9 @@ class ClusterState:
         self.cpu_cap: I64 = np.array([nd.cpu_milli for nd in nodes], dtype=np.int64)
         self.mem_cap: I64 = np.array([nd.memory_mib for nd in nodes], dtype=np.int64)
         self.gpu_count: I64 = np.array([nd.gpu_count for nd in nodes], dtype=np.int64)
-        self.model_id: I64 = np.array([self.model_index.get(nd.gpu_model, -1) for nd in nodes], dtype=np.int64)
+        self.model_id: I64 = np.array(
+            [self.model_index.get(nd.gpu_model, -1) for nd in nodes], dtype=np.int64
+        )
         self.gpu_exists: BoolArr = np.arange(self.max_gpus)[None, :] < self.gpu_count[:, None]
         self.gpu_cap: I64 = np.where(self.gpu_exists, GPU_MILLI, 0).astype(np.int64)
         gmem = np.array([nd.gpu_memory_mib for nd in nodes], dtype=np.int64)
@@ -103,7 +105,9 @@ class ClusterState:
     def assume(self, pod: PodSpec, node: int, gpus: Sequence[int]) -> Allocation:
         """Book ``pod`` onto ``node`` and ``gpus``. Raises AccountingError if it does not fit."""
         if pod.key in self.allocations:
-            raise AccountingError(f"pod {pod.key} is already assumed on {self.names[self.allocations[pod.key].node]}")
+            raise AccountingError(
+                f"pod {pod.key} is already assumed on {self.names[self.allocations[pod.key].node]}"
+            )
         why = self.check_fits(pod, node, gpus)
         if why is not None:
             raise AccountingError(why)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from gpusched.core.cluster import BoolArr, ClusterState, I64
+from gpusched.core.cluster import I64, BoolArr, ClusterState
 from gpusched.core.model import PodSpec
 
 F64 = npt.NDArray[np.float64]
@@ -40,16 +40,22 @@ class TargetWorkload:
     cpu: I64
     milli: I64
     num: I64
+    mem: I64 | None = None
+    """Mean memory (MiB) of each type's pods, when learnt from pods; memory is not in the key."""
 
     @classmethod
-    def from_counts(cls, counts: Counter[TypeKey], coverage: float = 0.95) -> TargetWorkload:
+    def from_counts(
+        cls, counts: Counter[TypeKey], coverage: float = 0.95, mem: dict[TypeKey, int] | None = None
+    ) -> TargetWorkload:
         """Keep the most popular types until they cover ``coverage`` of the pods; renormalise."""
         if not counts:
             raise ValueError("target workload needs at least one pod")
         total = sum(counts.values())
         # most popular first; equal counts by descending (cpu, milli, num, models) as the FGD simulator does
         ordered = sorted(
-            counts.items(), key=lambda kv: (kv[1], kv[0][0], kv[0][1], kv[0][2], sorted(kv[0][3])), reverse=True
+            counts.items(),
+            key=lambda kv: (kv[1], kv[0][0], kv[0][1], kv[0][2], sorted(kv[0][3])),
+            reverse=True,
         )
         kept: list[tuple[TypeKey, int]] = []
         acc = 0
@@ -65,11 +71,18 @@ class TargetWorkload:
             cpu=np.array([k[0] for k, _ in kept], dtype=np.int64),
             milli=np.array([k[1] for k, _ in kept], dtype=np.int64),
             num=np.array([k[2] for k, _ in kept], dtype=np.int64),
+            mem=None if mem is None else np.array([mem.get(k, 0) for k, _ in kept], dtype=np.int64),
         )
 
     @classmethod
     def from_pods(cls, pods: Iterable[PodSpec], coverage: float = 0.95) -> TargetWorkload:
-        return cls.from_counts(Counter(task_type(p) for p in pods), coverage)
+        counts: Counter[TypeKey] = Counter()
+        mem_sum: Counter[TypeKey] = Counter()
+        for p in pods:
+            k = task_type(p)
+            counts[k] += 1
+            mem_sum[k] += p.memory_mib
+        return cls.from_counts(counts, coverage, {k: mem_sum[k] // counts[k] for k in counts})
 
     def model_table(self, snap: ClusterState) -> BoolArr:
         """``table[model_id, m]``: type m may run on that model and needs a GPU. The last row
@@ -123,9 +136,7 @@ def cluster_fragmentation(snap: ClusterState, tw: TargetWorkload) -> float:
     return float(node_fragmentation(snap, tw).sum())
 
 
-def frag_after_share(
-    t: NodeTerms, cpu_after: I64, allowed: BoolArr, tw: TargetWorkload, milli: int
-) -> F64:
+def frag_after_share(t: NodeTerms, cpu_after: I64, allowed: BoolArr, tw: TargetWorkload, milli: int) -> F64:
     """Fragmentation of each node (k) if GPU j (G) gave up ``milli``: shape (k, G)."""
     g_new = t.gfree - milli  # (k, G)
     ge_new = g_new[:, :, None] >= tw.milli[None, None, :]

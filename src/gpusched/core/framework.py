@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from gpusched.core.cluster import BoolArr, ClusterState, I64
+from gpusched.core.cluster import I64, BoolArr, ClusterState
 from gpusched.core.model import PodSpec
 from gpusched.core.status import Code, Diagnosis, Status
 

@@ -94,11 +94,15 @@ class PodSpec:
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise InvalidSpec(f"pod {self.key}: {fname} must be a non-negative integer, got {v!r}")
         if self.gpu_milli > GPU_MILLI:
-            raise InvalidSpec(f"pod {self.key}: gpu_milli {self.gpu_milli} is more than one GPU ({GPU_MILLI})")
+            raise InvalidSpec(
+                f"pod {self.key}: gpu_milli {self.gpu_milli} is more than one GPU ({GPU_MILLI})"
+            )
         if self.num_gpu == 0 and (self.gpu_milli or self.gpu_memory_mib):
             raise InvalidSpec(f"pod {self.key}: gpu_milli/gpu_memory_mib given but num_gpu is 0")
         if self.num_gpu > 0 and self.gpu_milli == 0 and self.gpu_memory_mib == 0:
-            raise InvalidSpec(f"pod {self.key}: num_gpu {self.num_gpu} but neither gpu_milli nor gpu_memory_mib")
+            raise InvalidSpec(
+                f"pod {self.key}: num_gpu {self.num_gpu} but neither gpu_milli nor gpu_memory_mib"
+            )
         if self.num_gpu > 1 and 0 < self.gpu_milli < GPU_MILLI:
             raise InvalidSpec(
                 f"pod {self.key}: a GPU share (gpu_milli {self.gpu_milli} < {GPU_MILLI}) "

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpusched.core.cluster import ClusterState, I64
+from gpusched.core.cluster import I64, ClusterState
 from gpusched.core.devices import pick_gpus
-from gpusched.core.framework import CycleState, Profile
+from gpusched.core.framework import CycleState, Profile, ReservePlugin
 from gpusched.core.model import PodSpec
 from gpusched.core.status import Code, Diagnosis, NodeFailure, Status
 
@@ -64,9 +64,9 @@ def diagnose(state: CycleState, profile: Profile, pod: PodSpec, snap: ClusterSta
     return Diagnosis(len(snap), tuple(failures))
 
 
-def score_nodes(state: CycleState, profile: Profile, pod: PodSpec, snap: ClusterState, nodes: I64) -> tuple[
-    np.ndarray, I64 | None
-]:
+def score_nodes(
+    state: CycleState, profile: Profile, pod: PodSpec, snap: ClusterState, nodes: I64
+) -> tuple[np.ndarray, I64 | None]:
     """Weighted sum of every score plugin over ``nodes``, and the device choice of the
     heaviest plugin that makes one."""
     total = np.zeros(len(nodes), dtype=np.float64)
@@ -108,8 +108,7 @@ def schedule_one(
     for pf in profile.pre_filters:
         st = pf.pre_filter(state, pod, snap)
         if not st.ok:
-            diag = Diagnosis(len(snap), (), pre_filter=st)
-            return ScheduleResult(pod, st, diagnosis=diag)
+            return ScheduleResult(pod, st, diagnosis=Diagnosis(len(snap), (), pre_filter=st))
     feasible = find_feasible(state, profile, pod, snap)
     if len(feasible) == 0:
         diag = diagnose(state, profile, pod, snap) if diagnose_failures else None
@@ -130,7 +129,7 @@ def schedule_one(
     node = int(feasible[k])
     hint = int(choice[k]) if choice is not None else -1
     gpus = pick_gpus(snap, pod, node, hint)
-    reserved = []
+    reserved: list[ReservePlugin] = []
     for rp in profile.reserves:
         st = rp.reserve(state, pod, snap, node)
         if not st.ok:

@@ -36,7 +36,9 @@ class PaperRun:
     failed: int
     pods: int
     seconds: float = 0.0
-    model_used: dict[str, tuple[int, int]] = field(default_factory=dict)  # model -> (used, total) milli at end
+    model_used: dict[str, tuple[int, int]] = field(
+        default_factory=dict
+    )  # model -> (used, total) milli at end
 
     def curve(self, values: np.ndarray | None = None, max_pct: int = MAX_PCT) -> np.ndarray:
         """Column k = mean of round(value %, 2) over pod events whose arrived % rounds to k
@@ -65,7 +67,11 @@ def build_sequence(pods: Sequence[PodSpec], total_gpu_milli: int, seed: int, tun
     seq = [pool[i] for i in rng.permutation(len(pool))]
     target = tune * total_gpu_milli
     demand = sum(p.gpu_demand_milli for p in pool)
-    if demand <= target:
+    if not any(p.num_gpu for p in pool):
+        raise ValueError("the paper protocol inflates arrivals by GPU demand, but no pod asks for a GPU")
+    if tune <= 0:
+        raise ValueError(f"tune must be positive, got {tune}")
+    if demand < target:
         i = 0
         while True:
             p = pool[int(rng.integers(len(pool)))]
@@ -74,7 +80,7 @@ def build_sequence(pods: Sequence[PodSpec], total_gpu_milli: int, seed: int, tun
             demand += p.gpu_demand_milli
             seq.append(dataclasses.replace(p, name=f"{p.name}-tuned-{i}"))
             i += 1
-    else:
+    elif demand > target:
         while demand > target and seq:
             demand -= seq.pop(int(rng.integers(len(seq)))).gpu_demand_milli
     return seq

@@ -11,9 +11,12 @@ field, and nothing is silently dropped.
 from __future__ import annotations
 
 import csv
+import io
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gpusched.core.model import GPU_MILLI, InvalidSpec, NodeSpec, PodSpec
 
@@ -40,31 +43,51 @@ class TracePod:
     deleted: int | None = None
 
 
-def _rows(path: Path, required: tuple[str, ...], optional: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
-    if not path.exists():
-        raise TraceError(path, 0, "file not found")
-    with path.open(newline="", encoding="utf-8") as fh:
-        reader = csv.reader(fh)
-        header = next(reader, None)
-        if not header:
-            raise TraceError(path, 1, "empty file: no header line")
-        header = [h.strip() for h in header]
-        missing = [c for c in required if c not in header]
-        if missing:
-            raise TraceError(path, 1, f"missing column(s) {', '.join(missing)}; expected {', '.join(required)}")
-        unknown = [c for c in header if c not in required and c not in optional]
-        if unknown:
-            raise TraceError(path, 1, f"unknown column(s) {', '.join(unknown)}")
-        seen = 0
-        for lineno, row in enumerate(reader, start=2):
-            if not row or all(not c.strip() for c in row):
-                continue
-            if len(row) != len(header):
-                raise TraceError(path, lineno, f"{len(row)} fields, header has {len(header)}")
-            seen += 1
-            yield lineno, dict(zip(header, (c.strip() for c in row), strict=True))
-        if seen == 0:
-            raise TraceError(path, 1, "no data rows after the header")
+def _rows(
+    path: Path, required: tuple[str, ...], optional: tuple[str, ...]
+) -> Iterator[tuple[int, dict[str, str]]]:
+    if not path.is_file():
+        raise TraceError(path, 0, "file not found" if not path.exists() else "not a regular file")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise TraceError(path, line, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        yield from _records(path, reader, required, optional)
+    except csv.Error as e:
+        raise TraceError(path, reader.line_num, f"malformed CSV: {e}") from None
+
+
+def _records(
+    path: Path, reader: Any, required: tuple[str, ...], optional: tuple[str, ...]
+) -> Iterator[tuple[int, dict[str, str]]]:
+    header = next(reader, None)
+    if not header:
+        raise TraceError(path, 1, "empty file: no header line")
+    header = [h.strip() for h in header]
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise TraceError(path, 1, f"missing column(s) {', '.join(missing)}; expected {', '.join(required)}")
+    unknown = [c for c in header if c not in required and c not in optional]
+    if unknown:
+        raise TraceError(path, 1, f"unknown column(s) {', '.join(unknown)}")
+    seen = 0
+    for row in reader:
+        lineno = reader.line_num
+        if not row or all(not c.strip() for c in row):
+            continue
+        if len(row) != len(header):
+            raise TraceError(path, lineno, f"{len(row)} fields, header has {len(header)}")
+        seen += 1
+        yield lineno, dict(zip(header, (c.strip() for c in row), strict=True))
+    if seen == 0:
+        raise TraceError(path, 1, "no data rows after the header")
+
+
+_INT = re.compile(r"^[+-]?\d+(\.0*)?$")
 
 
 def _int(path: Path, line: int, row: dict[str, str], col: str, *, optional: bool = False) -> int | None:
@@ -73,12 +96,9 @@ def _int(path: Path, line: int, row: dict[str, str], col: str, *, optional: bool
         if optional:
             return None
         raise TraceError(path, line, f"{col} is empty")
-    try:
-        v = int(raw) if raw.lstrip("-").isdigit() else int(float(raw))
-        if str(v) != raw and float(raw) != v:
-            raise ValueError
-    except ValueError:
-        raise TraceError(path, line, f"{col} is not an integer: {raw!r}") from None
+    if not _INT.match(raw):
+        raise TraceError(path, line, f"{col} is not an integer: {raw!r}")
+    v = int(raw.split(".", 1)[0])
     if v < 0:
         raise TraceError(path, line, f"{col} is negative: {v}")
     return v
@@ -98,22 +118,20 @@ def read_nodes(path: str | Path, *, gpu_nodes_only: bool = False) -> list[NodeSp
         model = row["model"]
         if gpus and not model:
             raise TraceError(p, line, f"node {name} has {gpus} GPUs but no model")
-        if gpus == 0 and gpu_nodes_only:
-            continue
         try:
-            nodes.append(
-                NodeSpec(
-                    name=name,
-                    cpu_milli=_int(p, line, row, "cpu_milli") or 0,
-                    memory_mib=_int(p, line, row, "memory_mib") or 0,
-                    gpu_count=gpus or 0,
-                    gpu_model=model if gpus else "",
-                    gpu_memory_mib=GPU_MEMORY_MIB.get(model, 0) if gpus else 0,
-                )
+            node = NodeSpec(
+                name=name,
+                cpu_milli=_int(p, line, row, "cpu_milli") or 0,
+                memory_mib=_int(p, line, row, "memory_mib") or 0,
+                gpu_count=gpus or 0,
+                gpu_model=model if gpus else "",
+                gpu_memory_mib=GPU_MEMORY_MIB.get(model, 0) if gpus else 0,
             )
         except InvalidSpec as e:
             raise TraceError(p, line, str(e)) from None
         names.add(name)
+        if gpus or not gpu_nodes_only:
+            nodes.append(node)
     return nodes
 
 
@@ -132,9 +150,15 @@ def read_pods(path: str | Path) -> list[TracePod]:
         if milli > GPU_MILLI:
             raise TraceError(p, line, f"gpu_milli {milli} is more than one GPU ({GPU_MILLI})")
         if num > 1 and milli < GPU_MILLI:
-            raise TraceError(p, line, f"gpu_milli {milli} < {GPU_MILLI} (a share) with num_gpu {num}: shares need num_gpu 1")
+            raise TraceError(
+                p,
+                line,
+                f"gpu_milli {milli} < {GPU_MILLI} (a share) with num_gpu {num}: shares need num_gpu 1",
+            )
         if (num == 0) != (milli == 0):
-            raise TraceError(p, line, f"num_gpu {num} and gpu_milli {milli} disagree (both zero or both positive)")
+            raise TraceError(
+                p, line, f"num_gpu {num} and gpu_milli {milli} disagree (both zero or both positive)"
+            )
         spec = row.get("gpu_spec", "")
         models = frozenset(m.strip() for m in spec.split("|") if m.strip())
         created = _int(p, line, row, "creation_time", optional=True)

@@ -43,5 +43,7 @@ class GPUFit:
             return "Insufficient GPU memory", unres
         g = snap.gpu_free[node]
         if np.count_nonzero(g >= pod.gpu_milli) < pod.num_gpu:
-            return ("Insufficient GPU" if pod.gpu_milli >= 1000 else "Insufficient GPU share"), Code.UNSCHEDULABLE
+            return (
+                "Insufficient GPU" if pod.gpu_milli >= 1000 else "Insufficient GPU share"
+            ), Code.UNSCHEDULABLE
         return "Insufficient GPU memory", Code.UNSCHEDULABLE

@@ -19,7 +19,13 @@ class NodeResourcesFit:
 
     def explain(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> tuple[str, Code]:
         if snap.cpu_free[node] < pod.cpu_milli:
-            code = Code.UNSCHEDULABLE_AND_UNRESOLVABLE if snap.cpu_cap[node] < pod.cpu_milli else Code.UNSCHEDULABLE
+            code = (
+                Code.UNSCHEDULABLE_AND_UNRESOLVABLE
+                if snap.cpu_cap[node] < pod.cpu_milli
+                else Code.UNSCHEDULABLE
+            )
             return "Insufficient cpu", code
-        code = Code.UNSCHEDULABLE_AND_UNRESOLVABLE if snap.mem_cap[node] < pod.memory_mib else Code.UNSCHEDULABLE
+        code = (
+            Code.UNSCHEDULABLE_AND_UNRESOLVABLE if snap.mem_cap[node] < pod.memory_mib else Code.UNSCHEDULABLE
+        )
         return "Insufficient memory", code

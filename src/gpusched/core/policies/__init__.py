@@ -15,6 +15,7 @@ from gpusched.core.plugins.noderesources import NodeResourcesFit
 from gpusched.core.plugins.tainttoleration import TaintToleration
 from gpusched.core.policies.bestfit import BestFitScore
 from gpusched.core.policies.clustering import GpuClusteringScore
+from gpusched.core.policies.default import DefaultScore
 from gpusched.core.policies.dotprod import DotProductScore
 from gpusched.core.policies.fgd import FGDScore
 from gpusched.core.policies.packing import GpuPackingScore
@@ -36,8 +37,6 @@ class PolicyContext:
 
 
 def _default(ctx: PolicyContext) -> ScorePlugin:
-    from gpusched.core.policies.default import DefaultScore
-
     return DefaultScore(ctx.need_workload("default"))
 
 

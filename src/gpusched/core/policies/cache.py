@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpusched.core.cluster import ClusterState, I64
+from gpusched.core.cluster import I64, ClusterState
 from gpusched.core.framework import F64, NodeScores
 
 

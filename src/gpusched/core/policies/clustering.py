@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpusched.core.cluster import ClusterState, I64
+from gpusched.core.cluster import I64, ClusterState
 from gpusched.core.framework import CycleState, NodeScores
 from gpusched.core.model import PodSpec
 from gpusched.core.policies.dotprod import MAX_SPEC_GPU

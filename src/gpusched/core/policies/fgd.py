@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpusched.core.cluster import ClusterState, I64
+from gpusched.core.cluster import I64, ClusterState
 from gpusched.core.fragmentation import TargetWorkload, placement_frag, task_type
 from gpusched.core.framework import F64, CycleState, NodeScores
 from gpusched.core.model import PodSpec

@@ -1,0 +1,84 @@
+"""``gpusched bench latency``: per-decision latency of ``schedule_one`` on synthetic clusters.
+
+The cluster is first filled to ``load`` (fraction of GPU milli allocated); then each measured
+decision schedules one pod and, to hold the load steady, releases a random earlier pod
+(not timed). Reported: latency percentiles over the decisions and decisions per second.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from gpusched.core.cluster import ClusterState
+from gpusched.core.fragmentation import TargetWorkload
+from gpusched.core.policies import PolicyContext, make_profile
+from gpusched.core.scheduler import schedule_one
+from gpusched.sim.synthetic import SyntheticConfig, synthetic_workload
+
+
+def bench_latency(
+    nodes: int,
+    *,
+    policy: str = "default",
+    decisions: int = 2000,
+    load: float = 0.7,
+    seed: int = 0,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> dict[str, object]:
+    if nodes <= 0 or decisions <= 0:
+        raise ValueError("nodes and decisions must be positive")
+    if not 0.0 <= load < 1.0:
+        raise ValueError(f"load must be in [0, 1), got {load}")
+    cfg = SyntheticConfig(nodes=nodes, pods=max(8 * nodes, decisions * 2), seed=seed, gpu_demand_pct=250.0)
+    node_specs, tpods = synthetic_workload(cfg)
+    pods = [tp.spec for tp in tpods]
+    snap = ClusterState(node_specs)
+    tw = TargetWorkload.from_pods(pods)
+    profile = make_profile(policy, PolicyContext(workload=tw, rng=np.random.default_rng(seed)))
+    ranks = np.random.default_rng(seed).permutation(len(snap))
+    rng = np.random.default_rng(seed + 1)
+    placed: list[str] = []
+    i = 0
+    while snap.gpu_allocation_ratio() < load and i < len(pods):
+        r = schedule_one(profile, pods[i], snap, tiebreak=ranks, diagnose_failures=False)
+        if r.scheduled:
+            placed.append(pods[i].key)
+        i += 1
+    lat = np.empty(decisions)
+    ok = 0
+    t_all = time.perf_counter()
+    for k in range(decisions):
+        pod = pods[(i + k) % len(pods)]
+        if pod.key in snap.allocations:
+            snap.forget(pod.key)
+            placed.remove(pod.key)
+        t0 = time.perf_counter()
+        r = schedule_one(profile, pod, snap, tiebreak=ranks, diagnose_failures=False)
+        lat[k] = time.perf_counter() - t0
+        if r.scheduled:
+            ok += 1
+            placed.append(pod.key)
+            victim = placed.pop(int(rng.integers(len(placed))))
+            snap.forget(victim)
+        if on_progress:
+            on_progress(k + 1, decisions)
+    wall = time.perf_counter() - t_all
+    assert not snap.verify()
+    ms = lat * 1e3
+    return {
+        "nodes": nodes,
+        "gpus": int(snap.gpu_count.sum()),
+        "policy": policy,
+        "decisions": decisions,
+        "scheduled": ok,
+        "load": round(snap.gpu_allocation_ratio(), 3),
+        "p50_ms": round(float(np.percentile(ms, 50)), 3),
+        "p90_ms": round(float(np.percentile(ms, 90)), 3),
+        "p99_ms": round(float(np.percentile(ms, 99)), 3),
+        "max_ms": round(float(ms.max()), 3),
+        "pods_per_s": round(decisions / float(lat.sum()), 1),
+        "pods_per_s_wall": round(decisions / wall, 1),
+    }

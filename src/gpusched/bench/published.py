@@ -1,0 +1,69 @@
+"""The FGD authors' published results (``fgd-expected-results/analysis_allo_discrete.csv``)
+and a per-trace comparison of our policies against them."""
+
+from __future__ import annotations
+
+import csv
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from gpusched.bench.packing import bench_packing
+from gpusched.sim.traces import read_nodes, read_pods
+
+POLICY_NAMES = {
+    "01-Random": "random",
+    "02-DotProd": "dotprod",
+    "03-GpuClustering": "clustering",
+    "04-GpuPacking": "packing",
+    "05-BestFit": "bestfit",
+    "06-FGD": "fgd",
+}
+
+
+def read_published(path: Path) -> dict[tuple[str, str], dict[int, tuple[float, float]]]:
+    """(trace, policy) -> seed -> (alloc at 100 %, alloc at 130 %)."""
+    out: dict[tuple[str, str], dict[int, tuple[float, float]]] = defaultdict(dict)
+    with path.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            pol = POLICY_NAMES.get(row["sc_policy"], row["sc_policy"])
+            out[(row["workload"], pol)][int(row["seed"])] = (float(row["100"]), float(row["130"]))
+    return out
+
+
+def bench_traces(
+    trace_dir: Path,
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    *,
+    baseline: str = "fgd",
+    jobs: int = 1,
+    on_done: Callable[[str], None] | None = None,
+) -> dict[str, object]:
+    """Every pod list in ``trace_dir/csv`` that has published results, against ``baseline``."""
+    published = read_published(trace_dir / "fgd-expected-results" / "analysis_allo_discrete.csv")
+    nodes = read_nodes(trace_dir / "csv" / "openb_node_list_gpu_node.csv")
+    traces = sorted({t for t, _ in published if (trace_dir / "csv" / f"{t}.csv").exists()})
+    rows = []
+    for trace in traces:
+        pods = [tp.spec for tp in read_pods(trace_dir / "csv" / f"{trace}.csv")]
+        report, _, _ = bench_packing(
+            nodes, pods, policies, seeds, jobs=jobs, with_bounds=False, on_done=on_done
+        )
+        pub = published.get((trace, baseline), {})
+        pub100 = [pub[s][0] for s in seeds if s in pub]
+        pub130 = [pub[s][1] for s in seeds if s in pub]
+        row: dict[str, object] = {
+            "trace": trace,
+            f"published_{baseline}_at_100": round(float(np.mean(pub100)), 2) if pub100 else None,
+            f"published_{baseline}_at_130": round(float(np.mean(pub130)), 2) if pub130 else None,
+        }
+        results = report["results"]
+        assert isinstance(results, list)
+        for r in results:
+            row[f"{r['policy']}_at_100"] = r["alloc_at_100"]
+            row[f"{r['policy']}_at_130"] = r["alloc_at_130"]
+        rows.append(row)
+    return {"baseline": baseline, "seeds": list(seeds), "traces": rows}

@@ -1,0 +1,157 @@
+"""A ceiling on the GPU allocation any scheduler could reach, and an offline packing to compare.
+
+Relax CPU, memory and node boundaries: the cluster becomes ``num_gpus`` bins of 1000 milli.
+Whole-GPU pods give 1000 per GPU, the most a bin can hold, so they take as many bins as they fit
+(the share LP gains at most 1000 per extra bin, so this is optimal for the bound). The remaining
+bins hold shares: a share above 500 milli opens its own bin, leaving 1000 − b for smaller shares
+beside it. A linear program over share sizes (solved with HiGHS) gives an upper bound on the share
+milli; ``lp_milli`` is whole-GPU milli plus its floor. ``bfd_milli`` is an actual packing of the
+same pods: whole-GPU pods first, then shares biggest first, each into the fullest bin it fits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import sparse
+from scipy.optimize import linprog
+
+from gpusched.core.model import GPU_MILLI, PodSpec
+
+HALF = GPU_MILLI // 2
+
+
+@dataclass(frozen=True)
+class Bound:
+    lp_milli: int  # LP ceiling: the most GPU milli an ideal scheduler could allocate
+    bfd_milli: int  # offline best-fit-decreasing packing of the same pods
+    total_milli: int  # cluster GPU milli (num_gpus * 1000)
+
+    @property
+    def lp_pct(self) -> float:
+        return 100 * self.lp_milli / self.total_milli
+
+    @property
+    def bfd_pct(self) -> float:
+        return 100 * self.bfd_milli / self.total_milli
+
+
+def _split(pods: Sequence[PodSpec]) -> tuple[list[int], Counter[int]]:
+    """GPU counts of whole-GPU pods, and counts of share pods by size. Pods without GPU milli drop out."""
+    whole: list[int] = []
+    shares: Counter[int] = Counter()
+    for p in pods:
+        if p.num_gpu <= 0 or p.gpu_milli <= 0:
+            continue
+        if p.gpu_milli >= GPU_MILLI:
+            whole.append(p.num_gpu)
+        else:
+            shares[p.gpu_milli] += p.num_gpu  # num_gpu is 1 for a share (PodSpec enforces it)
+    return whole, shares
+
+
+def _share_lp(shares: Counter[int], bins: int) -> float:
+    """Optimum of the share LP on ``bins`` free GPUs (see the module docstring)."""
+    if bins <= 0 or not shares:
+        return 0.0
+    big = sorted(s for s in shares if s > HALF)
+    small = sorted(s for s in shares if s <= HALF)
+    nb, nc = len(big), len(small)
+    # Variables: y_b (nb), then x_{b,c} for c <= 1000 - b, then x_{E,c} (nc).
+    pairs = [(i, j) for i, b in enumerate(big) for j, c in enumerate(small) if c <= GPU_MILLI - b]
+    nx = len(pairs)
+    nvar = nb + nx + nc
+    # Rows: 0 = bins for big shares; 1..nb = residual beside each big size; nb+1 = empty-GPU capacity;
+    # nb+2.. = count of each small size.
+    r_empty = nb + 1
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+
+    def put(r: int, c: int, v: float) -> None:
+        rows.append(r)
+        cols.append(c)
+        vals.append(v)
+
+    for i, b in enumerate(big):
+        put(0, i, 1.0)
+        put(1 + i, i, -float(GPU_MILLI - b))
+        put(r_empty, i, float(GPU_MILLI))
+    for k, (i, j) in enumerate(pairs):
+        put(1 + i, nb + k, float(small[j]))
+        put(r_empty + 1 + j, nb + k, 1.0)
+    for j, c in enumerate(small):
+        put(r_empty, nb + nx + j, float(c))
+        put(r_empty + 1 + j, nb + nx + j, 1.0)
+    nrow = r_empty + 1 + nc
+    a_ub = sparse.csr_array((vals, (rows, cols)), shape=(nrow, nvar))
+    b_ub = np.zeros(nrow)
+    b_ub[0] = bins
+    b_ub[r_empty] = float(GPU_MILLI) * bins
+    b_ub[r_empty + 1 :] = [shares[c] for c in small]
+    gain = np.array(big + [small[j] for _, j in pairs] + small, dtype=np.float64)
+    upper = [shares[b] for b in big] + [shares[small[j]] for _, j in pairs] + [shares[c] for c in small]
+    bounds = np.column_stack([np.zeros(nvar), np.array(upper, dtype=np.float64)])
+    res = linprog(-gain, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
+    if res.status != 0:
+        raise RuntimeError(f"share LP did not solve: {res.message}")
+    return float(-res.fun)
+
+
+def _bfd(whole: list[int], shares: Counter[int], num_gpus: int) -> int:
+    """Best-fit-decreasing: whole-GPU pods (most GPUs first), then shares biggest first."""
+    free = num_gpus
+    placed = 0
+    for n in sorted(whole, reverse=True):
+        if n <= free:
+            free -= n
+            placed += n * GPU_MILLI
+    # cnt[r] = bins with r milli left; empty bins sit at r = 1000.
+    cnt = np.zeros(GPU_MILLI + 1, dtype=np.int64)
+    cnt[GPU_MILLI] = free
+    for s in sorted(shares, reverse=True):
+        for _ in range(shares[s]):
+            open_ = np.flatnonzero(cnt[s:])
+            if open_.size == 0:
+                break  # no bin takes this size; smaller ones may still fit
+            r = s + int(open_[0])
+            cnt[r] -= 1
+            cnt[r - s] += 1
+            placed += s
+    return placed
+
+
+def packing_bound(pods: Sequence[PodSpec], num_gpus: int) -> Bound:
+    """The LP ceiling and the BFD packing for ``pods`` on ``num_gpus`` GPUs."""
+    if num_gpus <= 0:
+        raise ValueError(f"packing_bound: num_gpus must be positive, got {num_gpus}")
+    total = num_gpus * GPU_MILLI
+    whole, shares = _split(pods)
+    whole_gpus = min(sum(whole), num_gpus)
+    lp = _share_lp(shares, num_gpus - whole_gpus)
+    # Floor with a little slack for solver tolerance (a ceiling may err up, not down), then cap by
+    # the two trivial ceilings: cluster capacity and total demand.
+    demand = sum(whole) * GPU_MILLI + sum(s * n for s, n in shares.items())
+    lp_milli = whole_gpus * GPU_MILLI + math.floor(lp + 1e-7 * max(1.0, lp) + 1e-6)
+    lp_milli = min(lp_milli, total, demand)
+    return Bound(lp_milli=lp_milli, bfd_milli=_bfd(whole, shares, num_gpus), total_milli=total)
+
+
+def arrived_prefix(seq: Sequence[PodSpec], num_gpus: int, pct: float) -> int:
+    """Length of the prefix of ``seq`` up to and including the first pod at which cumulative
+    arrived GPU milli reaches ``pct`` % of the cluster (all of ``seq`` if it never does)."""
+    if num_gpus <= 0:
+        raise ValueError(f"bound_at: num_gpus must be positive, got {num_gpus}")
+    arrived = np.cumsum(np.fromiter((p.gpu_demand_milli for p in seq), dtype=np.int64, count=len(seq)))
+    threshold = pct * num_gpus * GPU_MILLI / 100
+    i = int(np.searchsorted(arrived, threshold, side="left"))
+    return min(i + 1, len(seq))
+
+
+def bound_at(seq: Sequence[PodSpec], num_gpus: int, pct: float) -> Bound:
+    """``packing_bound`` of the pods of a paper-protocol stream that have arrived by ``pct`` %."""
+    return packing_bound(seq[: arrived_prefix(seq, num_gpus, pct)], num_gpus)

@@ -1,0 +1,137 @@
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpusched.core.model import PodSpec
+from gpusched.sim.bound import Bound, arrived_prefix, bound_at, packing_bound
+
+_DEFAULT_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+TRACES = Path(os.environ.get("GPUSCHED_TRACES", _DEFAULT_TRACES))
+TRACE_CSV = TRACES / "alibaba-gpu-2023" / "csv"
+
+_n = itertools.count()
+
+
+def share(milli: int) -> PodSpec:
+    return PodSpec(name=f"s{next(_n)}", num_gpu=1, gpu_milli=milli)
+
+
+def whole(n: int) -> PodSpec:
+    return PodSpec(name=f"w{next(_n)}", num_gpu=n, gpu_milli=1000)
+
+
+def exact_share_packing(sizes: list[int], num_gpus: int) -> int:
+    """Brute force: the best total of shares placed in ``num_gpus`` bins of 1000 (-1 = not placed)."""
+    best = 0
+    for assign in itertools.product(range(-1, num_gpus), repeat=len(sizes)):
+        load = [0] * num_gpus
+        for s, b in zip(sizes, assign, strict=True):
+            if b >= 0:
+                load[b] += s
+        if max(load) <= 1000:
+            best = max(best, sum(load))
+    return best
+
+
+def test_hand_cases() -> None:
+    assert packing_bound([share(600), share(600), share(400), share(400)], 2) == Bound(2000, 2000, 2000)
+    assert packing_bound([share(600), share(600), share(600)], 2) == Bound(1200, 1200, 2000)
+    # Two 400s beside one 600 cannot fit, but the LP may not split them: 600 + 400 + 400 on 1 GPU.
+    b = packing_bound([share(600), share(400), share(400)], 1)
+    assert (b.lp_milli, b.bfd_milli) == (1000, 1000)
+    # Big shares can never pair up, even when smaller ones would fill the residual.
+    b = packing_bound([share(700), share(700), share(300)], 3)
+    assert (b.lp_milli, b.bfd_milli) == (1700, 1700)
+    assert b.lp_pct == pytest.approx(100 * 1700 / 3000)
+    assert b.bfd_pct == pytest.approx(100 * 1700 / 3000)
+
+
+def test_small_shares_fill_empty_gpus() -> None:
+    b = packing_bound([share(500)] * 4 + [share(250)] * 4, 3)
+    assert (b.lp_milli, b.bfd_milli) == (3000, 3000)
+
+
+def test_whole_gpus_capped_by_cluster() -> None:
+    b = packing_bound([whole(8), whole(4), whole(1)], 10)
+    assert b.lp_milli == 10_000  # relaxation counts GPUs, not pods
+    assert b.bfd_milli == 9_000  # a packing places whole pods: 8 + 1
+    b = packing_bound([whole(2), share(900)], 2)
+    assert (b.lp_milli, b.bfd_milli) == (2000, 2000)
+    b = packing_bound([whole(1), share(900), share(900)], 2)
+    assert (b.lp_milli, b.bfd_milli) == (1900, 1900)
+
+
+def test_empty_and_gpuless_pods() -> None:
+    assert packing_bound([], 3) == Bound(0, 0, 3000)
+    assert packing_bound([PodSpec(name="cpu", cpu_milli=100)], 3) == Bound(0, 0, 3000)
+
+
+@pytest.mark.parametrize("n", [0, -1])
+def test_bad_num_gpus(n: int) -> None:
+    with pytest.raises(ValueError, match="num_gpus must be positive"):
+        packing_bound([share(100)], n)
+    with pytest.raises(ValueError, match="num_gpus must be positive"):
+        bound_at([share(100)], n, 50)
+
+
+pod_lists = st.lists(
+    st.one_of(
+        st.integers(1, 999).map(share),
+        st.sampled_from([50, 110, 230, 320, 470, 550, 650, 810]).map(share),
+        st.integers(1, 8).map(whole),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(pods=pod_lists, num_gpus=st.integers(1, 12))
+def test_lp_is_a_ceiling_over_bfd(pods: list[PodSpec], num_gpus: int) -> None:
+    b = packing_bound(pods, num_gpus)
+    demand = sum(p.gpu_demand_milli for p in pods)
+    assert b.total_milli == num_gpus * 1000
+    assert 0 <= b.bfd_milli <= b.lp_milli <= min(b.total_milli, demand)
+
+
+@settings(max_examples=150, deadline=None)
+@given(sizes=st.lists(st.integers(1, 999), max_size=6), num_gpus=st.integers(1, 3))
+def test_lp_bounds_the_exact_optimum(sizes: list[int], num_gpus: int) -> None:
+    b = packing_bound([share(s) for s in sizes], num_gpus)
+    assert b.bfd_milli <= exact_share_packing(sizes, num_gpus) <= b.lp_milli
+
+
+def test_bound_at_prefix() -> None:
+    seq = [share(500), whole(1), share(300), share(700), whole(2)]  # cumulative: 500 1500 1800 2500 4500
+    assert arrived_prefix(seq, 4, 0) == 1
+    assert arrived_prefix(seq, 4, 12.5) == 1  # 500 reaches 12.5 % of 4000 exactly
+    assert arrived_prefix(seq, 4, 12.6) == 2
+    assert arrived_prefix(seq, 4, 45) == 3  # 1800 = 45 %
+    assert arrived_prefix(seq, 4, 50) == 4
+    assert arrived_prefix(seq, 4, 100) == 5
+    assert arrived_prefix(seq, 4, 200) == 5  # never reached: all of seq
+    assert arrived_prefix([], 4, 50) == 0
+    assert bound_at(seq, 4, 45) == packing_bound(seq[:3], 4)
+    assert bound_at(seq, 4, 200) == packing_bound(seq, 4)
+
+
+@pytest.mark.skipif(
+    not (TRACE_CSV / "openb_pod_list_default.csv").exists(),
+    reason=f"Alibaba trace not found under {TRACE_CSV} (set GPUSCHED_TRACES to the traces folder)",
+)
+def test_default_trace_seed42() -> None:
+    from gpusched.sim.paper import build_sequence
+    from gpusched.sim.traces import read_nodes, read_pods
+
+    pods = [t.spec for t in read_pods(TRACE_CSV / "openb_pod_list_default.csv")]
+    num_gpus = sum(n.gpu_count for n in read_nodes(TRACE_CSV / "openb_node_list_gpu_node.csv"))
+    assert num_gpus == 6212
+    b = bound_at(build_sequence(pods, num_gpus * 1000, 42, 1.3), num_gpus, 100)
+    assert 96.5 <= b.lp_pct <= 98.5
+    assert 95.5 <= b.bfd_pct <= 97.5
+    assert b.bfd_milli <= b.lp_milli

@@ -1,0 +1,368 @@
+"""The ``gpusched`` command line, driven through typer's CliRunner (and once as the installed script)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import Result
+from typer.testing import CliRunner
+
+from gpusched.cli import app
+from gpusched.core.policies import POLICIES
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+PLOTS = ("allocation.png", "fragmentation.png", "gpu_models.png")
+ALL_POLICIES = {"random", "dotprod", "packing", "clustering", "bestfit", "fgd", "default"}
+POD_HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec"
+
+# NaN bins below the first arrival make nanmean warn while plotting; harmless here.
+quiet_plots = pytest.mark.filterwarnings("ignore:Mean of empty slice", "ignore:All-NaN slice")
+
+
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+def write_tiny_trace(folder: Path) -> tuple[Path, Path]:
+    """6 nodes (12 GPUs of two models), 40 pods: small shares, a few whole GPUs, some CPU-only."""
+    folder.mkdir(parents=True, exist_ok=True)
+    nodes = folder / "nodes.csv"
+    pods = folder / "pods.csv"
+    node_rows = [f"n{i},64000,262144,2,{'T4' if i % 2 else 'V100M16'}" for i in range(6)]
+    nodes.write_text("\n".join(["sn,cpu_milli,memory_mib,gpu,model", *node_rows, ""]), encoding="utf-8")
+    shares = [100, 200, 250, 460, 150]
+    rows = []
+    for i in range(40):
+        if i % 10 == 0:
+            num, milli = 0, 0
+        elif i % 13 == 0:
+            num, milli = 1, 1000
+        else:
+            num, milli = 1, shares[i % len(shares)]
+        spec = "T4" if i % 17 == 0 and num else ""
+        rows.append(f"p{i:02d},{1000 * (1 + i % 4)},{1024 * (1 + i % 3)},{num},{milli},{spec}")
+    pods.write_text("\n".join([POD_HEADER, *rows, ""]), encoding="utf-8")
+    return nodes, pods
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return write_tiny_trace(tmp_path_factory.mktemp("tiny"))
+
+
+def parse_json(stdout: str) -> dict[str, object]:
+    obj = json.loads(stdout)  # the whole of stdout is one JSON object
+    assert isinstance(obj, dict)
+    return obj
+
+
+def assert_clean_error(result: Result, *fragments: str) -> None:
+    """Exit status 2, one 'error:' line holding every fragment, and no traceback."""
+    out = result.output
+    assert result.exit_code == 2, out
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in out
+    lines = [ln for ln in out.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, out
+    for frag in fragments:
+        assert frag in lines[0], f"{frag!r} not in {lines[0]!r}"
+
+
+# --- policies and --help -----------------------------------------------------------------------------------
+
+
+def test_policies_lists_all_seven() -> None:
+    res = runner().invoke(app, ["policies"])
+    assert res.exit_code == 0, res.output
+    listed = res.stdout.split()
+    assert set(listed) == ALL_POLICIES == set(POLICIES)
+    assert len(listed) == 7
+
+
+def _installed_script() -> str:
+    beside = Path(sys.executable).with_name("gpusched")
+    found = str(beside) if beside.exists() else shutil.which("gpusched")
+    if not found:
+        pytest.skip("the gpusched console script is not installed (pip install -e .)")
+    return found
+
+
+def test_installed_script_help() -> None:
+    proc = subprocess.run([_installed_script(), "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for cmd in ("simulate", "bench", "policies", "check-trace"):
+        assert cmd in proc.stdout
+
+
+def test_installed_script_bad_trace_is_one_line_no_traceback(tmp_path: Path) -> None:
+    (tmp_path / "bad.csv").write_text(f"{POD_HEADER}\np0,1000,1024,1,500,\np1,1000,1024,2,500,\n")
+    cmd = [_installed_script(), "check-trace", "bad.csv"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "bad.csv:3:" in proc.stderr
+    assert "num_gpu 2" in proc.stderr
+
+
+# --- simulate ----------------------------------------------------------------------------------------------
+
+
+@quiet_plots
+def test_simulate_json_results_and_plots(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    nodes, pods = tiny
+    out = tmp_path / "out"
+    args = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--seeds", "1-2", "--jobs", "1"]
+    res = runner().invoke(app, [*args, "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    report = parse_json(res.stdout)
+    assert report["protocol"] == "paper"
+    assert report["seeds"] == [1, 2]
+    results = report["results"]
+    assert isinstance(results, list)
+    assert [r["policy"] for r in results] == ["default", "fgd", "bestfit"]
+    for r in results:
+        for key in ("alloc_at_100", "alloc_at_130", "per_seed"):
+            assert key in r
+        assert isinstance(r["alloc_at_100"], float) and 0 < r["alloc_at_100"] <= 100
+        assert [s["seed"] for s in r["per_seed"]] == [1, 2]
+    written = json.loads((out / "results.json").read_text())
+    assert written == report
+    assert sorted(Path(p).name for p in report["plots"]) == sorted(PLOTS)
+    for name in PLOTS:
+        data = (out / name).read_bytes()
+        assert data[:8] == PNG_MAGIC, name
+        assert len(data) > 1000
+
+
+def test_simulate_no_plots(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    nodes, pods = tiny
+    out = tmp_path / "out"
+    args = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--policy", "bestfit", "--seeds", "5"]
+    opts = ["--jobs", "1", "--out", str(out), "--no-plots", "--no-bounds", "--json"]
+    res = runner().invoke(app, [*args, *opts])
+    assert res.exit_code == 0, res.output
+    report = parse_json(res.stdout)
+    assert report["plots"] == []
+    assert [r["policy"] for r in report["results"]] == ["bestfit"]
+    assert "bound" not in report
+    assert sorted(p.name for p in out.iterdir()) == ["results.json"]
+
+
+def test_simulate_table_output(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    nodes, pods = tiny
+    args = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "-p", "fgd", "--seeds", "1"]
+    res = runner().invoke(app, [*args, "--jobs", "1", "--out", str(tmp_path), "--no-plots", "--no-bounds"])
+    assert res.exit_code == 0, res.output
+    assert "fgd" in res.stdout
+    assert "results.json" in res.stdout
+
+
+def test_simulate_small_synthetic_default(tmp_path: Path) -> None:
+    args = ["simulate", "--synthetic-nodes", "30", "--synthetic-pods", "200", "-p", "fgd", "--seeds", "1"]
+    opts = ["--jobs", "1", "--out", str(tmp_path), "--no-plots", "--no-bounds", "--json"]
+    res = runner().invoke(app, [*args, *opts])
+    assert res.exit_code == 0, res.output
+    report = parse_json(res.stdout)
+    assert str(report["workload"]).startswith("synthetic")
+    assert "30 nodes" in str(report["workload"])
+    (r,) = report["results"]  # type: ignore[misc]
+    assert r["policy"] == "fgd"
+    assert 50 < r["alloc_at_100"] <= 100
+
+
+# --- bench -------------------------------------------------------------------------------------------------
+
+
+def bench_packing_json(nodes: Path, pods: Path, jobs: int, *policies: str) -> dict[str, object]:
+    pol_args = [a for p in policies for a in ("--policy", p)]
+    args = ["bench", "packing", "--nodes", str(nodes), "--pods", str(pods), *pol_args]
+    res = runner().invoke(app, [*args, "--seeds", "1-2", "--tune", "1.3", "--json", "--jobs", str(jobs)])
+    assert res.exit_code == 0, res.output
+    return parse_json(res.stdout)
+
+
+def test_bench_packing_json(tiny: tuple[Path, Path]) -> None:
+    report = bench_packing_json(*tiny, 1, "fgd", "bestfit")
+    assert report["tune"] == 1.3
+    assert report["seeds"] == [1, 2]
+    results = report["results"]
+    assert isinstance(results, list)
+    assert [r["policy"] for r in results] == ["fgd", "bestfit"]
+    for r in results:
+        for key in ("policy", "alloc_at_100", "alloc_at_130", "per_seed", "seconds_per_run"):
+            assert key in r, key
+        assert r["seconds_per_run"] >= 0
+        assert [s["seed"] for s in r["per_seed"]] == [1, 2]
+        for s in r["per_seed"]:
+            for key in ("seed", "alloc_at_100", "alloc_at_130", "bound_at_100", "bound_at_130"):
+                assert key in s, key
+            assert s["alloc_at_100"] <= s["bound_at_100"] + 1e-6  # nobody beats the ceiling
+            assert s["alloc_at_130"] <= s["bound_at_130"] + 1e-6
+        mean = sum(s["alloc_at_100"] for s in r["per_seed"]) / 2
+        assert r["alloc_at_100"] == pytest.approx(mean, abs=0.011)
+
+
+def without_timings(report: dict[str, object]) -> dict[str, object]:
+    results = [{k: v for k, v in r.items() if k != "seconds_per_run"} for r in report["results"]]  # type: ignore[attr-defined]
+    return {**report, "results": results}
+
+
+def test_bench_packing_same_results_across_processes(tiny: tuple[Path, Path]) -> None:
+    one = bench_packing_json(*tiny, 1, "fgd")
+    two = bench_packing_json(*tiny, 2, "fgd")
+    assert without_timings(one) == without_timings(two)
+
+
+def test_bench_latency_json() -> None:
+    res = runner().invoke(app, ["bench", "latency", "--nodes", "50", "--decisions", "50", "--json"])
+    assert res.exit_code == 0, res.output
+    report = parse_json(res.stdout)
+    (row,) = report["results"]  # type: ignore[misc]
+    assert row["nodes"] == 50 and row["decisions"] == 50
+    assert 0 < row["p50_ms"] <= row["p99_ms"]
+    assert row["pods_per_s"] > 0
+
+
+# --- bad input ---------------------------------------------------------------------------------------------
+
+
+BAD_PODS = f"{POD_HEADER}\np0,1000,1024,1,500,\np1,1000,1024,1,-7,\n"  # line 3: negative gpu_milli
+BAD_NODES = "sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,T4\nn1,64000,262144,4,\n"  # 3: no model
+
+
+@pytest.fixture
+def bad_files(tiny: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Short relative names (cwd = tmp_path), so the error line fits any console width."""
+    monkeypatch.chdir(tmp_path)
+    Path("badpods.csv").write_text(BAD_PODS, encoding="utf-8")
+    Path("badnodes.csv").write_text(BAD_NODES, encoding="utf-8")
+    shutil.copy(tiny[0], "nodes.csv")
+    shutil.copy(tiny[1], "pods.csv")
+    return {"nodes": "nodes.csv", "pods": "pods.csv", "badpods": "badpods.csv", "badnodes": "badnodes.csv"}
+
+
+@pytest.mark.parametrize(
+    ("cmd", "expected"),
+    [
+        (["simulate", "--nodes", "nodes.csv", "--pods", "badpods.csv"], "badpods.csv:3:"),
+        (["simulate", "--nodes", "badnodes.csv", "--pods", "pods.csv"], "badnodes.csv:3:"),
+        (["simulate", "--nodes", "nodes.csv", "--pods", "missing.csv"], "missing.csv:0:"),
+        (["bench", "packing", "--nodes", "nodes.csv", "--pods", "badpods.csv"], "badpods.csv:3:"),
+        (["bench", "packing", "--nodes", "badnodes.csv", "--pods", "pods.csv"], "badnodes.csv:3:"),
+        (["check-trace", "pods.csv", "badpods.csv"], "badpods.csv:3:"),
+        (["check-trace", "pods.csv", "--nodes", "badnodes.csv"], "badnodes.csv:3:"),
+        (["check-trace", "missing.csv"], "missing.csv:0:"),
+    ],
+)
+def test_malformed_trace_exits_2_naming_file_and_line(
+    bad_files: dict[str, str], tmp_path: Path, cmd: list[str], expected: str
+) -> None:
+    extra = ["--seeds", "1", "--jobs", "1"] if cmd[0] != "check-trace" else []
+    if cmd[0] == "simulate":
+        extra += ["--out", str(tmp_path / "out")]
+    res = runner().invoke(app, [*cmd, *extra])
+    assert_clean_error(res, expected)
+
+
+def test_check_trace_ok(bad_files: dict[str, str]) -> None:
+    res = runner().invoke(app, ["check-trace", "pods.csv", "--nodes", "nodes.csv"])
+    assert res.exit_code == 0, res.output
+    assert "pods.csv: 40 pods ok" in res.stdout
+    assert "nodes.csv: 6 nodes ok" in res.stdout
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        pytest.param(["simulate", "--nodes", "nodes.csv"], id="simulate-nodes-only"),
+        pytest.param(["simulate", "--pods", "pods.csv"], id="simulate-pods-only"),
+        pytest.param(["bench", "packing", "--nodes", "nodes.csv"], id="bench-nodes-only"),
+        pytest.param(["bench", "packing", "--pods", "pods.csv"], id="bench-pods-only"),
+    ],
+)
+def test_only_one_of_nodes_and_pods(bad_files: dict[str, str], cmd: list[str]) -> None:
+    res = runner().invoke(app, [*cmd, "--seeds", "1", "--jobs", "1"])
+    assert res.exit_code == 2, res.output
+    assert isinstance(res.exception, SystemExit)
+    text = " ".join(res.output.split())  # the console may wrap the message
+    assert "--nodes" in text and "--pods" in text
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        ["simulate", "--policy", "nosuchpolicy"],
+        ["simulate", "--policy", "fgd", "--policy", "nosuchpolicy"],
+        ["bench", "packing", "-p", "nosuchpolicy"],
+        ["bench", "latency", "--policy", "nosuchpolicy"],
+    ],
+)
+def test_unknown_policy(bad_files: dict[str, str], cmd: list[str]) -> None:
+    res = runner().invoke(app, [*cmd, "--nodes", "50"] if cmd[1] == "latency" else cmd)
+    assert res.exit_code != 0
+    assert isinstance(res.exception, SystemExit)
+    assert "nosuchpolicy" in res.output
+    assert "unknown policy" in " ".join(res.output.split())
+
+
+@pytest.mark.parametrize("seeds", ["5-1", "a-b", "x", "", ",", "1-2-3"])
+@pytest.mark.parametrize("cmd", [["simulate"], ["bench", "packing"]])
+def test_bad_seeds(bad_files: dict[str, str], cmd: list[str], seeds: str) -> None:
+    res = runner().invoke(app, [*cmd, "--nodes", "nodes.csv", "--pods", "pods.csv", "--seeds", seeds])
+    assert res.exit_code != 0
+    assert isinstance(res.exception, SystemExit)
+    assert "seeds" in res.output
+
+
+def test_bad_protocol(bad_files: dict[str, str]) -> None:
+    args = ["simulate", "--nodes", "nodes.csv", "--pods", "pods.csv", "--protocol", "nope"]
+    res = runner().invoke(app, args)
+    assert res.exit_code != 0
+    assert "nope" in res.output
+
+
+def test_nodes_without_gpus(bad_files: dict[str, str]) -> None:
+    Path("cpu_nodes.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\nc0,1000,1024,0,\n", encoding="utf-8")
+    res = runner().invoke(app, ["bench", "packing", "--nodes", "cpu_nodes.csv", "--pods", "pods.csv"])
+    assert_clean_error(res, "cpu_nodes.csv", "no node has a GPU")
+
+
+# --- known bugs --------------------------------------------------------------------------------------------
+
+
+def test_error_line_is_not_wrapped(tmp_path: Path) -> None:
+    deep = tmp_path.joinpath(*(["a_rather_long_folder_name_for_a_trace_file"] * 10))
+    deep.mkdir(parents=True)
+    bad = deep / "bad.csv"
+    bad.write_text(BAD_PODS, encoding="utf-8")
+    res = runner().invoke(app, ["check-trace", str(bad)])
+    assert res.exit_code == 2
+    assert any(f"{bad}:3:" in ln for ln in res.output.splitlines()), res.output
+
+
+@pytest.mark.parametrize("value", ["[bold]", "[/x]"])
+def test_error_text_is_not_markup(bad_files: dict[str, str], value: str) -> None:
+    Path("brackets.csv").write_text(f"{POD_HEADER}\np0,1000,1024,1,{value},\n", encoding="utf-8")
+    res = runner().invoke(app, ["check-trace", "brackets.csv"])
+    assert_clean_error(res, "brackets.csv:2:", value)
+
+
+@pytest.mark.parametrize("case", ["inf", "directory", "latin1"])
+def test_check_trace_other_bad_input(bad_files: dict[str, str], case: str) -> None:
+    if case == "inf":
+        Path("inf.csv").write_text(f"{POD_HEADER}\np0,1000,1024,1,inf,\n", encoding="utf-8")
+        target, frag = "inf.csv", "inf.csv:2:"
+    elif case == "directory":
+        os.mkdir("adir")
+        target, frag = "adir", "adir"
+    else:
+        Path("latin1.csv").write_bytes(f"{POD_HEADER}\np\xe9,1000,1024,1,500,\n".encode("latin-1"))
+        target, frag = "latin1.csv", "latin1.csv:2:"
+    res = runner().invoke(app, ["check-trace", target])
+    assert_clean_error(res, frag)
