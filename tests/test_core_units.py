@@ -21,16 +21,25 @@ from gpusched.core.fragmentation import (
 from gpusched.core.framework import CycleState, Profile
 from gpusched.core.model import GPU_MILLI, InvalidSpec, NodeSpec, PodSpec, Taint, Toleration
 from gpusched.core.policies import POLICIES, PolicyContext, make_profile
-from gpusched.core.policies.default import DefaultScore
+from gpusched.core.policies.default import DefaultParams, DefaultScore
 from gpusched.core.scheduler import ScheduleResult, schedule_one, select_host
 from gpusched.core.status import Code, Diagnosis, NodeFailure, Status
 
 NONE: frozenset[str] = frozenset()
 
 
-def node(name: str, gpus: int = 0, cpu: int = 32_000, model: str = "A", gmem: int = 16_384, **kw: object) -> NodeSpec:
-    return NodeSpec(name, cpu_milli=cpu, memory_mib=65_536, gpu_count=gpus, gpu_model=model if gpus else "",
-                    gpu_memory_mib=gmem if gpus else 0, **kw)  # type: ignore[arg-type]
+def node(
+    name: str, gpus: int = 0, cpu: int = 32_000, model: str = "A", gmem: int = 16_384, **kw: object
+) -> NodeSpec:
+    return NodeSpec(
+        name,
+        cpu_milli=cpu,
+        memory_mib=65_536,
+        gpu_count=gpus,
+        gpu_model=model if gpus else "",
+        gpu_memory_mib=gmem if gpus else 0,
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def share(name: str, milli: int, cpu: int = 0, **kw: object) -> PodSpec:
@@ -42,7 +51,9 @@ def whole(name: str, num: int = 1, cpu: int = 0, **kw: object) -> PodSpec:
 
 
 def profile(policy: str, pods: Sequence[PodSpec]) -> Profile:
-    return make_profile(policy, PolicyContext(workload=TargetWorkload.from_pods(pods), rng=np.random.default_rng(0)))
+    return make_profile(
+        policy, PolicyContext(workload=TargetWorkload.from_pods(pods), rng=np.random.default_rng(0))
+    )
 
 
 def with_gpu_free(snap: ClusterState, n: int, free: Sequence[int]) -> ClusterState:
@@ -93,8 +104,17 @@ def test_podspec_accepts_the_valid_shapes() -> None:
         ({"name": "n", "cpu_milli": -1, "memory_mib": 1}, "cpu_milli"),
         ({"name": "n", "cpu_milli": 1, "memory_mib": -1}, "memory_mib"),
         ({"name": "n", "cpu_milli": 1, "memory_mib": 1, "gpu_count": -2, "gpu_model": "A"}, "gpu_count"),
-        ({"name": "n", "cpu_milli": 1, "memory_mib": 1, "gpu_count": 1, "gpu_model": "A", "gpu_memory_mib": -1},
-         "gpu_memory_mib"),
+        (
+            {
+                "name": "n",
+                "cpu_milli": 1,
+                "memory_mib": 1,
+                "gpu_count": 1,
+                "gpu_model": "A",
+                "gpu_memory_mib": -1,
+            },
+            "gpu_memory_mib",
+        ),
         ({"name": "n", "cpu_milli": 1, "memory_mib": 1, "gpu_count": 2}, "gpu_model"),
     ],
 )
@@ -130,7 +150,9 @@ def test_accounting_errors_leave_the_books_untouched() -> None:
         snap.assume(whole("u", 2), 0, [0, 0])
     with pytest.raises(AccountingError, match="asks for 2 GPUs"):
         snap.assume(whole("v", 2), 0, [0])
-    for arr, want in zip((snap.cpu_free, snap.mem_free, snap.gpu_free, snap.gpu_mem_free), before, strict=True):
+    for arr, want in zip(
+        (snap.cpu_free, snap.mem_free, snap.gpu_free, snap.gpu_mem_free), before, strict=True
+    ):
         assert np.array_equal(arr, want)
     assert snap.verify() == [] and list(snap.allocations) == ["default/p"]
 
@@ -215,11 +237,6 @@ def test_model_table() -> None:
     assert snap.model_id.tolist() == [0, 1, -1]  # -1 reads the last row
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fragmentation.node_terms counts padding GPU slots (gpu_free 0) as fitting a type with "
-    "gpu_milli 0 (GPU-memory-only pods): a 1-GPU node shows fragment 0 for a 4-GPU type that cannot run there",
-)
 def test_fragment_of_memory_only_type_ignores_padding_gpu_slots() -> None:
     snap = ClusterState([node("one", gpus=1), node("eight", gpus=8)])
     tw = TargetWorkload.from_pods([PodSpec("m", num_gpu=4, gpu_memory_mib=1024)])
@@ -227,11 +244,6 @@ def test_fragment_of_memory_only_type_ignores_padding_gpu_slots() -> None:
     np.testing.assert_allclose(node_fragmentation(snap, tw), [1000.0, 0.0])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fragmentation.frag_after_whole subtracts num from cnt for every type with tw.milli <= milli, "
-    "including tw.milli == 0 types, though a GPU with 0 milli left still counts for them in node_terms",
-)
 def test_whole_gpu_closed_form_matches_recomputation_with_memory_only_type() -> None:
     snap = ClusterState([node("n0", gpus=2)])
     tw = TargetWorkload.from_pods([PodSpec("m", num_gpu=2, gpu_memory_mib=1024)])
@@ -245,7 +257,9 @@ def test_whole_gpu_closed_form_matches_recomputation_with_memory_only_type() -> 
 # ------------------------------------------------------------------------------- diagnosis, status
 def crowded() -> ClusterState:
     """n1, n2: model A, 8 cores of which 6 are taken; n3: model B, 32 cores free."""
-    snap = ClusterState([node("n1", gpus=1, cpu=8000), node("n2", gpus=1, cpu=8000), node("n3", gpus=1, model="B")])
+    snap = ClusterState(
+        [node("n1", gpus=1, cpu=8000), node("n2", gpus=1, cpu=8000), node("n3", gpus=1, model="B")]
+    )
     snap.assume(PodSpec("busy1", cpu_milli=6000), 0, [])
     snap.assume(PodSpec("busy2", cpu_milli=6000), 1, [])
     return snap
@@ -261,12 +275,15 @@ def test_diagnosis_counts_one_reason_per_node() -> None:
     assert r.diagnosis is not None
     assert dict(r.diagnosis.reason_counts()) == {"Insufficient cpu": 2, "GPU model mismatch": 1}
     assert {(f.node, f.plugin) for f in r.diagnosis.failures} == {
-        ("n1", "NodeResourcesFit"), ("n2", "NodeResourcesFit"), ("n3", "GPUFit")
+        ("n1", "NodeResourcesFit"),
+        ("n2", "NodeResourcesFit"),
+        ("n3", "GPUFit"),
     }
     msg = r.diagnosis.message()
     assert msg.startswith("0/3 nodes are available: ") and msg.endswith(".")
     assert sorted(msg.removeprefix("0/3 nodes are available: ").removesuffix(".").split(", ")) == [
-        "1 GPU model mismatch", "2 Insufficient cpu"
+        "1 GPU model mismatch",
+        "2 Insufficient cpu",
     ]
     assert r.status.reasons == (msg,) and r.status.plugin == "Filter"
     # n1 and n2 would take the pod once the busy pods leave: resolvable; n3 never would
@@ -274,11 +291,6 @@ def test_diagnosis_counts_one_reason_per_node() -> None:
     assert r.status.code == Code.UNSCHEDULABLE
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="status.Diagnosis.message sorts reasons by count, descending; kube-scheduler's FitError.Error "
-    "(and the method's own docstring) sorts the '<count> <reason>' strings lexicographically (sort.Strings)",
-)
 def test_diagnosis_message_is_ordered_like_kube_scheduler() -> None:
     r = schedule_one(make_profile("bestfit"), WANTS_A, crowded(), diagnose_failures=True)
     assert r.status.message() == "0/3 nodes are available: 1 GPU model mismatch, 2 Insufficient cpu."
@@ -292,11 +304,15 @@ def test_diagnosis_message_format() -> None:
     )
     assert Diagnosis(3, fails).message() == "0/3 nodes are available: 3 Insufficient cpu."
     pre = Status.unschedulable("pod has unbound gang members", "Gang")
-    assert Diagnosis(5, (), pre_filter=pre).message() == "0/5 nodes are available: pod has unbound gang members."
+    assert (
+        Diagnosis(5, (), pre_filter=pre).message() == "0/5 nodes are available: pod has unbound gang members."
+    )
 
 
 def test_all_nodes_unresolvable_gives_unschedulable_and_unresolvable() -> None:
-    snap = ClusterState([node("n1", gpus=2, model="B"), node("n2", gpus=2, model="C"), node("n3", gpus=8, model="B")])
+    snap = ClusterState(
+        [node("n1", gpus=2, model="B"), node("n2", gpus=2, model="C"), node("n3", gpus=8, model="B")]
+    )
     r = schedule_one(make_profile("bestfit"), WANTS_A, snap, diagnose_failures=True)
     assert r.status.message() == "0/3 nodes are available: 3 GPU model mismatch."
     assert r.status.code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE
@@ -311,7 +327,11 @@ def test_all_nodes_unresolvable_gives_unschedulable_and_unresolvable() -> None:
     ("pod", "reason", "code"),
     [
         (whole("too-many", 4), "Insufficient GPU count", Code.UNSCHEDULABLE_AND_UNRESOLVABLE),
-        (share("big-mem", 100, gpu_memory_mib=32_768), "Insufficient GPU memory", Code.UNSCHEDULABLE_AND_UNRESOLVABLE),
+        (
+            share("big-mem", 100, gpu_memory_mib=32_768),
+            "Insufficient GPU memory",
+            Code.UNSCHEDULABLE_AND_UNRESOLVABLE,
+        ),
         (whole("busy", 1), "Insufficient GPU", Code.UNSCHEDULABLE),
         (share("busy-share", 800), "Insufficient GPU share", Code.UNSCHEDULABLE),
         (share("mem-now", 100, gpu_memory_mib=12_000), "Insufficient GPU memory", Code.UNSCHEDULABLE),
@@ -357,11 +377,15 @@ def test_taints_and_tolerations(tolerations: tuple[Toleration, ...], ok: bool) -
     r = schedule_one(make_profile("bestfit"), share("p", 100, tolerations=tolerations), snap)
     assert r.scheduled is ok
     if not ok:
-        assert r.status.message() == "0/1 nodes are available: 1 node(s) had untolerated taint {dedicated: gpu}."
+        assert (
+            r.status.message() == "0/1 nodes are available: 1 node(s) had untolerated taint {dedicated: gpu}."
+        )
         assert r.status.code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE
 
 
-@pytest.mark.parametrize(("effect", "blocks"), [("NoSchedule", True), ("NoExecute", True), ("PreferNoSchedule", False)])
+@pytest.mark.parametrize(
+    ("effect", "blocks"), [("NoSchedule", True), ("NoExecute", True), ("PreferNoSchedule", False)]
+)
 def test_only_hard_taint_effects_filter(effect: str, blocks: bool) -> None:
     snap = ClusterState([node("t", gpus=1, taints=(Taint("k", "v", effect),))])
     assert schedule_one(make_profile("bestfit"), share("p", 100), snap).scheduled is not blocks
@@ -372,7 +396,9 @@ def test_taint_filter_skips_the_tainted_node_for_another() -> None:
     snap = ClusterState([node("tainted", gpus=1, taints=(TAINTED,)), node("free", gpus=8)])
     r = schedule_one(make_profile("bestfit"), share("p", 100), snap)
     assert r.node_name == "free"
-    r2 = schedule_one(make_profile("bestfit"), share("q", 100, tolerations=(Toleration("dedicated", value="gpu"),)), snap)
+    r2 = schedule_one(
+        make_profile("bestfit"), share("q", 100, tolerations=(Toleration("dedicated", value="gpu"),)), snap
+    )
     assert r2.node_name == "tainted"
 
 
@@ -387,11 +413,16 @@ def test_taint_filter_skips_the_tainted_node_for_another() -> None:
     ],
 )
 def test_node_selector(selector: dict[str, str], want: str | None) -> None:
-    snap = ClusterState([node("a", gpus=1, labels={"zone": "a", "tier": "gpu"}), node("b", gpus=8, labels={"zone": "b"})])
+    snap = ClusterState(
+        [node("a", gpus=1, labels={"zone": "a", "tier": "gpu"}), node("b", gpus=8, labels={"zone": "b"})]
+    )
     r = schedule_one(make_profile("bestfit"), share("p", 100, node_selector=selector), snap)
     if want is None:
         assert not r.scheduled
-        assert r.status.message() == "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector."
+        assert (
+            r.status.message()
+            == "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector."
+        )
         assert r.status.code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE
     else:
         assert r.node_name == want
@@ -490,7 +521,8 @@ def test_clustering_prefers_a_node_hosting_the_same_class() -> None:
     snap.assume(share("s0", 500), 0, [0])
     snap.assume(whole("w0"), 1, [0])
     snap.assume(PodSpec("c0", cpu_milli=1000), 2, [])  # CPU-only pods are no class
-    # base = 25·(8000 − free)//8000: shares 20, wholes 21, empty 18; bonus 75 same class only, 25 empty, 0 other
+    # base = 25·(8000 − free)//8000: shares 20, wholes 21, empty 18;
+    # bonus: 75 same class only, 25 no class, 0 other classes
     r = schedule_one(profile("clustering", [share("s", 200)]), share("s1", 200), snap)
     assert (r.node_name, r.score) == ("shares", 95.0)
     r2 = schedule_one(profile("clustering", [whole("w")]), whole("w1"), snap)
@@ -531,7 +563,11 @@ def test_fgd_leaves_no_sliver_that_the_workload_cannot_use_where_bestfit_would()
 def test_every_policy_places_a_pod_only_where_it_fits(policy: str) -> None:
     snap = ClusterState([node("a", gpus=1, model="B"), node("b", gpus=4, cpu=2000), node("c", gpus=2)])
     snap.assume(whole("taken"), 2, [1])
-    pods = [whole("w", 1, cpu=4000, gpu_models=frozenset({"A"})), share("s", 700, cpu=4000), PodSpec("c", cpu_milli=100)]
+    pods = [
+        whole("w", 1, cpu=4000, gpu_models=frozenset({"A"})),
+        share("s", 700, cpu=4000),
+        PodSpec("c", cpu_milli=100),
+    ]
     prof = profile(policy, pods)
     r = schedule_one(prof, pods[0], snap)
     assert (r.node_name, r.gpus) == ("c", (0,))  # only c has CPU and a free model-A GPU
@@ -549,16 +585,11 @@ def test_unknown_policy_and_missing_workload() -> None:
             make_profile(policy)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="policies/default.py DefaultScore._key omits trunc_node, trunc_gpu, quantum and sliver_weight: "
-    "two differently configured instances share score-cache entries on one snapshot",
-)
 def test_default_score_cache_key_distinguishes_configurations() -> None:
     snap = with_gpu_free(ClusterState([node("a", gpus=2), node("b", gpus=2)]), 0, [700, 1000])
     pod = share("p", 200)
     tw = TargetWorkload.from_pods([pod])
-    plain, sliver = DefaultScore(tw), DefaultScore(tw, sliver_weight=1.0)
+    plain, sliver = DefaultScore(tw), DefaultScore(tw, DefaultParams(deficit_weight=50.0))
     idx = np.arange(2, dtype=np.int64)
     plain.score(CycleState(), pod, snap, idx)
     got = sliver.score(CycleState(), pod, snap, idx).scores
@@ -568,7 +599,9 @@ def test_default_score_cache_key_distinguishes_configurations() -> None:
 
 # ------------------------------------------------------------------------ framework extension points
 class Recorder:
-    def __init__(self, name: str, log: list[str], reserve_ok: bool = True, permit: Code = Code.SUCCESS) -> None:
+    def __init__(
+        self, name: str, log: list[str], reserve_ok: bool = True, permit: Code = Code.SUCCESS
+    ) -> None:
         self.name, self.log, self.reserve_ok, self.permit_code = name, log, reserve_ok, permit
 
     def reserve(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> Status:

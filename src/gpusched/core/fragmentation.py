@@ -107,8 +107,10 @@ class NodeTerms:
     total: I64  # (k,)
 
 
-def node_terms(gfree: I64, tw: TargetWorkload) -> NodeTerms:
+def node_terms(gfree: I64, tw: TargetWorkload, exists: BoolArr | None = None) -> NodeTerms:
     ge = gfree[:, :, None] >= tw.milli[None, None, :]
+    if exists is not None:  # padding slots of smaller nodes serve no type, not even milli-0 ones
+        ge &= exists[:, :, None]
     cnt = ge.sum(axis=1)
     lt = np.where(ge, 0, gfree[:, :, None]).sum(axis=1)
     return NodeTerms(gfree, ge, cnt, lt, gfree.sum(axis=1))
@@ -128,7 +130,7 @@ def node_fragmentation(snap: ClusterState, tw: TargetWorkload, nodes: I64 | None
     """Fragmentation (milli-GPU) of ``nodes`` (all nodes when None) under the current state."""
     idx = np.arange(len(snap)) if nodes is None else nodes
     table = tw.model_table(snap)
-    t = node_terms(snap.gpu_free[idx], tw)
+    t = node_terms(snap.gpu_free[idx], tw, snap.gpu_exists[idx])
     return frag_from_terms(t.cnt, t.lt, t.total, snap.cpu_free[idx], table[snap.model_id[idx]], tw)
 
 
@@ -153,7 +155,9 @@ def frag_after_whole(
     t: NodeTerms, cpu_after: I64, allowed: BoolArr, tw: TargetWorkload, num: int, milli: int
 ) -> F64:
     """Fragmentation of each node (k) after ``num`` GPUs with ``milli`` free (whole GPUs) go."""
-    gone = (milli >= tw.milli).astype(np.int64) * num  # those GPUs counted in cnt for every type they served
+    # the taken GPUs counted in cnt for every type they served; for milli-0 types a GPU left
+    # with 0 milli still counts, so nothing changes there
+    gone = ((milli >= tw.milli) & (tw.milli > 0)).astype(np.int64) * num
     return frag_from_terms(t.cnt - gone[None, :], t.lt, t.total - num * milli, cpu_after, allowed, tw)
 
 
@@ -178,7 +182,7 @@ def placement_frag(
         table = tw.model_table(snap)
     allowed = table[snap.model_id[nodes]]
     cpu_after = snap.cpu_free[nodes] - pod.cpu_milli
-    t = node_terms(snap.gpu_free[nodes], tw)
+    t = node_terms(snap.gpu_free[nodes], tw, snap.gpu_exists[nodes])
     before = frag_from_terms(t.cnt, t.lt, t.total, snap.cpu_free[nodes], allowed, tw)
     if pod.num_gpu == 0:
         after = frag_from_terms(t.cnt, t.lt, t.total, cpu_after, allowed, tw)

@@ -68,11 +68,12 @@ class Diagnosis:
         return frozenset(f.node for f in self.failures if f.code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE)
 
     def message(self) -> str:
-        """``0/40 nodes are available: 12 Insufficient GPU memory, 28 Insufficient cpu.``"""
+        """``0/40 nodes are available: 12 Insufficient GPU memory, 28 Insufficient cpu.``
+
+        As kube-scheduler's FitError: ``<count> <reason>`` strings sorted lexicographically."""
         if self.pre_filter is not None and not self.pre_filter.ok:
             return f"0/{self.num_nodes} nodes are available: {self.pre_filter.message()}."
-        counts = sorted(self.reason_counts().items(), key=lambda kv: (-kv[1], kv[0]))
-        parts = ", ".join(f"{n} {r}" for r, n in counts)
+        parts = ", ".join(sorted(f"{n} {r}" for r, n in self.reason_counts().items()))
         return f"0/{self.num_nodes} nodes are available: {parts}." if parts else f"0/{self.num_nodes} nodes."
 
 

@@ -1,40 +1,65 @@
-"""A per-snapshot cache of node-local scores keyed by pod shape (an equivalence-class cache).
+"""Per-snapshot caches of node-local values, refreshed by node generation.
 
-A node-local score depends only on the pod's shape and that node's state. The cache keeps,
-per key, the last score of every node and the node generation it was computed at; a cycle
-recomputes only nodes whose generation has moved since (in the simulator: a handful).
+A node-local value (a score for a pod shape, or per-node terms of a policy) depends only on
+that node's state. A cache entry keeps, per node, the last value and the node generation it
+was computed at; a cycle recomputes only nodes whose generation has moved since (in the
+simulator: a handful). Keyed by pod shape this is kube-scheduler's old equivalence-class cache.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from gpusched.core.cluster import I64, ClusterState
 from gpusched.core.framework import F64, NodeScores
 
 
 @dataclass(slots=True)
-class _Entry:
-    scores: F64
-    gpu: I64
+class _Rows:
+    arrays: tuple[npt.NDArray[np.generic], ...]
     seen: I64
+
+
+def cached_rows(
+    snap: ClusterState,
+    key: object,
+    nodes: I64,
+    compute: Callable[[I64], Sequence[npt.NDArray[np.generic]]],
+) -> tuple[Any, ...]:
+    """Rows ``nodes`` of the arrays ``compute`` returns (first axis = node), recomputing stale rows."""
+    entry = snap.score_cache.get(key)
+    if not isinstance(entry, _Rows):
+        fresh = compute(np.arange(len(snap), dtype=np.int64))
+        entry = _Rows(tuple(np.array(a) for a in fresh), snap.gen.copy())
+        snap.score_cache[key] = entry
+        return tuple(a[nodes] for a in entry.arrays)
+    stale = nodes[entry.seen[nodes] != snap.gen[nodes]]
+    if len(stale):
+        for arr, new in zip(entry.arrays, compute(stale), strict=True):
+            arr[stale] = new
+        entry.seen[stale] = snap.gen[stale]
+    return tuple(a[nodes] for a in entry.arrays)
 
 
 def cached_scores(
     snap: ClusterState, key: object, nodes: I64, compute: Callable[[I64], tuple[F64 | I64, I64]]
 ) -> NodeScores:
+    """Scores (and GPU choice) of ``nodes`` for one pod shape, recomputing only stale nodes."""
     entry = snap.score_cache.get(key)
-    if not isinstance(entry, _Entry):
+    if not isinstance(entry, _Rows):
         n = len(snap)
-        entry = _Entry(np.zeros(n), np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64))
+        entry = _Rows((np.zeros(n), np.full(n, -1, dtype=np.int64)), np.full(n, -1, dtype=np.int64))
         snap.score_cache[key] = entry
     stale = nodes[entry.seen[nodes] != snap.gen[nodes]]
     if len(stale):
         s, g = compute(stale)
-        entry.scores[stale] = s
-        entry.gpu[stale] = g
+        entry.arrays[0][stale] = s
+        entry.arrays[1][stale] = g
         entry.seen[stale] = snap.gen[stale]
-    return NodeScores(entry.scores[nodes], entry.gpu[nodes])
+    scores, gpu = entry.arrays
+    return NodeScores(scores[nodes], gpu[nodes])  # type: ignore[arg-type]

@@ -28,13 +28,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpusched.core.cluster import I64, BoolArr, ClusterState
+from gpusched.core.cluster import I64, ClusterState
 from gpusched.core.fragmentation import TargetWorkload, task_type
 from gpusched.core.framework import F64, CycleState, NodeScores
 from gpusched.core.model import GPU_MILLI, PodSpec
-from gpusched.core.policies.cache import cached_scores
+from gpusched.core.policies.cache import cached_rows, cached_scores
 
-_NO_LIMIT = 1 << 40
+_NO_LIMIT = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -43,91 +43,111 @@ class DefaultParams:
     """Weight of the CPU-deficit gradient relative to the fragment gradient (both milli-GPU)."""
 
 
-def packing_fragment(
-    slots: I64, full: I64, total: I64, cpu: I64, allowed: BoolArr, tw: TargetWorkload
-) -> F64:
-    """Expected unusable GPU milli; ``slots``/``allowed`` are (…, M), the rest (…)."""
-    share = tw.milli < GPU_MILLI
-    by_gpu = np.where(share, slots, full[..., None] // np.maximum(tw.num, 1))
-    by_cpu = np.where(tw.cpu > 0, cpu[..., None] // np.maximum(tw.cpu, 1), _NO_LIMIT)
-    usable = np.minimum(np.minimum(by_gpu, by_cpu) * tw.num * tw.milli, total[..., None])
-    frag = np.where(allowed, total[..., None] - usable, total[..., None])
-    out: F64 = frag @ tw.p
-    return out
-
-
 class DefaultScore:
     name = "DefaultScore"
 
     def __init__(self, workload: TargetWorkload, params: DefaultParams | None = None) -> None:
-        self.workload = workload
+        tw = self.workload = workload
         self.params = params or DefaultParams()
-        gpu = workload.num > 0
-        demand = float((workload.p[gpu] * workload.milli[gpu] * workload.num[gpu]).sum())
-        cpu = float((workload.p[gpu] * workload.cpu[gpu]).sum())
+        gpu = tw.num > 0
+        demand = float((tw.p[gpu] * tw.milli[gpu] * tw.num[gpu]).sum())
+        cpu = float((tw.p[gpu] * tw.cpu[gpu]).sum())
         self.rho = cpu / demand if demand > 0 else 0.0  # milli-CPU per milli-GPU
-        self._key = (self.name, workload.keys, tuple(workload.p.tolist()), self.params)
+        self._share_t = tw.milli < GPU_MILLI
+        self._num = np.maximum(tw.num, 1)
+        self._cpu_t = np.maximum(tw.cpu, 1)
+        self._cpu_free_t = tw.cpu <= 0
+        self._demand_t = tw.num * tw.milli
+        v = np.arange(GPU_MILLI + 1)
+        # pods of each type one GPU with v milli free can hold (whole types: 1 iff fully free)
+        self._lut = (v[:, None] // np.maximum(tw.milli, 1)[None, :]).astype(np.int64)
+        self._key = (self.name, tw.keys, tuple(tw.p.tolist()), self.params)
 
-    def score(self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64) -> NodeScores:
-        key = (self._key, task_type(pod), pod.gpu_memory_mib)
-        return cached_scores(snap, key, nodes, lambda idx: self._compute(pod, snap, idx))
+    # ------------------------------------------------------------------ model
+    def fragment(self, slots: I64, total: I64, cpu: I64, pm: F64) -> F64:
+        """Expected unusable GPU milli. ``slots``/``pm`` are (…, M), ``total``/``cpu`` (…).
+        ``pm`` is p times "the node's model allows the type" (0 for CPU-only types)."""
+        by_gpu = np.where(self._share_t, slots, slots // self._num)
+        by_cpu = np.where(self._cpu_free_t, _NO_LIMIT, cpu[..., None] // self._cpu_t)
+        usable = np.minimum(np.minimum(by_gpu, by_cpu) * self._demand_t, total[..., None])
+        out: F64 = total - (usable * pm).sum(axis=-1)
+        return out
 
-    def _deficit(self, gpu_free: F64 | I64, cpu_free: F64 | I64) -> F64:
+    def deficit(self, gpu_free: I64, cpu_free: I64) -> F64:
+        """GPU milli a node cannot feed with its free CPU at the workload's CPU per GPU."""
         if self.rho <= 0:
             return np.zeros(np.shape(gpu_free))
         out: F64 = np.maximum(0.0, self.rho * gpu_free - cpu_free) / self.rho
         return out
 
-    def _compute(self, pod: PodSpec, snap: ClusterState, nodes: I64) -> tuple[F64, I64]:
-        tw = self.workload
-        allowed = self._table(snap)[snap.model_id[nodes]]
-        g = snap.gpu_free[nodes]
-        u = np.maximum(tw.milli, 1)
-        per_gpu = g[:, :, None] // u  # (k, G, M) pods of each type a GPU can hold
-        slots = per_gpu.sum(axis=1)
-        full = (g == GPU_MILLI).sum(axis=1)
+    # ------------------------------------------------------------- per node
+    def _pm(self, snap: ClusterState) -> F64:
+        key = ("DefaultScore.pm", self._key)
+        t = snap.score_cache.get(key)
+        if not isinstance(t, np.ndarray):
+            t = self.workload.model_table(snap) * self.workload.p[None, :]
+            snap.score_cache[key] = t
+        return t
+
+    def _terms(self, snap: ClusterState, idx: I64) -> tuple[I64, I64, F64]:
+        g = snap.gpu_free[idx]
+        slots = self._lut[g].sum(axis=1)
         total = g.sum(axis=1)
+        before = self.fragment(slots, total, snap.cpu_free[idx], self._pm(snap)[snap.model_id[idx]])
+        return slots, total, before
+
+    # ---------------------------------------------------------------- score
+    def score(self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64) -> NodeScores:
+        key = (self._key, task_type(pod), pod.gpu_memory_mib)
+        return cached_scores(snap, key, nodes, lambda idx: self._compute(pod, snap, idx))
+
+    def _compute(self, pod: PodSpec, snap: ClusterState, nodes: I64) -> tuple[F64, I64]:
+        slots, total, before = cached_rows(
+            snap, ("DefaultScore.terms", self._key), nodes, lambda idx: self._terms(snap, idx)
+        )
+        pm = self._pm(snap)[snap.model_id[nodes]]
         cpu = snap.cpu_free[nodes]
         cpu_after = cpu - pod.cpu_milli
-        before = packing_fragment(slots, full, total, cpu, allowed, tw)
         gpu = np.full(len(nodes), -1, dtype=np.int64)
         if pod.num_gpu == 0:
-            after = packing_fragment(slots, full, total, cpu_after, allowed, tw)
+            after = self.fragment(slots, total, cpu_after, pm)
         elif pod.is_share:
-            g2 = g - pod.gpu_milli
-            cand = (g2 >= 0) & snap.gpu_exists[nodes]
-            if pod.gpu_memory_mib:
-                cand &= snap.gpu_mem_free[nodes] >= pod.gpu_memory_mib
-            slots2 = slots[:, None, :] - per_gpu + np.maximum(g2, 0)[:, :, None] // u
-            full2 = full[:, None] - (g == GPU_MILLI)
-            after_g = packing_fragment(
-                slots2,
-                full2,
-                np.broadcast_to((total - pod.gpu_milli)[:, None], g.shape),
-                np.broadcast_to(cpu_after[:, None], g.shape),
-                allowed[:, None, :],
-                tw,
-            )
-            # least Δ, then the tightest GPU (a sub-milli tie-break), then the lowest index
-            after_g = np.where(cand, after_g + 1e-6 * g2, np.inf)
-            gpu = np.argmin(after_g, axis=1).astype(np.int64)
-            after = after_g[np.arange(len(nodes)), gpu]
-            gpu[~np.isfinite(after)] = -1
+            after, gpu = self._share(pod, snap, nodes, slots, total, cpu_after, pm)
         else:
             n = pod.num_gpu
-            after = packing_fragment(
-                slots - n * (GPU_MILLI // u), full - n, total - n * GPU_MILLI, cpu_after, allowed, tw
-            )
+            full = (snap.gpu_free[nodes] == GPU_MILLI).sum(axis=1)
+            after = self.fragment(slots - n * self._lut[GPU_MILLI], total - n * GPU_MILLI, cpu_after, pm)
             after = np.where(full >= n, after, np.inf)
         delta = after - before
-        deficit = self._deficit(total - pod.gpu_demand_milli, cpu_after) - self._deficit(total, cpu)
+        deficit = self.deficit(total - pod.gpu_demand_milli, cpu_after) - self.deficit(total, cpu)
         score = -(delta + self.params.deficit_weight * deficit)
         return np.where(np.isfinite(delta), score, -np.inf), gpu
 
-    def _table(self, snap: ClusterState) -> BoolArr:
-        key = ("model_table", self.workload.keys)
-        t = snap.score_cache.get(key)
-        if not isinstance(t, np.ndarray):
-            t = self.workload.model_table(snap)
-            snap.score_cache[key] = t
-        return t
+    def _share(
+        self, pod: PodSpec, snap: ClusterState, nodes: I64, slots: I64, total: I64, cpu_after: I64, pm: F64
+    ) -> tuple[F64, I64]:
+        """Best GPU per node for a share: least fragment after, then tightest, then lowest index.
+        GPUs of a node with equal free milli are equivalent, so each distinct value is tried once."""
+        r = pod.gpu_milli
+        g = snap.gpu_free[nodes]
+        cand = (g >= r) & snap.gpu_exists[nodes]
+        if pod.gpu_memory_mib:
+            cand &= snap.gpu_mem_free[nodes] >= pod.gpu_memory_mib
+        g = np.where(cand, g, -1)
+        order = np.argsort(g, axis=1, kind="stable")  # equal values: lowest index first
+        gs = np.take_along_axis(g, order, axis=1)
+        first = np.ones(gs.shape, dtype=bool)
+        first[:, 1:] = gs[:, 1:] != gs[:, :-1]
+        rows, cols = np.nonzero(first & (gs >= 0))
+        vals = gs[rows, cols]
+        after_c = self.fragment(
+            slots[rows] - self._lut[vals] + self._lut[vals - r], total[rows] - r, cpu_after[rows], pm[rows]
+        )
+        key = after_c + 1e-6 * (vals - r)
+        o = np.lexsort((key, rows))
+        head = o[np.r_[True, rows[o][1:] != rows[o][:-1]]] if len(o) else o
+        after = np.full(len(nodes), np.inf)
+        gpu = np.full(len(nodes), -1, dtype=np.int64)
+        after[rows[head]] = after_c[head]
+        gpu[rows[head]] = order[rows[head], cols[head]]
+        return after, gpu

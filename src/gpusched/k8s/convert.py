@@ -1,0 +1,235 @@
+"""Kubernetes objects ⇄ the core model. Pods and nodes are plain dicts (the API's JSON).
+
+How a pod asks for GPUs (documented in README, "Requesting GPUs"):
+
+- ``nvidia.com/gpu: N`` in a container's limits — N whole GPUs.
+- ``gpusched.io/gpu-milli: M`` (1–1000) — M milli-GPU of one GPU (a share; M = 1000 is one whole GPU).
+- ``gpusched.io/gpu-memory: MiB`` — that much memory of each GPU (a share by memory; with
+  ``nvidia.com/gpu: N`` it applies to each of the N GPUs; alone it means one GPU).
+- annotation ``gpusched.io/gpu-models: "A100-SXM4-80GB|H100-80GB-HBM3"`` — allowed GPU models
+  (the node label ``nvidia.com/gpu.product``).
+
+A node's GPUs come from ``status.allocatable["nvidia.com/gpu"]`` (or capacity), its model from
+the label ``nvidia.com/gpu.product`` and the memory of one GPU from ``nvidia.com/gpu.memory``
+(MiB), as NVIDIA's gpu-feature-discovery labels them.
+
+The scheduler writes the device assignment to the annotation ``gpusched.io/assignment``
+(JSON ``{"node", "gpus", "milli", "memoryMiB"}``) before binding; the node side exposes exactly
+those GPUs, and a restarted scheduler rebuilds its books from the annotations.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+from kubernetes.utils.quantity import parse_quantity
+
+from gpusched.core.model import GPU_MILLI, Allocation, InvalidSpec, NodeSpec, PodSpec, Taint, Toleration
+
+RES_GPU = "nvidia.com/gpu"
+RES_MILLI = "gpusched.io/gpu-milli"
+RES_MEMORY = "gpusched.io/gpu-memory"
+ANN_MODELS = "gpusched.io/gpu-models"
+ANN_ASSIGNMENT = "gpusched.io/assignment"
+ANN_QUEUE = "gpusched.io/queue"
+ANN_GANG = "gpusched.io/gang"
+LABEL_PRODUCT = "nvidia.com/gpu.product"
+LABEL_MEMORY = "nvidia.com/gpu.memory"
+MANAGED_RESOURCES = (RES_GPU, RES_MILLI, RES_MEMORY)
+
+_MODEL_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62}[A-Za-z0-9])?$")
+_MIB = 1024 * 1024
+
+
+class InvalidRequest(ValueError):
+    """A pod or node whose GPU request cannot be read; the message names the field and pod."""
+
+
+def _quantity(value: object, where: str) -> Decimal:
+    try:
+        q = parse_quantity(value)  # type: ignore[no-untyped-call]
+    except (ValueError, TypeError, ArithmeticError):
+        raise InvalidRequest(f"{where}: {value!r} is not a Kubernetes quantity") from None
+    if q < 0:
+        raise InvalidRequest(f"{where}: {value!r} is negative")
+    return Decimal(q)
+
+
+def _count(value: object, where: str) -> int:
+    q = _quantity(value, where)
+    if q != q.to_integral_value():
+        raise InvalidRequest(f"{where}: {value!r} must be a whole number")
+    return int(q)
+
+
+def _key(meta: Mapping[str, Any]) -> str:
+    return f"{meta.get('namespace', 'default')}/{meta.get('name', '?')}"
+
+
+def pod_requests(pod: Mapping[str, Any]) -> dict[str, Decimal]:
+    """Effective requests as kube-scheduler computes them: the sum over containers, at least
+    the largest init container, plus pod overhead. Limits stand in for missing requests."""
+    spec = pod.get("spec") or {}
+    key = _key(pod.get("metadata") or {})
+
+    def of(c: Mapping[str, Any], i: int, kind: str) -> dict[str, Decimal]:
+        res = c.get("resources") or {}
+        merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        return {n: _quantity(v, f"pod {key} {kind}[{i}] {n}") for n, v in merged.items()}
+
+    total: dict[str, Decimal] = {}
+    for i, c in enumerate(spec.get("containers") or []):
+        for n, q in of(c, i, "containers").items():
+            total[n] = total.get(n, Decimal(0)) + q
+    for i, c in enumerate(spec.get("initContainers") or []):
+        for n, q in of(c, i, "initContainers").items():
+            total[n] = max(total.get(n, Decimal(0)), q)
+    for n, v in (spec.get("overhead") or {}).items():
+        total[n] = total.get(n, Decimal(0)) + _quantity(v, f"pod {key} overhead {n}")
+    return total
+
+
+def parse_models(text: str, where: str) -> frozenset[str]:
+    models = frozenset(m.strip() for m in text.split("|") if m.strip())
+    bad = [m for m in models if not _MODEL_RE.match(m)]
+    if bad or (text.strip() and not models):
+        raise InvalidRequest(
+            f"{where}: invalid GPU model name(s) {bad or [text]}; use names like A100-SXM4-80GB|T4"
+        )
+    return models
+
+
+def pod_from_k8s(pod: Mapping[str, Any]) -> PodSpec:
+    """The core's view of a pod. Raises InvalidRequest (naming pod and field) for a request
+    that cannot be scheduled as written."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    key = _key(meta)
+    if not meta.get("name"):
+        raise InvalidRequest("pod without metadata.name")
+    req = pod_requests(pod)
+    cpu = req.get("cpu", Decimal(0))
+    mem = req.get("memory", Decimal(0))
+    num = _count(req[RES_GPU], f"pod {key} {RES_GPU}") if RES_GPU in req else 0
+    milli = _count(req[RES_MILLI], f"pod {key} {RES_MILLI}") if RES_MILLI in req else 0
+    gmem = _count(req[RES_MEMORY], f"pod {key} {RES_MEMORY}") if RES_MEMORY in req else 0
+    if milli > GPU_MILLI:
+        raise InvalidRequest(
+            f"pod {key}: {RES_MILLI} {milli} is more than one GPU ({GPU_MILLI}); use {RES_GPU}"
+        )
+    if (milli or gmem) and num == 0:
+        num = 1
+    if num and not milli:
+        milli = 0 if gmem else GPU_MILLI
+    if num > 1 and 0 < milli < GPU_MILLI:
+        raise InvalidRequest(f"pod {key}: a GPU share ({RES_MILLI} {milli}) needs {RES_GPU} 1, got {num}")
+    ann = meta.get("annotations") or {}
+    models = parse_models(ann.get(ANN_MODELS, ""), f"pod {key} annotation {ANN_MODELS}")
+    try:
+        return PodSpec(
+            name=meta["name"],
+            namespace=meta.get("namespace", "default"),
+            cpu_milli=math.ceil(cpu * 1000),
+            memory_mib=math.ceil(mem / _MIB),
+            num_gpu=num,
+            gpu_milli=milli,
+            gpu_memory_mib=gmem,
+            gpu_models=models if num else frozenset(),
+            priority=int(spec.get("priority") or 0),
+            node_selector=dict(spec.get("nodeSelector") or {}),
+            tolerations=tuple(
+                Toleration(
+                    t.get("key", ""), t.get("operator", "Equal"), t.get("value", ""), t.get("effect", "")
+                )
+                for t in spec.get("tolerations") or []
+            ),
+            gang=ann.get(ANN_GANG, ""),
+            queue=ann.get(ANN_QUEUE, ""),
+        )
+    except InvalidSpec as e:
+        raise InvalidRequest(str(e)) from None
+
+
+def wants_gpu(pod: Mapping[str, Any]) -> bool:
+    """Does the pod ask for one of the resources gpusched manages?"""
+    spec = pod.get("spec") or {}
+    for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        res = c.get("resources") or {}
+        names = {*(res.get("limits") or {}), *(res.get("requests") or {})}
+        if names & set(MANAGED_RESOURCES):
+            return True
+    return False
+
+
+def node_from_k8s(node: Mapping[str, Any]) -> NodeSpec:
+    meta = node.get("metadata") or {}
+    name = meta.get("name") or ""
+    status = node.get("status") or {}
+    alloc = status.get("allocatable") or status.get("capacity") or {}
+    labels = dict(meta.get("labels") or {})
+    where = f"node {name}"
+    cpu = _quantity(alloc.get("cpu", 0), f"{where} allocatable cpu")
+    mem = _quantity(alloc.get("memory", 0), f"{where} allocatable memory")
+    gpus = _count(alloc.get(RES_GPU, 0), f"{where} allocatable {RES_GPU}")
+    model = labels.get(LABEL_PRODUCT, "") or ("unknown-gpu" if gpus else "")
+    gmem = _count(labels[LABEL_MEMORY], f"{where} label {LABEL_MEMORY}") if LABEL_MEMORY in labels else 0
+    taints = tuple(
+        Taint(t.get("key", ""), t.get("value", ""), t.get("effect", "NoSchedule"))
+        for t in (node.get("spec") or {}).get("taints") or []
+    )
+    if (node.get("spec") or {}).get("unschedulable"):
+        taints += (Taint("node.kubernetes.io/unschedulable", "", "NoSchedule"),)
+    try:
+        return NodeSpec(
+            name=name,
+            cpu_milli=int(cpu * 1000),
+            memory_mib=int(mem / _MIB),
+            gpu_count=gpus,
+            gpu_model=model if gpus else "",
+            gpu_memory_mib=gmem,
+            labels=labels,
+            taints=taints,
+        )
+    except InvalidSpec as e:
+        raise InvalidRequest(str(e)) from None
+
+
+def assignment_annotation(node: str, gpus: tuple[int, ...], pod: PodSpec) -> str:
+    return json.dumps(
+        {"node": node, "gpus": list(gpus), "milli": pod.gpu_milli, "memoryMiB": pod.gpu_memory_mib},
+        separators=(",", ":"),
+    )
+
+
+def parse_assignment(pod: Mapping[str, Any]) -> tuple[str, tuple[int, ...]] | None:
+    """(node, GPU indices) from the assignment annotation, or None when absent.
+    Raises InvalidRequest for an annotation that is present but unreadable."""
+    meta = pod.get("metadata") or {}
+    raw = (meta.get("annotations") or {}).get(ANN_ASSIGNMENT)
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+        node = str(data["node"])
+        gpus = tuple(int(g) for g in data["gpus"])
+    except (ValueError, KeyError, TypeError):
+        raise InvalidRequest(f"pod {_key(meta)}: annotation {ANN_ASSIGNMENT} is not valid: {raw!r}") from None
+    return node, gpus
+
+
+def allocation_from_k8s(pod: Mapping[str, Any], node_index: Mapping[str, int]) -> Allocation | None:
+    """What a bound pod holds, for rebuilding the books: its assignment annotation when
+    present, else no GPU indices (the caller picks GPUs for pods bound by others)."""
+    spec = pod.get("spec") or {}
+    node = spec.get("nodeName")
+    if not node or node not in node_index:
+        return None
+    core = pod_from_k8s(pod)
+    a = parse_assignment(pod)
+    gpus = a[1] if a and a[0] == node else ()
+    return Allocation(core, node_index[node], gpus)

@@ -1,0 +1,214 @@
+"""The scheduler cache for the Kubernetes front ends: nodes and bound pods → ``ClusterState``.
+
+Fed by the informer (node and pod events as API dicts) and by the front end's own decisions
+(``assume`` before binding, ``forget`` when a binding fails). The books are rebuilt from what
+the API says: a bound pod's GPUs come from its ``gpusched.io/assignment`` annotation, so a
+restarted scheduler double-books nothing; pods bound by someone else that ask for GPUs take
+the tightest free GPUs in the books.
+
+One lock guards the state; front ends hold it only for the in-memory decision (about a
+millisecond), never across API calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from gpusched.core.cluster import AccountingError, ClusterState
+from gpusched.core.devices import pick_gpus
+from gpusched.core.model import Allocation, NodeSpec, PodSpec
+from gpusched.k8s.convert import InvalidRequest, node_from_k8s, parse_assignment, pod_from_k8s
+
+log = logging.getLogger(__name__)
+
+TERMINAL = ("Succeeded", "Failed")
+
+
+def pod_key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
+
+
+def holds_resources(obj: Mapping[str, Any]) -> bool:
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    return bool(spec.get("nodeName")) and status.get("phase") not in TERMINAL
+
+
+class LiveCluster:
+    def __init__(self, on_invalid: Callable[[Mapping[str, Any], str], None] | None = None) -> None:
+        self.lock = threading.RLock()
+        self._nodes: dict[str, NodeSpec] = {}
+        self._bound: dict[str, tuple[PodSpec, str, tuple[int, ...]]] = {}  # key -> (pod, node, gpus from API)
+        self._assumed: dict[str, tuple[PodSpec, str, tuple[int, ...]]] = {}  # decided here, not yet bound
+        self._state: ClusterState | None = None
+        self._on_invalid = on_invalid
+        self.conflicts: list[str] = []
+        """Pods whose recorded assignment did not fit the books on rebuild (never expected)."""
+
+    # ------------------------------------------------------------ nodes
+    def upsert_node(self, obj: Mapping[str, Any]) -> None:
+        try:
+            spec = node_from_k8s(obj)
+        except InvalidRequest as e:
+            log.warning("ignoring node: %s", e)
+            return
+        with self.lock:
+            if self._nodes.get(spec.name) != spec:
+                self._nodes[spec.name] = spec
+                self._state = None
+
+    def delete_node(self, name: str) -> None:
+        with self.lock:
+            if self._nodes.pop(name, None) is not None:
+                self._state = None
+
+    # ------------------------------------------------------------- pods
+    def upsert_pod(self, obj: Mapping[str, Any]) -> None:
+        key = pod_key(obj)
+        if not holds_resources(obj) or (obj.get("metadata") or {}).get("deletionTimestamp"):
+            self.delete_pod(key)
+            return
+        try:
+            spec = pod_from_k8s(obj)
+            assignment = parse_assignment(obj)
+        except InvalidRequest as e:
+            if self._on_invalid:
+                self._on_invalid(obj, str(e))
+            return
+        node = (obj.get("spec") or {})["nodeName"]
+        gpus = assignment[1] if assignment and assignment[0] == node else ()
+        with self.lock:
+            if key in self._bound and self._bound[key][1] == node:
+                return
+            self._bound[key] = (spec, node, gpus)
+            assumed = self._assumed.pop(key, None)
+            st = self._state
+            if st is None:
+                return
+            if assumed is not None and assumed[1] == node and (not gpus or gpus == assumed[2]):
+                return  # our own decision, already in the books
+            if assumed is not None:
+                st.forget(key)
+            self._book(st, spec, node, gpus)
+
+    def delete_pod(self, key: str) -> None:
+        with self.lock:
+            held = self._bound.pop(key, None) is not None
+            held |= self._assumed.pop(key, None) is not None
+            if held and self._state is not None and key in self._state.allocations:
+                self._state.forget(key)
+
+    def sync_nodes(self, items: list[Mapping[str, Any]]) -> None:
+        """After a (re)list: forget nodes the API no longer has."""
+        names = {(o.get("metadata") or {}).get("name") for o in items}
+        with self.lock:
+            for gone in [n for n in self._nodes if n not in names]:
+                self.delete_node(gone)
+
+    def sync_pods(self, items: list[Mapping[str, Any]]) -> None:
+        """After a (re)list: release pods the API no longer has."""
+        keys = {pod_key(o) for o in items}
+        with self.lock:
+            for gone in [k for k in self._bound if k not in keys]:
+                self.delete_pod(gone)
+
+    # -------------------------------------------------------- decisions
+    @contextmanager
+    def snapshot(self) -> Iterator[ClusterState]:
+        """The live state, under the lock. Decisions made inside (``assume``) are booked."""
+        with self.lock:
+            yield self._current()
+
+    def assume(self, pod: PodSpec, node: int, gpus: tuple[int, ...]) -> Allocation:
+        """Book a decision (unless ``schedule_one`` already did) until the API shows it bound."""
+        with self.lock:
+            st = self._current()
+            a = st.allocations.get(pod.key) or st.assume(pod, node, gpus)
+            self._assumed[pod.key] = (pod, st.names[a.node], a.gpus)
+            return a
+
+    def forget(self, key: str) -> None:
+        """Undo an assumed decision whose binding failed."""
+        with self.lock:
+            st = self._state
+            was_assumed = self._assumed.pop(key, None) is not None
+            if was_assumed and st is not None and key not in self._bound and key in st.allocations:
+                st.forget(key)
+
+    def is_bound_or_assumed(self, key: str) -> bool:
+        with self.lock:
+            return key in self._bound or key in self._assumed
+
+    def node_names(self) -> list[str]:
+        with self.lock:
+            return sorted(self._nodes)
+
+    # ---------------------------------------------------------- rebuild
+    def _current(self) -> ClusterState:
+        if self._state is None:
+            self._state = self._rebuild()
+        return self._state
+
+    def _rebuild(self) -> ClusterState:
+        st = ClusterState(sorted(self._nodes.values(), key=lambda n: n.name))
+        self.conflicts = []
+        # pods with a recorded assignment first, so that pods without one take what is left
+        ordered = sorted(self._bound.items(), key=lambda kv: (not kv[1][2], kv[0]))
+        for _key, (spec, node, gpus) in ordered:
+            self._book(st, spec, node, gpus)
+        for key, (spec, node, gpus) in list(self._assumed.items()):
+            if key in st.allocations:
+                continue
+            try:
+                st.assume(spec, st.index[node], gpus)
+            except (KeyError, AccountingError):
+                log.warning("dropping assumed pod %s: node %s changed or left", key, node)
+                del self._assumed[key]
+        return st
+
+    def _book(self, st: ClusterState, spec: PodSpec, node: str, gpus: tuple[int, ...]) -> None:
+        if node not in st.index:
+            return  # node not known (yet); booked on the rebuild after it appears
+        n = st.index[node]
+        try:
+            if len(gpus) != spec.num_gpu:
+                gpus = pick_gpus(st, spec, n) if spec.num_gpu else ()
+            st.assume(spec, n, gpus)
+        except (AccountingError, ValueError) as e:
+            self.conflicts.append(f"{spec.key}: {e}")
+            log.error("cannot book bound pod %s on %s: %s", spec.key, node, e)
+
+
+def start_informers(core_api: Any, cluster: LiveCluster, pod_handler: Any = None) -> list[Any]:
+    """Reflectors for nodes and pods feeding ``cluster``; ``pod_handler(obj, deleted)`` also
+    sees every pod event (the standalone scheduler's queue)."""
+    from gpusched.k8s.informer import Handlers, Reflector
+
+    def pod_upsert(obj: Mapping[str, Any]) -> None:
+        cluster.upsert_pod(obj)
+        if pod_handler:
+            pod_handler(obj, False)
+
+    def pod_delete(obj: Mapping[str, Any]) -> None:
+        cluster.delete_pod(pod_key(obj))
+        if pod_handler:
+            pod_handler(obj, True)
+
+    nodes = Reflector(
+        "nodes",
+        core_api.list_node,
+        Handlers(
+            cluster.upsert_node,
+            lambda o: cluster.delete_node((o.get("metadata") or {}).get("name", "")),
+            cluster.sync_nodes,
+        ),
+    )
+    pods = Reflector(
+        "pods", core_api.list_pod_for_all_namespaces, Handlers(pod_upsert, pod_delete, cluster.sync_pods)
+    )
+    return [nodes.start(), pods.start()]
