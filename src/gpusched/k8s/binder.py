@@ -1,0 +1,29 @@
+"""Binding a pod: write the device assignment annotation, then create ``pods/binding``.
+
+The annotation goes first so that the node side (device plugin) and a restarted scheduler
+see exactly which GPUs the pod holds before it can start. Both calls carry the pod's UID
+as a precondition, so a pod deleted and recreated under the same name is never bound by
+mistake.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes import client
+
+from gpusched.k8s.convert import ANN_ASSIGNMENT
+
+
+def bind_pod(core: client.CoreV1Api, namespace: str, name: str, uid: str, node: str, assignment: str) -> None:
+    """Annotate and bind; raises kubernetes ApiException on failure (e.g. 409 already bound)."""
+    if assignment:
+        patch: dict[str, Any] = {"metadata": {"annotations": {ANN_ASSIGNMENT: assignment}}}
+        if uid:
+            patch["metadata"]["uid"] = uid  # a strategic-merge precondition: fails if the UID differs
+        core.patch_namespaced_pod(name, namespace, patch)
+    body = client.V1Binding(
+        metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
+        target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
+    )
+    core.create_namespaced_binding(namespace, body, _preload_content=False)
