@@ -3,11 +3,16 @@
 #   kube-apiserver, kube-scheduler, kube-controller-manager, kubectl  (hack/controlplane, k8s.io/kubernetes)
 #   etcd                                                              (hack/etcd, go.etcd.io/etcd/server/v3)
 #   kwok                                                              (hack/kwok, sigs.k8s.io/kwok)
+#   helm                                                              (hack/helm, helm.sh/helm/v3)
 # plus kwok's default Stage objects (node-initialize, node heartbeat with lease, pod ready/complete/delete,
 # copied from the pinned kwok module) as share/kwok-stages.yaml next to bin/,
 # from the official Go modules (through the Go module proxy), into a cache outside the repository keyed by
 # the pinned versions:
 #   ${GPUSCHED_CACHE:-$HOME/.cache/gpusched}/controlplane/k8s-<ver>_etcd-<ver>_kwok-<ver>/bin/
+#
+# helm (for the deploy tests: `helm lint`, `helm template`) is an add-on that does not enter the cache key: it is
+# built into the same bin/ and stamped with its version (share/helm.version). A cache made before helm was added,
+# or with another helm version, gets just helm (re)built; without Go such a cache is still used, without helm.
 #
 # Idempotent: if every binary is already there, nothing is built (and Go is not needed).
 # The last line on stdout is always the bin directory; everything else goes to stderr.
@@ -34,12 +39,19 @@ required_version() {
 K8S_VERSION="$(required_version controlplane k8s.io/kubernetes)"
 ETCD_VERSION="$(required_version etcd go.etcd.io/etcd/server/v3)"
 KWOK_VERSION="$(required_version kwok sigs.k8s.io/kwok)"
+HELM_VERSION="$(required_version helm helm.sh/helm/v3)"
+# The Kubernetes minor helm reports as .Capabilities.KubeVersion (and lints deprecations against): that of the
+# client-go it is built with, as helm's own Makefile sets it.
+HELM_K8S_MINOR="$(required_version helm k8s.io/client-go)"
+HELM_K8S_MINOR="${HELM_K8S_MINOR#v0.}"
+HELM_K8S_MINOR="${HELM_K8S_MINOR%%.*}"
 
 CACHE_ROOT="${GPUSCHED_CACHE:-${HOME}/.cache/gpusched}/controlplane"
 KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}"
 OUT_DIR="${CACHE_ROOT}/${KEY}"
 BIN_DIR="${OUT_DIR}/bin"
 STAGES_FILE="share/kwok-stages.yaml"
+HELM_STAMP="share/helm.version"
 # kwok ships no built-in stages: `kwok` needs them through --config. These are the ones kwokctl uses by default.
 KWOK_STAGES=(
   kustomize/stage/node/fast/node-initialize.yaml
@@ -49,12 +61,20 @@ KWOK_STAGES=(
   kustomize/stage/pod/fast/pod-delete.yaml
 )
 
-all_built() {
+core_built() {
   local b
   for b in "${BINARIES[@]}"; do
     [[ -x "${BIN_DIR}/${b}" ]] || return 1
   done
   [[ -s "${OUT_DIR}/${STAGES_FILE}" ]]
+}
+
+helm_built() {
+  [[ -x "${BIN_DIR}/helm" && "$(cat "${OUT_DIR}/${HELM_STAMP}" 2>/dev/null)" == "${HELM_VERSION}" ]]
+}
+
+all_built() {
+  core_built && helm_built
 }
 
 if all_built; then
@@ -64,6 +84,11 @@ if all_built; then
 fi
 
 if ! command -v go >/dev/null 2>&1; then
+  if core_built; then
+    log "WARNING: Go is not installed: helm ${HELM_VERSION} cannot be built; tests that need helm cannot run"
+    echo "${BIN_DIR}"
+    exit 0
+  fi
   log "ERROR: Go is not installed (no 'go' on PATH); it is needed once to build the test control plane" \
     "(k8s ${K8S_VERSION}, etcd ${ETCD_VERSION}, kwok ${KWOK_VERSION}). Install Go >= 1.26, or point" \
     "GPUSCHED_CONTROLPLANE_BIN at a directory holding: ${BINARIES[*]}."
@@ -98,9 +123,33 @@ for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
 done
 KWOK_LDFLAGS="-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION}"
 KWOK_LDFLAGS+=" -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${K8S_VERSION}"
+HELM_LDFLAGS="-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}"
+HELM_LDFLAGS+=" -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+  HELM_LDFLAGS+=" -X ${pkg}.k8sVersionMajor=1 -X ${pkg}.k8sVersionMinor=${HELM_K8S_MINOR}"
+done
+
+# build_helm DIR: builds helm into DIR/bin/helm and writes DIR/share/helm.version.
+build_helm() {
+  log "helm (helm.sh/helm/v3 ${HELM_VERSION})"
+  (cd "${HACK_DIR}/helm" && "${NICE[@]}" go build -trimpath -ldflags="${HELM_LDFLAGS}" -o "$1/bin/helm" \
+    helm.sh/helm/v3/cmd/helm) >&2
+  echo "${HELM_VERSION}" >"$1/${HELM_STAMP}"
+}
+
+if core_built; then
+  # Only helm is missing or stale: build it alone and move it into the complete cache directory.
+  start=${SECONDS}
+  build_helm "${STAGE}"
+  mv -f "${STAGE}/bin/helm" "${BIN_DIR}/helm"
+  mv -f "${STAGE}/${HELM_STAMP}" "${OUT_DIR}/${HELM_STAMP}"
+  log "helm done in $((SECONDS - start))s"
+  echo "${BIN_DIR}"
+  exit 0
+fi
 
 start=${SECONDS}
-log "building k8s ${K8S_VERSION}, etcd ${ETCD_VERSION}, kwok ${KWOK_VERSION} into ${BIN_DIR} (takes a while)"
+log "building k8s ${K8S_VERSION}, etcd ${ETCD_VERSION}, kwok ${KWOK_VERSION}, helm ${HELM_VERSION} into ${BIN_DIR} (takes a while)"
 
 log "kube-apiserver kube-scheduler kube-controller-manager kubectl (k8s.io/kubernetes ${K8S_VERSION})"
 (cd "${HACK_DIR}/controlplane" && "${NICE[@]}" go build -trimpath -ldflags="${K8S_LDFLAGS}" -o "${STAGE}/bin/" \
@@ -116,6 +165,8 @@ log "kwok (sigs.k8s.io/kwok ${KWOK_VERSION})"
 (cd "${HACK_DIR}/kwok" && "${NICE[@]}" go build -trimpath -ldflags="${KWOK_LDFLAGS}" -o "${STAGE}/bin/kwok" \
   sigs.k8s.io/kwok/cmd/kwok) >&2
 
+build_helm "${STAGE}"
+
 kwok_src="$(cd "${HACK_DIR}/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
 for f in "${KWOK_STAGES[@]}"; do
   echo "---"
@@ -123,7 +174,7 @@ for f in "${KWOK_STAGES[@]}"; do
   cat "${kwok_src}/${f}"
 done >"${STAGE}/${STAGES_FILE}"
 
-for b in "${BINARIES[@]}"; do
+for b in "${BINARIES[@]}" helm; do
   if [[ ! -x "${STAGE}/bin/${b}" ]]; then
     log "ERROR: ${b} was not produced"
     exit 1

@@ -329,6 +329,48 @@ def bench_latency_cmd(
     run_cli(go)
 
 
+testenv_app = typer.Typer(no_args_is_help=True, help="A throw-away real control plane with kwok GPU nodes.")
+app.add_typer(testenv_app, name="testenv")
+
+
+@testenv_app.command("up")
+def testenv_up_cmd(
+    nodes: Annotated[int, typer.Option(help="kwok GPU nodes to create.")] = 4,
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node.")] = 8,
+    with_scheduler: Annotated[bool, typer.Option(help="Also run kube-scheduler (default profile).")] = False,
+    state_dir: Annotated[Path | None, typer.Option(help="Where the state and logs go.")] = None,
+) -> None:
+    """Start etcd, kube-apiserver and kwok in the background (built by hack/build-control-plane.sh)."""
+    from gpusched.k8s import cli_testenv
+    from gpusched.k8s.testenv import ControlPlaneError
+
+    def go() -> None:
+        try:
+            cli_testenv.testenv_up(
+                state_dir or cli_testenv.DEFAULT_STATE_DIR, nodes, gpus_per_node, with_scheduler
+            )
+        except (cli_testenv.TestEnvError, ControlPlaneError) as e:
+            raise ValueError(str(e)) from None
+
+    run_cli(go)
+
+
+@testenv_app.command("down")
+def testenv_down_cmd(
+    state_dir: Annotated[Path | None, typer.Option(help="The state folder given to 'up'.")] = None,
+) -> None:
+    """Stop the background control plane and remove its state."""
+    from gpusched.k8s import cli_testenv
+
+    def go() -> None:
+        try:
+            cli_testenv.testenv_down(state_dir or cli_testenv.DEFAULT_STATE_DIR)
+        except cli_testenv.TestEnvError as e:
+            raise ValueError(str(e)) from None
+
+    run_cli(go)
+
+
 @app.command()
 def policies() -> None:
     """List the placement policies."""

@@ -467,7 +467,8 @@ class ControlPlane:
     """etcd + kube-apiserver (+ kube-scheduler, kube-controller-manager, kwok) in a temporary directory.
 
     Use as a context manager, or call ``start()`` and ``stop()``. ``stop()`` is also registered with
-    ``atexit`` so that an interrupted test run does not leak processes.
+    ``atexit`` so that an interrupted test run does not leak processes. ``detach()`` hands the running
+    processes over to the caller instead (``gpusched testenv up`` keeps a control plane running that way).
 
     Args:
         bin_dir: directory holding ``BINARIES``; default: ``find_binaries()`` (which may build them).
@@ -622,6 +623,23 @@ class ControlPlane:
         if self._workdir is not None and not self._keep_workdir and self._workdir_arg is None:
             shutil.rmtree(self._workdir, ignore_errors=True)
         self._server = None
+
+    def detach(self) -> dict[str, int]:
+        """Let the running processes outlive this object and this Python process; return their pids by name.
+
+        Each process leads its own process group (``os.killpg(pid, ...)`` stops it with its children). After
+        this, ``stop()`` and the ``atexit`` hook leave them, and the workdir (their data, certificates,
+        kubeconfigs and logs), alone: whoever detaches owns stopping them and removing the workdir.
+        """
+        if not self._processes:
+            raise ControlPlaneError("not started")
+        atexit.unregister(self.stop)
+        pids = {p.name: p.popen.pid for p in self._processes}
+        for proc in self._processes:
+            proc.log_file.close()  # the child has its own copy of the descriptor
+        self._processes.clear()
+        self._keep_workdir = True
+        return pids
 
     def kubectl(
         self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60.0

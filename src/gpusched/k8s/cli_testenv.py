@@ -1,0 +1,321 @@
+"""``gpusched testenv up|down``: a throw-away local Kubernetes cluster with fake GPU nodes.
+
+``up`` starts the e2e control plane (etcd, kube-apiserver, kube-controller-manager, optionally
+kube-scheduler, and kwok playing the kubelets; see ``gpusched.k8s.testenv``) in the background, so that it
+outlives the command, registers ``nodes`` kwok nodes with ``gpus_per_node`` NVIDIA A100-SXM4-80GB GPUs each
+(labels as NVIDIA's gpu-feature-discovery sets them; allocatable ``nvidia.com/gpu``,
+``gpusched.io/gpu-milli`` and ``gpusched.io/gpu-memory``), waits until they are Ready and prints the admin
+kubeconfig. ``down`` stops it all.
+
+Everything lives in ``state_dir``: ``state.json`` (pids, kubeconfig path, ...) and ``controlplane/``
+(etcd data, certificates, kubeconfigs, ``logs/``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from gpusched.k8s.convert import LABEL_MEMORY, LABEL_PRODUCT, RES_GPU, RES_MEMORY, RES_MILLI
+from gpusched.k8s.testenv import ControlPlane, ControlPlaneError, wait_until
+
+__all__ = [
+    "DEFAULT_STATE_DIR",
+    "GPU_MEMORY_MIB",
+    "GPU_PRODUCT",
+    "ControlPlaneError",
+    "TestEnvError",
+    "TestEnvState",
+    "gpu_node_manifest",
+    "read_state",
+    "testenv_down",
+    "testenv_up",
+]
+
+#: Where ``gpusched testenv`` keeps its state unless told otherwise.
+DEFAULT_STATE_DIR = Path.home() / ".cache" / "gpusched" / "testenv"
+GPU_PRODUCT = "A100-SXM4-80GB"
+GPU_MEMORY_MIB = 81920
+LABEL_COUNT = "nvidia.com/gpu.count"
+LABEL_TESTENV = "gpusched.io/testenv"
+STATE_FILE = "state.json"
+WORKDIR = "controlplane"
+_NODE_READY_TIMEOUT = 120.0
+_STOP_TIMEOUT = 10.0
+
+
+class TestEnvError(RuntimeError):
+    """The test environment could not be brought up or down."""
+
+    __test__ = False  # not a pytest test class
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    name: str
+    pid: int
+    #: Start time of the process in clock ticks since boot (``/proc/<pid>/stat``), to tell it from a later
+    #: process that got the same pid; None where /proc is not available.
+    start_ticks: int | None
+
+
+@dataclass(frozen=True)
+class TestEnvState:
+    """What ``state.json`` holds."""
+
+    __test__ = False
+
+    kubeconfig: str
+    server: str
+    workdir: str
+    nodes: list[str]
+    processes: list[ProcessRecord]
+    started_at: float
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> TestEnvState:
+        raw: dict[str, Any] = json.loads(text)
+        raw["processes"] = [ProcessRecord(**p) for p in raw["processes"]]
+        return cls(**raw)
+
+
+# ------------------------------------------------------------------------------------------------- nodes
+
+
+def gpu_node_manifest(name: str, gpus: int) -> dict[str, Any]:
+    """A kwok Node with ``gpus`` A100-SXM4-80GB GPUs, labelled as gpu-feature-discovery labels them."""
+    resources = {
+        "cpu": "96",
+        "memory": "1024Gi",
+        "pods": "110",
+        RES_GPU: str(gpus),
+        RES_MILLI: str(1000 * gpus),
+        RES_MEMORY: str(GPU_MEMORY_MIB * gpus),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                LABEL_TESTENV: "true",
+                LABEL_PRODUCT: GPU_PRODUCT,
+                LABEL_MEMORY: str(GPU_MEMORY_MIB),
+                LABEL_COUNT: str(gpus),
+            },
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "status": {"capacity": resources, "allocatable": resources},
+    }
+
+
+def _ready_nodes(cp: ControlPlane, names: Iterable[str]) -> bool:
+    out = cp.kubectl("get", "nodes", "-l", f"{LABEL_TESTENV}=true", "-o", "json").stdout
+    ready = {
+        item["metadata"]["name"]
+        for item in json.loads(out).get("items", [])
+        if any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in (item.get("status") or {}).get("conditions") or []
+        )
+    }
+    return set(names) <= ready
+
+
+# --------------------------------------------------------------------------------------------- processes
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name, or None if there is no such process."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2 :].split()
+
+
+def _start_ticks(pid: int) -> int | None:
+    fields = _proc_stat(pid)
+    return int(fields[19]) if fields is not None else None  # field 22 of stat: starttime
+
+
+def _alive(rec: ProcessRecord) -> bool:
+    """Whether the process recorded is still running (a zombie or a new process under the same pid is not)."""
+    if Path("/proc/self/stat").exists():
+        fields = _proc_stat(rec.pid)
+        if fields is None or fields[0] in ("Z", "X"):
+            return False
+        return rec.start_ticks is None or int(fields[19]) == rec.start_ticks
+    try:
+        os.kill(rec.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal(rec: ProcessRecord, sig: signal.Signals) -> None:
+    if not _alive(rec):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(rec.pid, sig)  # each component leads its own process group (testenv starts a new session)
+
+
+def _terminate(records: list[ProcessRecord], timeout: float) -> None:
+    for rec in records:
+        _signal(rec, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while any(_alive(r) for r in records) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for rec in records:
+        _signal(rec, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while any(_alive(r) for r in records) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _stop_processes(records: list[ProcessRecord], timeout: float = _STOP_TIMEOUT) -> None:
+    """Everything but etcd first (kwok, schedulers, the apiserver), then etcd, which they all depend on."""
+    _terminate([r for r in reversed(records) if r.name != "etcd"], timeout)
+    _terminate([r for r in records if r.name == "etcd"], timeout)
+
+
+# ------------------------------------------------------------------------------------------------ state
+
+
+def read_state(state_dir: Path) -> TestEnvState | None:
+    path = Path(state_dir) / STATE_FILE
+    try:
+        return TestEnvState.from_json(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise TestEnvError(f"{path} is not a gpusched testenv state file: {exc}") from exc
+
+
+def _remove_state(state_dir: Path) -> None:
+    shutil.rmtree(state_dir / WORKDIR, ignore_errors=True)
+    with contextlib.suppress(FileNotFoundError):
+        (state_dir / STATE_FILE).unlink()
+    with contextlib.suppress(OSError):
+        state_dir.rmdir()  # only if nothing else is in it
+
+
+# ----------------------------------------------------------------------------------------------- up/down
+
+
+def testenv_up(
+    state_dir: Path,
+    nodes: int,
+    gpus_per_node: int,
+    with_scheduler: bool,
+    *,
+    bin_dir: Path | None = None,
+    quiet: bool = False,
+) -> TestEnvState:
+    """Start a background control plane with ``nodes`` kwok GPU nodes; print the kubeconfig; return the state.
+
+    ``with_scheduler`` also starts kube-scheduler (the default profile, for pods not asking for gpusched).
+    Raises ``TestEnvError`` if one is already up in ``state_dir``, ``ControlPlaneError`` if it cannot start
+    (the binaries come from ``hack/build-control-plane.sh`` or ``$GPUSCHED_CONTROLPLANE_BIN``).
+    """
+    if nodes < 1 or gpus_per_node < 1:
+        raise TestEnvError(f"need at least one node and one GPU per node, got {nodes} x {gpus_per_node}")
+    state_dir = Path(state_dir).expanduser().resolve()
+    previous = read_state(state_dir)
+    if previous is not None:
+        if any(_alive(p) for p in previous.processes):
+            raise TestEnvError(
+                f"a test environment is already up in {state_dir} (KUBECONFIG={previous.kubeconfig}); "
+                "run `gpusched testenv down` first"
+            )
+        _remove_state(state_dir)  # a stale one (processes gone, e.g. after a reboot)
+    elif (state_dir / WORKDIR).exists():
+        shutil.rmtree(state_dir / WORKDIR)  # the remains of an `up` that did not finish
+    state_dir.mkdir(parents=True, exist_ok=True)
+
+    cp = ControlPlane(
+        bin_dir=bin_dir,
+        scheduler=with_scheduler,
+        controller_manager=True,
+        kwok=True,
+        workdir=state_dir / WORKDIR,
+        keep_workdir=True,
+    )
+    cp.start()
+    try:
+        names = [f"gpu-node-{i}" for i in range(nodes)]
+        items = [gpu_node_manifest(n, gpus_per_node) for n in names]
+        manifest = {"apiVersion": "v1", "kind": "List", "items": items}
+        cp.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+        wait_until(
+            lambda: _ready_nodes(cp, names),
+            timeout=_NODE_READY_TIMEOUT,
+            what=f"kwok to mark {nodes} node(s) Ready",
+            control_plane=cp,
+            interval=0.5,
+        )
+        kubeconfig, server = cp.kubeconfig_path, cp.server
+    except BaseException:
+        cp.stop()
+        _remove_state(state_dir)
+        raise
+    pids = cp.detach()
+    state = TestEnvState(
+        kubeconfig=str(kubeconfig),
+        server=server,
+        workdir=str(state_dir / WORKDIR),
+        nodes=names,
+        processes=[ProcessRecord(name, pid, _start_ticks(pid)) for name, pid in pids.items()],
+        started_at=time.time(),
+    )
+    tmp = state_dir / f"{STATE_FILE}.tmp"
+    tmp.write_text(state.to_json())
+    tmp.replace(state_dir / STATE_FILE)
+    if not quiet:
+        print(f"gpusched testenv: {nodes} node(s) x {gpus_per_node} {GPU_PRODUCT} GPU(s) Ready at {server}")
+        print(f"logs: {state_dir / WORKDIR / 'logs'}")
+        print(f"kubeconfig: {kubeconfig}")
+        print(f"export KUBECONFIG={kubeconfig}")
+    return state
+
+
+def testenv_down(state_dir: Path, *, quiet: bool = False) -> bool:
+    """Stop the test environment of ``state_dir`` and remove its state; False if there was none."""
+    state_dir = Path(state_dir).expanduser().resolve()
+    state = read_state(state_dir)
+    if state is None:
+        if (state_dir / WORKDIR).exists():
+            _remove_state(state_dir)
+        if not quiet:
+            print(f"gpusched testenv: nothing is up in {state_dir}")
+        return False
+    _stop_processes(state.processes)
+    left = [f"{p.name} ({p.pid})" for p in state.processes if _alive(p)]
+    if left:
+        raise TestEnvError(f"could not stop {', '.join(left)}; state kept in {state_dir}")
+    _remove_state(state_dir)
+    if not quiet:
+        print(f"gpusched testenv: stopped; removed {state_dir / WORKDIR}")
+    return True
+
+
+# Names that start with "test": keep pytest from collecting them where a test module imports them.
+testenv_up.__test__ = False  # type: ignore[attr-defined]
+testenv_down.__test__ = False  # type: ignore[attr-defined]

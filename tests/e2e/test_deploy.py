@@ -1,0 +1,511 @@
+"""The deployment artefacts against a real kube-apiserver: every manifest under deploy/manifests and the
+Helm chart (both modes) pass ``kubectl apply --dry-run=server`` without warnings, the RBAC grants what
+gpusched needs and no more, the second kube-scheduler's configuration is one kube-scheduler accepts and
+agrees with deploy/extender/scheduler-config.yaml, and ``gpusched testenv up|down`` round-trips.
+
+helm is built by hack/build-control-plane.sh next to kubectl; without it the helm tests skip locally and
+fail under ``$CI``, like every e2e test.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pytest
+import yaml
+
+from gpusched.k8s import cli_testenv
+from gpusched.k8s.testenv import ControlPlane, ControlPlaneError, free_port, wait_until
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+MANIFEST_DIR = DEPLOY / "manifests"
+MANIFESTS = sorted(MANIFEST_DIR.rglob("*.yaml"))
+CHART = DEPLOY / "helm" / "gpusched"
+REFERENCE_SCHEDULER_CONFIG = DEPLOY / "extender" / "scheduler-config.yaml"
+NAMESPACE = "gpusched-system"
+MODES = ("standalone", "extender")
+
+
+def unavailable(reason: str) -> NoReturn:
+    """Skip locally; fail under CI (``$CI`` set), as tests/e2e/conftest.py does."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (failing rather than skipping because $CI is set)", pytrace=False)
+    pytest.skip(reason)
+
+
+def load_docs(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def manifest_docs(path: Path) -> list[dict[str, Any]]:
+    return load_docs(path.read_text())
+
+
+def ident(doc: dict[str, Any]) -> tuple[str, str, str]:
+    meta = doc["metadata"]
+    return (doc["kind"], meta.get("namespace", ""), meta["name"])
+
+
+# ------------------------------------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module")
+def api_server(control_plane_bin: Path) -> Iterator[ControlPlane]:
+    """etcd + kube-apiserver only, with the namespaces and PriorityClasses the manifests refer to created
+    for real (a dry run of a pod needs its PriorityClass; any object needs its namespace)."""
+    cp = ControlPlane(bin_dir=control_plane_bin, scheduler=False, controller_manager=False, kwok=False)
+    try:
+        cp.start()
+    except ControlPlaneError as exc:
+        pytest.fail(f"the e2e control plane did not start: {exc}", pytrace=False)
+    try:
+        docs = [d for path in MANIFESTS for d in manifest_docs(path)]
+        prerequisites = {ident(d): d for d in docs if d["kind"] in ("Namespace", "PriorityClass")}
+        cp.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=json.dumps({"kind": "List", "apiVersion": "v1", "items": [*prerequisites.values()]}),
+        )
+        existing = {n for (k, _, n) in prerequisites if k == "Namespace"} | {"default", "kube-system"}
+        for ns in sorted({d["metadata"].get("namespace") for d in docs} - existing - {None}):
+            cp.kubectl("create", "namespace", ns)
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture(scope="module")
+def helm(control_plane_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    """The helm command (with private cache/config/data directories)."""
+    binary = control_plane_bin / "helm"
+    if not os.access(binary, os.X_OK):
+        unavailable(
+            f"helm is not built in {control_plane_bin} (hack/build-control-plane.sh builds it with Go)"
+        )
+    home = tmp_path_factory.mktemp("helm-home")
+    saved = {k: os.environ.get(k) for k in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")}
+    for key in saved:
+        os.environ[key] = str(home / key.lower())
+    try:
+        yield [str(binary)]
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False, **kwargs)
+
+
+def helm_template(helm: list[str], mode: str, *extra: str) -> str:
+    proc = run(
+        [*helm, "template", "gpusched", str(CHART), "--namespace", NAMESPACE, "--set", f"mode={mode}", *extra]
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def dry_run(cp: ControlPlane, path: Path) -> None:
+    proc = cp.kubectl("apply", "--dry-run=server", "-f", str(path), check=False)
+    assert proc.returncode == 0, f"{path}:\n{proc.stderr}"
+    assert "Warning" not in proc.stderr, f"{path}:\n{proc.stderr}"
+    assert proc.stdout.count("(server dry run)") == len(manifest_docs(path)), proc.stdout
+
+
+# ------------------------------------------------------------------------------------------ plain manifests
+
+
+def test_manifests_are_all_there() -> None:
+    names = {str(p.relative_to(MANIFEST_DIR)) for p in MANIFESTS}
+    for mode in MODES:
+        assert any(n.startswith(f"{mode}/") for n in names), names
+    kinds = {d["kind"] for p in MANIFESTS for d in manifest_docs(p)}
+    assert {
+        "Namespace",
+        "ServiceAccount",
+        "ClusterRole",
+        "Role",
+        "Deployment",
+        "Service",
+        "ConfigMap",
+    } <= kinds
+    assert {"PriorityClass", "ResourceQuota", "Pod"} <= kinds
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=[str(p.relative_to(MANIFEST_DIR)) for p in MANIFESTS])
+def test_manifest_server_dry_run(api_server: ControlPlane, path: Path) -> None:
+    dry_run(api_server, path)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_manifests_have_unique_names_and_hardened_pods(mode: str) -> None:
+    docs = [d for p in sorted((MANIFEST_DIR / mode).glob("*.yaml")) for d in manifest_docs(p)]
+    seen = [ident(d) for d in docs]
+    assert len(seen) == len(set(seen)), seen
+    deployments = [d for d in docs if d["kind"] == "Deployment"]
+    assert deployments
+    for dep in deployments:
+        pod = dep["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        for c in pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+            assert sc["capabilities"]["drop"] == ["ALL"]
+            assert c["resources"]["requests"] and c["livenessProbe"] and c["readinessProbe"]
+
+
+def test_standalone_deployment_command() -> None:
+    docs = [d for p in sorted((MANIFEST_DIR / "standalone").glob("*.yaml")) for d in manifest_docs(p)]
+    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert dep["spec"]["replicas"] == 2
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    env = dict(config["data"])
+    args = [env.get(a[2:-1], a) if a.startswith("$(") else a for a in container["args"]]
+    assert args[:6] == ["scheduler", "--leader-elect", "--scheduler-name", "gpusched", "--policy", "default"]
+    options = dict(zip(args[2::2], args[3::2], strict=True))
+    # The Lease is the one its Role grants, in its own namespace; the probes' port is the one it serves.
+    assert options["--lease-name"] == "gpusched-scheduler" and options["--namespace"] == "$(POD_NAMESPACE)"
+    assert options["--port"] == str(container["ports"][0]["containerPort"])
+    assert {p["path"] for k in ("livenessProbe", "readinessProbe") for p in [container[k]["httpGet"]]} == {
+        "/healthz",
+        "/readyz",
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- RBAC
+
+
+def can_i(
+    cp: ControlPlane, sa: str, verb: str, resource: str, namespace: str = "default", name: str = ""
+) -> bool:
+    """``kubectl auth can-i`` as a gpusched-system service account; ``resource`` may be ``pods/binding``."""
+    resource, _, subresource = resource.partition("/")
+    args = ["auth", "can-i", verb, f"{resource}/{name}" if name else resource, "-n", namespace]
+    if subresource:
+        args.append(f"--subresource={subresource}")
+    proc = cp.kubectl(*args, f"--as=system:serviceaccount:{NAMESPACE}:{sa}", check=False)
+    return proc.stdout.strip() == "yes"
+
+
+@pytest.fixture(scope="module")
+def rbac(api_server: ControlPlane) -> ControlPlane:
+    """``api_server`` with the service accounts and RBAC of deploy/manifests applied for real."""
+    for path in (
+        "standalone/02-rbac.yaml",
+        "extender/01-extender-rbac.yaml",
+        "extender/03-kube-scheduler-rbac.yaml",
+    ):
+        api_server.kubectl("apply", "-f", str(MANIFEST_DIR / path))
+    return api_server
+
+
+def test_rbac_is_least_privilege(rbac: ControlPlane) -> None:
+    api_server = rbac
+
+    def check(sa: str, allowed: list[tuple[str, ...]], denied: list[tuple[str, ...]]) -> None:
+        for args in allowed:
+            assert can_i(api_server, sa, *args), f"{sa} should be allowed {args}"
+        for args in denied:
+            assert not can_i(api_server, sa, *args), f"{sa} should not be allowed {args}"
+
+    common_allowed = [
+        ("watch", "pods"),
+        ("list", "nodes"),
+        ("create", "pods/binding"),
+        ("patch", "pods"),
+        ("create", "events"),
+        ("create", "events.events.k8s.io"),
+    ]
+    common_denied = [
+        ("delete", "pods"),
+        ("update", "pods"),
+        ("create", "pods"),
+        ("patch", "nodes"),
+        ("get", "secrets"),
+        ("list", "configmaps"),
+        ("create", "leases.coordination.k8s.io", "default"),
+        ("update", "leases.coordination.k8s.io", "kube-system"),
+    ]
+    check(
+        "gpusched",
+        [
+            *common_allowed,
+            ("patch", "pods/status"),
+            ("create", "leases.coordination.k8s.io", NAMESPACE),
+            ("update", "leases.coordination.k8s.io", NAMESPACE, "gpusched-scheduler"),
+            ("get", "leases.coordination.k8s.io", NAMESPACE, "gpusched-scheduler"),
+        ],
+        [*common_denied, ("update", "leases.coordination.k8s.io", NAMESPACE, "gpusched-kube-scheduler")],
+    )
+    check(
+        "gpusched-extender",
+        common_allowed,
+        [*common_denied, ("patch", "pods/status"), ("create", "leases.coordination.k8s.io", NAMESPACE)],
+    )
+    lease = ("leases.coordination.k8s.io", NAMESPACE)
+    check(
+        "gpusched-kube-scheduler",
+        [("create", "pods/binding"), ("create", *lease), ("update", *lease, "gpusched-kube-scheduler")],
+        [("update", *lease, "gpusched"), ("get", "secrets"), ("delete", "nodes")],
+    )
+
+
+def service_account_kubeconfig(cp: ControlPlane, sa: str, path: Path) -> Path:
+    """A kubeconfig authenticating as ``sa`` of gpusched-system with a bound token (TokenRequest)."""
+    token = cp.kubectl("create", "token", sa, "-n", NAMESPACE, "--duration=1h").stdout.strip()
+    ca = base64.b64encode(cp.ca_cert_path.read_bytes()).decode()
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": "c", "cluster": {"server": cp.server, "certificate-authority-data": ca}}
+                ],
+                "users": [{"name": sa, "user": {"token": token}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": sa}}],
+                "current-context": "c",
+            }
+        )
+    )
+    return path
+
+
+def container_command(path: Path, env: dict[str, str]) -> list[str]:
+    """The (only) Deployment's container args in ``path``, with ``$(VAR)`` expanded from ``env`` and the
+    settings ConfigMaps of that directory, as the kubelet expands them."""
+    docs = manifest_docs(path)
+    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+    siblings = [d for p in sorted(path.parent.glob("*.yaml")) for d in manifest_docs(p)]
+    for cm in (d for d in siblings if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-config")):
+        env = {**cm["data"], **env}
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    return [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container["args"]]
+
+
+def set_option(args: list[str], option: str, value: str) -> list[str]:
+    i = args.index(option)
+    return [*args[: i + 1], value, *args[i + 2 :]]
+
+
+def run_until_ready(cmd: list[str], port: int, log: Path, probe: Callable[[], bool] | None = None) -> None:
+    """Start ``cmd``, wait for its /readyz (and ``probe``), then stop it with SIGTERM."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+
+            def ready() -> bool:
+                if proc.poll() is not None:
+                    raise AssertionError(f"exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as resp:
+                        return bool(resp.status == 200) and (probe is None or probe())
+                except OSError:
+                    return False
+
+            wait_until(ready, timeout=90, what=f"/readyz of {cmd[2:]}", interval=0.5)
+            assert b"Forbidden" not in log.read_bytes(), log.read_text()[-3000:]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def test_scheduler_runs_under_its_rbac(rbac: ControlPlane, tmp_path: Path) -> None:
+    """The standalone Deployment's very arguments, as its service account: informers sync (list/watch pods and
+    nodes) and it takes its Lease (create/get/update) in gpusched-system."""
+    kubeconfig = service_account_kubeconfig(rbac, "gpusched", tmp_path / "sa.kubeconfig")
+    args = container_command(MANIFEST_DIR / "standalone" / "04-deployment.yaml", {"POD_NAMESPACE": NAMESPACE})
+    assert args[0] == "scheduler"
+    port = free_port()
+    args = set_option(args, "--port", str(port))
+    runner = (
+        "import sys; from gpusched.k8s.cli_scheduler import main; sys.argv[0] = 'gpusched scheduler'; main()"
+    )
+    cmd = [sys.executable, "-c", runner, *args[1:], "--kubeconfig", str(kubeconfig)]
+
+    def leading() -> bool:
+        out = rbac.kubectl("get", "lease", "gpusched-scheduler", "-n", NAMESPACE, "-o", "json", check=False)
+        return out.returncode == 0 and bool(json.loads(out.stdout)["spec"].get("holderIdentity"))
+
+    run_until_ready(cmd, port, tmp_path / "scheduler.log", leading)
+
+
+def test_extender_runs_under_its_rbac(rbac: ControlPlane, tmp_path: Path) -> None:
+    kubeconfig = service_account_kubeconfig(rbac, "gpusched-extender", tmp_path / "sa.kubeconfig")
+    args = container_command(MANIFEST_DIR / "extender" / "02-extender.yaml", {})
+    assert args[0] == "extender"
+    port = free_port()
+    args = set_option(args, "--port", str(port))
+    runner = "import sys; from gpusched.extender.cli_extender import main; main(sys.argv[1:])"
+    cmd = [sys.executable, "-c", runner, *args[1:], "--kubeconfig", str(kubeconfig)]
+    run_until_ready(cmd, port, tmp_path / "extender.log")
+
+
+# ------------------------------------------------------------------------------ kube-scheduler configuration
+
+
+def scheduler_config_from(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (cm,) = [
+        d
+        for d in docs
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("kube-scheduler-config")
+    ]
+    config: dict[str, Any] = yaml.safe_load(cm["data"]["scheduler-config.yaml"])
+    return config
+
+
+def defaulted(cp: ControlPlane, config: dict[str, Any], tmp_path: Path, name: str) -> dict[str, Any]:
+    """The configuration as kube-scheduler reads, defaults and validates it (then exits)."""
+    config = copy.deepcopy(config)
+    config.setdefault("clientConnection", {})["kubeconfig"] = str(cp.kubeconfig_path)
+    src, out = tmp_path / f"{name}.yaml", tmp_path / f"{name}.out.yaml"
+    src.write_text(yaml.safe_dump(config))
+    proc = run([str(cp.bin_dir / "kube-scheduler"), f"--config={src}", f"--write-config-to={out}"])
+    assert proc.returncode == 0, f"kube-scheduler rejects the {name} configuration:\n{proc.stderr[-3000:]}"
+    result: dict[str, Any] = yaml.safe_load(out.read_text())
+    return result
+
+
+def check_scheduler_config(cp: ControlPlane, config: dict[str, Any], tmp_path: Path, name: str) -> None:
+    """kube-scheduler accepts it, and it is deploy/extender/scheduler-config.yaml (after defaulting)."""
+    ours = defaulted(cp, config, tmp_path, name)
+    assert ours["leaderElection"]["resourceNamespace"] == NAMESPACE
+    assert ours["leaderElection"]["resourceName"] == "gpusched-kube-scheduler"  # the Lease its Role grants
+    assert [e["urlPrefix"] for e in ours["extenders"]] == [
+        "http://gpusched-extender.gpusched-system.svc:8888"
+    ]
+    if not REFERENCE_SCHEDULER_CONFIG.is_file():
+        pytest.fail(
+            f"{REFERENCE_SCHEDULER_CONFIG.relative_to(REPO)} is missing: nothing to check {name} against"
+        )
+    reference = defaulted(cp, yaml.safe_load(REFERENCE_SCHEDULER_CONFIG.read_text()), tmp_path, "reference")
+    assert ours == reference
+
+
+def test_extender_manifest_scheduler_config(api_server: ControlPlane, tmp_path: Path) -> None:
+    docs = manifest_docs(MANIFEST_DIR / "extender" / "04-kube-scheduler-config.yaml")
+    check_scheduler_config(api_server, scheduler_config_from(docs), tmp_path, "manifest")
+
+
+def test_helm_chart_scheduler_config(api_server: ControlPlane, helm: list[str], tmp_path: Path) -> None:
+    docs = load_docs(helm_template(helm, "extender"))
+    check_scheduler_config(api_server, scheduler_config_from(docs), tmp_path, "chart")
+
+
+# ------------------------------------------------------------------------------------------------------ helm
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_helm_lint(helm: list[str], mode: str) -> None:
+    proc = run(
+        [*helm, "lint", "--strict", str(CHART), "--set", f"mode={mode}", "--set", "quotaExample.enabled=true"]
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_helm_rejects_unknown_mode(helm: list[str]) -> None:
+    proc = run([*helm, "template", "gpusched", str(CHART), "--set", "mode=sidecar"])
+    assert proc.returncode != 0 and "mode must be" in proc.stderr
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_helm_template_server_dry_run(
+    api_server: ControlPlane, helm: list[str], mode: str, tmp_path: Path
+) -> None:
+    rendered = tmp_path / f"{mode}.yaml"
+    rendered.write_text(helm_template(helm, mode, "--set", "quotaExample.enabled=true"))
+    dry_run(api_server, rendered)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_helm_chart_matches_manifests(helm: list[str], mode: str) -> None:
+    """With release name gpusched, the chart renders the objects of deploy/manifests/<mode> (plus
+    PriorityClasses; the namespace is the release's)."""
+    chart = {ident(d) for d in load_docs(helm_template(helm, mode))}
+    plain = {
+        ident(d)
+        for p in sorted((MANIFEST_DIR / mode).glob("*.yaml"))
+        for d in manifest_docs(p)
+        if d["kind"] != "Namespace"
+    }
+    assert plain <= chart, plain - chart
+    assert {k for (k, _, _) in chart - plain} <= {"PriorityClass"}, chart - plain
+
+
+# ---------------------------------------------------------------------------------------- gpusched testenv
+
+
+def test_testenv_up_down_round_trip(control_plane_bin: Path, tmp_path: Path) -> None:
+    state_dir = tmp_path / "testenv"
+    script = textwrap.dedent(
+        f"""
+        from pathlib import Path
+        from gpusched.k8s.cli_testenv import testenv_up
+        testenv_up(Path({str(state_dir)!r}), 2, 4, True, bin_dir=Path({str(control_plane_bin)!r}))
+        """
+    )
+    try:
+        # In a child process: the control plane must outlive the command that started it.
+        proc = run([sys.executable, "-c", script])
+        assert proc.returncode == 0, proc.stderr
+        state = cli_testenv.read_state(state_dir)
+        assert state is not None
+        assert f"export KUBECONFIG={state.kubeconfig}" in proc.stdout
+        assert {p.name for p in state.processes} == {
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kwok",
+        }
+        assert all(cli_testenv._alive(p) for p in state.processes)
+
+        kubectl = [str(control_plane_bin / "kubectl"), "--kubeconfig", state.kubeconfig]
+        out = run([*kubectl, "get", "nodes", "-o", "json"])
+        assert out.returncode == 0, out.stderr
+        nodes = {n["metadata"]["name"]: n for n in json.loads(out.stdout)["items"]}
+        assert sorted(nodes) == ["gpu-node-0", "gpu-node-1"] == state.nodes
+        for node in nodes.values():
+            assert any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
+            labels, alloc = node["metadata"]["labels"], node["status"]["allocatable"]
+            assert labels["nvidia.com/gpu.product"] == "A100-SXM4-80GB"
+            assert labels["nvidia.com/gpu.memory"] == "81920"
+            assert labels["nvidia.com/gpu.count"] == "4"
+            assert alloc["nvidia.com/gpu"] == "4"
+            assert alloc["gpusched.io/gpu-milli"] in ("4000", "4k")
+            assert alloc["gpusched.io/gpu-memory"] == str(4 * 81920)
+
+        with pytest.raises(cli_testenv.TestEnvError, match="already up"):
+            cli_testenv.testenv_up(state_dir, 1, 1, False, bin_dir=control_plane_bin)
+
+        assert cli_testenv.testenv_down(state_dir) is True
+        assert not any(cli_testenv._alive(p) for p in state.processes)
+        assert not state_dir.exists()
+        assert cli_testenv.testenv_down(state_dir) is False
+    finally:
+        if (state_dir / cli_testenv.STATE_FILE).exists():
+            cli_testenv.testenv_down(state_dir, quiet=True)
