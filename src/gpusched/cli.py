@@ -329,6 +329,30 @@ def bench_latency_cmd(
     run_cli(go)
 
 
+@app.command()
+def extender(
+    kubeconfig: Annotated[
+        str | None, typer.Option(help="kubeconfig (default: $KUBECONFIG, else in-cluster).")
+    ] = None,
+    port: Annotated[
+        int, typer.Option(help="Port for /filter, /prioritize, /bind, /preempt, /metrics.")
+    ] = 8888,
+    policy: Annotated[str, typer.Option("--policy", "-p", help="Placement policy.")] = "default",
+    tls_cert: Annotated[str | None, typer.Option(help="Serve HTTPS with this certificate (PEM).")] = None,
+    tls_key: Annotated[str | None, typer.Option(help="Key of --tls-cert (PEM).")] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    bind_threads: Annotated[int, typer.Option(help="Concurrent binding API calls.")] = 32,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning.")] = "info",
+) -> None:
+    """Serve the kube-scheduler extender (see deploy/extender/scheduler-config.yaml)."""
+    from gpusched.extender.cli_extender import extender_command
+
+    check_policies([policy])
+    run_cli(
+        lambda: extender_command(kubeconfig, port, policy, tls_cert, tls_key, host, bind_threads, log_level)
+    )
+
+
 testenv_app = typer.Typer(no_args_is_help=True, help="A throw-away real control plane with kwok GPU nodes.")
 app.add_typer(testenv_app, name="testenv")
 

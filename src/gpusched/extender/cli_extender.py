@@ -1,0 +1,117 @@
+"""``gpusched extender``: serve the kube-scheduler extender.
+
+Also ``python -m gpusched.extender.cli_extender`` (the tests run it so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import ssl
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import orjson
+
+from gpusched.core.framework import Profile
+from gpusched.core.policies import POLICIES, PolicyContext, make_profile
+from gpusched.extender.protocol import typical_workload
+
+log = logging.getLogger("gpusched.extender")
+
+DEFAULT_PORT = 8888
+
+
+def build_profile(policy: str, seed: int = 0) -> Profile:
+    """The standard filters and ``policy``'s score; fragmentation-aware policies (``default``,
+    ``fgd``) judge fragments against the typical workload of ``protocol.typical_workload``."""
+    return make_profile(policy, PolicyContext(workload=typical_workload(), rng=np.random.default_rng(seed)))
+
+
+def extender_command(
+    kubeconfig: str | None = None,
+    port: int = DEFAULT_PORT,
+    policy: str = "default",
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    host: str = "0.0.0.0",
+    bind_threads: int = 32,
+    log_level: str = "info",
+) -> None:
+    """Serve the gpusched kube-scheduler extender until interrupted.
+
+    Watches nodes and pods through the API (``kubeconfig``, else ``$KUBECONFIG``, else the
+    in-cluster service account) and answers kube-scheduler's ``/filter``, ``/prioritize``,
+    ``/bind`` and ``/preempt`` on ``host:port`` (HTTPS when ``tls_cert`` and ``tls_key`` are
+    given), with ``/healthz``, ``/readyz`` (informers synced) and ``/metrics``. ``policy`` is a
+    placement policy of ``gpusched policies``; binding API calls use up to ``bind_threads``
+    threads. Point kube-scheduler at it with ``deploy/extender/scheduler-config.yaml``.
+    """
+    from aiohttp import web
+    from kubernetes import client
+
+    from gpusched.extender.app import make_app
+    from gpusched.extender.handlers import Extender
+    from gpusched.k8s.binder import bind_pod
+    from gpusched.k8s.client import api_client
+    from gpusched.k8s.state import LiveCluster, start_informers
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    if bool(tls_cert) != bool(tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
+    ssl_ctx = None
+    if tls_cert and tls_key:
+        ssl_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ssl_ctx.load_cert_chain(tls_cert, tls_key)
+    core = client.CoreV1Api(api_client(kubeconfig, qps_pool=bind_threads))
+
+    def get_pod(namespace: str, name: str) -> Mapping[str, Any]:
+        resp: Any = core.read_namespaced_pod(name, namespace, _preload_content=False)
+        obj: Mapping[str, Any] = orjson.loads(resp.data)
+        return obj
+
+    cluster = LiveCluster()
+    extender = Extender(
+        cluster, build_profile(policy), binder=functools.partial(bind_pod, core), pod_getter=get_pod
+    )
+    reflectors = start_informers(core, cluster, pod_handler=extender.observe_pod)
+    pool = ThreadPoolExecutor(max_workers=bind_threads, thread_name_prefix="gpusched-bind")
+    app = make_app(extender, ready=lambda: all(r.synced.is_set() for r in reflectors), executor=pool)
+    log.info(
+        "gpusched extender: policy %s, listening on %s:%d (%s)",
+        policy,
+        host,
+        port,
+        "https" if ssl_ctx else "http",
+    )
+    try:
+        web.run_app(app, host=host, port=port, ssl_context=ssl_ctx, access_log=None, print=None)
+    finally:
+        for r in reflectors:
+            r.stop()
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="gpusched extender", description=extender_command.__doc__)
+    p.add_argument("--kubeconfig", default=None)
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--policy", default="default", choices=POLICIES)
+    p.add_argument("--tls-cert", default=None)
+    p.add_argument("--tls-key", default=None)
+    p.add_argument("--bind-threads", type=int, default=32)
+    p.add_argument("--log-level", default="info")
+    a = p.parse_args(argv)
+    extender_command(
+        a.kubeconfig, a.port, a.policy, a.tls_cert, a.tls_key, a.host, a.bind_threads, a.log_level
+    )
+
+
+if __name__ == "__main__":
+    main()

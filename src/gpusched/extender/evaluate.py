@@ -1,0 +1,167 @@
+"""Filters and scores over the nodes of one extender request, vectorised over the live books.
+
+The filters run over every node of the snapshot at once (numpy masks), then are indexed by
+the request's nodes; only the reasons of failed nodes (each filter plugin's ``explain``) and
+the answer lists are built node by node. A request's name list maps to snapshot indices once
+per snapshot (kube-scheduler sends the same list pod after pod), with the encoded
+``HostPriority`` entries of its nodes cached beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from gpusched.core.cluster import I64, BoolArr, ClusterState
+from gpusched.core.framework import CycleState, Profile
+from gpusched.core.model import NodeSpec, PodSpec
+from gpusched.core.scheduler import score_nodes
+from gpusched.core.status import Code
+from gpusched.extender.protocol import BadRequest, check_names, encode_priorities
+from gpusched.k8s.convert import InvalidRequest, node_from_k8s
+from gpusched.k8s.state import LiveCluster
+
+UNKNOWN_NODE = "node not (yet) known to gpusched"
+UNRES = Code.UNSCHEDULABLE_AND_UNRESOLVABLE
+Failure = tuple[int, str, Code]  # position in the request, reason, code
+F64 = npt.NDArray[np.float64]
+
+
+@dataclass(slots=True)
+class NodeList:
+    pos: I64  # positions in the request of the nodes the books know
+    idx: I64  # their indices in the snapshot
+    enc: npt.NDArray[np.object_] | None = None  # encode_priorities of the request's names
+    arr: npt.NDArray[np.object_] | None = None  # the request's names as an object array
+
+    def names_at(self, names: list[str], positions: I64) -> list[str]:
+        if self.arr is None:
+            self.arr = np.array(names, dtype=object)
+        out: list[str] = self.arr[positions].tolist()
+        return out
+
+
+@dataclass(slots=True)
+class Evaluation:
+    ok: BoolArr  # per requested node: passes every filter
+    failures: list[Failure]
+    raw: F64  # raw policy scores, NaN where not scored
+    nodes: NodeList | None  # the cached name list (nodes sent by name only)
+
+
+def index_names(snap: ClusterState, names: list[str]) -> NodeList:
+    index = snap.index
+    pos = [i for i, n in enumerate(names) if n in index]
+    return NodeList(np.array(pos, dtype=np.int64), np.array([index[names[i]] for i in pos], dtype=np.int64))
+
+
+def run_filters(
+    profile: Profile, pod: PodSpec, snap: ClusterState, idx: I64, explain: bool
+) -> tuple[BoolArr, list[Failure], CycleState]:
+    """Which of ``idx`` pass every filter, and (with ``explain``) why the others do not, as
+    ``core.scheduler.diagnose`` words it: the first failing filter names each node."""
+    state = CycleState()
+    fails: list[Failure] = []
+    for pf in profile.pre_filters:
+        st = pf.pre_filter(state, pod, snap)
+        if not st.ok:
+            fails = [(p, st.message(), st.code) for p in range(len(idx))] if explain else []
+            return np.zeros(len(idx), dtype=bool), fails, state
+    ok = np.ones(len(idx), dtype=bool)
+    for f in profile.filters:
+        m = f.filter(state, pod, snap)[idx]
+        if explain:
+            for p in np.flatnonzero(ok & ~m).tolist():
+                reason, code = f.explain(state, pod, snap, int(idx[p]))
+                fails.append((p, reason, code))
+        ok &= m
+        if not explain and not ok.any():
+            break
+    return ok, fails, state
+
+
+class Evaluator:
+    def __init__(self, cluster: LiveCluster, profile: Profile) -> None:
+        self.cluster = cluster
+        self.profile = profile
+        self._snap: ClusterState | None = None
+        self._cache: dict[tuple[str, ...], NodeList] = {}
+
+    def _by_name(self, snap: ClusterState, names: list[str]) -> NodeList:
+        if snap is not self._snap:
+            self._snap, self._cache = snap, {}
+        try:
+            key = tuple(names)
+            hit = self._cache.get(key)
+        except TypeError:  # unhashable items: rejected by check_names
+            hit, key = None, ()
+        if hit is None:
+            check_names(names)
+            hit = index_names(snap, names)
+            if len(self._cache) >= 64:
+                self._cache.clear()
+            self._cache[key] = hit
+        return hit
+
+    def evaluate(
+        self, pod: PodSpec, names: list[str], objs: list[dict[str, Any]] | None, *, score: bool, explain: bool
+    ) -> Evaluation:
+        """Over the requested nodes (by name, or as objects when ``objs`` is given)."""
+        ok = np.zeros(len(names), dtype=bool)
+        raw = np.full(len(names), np.nan)
+        with self.cluster.snapshot() as snap:
+            nl = self._by_name(snap, names) if objs is None else index_names(snap, names)
+            m, fails, state = run_filters(self.profile, pod, snap, nl.idx, explain)
+            if score and m.any():
+                raw[nl.pos[m]] = score_nodes(state, self.profile, pod, snap, nl.idx[m])[0]
+        ok[nl.pos[m]] = True
+        failures = [(int(nl.pos[p]), r, c) for p, r, c in fails]
+        unknown = np.ones(len(names), dtype=bool)
+        unknown[nl.pos] = False
+        rest = np.flatnonzero(unknown).tolist()
+        if rest and objs is None:
+            failures += [(p, UNKNOWN_NODE, Code.UNSCHEDULABLE) for p in rest]
+        elif rest and objs is not None:
+            self._evaluate_objects(pod, [(p, objs[p]) for p in rest], ok, failures, raw, score, explain)
+        return Evaluation(ok, failures, raw, nl if objs is None else None)
+
+    def _evaluate_objects(
+        self,
+        pod: PodSpec,
+        objs: list[tuple[int, dict[str, Any]]],
+        ok: BoolArr,
+        failures: list[Failure],
+        raw: F64,
+        score: bool,
+        explain: bool,
+    ) -> None:
+        """Nodes the books do not know, from their sent objects, with empty books."""
+        specs: list[NodeSpec] = []
+        keep: list[int] = []
+        for p, obj in objs:
+            try:
+                specs.append(node_from_k8s(obj))
+                keep.append(p)
+            except (InvalidRequest, TypeError, AttributeError, ValueError, KeyError) as e:
+                failures.append((p, f"invalid node: {e}", UNRES))
+        try:
+            tmp = ClusterState(specs)
+        except ValueError as e:  # duplicate names in the request
+            raise BadRequest(f"field 'Nodes': {e}") from None
+        kpos = np.array(keep, dtype=np.int64)
+        tidx = np.arange(len(specs), dtype=np.int64)
+        m, fails, state = run_filters(self.profile, pod, tmp, tidx, explain)
+        ok[kpos[m]] = True
+        failures += [(keep[p], r, c) for p, r, c in fails]
+        if score and m.any():
+            raw[kpos[m]] = score_nodes(state, self.profile, pod, tmp, tidx[m])[0]
+
+    @staticmethod
+    def encode(nodes: NodeList, names: list[str], scores: I64) -> bytes:
+        """The HostPriorityList JSON from the cached per-node entries (built on first use)."""
+        if nodes.enc is None:
+            nodes.enc = encode_priorities(names)
+        return b"[" + b",".join(nodes.enc[np.arange(len(names)), scores].tolist()) + b"]"

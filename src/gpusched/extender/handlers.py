@@ -1,0 +1,319 @@
+"""The extender's verbs as pure request → answer logic over ``LiveCluster`` and the core.
+
+- ``filter``: the core's Filter plugins over the sent nodes; failed nodes carry each plugin's
+  ``explain`` reason, in ``FailedAndUnresolvableNodes`` when preemption cannot help there.
+- ``prioritize``: the policy's scores (``core.scheduler.score_nodes``) over the sent nodes that
+  pass the filters, min-max normalised to 0..10 (best 10, worst 0; all equal → all 10; nodes
+  that fail the filters → 0).
+- ``bind``: the node is kube-scheduler's decision; the GPUs on it are ours: the score plugin's
+  device choice there, else ``core.devices.pick_gpus`` (best fit). Booked with
+  ``LiveCluster.assume`` under its lock (so concurrent binds never double-book a GPU), then the
+  annotation + binding go through ``binder`` without the lock; a failed bind is forgotten.
+- ``preempt``: kube-scheduler's proposed victims are kept on the nodes where, once they are
+  gone (in a copy of the books), the pod passes the filters; other nodes are dropped.
+
+Nodes sent by name (``nodeCacheCapable: true``) are the informer's; a name it does not know
+yet fails (resolvable). Nodes sent as objects (``false``) that the informer does not know are
+evaluated from the sent objects, with empty books.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from gpusched.core.cluster import I64, AccountingError
+from gpusched.core.devices import pick_gpus
+from gpusched.core.framework import CycleState, Profile
+from gpusched.core.model import PodSpec
+from gpusched.core.scheduler import score_nodes
+from gpusched.extender.evaluate import UNKNOWN_NODE, UNRES, Evaluator, NodeList, run_filters
+from gpusched.extender.protocol import (
+    BadRequest,
+    dumps,
+    field,
+    name_of,
+    node_items,
+    node_names,
+    normalise,
+    uid_of,
+)
+from gpusched.k8s.convert import InvalidRequest, assignment_annotation, pod_from_k8s
+from gpusched.k8s.state import LiveCluster, pod_key
+
+BindFn = Callable[[str, str, str, str, str], None]
+"""``binder(namespace, name, uid, node, assignment)``: annotate and bind; raises on failure."""
+PodGetter = Callable[[str, str], Mapping[str, Any]]
+"""``get(namespace, name)``: the pod as an API dict (used when bind sees a pod filter did not)."""
+
+
+def describe(e: Exception) -> str:
+    """One line for an exception; for a kubernetes ApiException, its status and message."""
+    status = getattr(e, "status", None)
+    if isinstance(status, int):
+        body = getattr(e, "body", None)
+        try:
+            msg = orjson.loads(body).get("message") if body else None
+        except (orjson.JSONDecodeError, AttributeError):
+            msg = None
+        return f"{status} {getattr(e, 'reason', '') or ''}: {msg or body or ''}".strip(": ")
+    return f"{type(e).__name__}: {e}"
+
+
+@dataclass(frozen=True, slots=True)
+class BindPlan:
+    pod: PodSpec
+    uid: str
+    node: str
+    gpus: tuple[int, ...]
+    assignment: str
+
+
+class Extender:
+    def __init__(
+        self,
+        cluster: LiveCluster,
+        profile: Profile,
+        *,
+        binder: BindFn | None = None,
+        pod_getter: PodGetter | None = None,
+        pod_cache: int = 16384,
+    ) -> None:
+        self.cluster = cluster
+        self.profile = profile
+        self.binder = binder
+        self.pod_getter = pod_getter
+        self._plock = threading.Lock()
+        self._specs: OrderedDict[str, tuple[str, PodSpec]] = OrderedDict()  # uid (or key) -> (rv, spec)
+        self._pod_cache = pod_cache
+        self._uids: dict[str, str] = {}  # uid -> namespace/name, from the informer
+        self._pending: dict[str, Mapping[str, Any]] = {}  # uid -> pod not yet bound, from the informer
+        self.evaluator = Evaluator(cluster, profile)
+
+    # ------------------------------------------------------------------ pods
+    def observe_pod(self, obj: Mapping[str, Any], deleted: bool) -> None:
+        """Informer hook (``start_informers(pod_handler=...)``): UIDs for preempt, pods for bind."""
+        uid = uid_of(obj)
+        if not uid:
+            return
+        with self._plock:
+            if deleted:
+                self._uids.pop(uid, None)
+                self._pending.pop(uid, None)
+                return
+            self._uids[uid] = pod_key(obj)
+            if (obj.get("spec") or {}).get("nodeName"):
+                self._pending.pop(uid, None)
+            else:
+                self._pending[uid] = obj
+
+    def _pod(self, args: Mapping[str, Any]) -> PodSpec:
+        """The request's pod, converted once per (UID, resourceVersion) and remembered for bind."""
+        obj = field(args, "Pod", dict)
+        meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        uid, rv = str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
+        with self._plock:
+            hit = self._specs.get(uid) if uid and rv else None
+        if hit is not None and hit[0] == rv:
+            return hit[1]
+        try:
+            spec = pod_from_k8s(obj)
+        except InvalidRequest as e:
+            raise BadRequest(str(e)) from None
+        except (TypeError, AttributeError, ValueError, KeyError) as e:  # fields of the wrong JSON type
+            raise BadRequest(f"field 'Pod' is not a valid v1.Pod: {type(e).__name__}: {e}") from None
+        ref = uid or spec.key
+        with self._plock:
+            self._specs[ref] = (rv, spec)
+            self._specs.move_to_end(ref)
+            while len(self._specs) > self._pod_cache:
+                self._specs.popitem(last=False)
+        return spec
+
+    @staticmethod
+    def _request_nodes(args: Mapping[str, Any]) -> tuple[list[str], list[dict[str, Any]] | None]:
+        items = node_items(args)
+        if items is not None:
+            return [name_of(o) for o in items], items
+        names = node_names(args)
+        if names is None:
+            raise BadRequest("neither 'Nodes' nor 'NodeNames' was sent")
+        return names, None
+
+    # ------------------------------------------------------------------ verbs
+    def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """ExtenderArgs → ExtenderFilterResult (``Error`` set for a request that cannot be served)."""
+        try:
+            pod = self._pod(args)
+            names, objs = self._request_nodes(args)
+            ev = self.evaluator.evaluate(pod, names, objs, score=False, explain=True)
+        except BadRequest as e:
+            return {
+                "Nodes": None,
+                "NodeNames": None,
+                "FailedNodes": {},
+                "FailedAndUnresolvableNodes": {},
+                "Error": str(e),
+            }
+        failed: dict[str, str] = {}
+        unres: dict[str, str] = {}
+        for p, reason, code in ev.failures:
+            (unres if code == UNRES else failed)[names[p]] = reason
+        passed = np.flatnonzero(ev.ok)
+        out: dict[str, Any] = {"Nodes": None, "NodeNames": None}
+        if objs is not None:
+            out["Nodes"] = {"metadata": {}, "items": [objs[p] for p in passed.tolist()]}
+        elif ev.nodes is not None:
+            out["NodeNames"] = ev.nodes.names_at(names, passed)
+        out.update(FailedNodes=failed, FailedAndUnresolvableNodes=unres, Error="")
+        return out
+
+    def _priorities(self, args: Mapping[str, Any]) -> tuple[list[str], I64, NodeList | None]:
+        pod = self._pod(args)
+        names, objs = self._request_nodes(args)
+        ev = self.evaluator.evaluate(pod, names, objs, score=True, explain=False)
+        scored = ~np.isnan(ev.raw)
+        scores = np.zeros(len(names), dtype=np.int64)
+        scores[scored] = normalise(ev.raw[scored])
+        return names, scores, ev.nodes
+
+    def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """ExtenderArgs → HostPriorityList. Raises BadRequest (answered with HTTP 400)."""
+        names, scores, _ = self._priorities(args)
+        return [{"Host": n, "Score": s} for n, s in zip(names, scores.tolist(), strict=True)]
+
+    def prioritize_json(self, args: Mapping[str, Any]) -> bytes:
+        """``prioritize``, encoded (from cached per-node entries when nodes were sent by name)."""
+        names, scores, nodes = self._priorities(args)
+        if nodes is None:
+            return dumps([{"Host": n, "Score": s} for n, s in zip(names, scores.tolist(), strict=True)])
+        return self.evaluator.encode(nodes, names, scores)
+
+    def preempt(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """ExtenderPreemptionArgs → ExtenderPreemptionResult (UIDs only). Raises BadRequest."""
+        pod = self._pod(args)
+        meta = field(args, "NodeNameToMetaVictims", dict, required=False) or {}
+        full = field(args, "NodeNameToVictims", dict, required=False) or {}
+        victims: dict[str, tuple[list[str], int]] = {}
+        keys: dict[str, str] = {}
+        for source, is_full in ((full, True), (meta, False)):
+            for node, v in source.items():
+                if not isinstance(v, dict) or not isinstance(v.get("Pods") or [], list):
+                    raise BadRequest(f"victims of node {node!r} must be an object with a 'Pods' list")
+                uids = []
+                for p in v.get("Pods") or []:
+                    uid = (uid_of(p) if is_full else str(p.get("UID") or "")) if isinstance(p, dict) else ""
+                    if is_full and uid:
+                        keys[uid] = pod_key(p)
+                    uids.append(uid)
+                pdb = v.get("NumPDBViolations") or 0
+                victims[node] = (uids, int(pdb) if isinstance(pdb, int) else 0)
+        with self._plock:
+            for uids, _ in victims.values():
+                keys.update({u: self._uids[u] for u in uids if u not in keys and u in self._uids})
+        with self.cluster.snapshot() as live:
+            snap = live.copy()
+        nodes = [n for n in victims if n in snap.index]
+        idx = np.array([snap.index[n] for n in nodes], dtype=np.int64)
+        for n, i in zip(nodes, idx.tolist(), strict=True):
+            for uid in victims[n][0]:
+                a = snap.allocations.get(keys.get(uid, ""))
+                if a is not None and a.node == i:
+                    snap.forget(a.pod.key)
+        ok, _, _ = run_filters(self.profile, pod, snap, idx, explain=False)
+        return {
+            "NodeNameToMetaVictims": {
+                n: {"Pods": [{"UID": u} for u in victims[n][0]], "NumPDBViolations": victims[n][1]}
+                for n, fits in zip(nodes, ok.tolist(), strict=True)
+                if fits
+            }
+        }
+
+    # ------------------------------------------------------------------- bind
+    def bind_target(self, args: Mapping[str, Any]) -> tuple[str, str, str, str, PodSpec | None]:
+        """(namespace, name, uid, node, spec if already known) of an ExtenderBindingArgs."""
+        ns = field(args, "PodNamespace", str, required=False) or "default"
+        name = field(args, "PodName", str)
+        uid = field(args, "PodUID", str, required=False) or ""
+        node = field(args, "Node", str)
+        with self._plock:
+            hit = self._specs.get(uid or f"{ns}/{name}")
+            spec = hit[1] if hit is not None else None
+            obj = self._pending.get(uid) if spec is None and uid else None
+        if spec is None and obj is not None:
+            try:
+                spec = pod_from_k8s(obj)
+            except InvalidRequest as e:
+                raise BadRequest(str(e)) from None
+        return ns, name, uid, node, spec
+
+    def fetch_pod(self, namespace: str, name: str, uid: str) -> PodSpec:
+        """The pod from the API (blocking: call it off the event loop)."""
+        if self.pod_getter is None:
+            raise BadRequest(f"pod {namespace}/{name} was never filtered here and no API getter is set")
+        try:
+            obj = self.pod_getter(namespace, name)
+        except Exception as e:
+            raise BadRequest(f"cannot read pod {namespace}/{name}: {describe(e)}") from None
+        if uid and uid_of(obj) and uid_of(obj) != uid:
+            raise BadRequest(f"pod {namespace}/{name} has UID {uid_of(obj)}, not {uid}")
+        try:
+            return pod_from_k8s(obj)
+        except InvalidRequest as e:
+            raise BadRequest(str(e)) from None
+
+    def reserve(self, pod: PodSpec, uid: str, node: str) -> BindPlan:
+        """Choose the GPUs on ``node`` and book them, under the lock. Raises BadRequest."""
+        with self.cluster.snapshot() as snap:
+            if node not in snap.index:
+                raise BadRequest(f"{UNKNOWN_NODE}: {node}")
+            n = snap.index[node]
+            held = snap.allocations.get(pod.key)
+            if held is not None:
+                if held.node != n:
+                    raise BadRequest(f"pod {pod.key} is already assumed on node {snap.names[held.node]}")
+                gpus = held.gpus  # a retried bind: keep its GPUs
+            else:
+                hint = -1
+                if pod.num_gpu == 1:
+                    state = CycleState()
+                    _, choice = score_nodes(state, self.profile, pod, snap, np.array([n], dtype=np.int64))
+                    hint = int(choice[0]) if choice is not None else -1
+                try:
+                    gpus = pick_gpus(snap, pod, n, hint)
+                    self.cluster.assume(pod, n, gpus)
+                except (ValueError, AccountingError) as e:
+                    raise BadRequest(f"pod {pod.key} no longer fits node {node}: {e}") from None
+        return BindPlan(pod, uid, node, gpus, assignment_annotation(node, gpus, pod))
+
+    def complete(self, plan: BindPlan, error: str | None) -> dict[str, str]:
+        """After the API calls: forget the booking if they failed. → ExtenderBindingResult."""
+        if error is not None:
+            self.cluster.forget(plan.pod.key)
+            return {"Error": f"binding {plan.pod.key} to {plan.node} failed: {error}"}
+        return {"Error": ""}
+
+    def call_binder(self, plan: BindPlan) -> str | None:
+        """Run the binder (blocking); the error text, or None on success."""
+        if self.binder is None:
+            return "no binder configured"
+        try:
+            self.binder(plan.pod.namespace, plan.pod.name, plan.uid, plan.node, plan.assignment)
+        except Exception as e:
+            return describe(e)
+        return None
+
+    def bind(self, args: Mapping[str, Any]) -> dict[str, str]:
+        """ExtenderBindingArgs → ExtenderBindingResult, all in the calling thread."""
+        try:
+            ns, name, uid, node, spec = self.bind_target(args)
+            plan = self.reserve(spec or self.fetch_pod(ns, name, uid), uid, node)
+        except BadRequest as e:
+            return {"Error": str(e)}
+        return self.complete(plan, self.call_binder(plan))
