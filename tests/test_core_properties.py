@@ -23,13 +23,14 @@ from gpusched.core.scheduler import schedule_one
 from gpusched.core.status import Code
 
 MODELS = ("A", "B", "C")
+NONE: frozenset[str] = frozenset()
 ALL_POLICIES = ("random", "dotprod", "packing", "clustering", "bestfit", "fgd", "default")
 DETERMINISTIC = ("fgd", "bestfit", "packing", "dotprod", "clustering", "default")
 CACHED = ("fgd", "default")  # the policies whose scores go through core/policies/cache.py
 TAINT = Taint("dedicated", "gpu", "NoSchedule")
 SOFT_TAINT = Taint("spot", "yes", "PreferNoSchedule")
 
-PROPS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 # ----------------------------------------------------------------------------------------- strategies
@@ -37,13 +38,13 @@ PROPS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCh
 def clusters(draw: st.DrawFn) -> list[NodeSpec]:
     nodes = []
     for i in range(draw(st.integers(1, 8))):
-        gpus = draw(st.integers(0, 8))
+        gpus = draw(st.integers(0, 8) | st.sampled_from((4, 8)))
         # a GPU-less node may still carry a model label (and then takes no GPU pod)
         model = draw(st.sampled_from(MODELS)) if gpus else draw(st.sampled_from(("", *MODELS)))
         nodes.append(
             NodeSpec(
                 name=f"n{i}",
-                cpu_milli=draw(st.sampled_from((2000, 8000, 32000, 96000))),
+                cpu_milli=draw(st.sampled_from((2000, 16_000, 64_000, 96_000))),
                 memory_mib=draw(st.sampled_from((4096, 65536, 262144))),
                 gpu_count=gpus,
                 gpu_model=model,
@@ -56,7 +57,7 @@ def clusters(draw: st.DrawFn) -> list[NodeSpec]:
 
 
 @st.composite
-def pods(draw: st.DrawFn, i: int, plain: bool = False) -> PodSpec:
+def pods(draw: st.DrawFn, i: int, plain: bool = False, present: Sequence[str] = MODELS) -> PodSpec:
     """A CPU-only pod, a share (10..990 milli), 1/2/4/8 whole GPUs or, unless ``plain``, a GPU-memory-only
     request (gpu_milli 0, a valid PodSpec). ``plain`` also leaves out node selectors and tolerations."""
     kinds = ("cpu", "share", "share", "whole", "whole") + (() if plain else ("memory",))
@@ -68,10 +69,11 @@ def pods(draw: st.DrawFn, i: int, plain: bool = False) -> PodSpec:
         num, milli = draw(st.sampled_from((1, 1, 2, 4, 8))), GPU_MILLI
     elif kind == "memory":
         num = draw(st.sampled_from((1, 2, 4)))
-    gmem = draw(st.sampled_from((0, 0, 2048, 8192, 16384))) if num else 0
+    gmem = draw(st.sampled_from((0, 0, 0, 2048, 8192, 16384))) if num else 0
     if kind == "memory":
         gmem = draw(st.sampled_from((2048, 8192, 16384)))
-    models = draw(st.frozensets(st.sampled_from(MODELS), max_size=2))
+    # mostly unconstrained or models the cluster has; sometimes a model it may lack
+    models = draw(st.sampled_from([NONE, NONE, NONE, *(frozenset({m}) for m in present), frozenset("AB")]))
     selector: dict[str, str] = {} if plain else draw(st.sampled_from(({}, {}, {"zone": "a"})))
     tols: tuple[Toleration, ...] = (
         ()
@@ -84,8 +86,8 @@ def pods(draw: st.DrawFn, i: int, plain: bool = False) -> PodSpec:
     )
     return PodSpec(
         name=f"p{i}",
-        cpu_milli=draw(st.integers(0, 24)) * 500,
-        memory_mib=draw(st.sampled_from((0, 1024, 8192, 65536))),
+        cpu_milli=draw(st.sampled_from((0, 0, 500, 1000, 2000, 4000, 12_000))),
+        memory_mib=draw(st.sampled_from((0, 1024, 8192, 8192, 65536))),
         num_gpu=num,
         gpu_milli=milli,
         gpu_memory_mib=gmem,
@@ -110,14 +112,26 @@ class Scenario:
 
 
 @st.composite
-def scenarios(draw: st.DrawFn, max_events: int = 24, plain: bool = False) -> Scenario:
+def scenarios(
+    draw: st.DrawFn, max_events: int = 40, plain: bool = False, palette: bool | None = None
+) -> Scenario:
+    """A cluster, a stream of arrivals and deletions, and maybe a tie-break order. With ``palette`` (drawn
+    when None) the arrivals repeat a few shapes, as real workloads do, so shape-keyed caches get hits."""
     nodes = draw(clusters())
+    present = sorted({n.gpu_model for n in nodes if n.gpu_count}) or ["A"]
+    shapes = (
+        draw(st.lists(pods(0, plain, present), min_size=1, max_size=4))
+        if palette or (palette is None and draw(st.booleans()))
+        else None
+    )
     events: list[Event] = []
     for i in range(draw(st.integers(1, max_events))):
         if i and draw(st.integers(0, 5)) == 0:
             events.append(("del", draw(st.integers(0, 1000))))
+        elif shapes:
+            events.append(("add", replace(draw(st.sampled_from(shapes)), name=f"p{i}")))
         else:
-            events.append(("add", draw(pods(i, plain))))
+            events.append(("add", draw(pods(i, plain, present))))
     tb = draw(st.none() | st.permutations(range(len(nodes))))
     return Scenario(nodes, events, None if tb is None else np.array(tb, dtype=np.int64))
 
@@ -326,7 +340,7 @@ def _after_state(snap: ClusterState, pod: PodSpec, n: int, gpus: Sequence[int]) 
     return c
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     sc=scenarios(max_events=20, plain=True),
     probes=st.lists(pods(200, plain=True), min_size=1, max_size=4),
@@ -388,8 +402,8 @@ def _placements(profile: Profile, sc: Scenario, clear_cache: bool) -> list[tuple
 
 
 @pytest.mark.parametrize("policy", DETERMINISTIC)
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(sc=scenarios(max_events=30))
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sc=scenarios(max_events=30, palette=True))
 def test_score_cache_gives_the_same_placements(policy: str, sc: Scenario) -> None:
     cached = _placements(profile_for(policy, sc.pods), sc, clear_cache=False)
     fresh = _placements(profile_for(policy, sc.pods), sc, clear_cache=True)
@@ -397,8 +411,8 @@ def test_score_cache_gives_the_same_placements(policy: str, sc: Scenario) -> Non
 
 
 @pytest.mark.parametrize("policy", CACHED)
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(sc=scenarios(max_events=30))
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sc=scenarios(max_events=30, palette=True))
 def test_cached_scores_equal_scores_on_a_fresh_copy(policy: str, sc: Scenario) -> None:
     profile = profile_for(policy, sc.pods)
     plugin = profile.scores[0].plugin
