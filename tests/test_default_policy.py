@@ -1,0 +1,120 @@
+"""The default policy's three refinements over FGD, each in a scenario where it decides."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpusched.core.cluster import ClusterState
+from gpusched.core.fragmentation import TargetWorkload
+from gpusched.core.framework import CycleState
+from gpusched.core.model import GPU_MILLI, NodeSpec, PodSpec
+from gpusched.core.policies import PolicyContext, make_profile
+from gpusched.core.policies.default import DefaultParams, DefaultScore
+from gpusched.core.scheduler import schedule_one
+
+
+def gpu_node(name: str, gpus: int, cpu: int, model: str = "A") -> NodeSpec:
+    return NodeSpec(name, cpu_milli=cpu, memory_mib=1 << 20, gpu_count=gpus, gpu_model=model)
+
+
+def place(
+    pods: list[PodSpec], nodes: list[NodeSpec], workload: list[PodSpec]
+) -> list[tuple[str, tuple[int, ...]]]:
+    snap = ClusterState(nodes)
+    prof = make_profile("default", PolicyContext(workload=TargetWorkload.from_pods(workload)))
+    out = []
+    for p in pods:
+        r = schedule_one(prof, p, snap, tiebreak=np.arange(len(snap)))
+        assert r.scheduled, r.status
+        out.append((r.node_name, r.gpus))
+    assert snap.verify() == []
+    return out
+
+
+def test_unconstrained_pod_leaves_the_scarce_model_to_pods_that_need_it() -> None:
+    # half the workload may only run on T4; an unconstrained pod should take the other model
+    nodes = [gpu_node("a-t4", 4, 64_000, "T4"), gpu_node("b-g2", 4, 64_000, "G2")]
+    t4_only = [
+        PodSpec(f"t{i}", cpu_milli=4000, num_gpu=1, gpu_milli=GPU_MILLI, gpu_models=frozenset({"T4"}))
+        for i in range(5)
+    ]
+    free = [PodSpec(f"f{i}", cpu_milli=4000, num_gpu=1, gpu_milli=GPU_MILLI) for i in range(5)]
+    got = place([free[0]], nodes, t4_only + free)
+    assert got[0][0] == "b-g2"
+
+
+def test_cpu_only_pod_goes_where_its_cpu_strands_no_gpu() -> None:
+    # node a: 8 GPUs and just the CPU they need; node b: 2 GPUs and plenty of CPU
+    nodes = [gpu_node("a-dense", 8, 96_000), gpu_node("b-cpu-rich", 2, 104_000)]
+    workload = [PodSpec(f"g{i}", cpu_milli=12_000, num_gpu=1, gpu_milli=GPU_MILLI) for i in range(8)]
+    workload += [PodSpec("c", cpu_milli=16_000)]
+    got = place([PodSpec("cpu-job", cpu_milli=16_000)], nodes, workload)
+    assert got[0][0] == "b-cpu-rich"
+
+
+def test_second_half_share_pairs_with_the_first_instead_of_opening_a_gpu() -> None:
+    nodes = [gpu_node("a", 2, 64_000), gpu_node("b", 2, 64_000)]
+    half = [PodSpec(f"h{i}", cpu_milli=1000, num_gpu=1, gpu_milli=470) for i in range(2)]
+    workload = [*half, PodSpec("w", cpu_milli=1000, num_gpu=1, gpu_milli=GPU_MILLI)]
+    (n1, g1), (n2, g2) = place(half, nodes, workload)
+    assert (n1, g1) == (n2, g2)  # both 470s on one GPU: the other GPUs stay whole
+
+
+TRACES = Path(
+    os.environ.get("GPUSCHED_TRACES", Path(__file__).resolve().parents[1].parent / "shared" / "traces")
+)
+CSV = TRACES / "alibaba-gpu-2023" / "csv"
+
+
+@pytest.mark.skipif(
+    not (CSV / "openb_pod_list_default.csv").exists(), reason=f"Alibaba trace not found in {CSV}"
+)
+def test_default_beats_fgd_on_the_default_trace_seed_42() -> None:
+    from gpusched.sim.paper import run_paper
+    from gpusched.sim.traces import read_nodes, read_pods
+
+    nodes = read_nodes(CSV / "openb_node_list_gpu_node.csv")
+    pods = [tp.spec for tp in read_pods(CSV / "openb_pod_list_default.csv")]
+    tw = TargetWorkload.from_pods(pods)
+    ours = run_paper(nodes, pods, "default", 42, workload=tw).curve()
+    fgd = run_paper(nodes, pods, "fgd", 42, workload=tw).curve()
+    assert ours[100] > fgd[100] + 0.3, (ours[100], fgd[100])
+    assert ours[130] > fgd[130] + 0.2, (ours[130], fgd[130])
+
+
+def scores(nodes: list[NodeSpec], workload: list[PodSpec], pod: PodSpec, params: DefaultParams) -> np.ndarray:
+    snap = ClusterState(nodes)
+    ds = DefaultScore(TargetWorkload.from_pods(workload), params)
+    return np.asarray(ds.score(CycleState(), pod, snap, np.arange(len(snap))).scores)
+
+
+def test_pressure_term_matches_hand_computation() -> None:
+    # types: T4-only whole GPU (p=.5), any-model whole GPU (p=.5); 4 T4 GPUs, 4 G2 GPUs.
+    # T4-only spreads 500 milli over 4 GPUs (125 each), any-model 500 over 8 (62.5 each):
+    # pressure T4 = 187.5, G2 = 62.5, mean 125 -> relative +0.5 and -0.5; a 1000-milli pod pays ±500.
+    nodes = [gpu_node("t4", 4, 64_000, "T4"), gpu_node("g2", 4, 64_000, "G2")]
+    t4_only = [
+        PodSpec(f"t{i}", cpu_milli=4000, num_gpu=1, gpu_milli=GPU_MILLI, gpu_models=frozenset({"T4"}))
+        for i in range(5)
+    ]
+    anywhere = [PodSpec(f"f{i}", cpu_milli=4000, num_gpu=1, gpu_milli=GPU_MILLI) for i in range(5)]
+    pod = anywhere[0]
+    on = scores(nodes, t4_only + anywhere, pod, DefaultParams(pressure_weight=1.0))
+    off = scores(nodes, t4_only + anywhere, pod, DefaultParams(pressure_weight=0.0))
+    np.testing.assert_allclose(on - off, [-500.0, 500.0])
+
+
+def test_deficit_term_matches_hand_computation() -> None:
+    # rho = 12 milli-CPU per milli-GPU; a 16-core CPU-only pod on the dense node (96 cores for
+    # 8 GPUs) leaves 80 cores for 8000 milli-GPU: deficit (96000 - 80000) / 12 = 1333.3 milli-GPU
+    nodes = [gpu_node("dense", 8, 96_000), gpu_node("cpu-rich", 2, 104_000)]
+    workload = [PodSpec(f"g{i}", cpu_milli=12_000, num_gpu=1, gpu_milli=GPU_MILLI) for i in range(8)]
+    workload += [PodSpec("c", cpu_milli=16_000)]
+    pod = PodSpec("cpu-job", cpu_milli=16_000)
+    on = scores(nodes, workload, pod, DefaultParams(deficit_weight=3.0))
+    off = scores(nodes, workload, pod, DefaultParams(deficit_weight=0.0))
+    np.testing.assert_allclose(on - off, [-3 * 16_000 / 12, 0.0])
