@@ -297,6 +297,42 @@ def bench_traces_cmd(
     run_cli(go)
 
 
+@bench_app.command("k8s")
+def bench_k8s_cmd(
+    nodes: Annotated[int, typer.Option(help="kwok GPU nodes.")] = 1000,
+    pods: Annotated[int, typer.Option(help="Pods to bind in the standalone run.")] = 3000,
+    policy: Annotated[str, typer.Option("--policy", "-p", help="Placement policy.")] = "default",
+    concurrency: Annotated[int, typer.Option(help="Concurrent extender clients.")] = 8,
+    json_out: JsonOpt = False,
+) -> None:
+    """Standalone pods/s through a real kube-apiserver, and extender latency (real control plane)."""
+    from gpusched.bench.k8s import bench_k8s
+    from gpusched.k8s.testenv import ControlPlaneError
+
+    check_policies([policy])
+
+    def go() -> None:
+        try:
+            report = bench_k8s(nodes=nodes, pods=pods, policy=policy, concurrency=concurrency)
+        except ControlPlaneError as e:
+            raise ValueError(str(e)) from None
+        if json_out:
+            emit_json(report)
+        else:
+            keys = (
+                "pods_per_s",
+                "pods_per_s_backlog",
+                "extender_p50_ms",
+                "extender_p99_ms",
+                "extender_p50_ms_serial",
+                "extender_p99_ms_serial",
+            )
+            for k in keys:
+                out_console.print(f"{k}: {report[k]}")
+
+    run_cli(go)
+
+
 @bench_app.command("latency")
 def bench_latency_cmd(
     nodes: Annotated[list[int] | None, typer.Option("--nodes", help="Cluster sizes (repeatable).")] = None,
@@ -327,6 +363,15 @@ def bench_latency_cmd(
             out_console.print(latency_table(rows))
 
     run_cli(go)
+
+
+def _register_scheduler() -> None:
+    from gpusched.k8s.cli_scheduler import scheduler_command
+
+    app.command("scheduler")(scheduler_command)
+
+
+_register_scheduler()
 
 
 @app.command()

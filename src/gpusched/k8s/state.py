@@ -70,9 +70,17 @@ class LiveCluster:
     # ------------------------------------------------------------- pods
     def upsert_pod(self, obj: Mapping[str, Any]) -> None:
         key = pod_key(obj)
+        meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+        pending = not (obj.get("spec") or {}).get("nodeName") and status.get("phase") not in TERMINAL
+        if pending and not meta.get("deletionTimestamp"):
+            return  # holds nothing but a decision of ours (kept until bound or forgotten)
         if not holds_resources(obj) or (obj.get("metadata") or {}).get("deletionTimestamp"):
             self.delete_pod(key)
             return
+        node = (obj.get("spec") or {})["nodeName"]
+        with self.lock:
+            if key in self._bound and self._bound[key][1] == node:
+                return  # already booked (a status update): skip the conversion
         try:
             spec = pod_from_k8s(obj)
             assignment = parse_assignment(obj)
@@ -80,7 +88,6 @@ class LiveCluster:
             if self._on_invalid:
                 self._on_invalid(obj, str(e))
             return
-        node = (obj.get("spec") or {})["nodeName"]
         gpus = assignment[1] if assignment and assignment[0] == node else ()
         with self.lock:
             if key in self._bound and self._bound[key][1] == node:
@@ -143,6 +150,12 @@ class LiveCluster:
     def is_bound_or_assumed(self, key: str) -> bool:
         with self.lock:
             return key in self._bound or key in self._assumed
+
+    def rebuild(self) -> None:
+        """Drop the books; the next snapshot rebuilds them from the API objects seen
+        (bound pods and their assignment annotations) and the decisions still assumed."""
+        with self.lock:
+            self._state = None
 
     def node_names(self) -> list[str]:
         with self.lock:

@@ -1,0 +1,164 @@
+"""Pod Events and the PodScheduled condition, written asynchronously as kube-scheduler does.
+
+``EventRecorder`` queues writes (bounded: when the API cannot keep up, events are dropped,
+as client-go's broadcaster drops them) and a few worker threads send them:
+
+- ``scheduled`` — Normal ``Scheduled`` "Successfully assigned ns/pod to node".
+- ``failed`` — Warning ``FailedScheduling`` (or any reason, e.g. ``InvalidGPURequest``) with
+  the message; the same (pod, reason, message) is emitted once, so retries do not spam; with
+  ``condition=True`` the pod's ``PodScheduled`` condition is set False / Unschedulable too.
+
+Core v1 Events (``involvedObject``, ``source.component``, ``reportingComponent``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import queue
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_DEDUP_MAX = 50_000
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class EventRecorder:
+    def __init__(
+        self,
+        core: Any,
+        component: str = "gpusched",
+        instance: str = "",
+        *,
+        workers: int = 2,
+        max_queue: int = 10_000,
+    ) -> None:
+        self.core = core
+        self.component = component
+        self.instance = instance or component
+        self._q: queue.Queue[Callable[[], None] | None] = queue.Queue(max_queue)
+        self._seen: OrderedDict[tuple[str, str], str] = OrderedDict()  # (uid, reason) -> last message
+        self._lock = threading.Lock()
+        self.dropped = 0
+        self.sent = 0
+        self.errors = 0
+        self._threads = [
+            threading.Thread(target=self._work, name=f"events-{i}", daemon=True) for i in range(workers)
+        ]
+        for t in self._threads:
+            t.start()
+
+    # ----------------------------------------------------------- public
+    def scheduled(self, pod: Mapping[str, Any], node: str) -> None:
+        meta = pod.get("metadata") or {}
+        msg = f"Successfully assigned {meta.get('namespace', 'default')}/{meta.get('name')} to {node}"
+        self.forget(str(meta.get("uid", "")))
+        self._submit(lambda: self._event(pod, "Normal", "Scheduled", msg))
+
+    def failed(
+        self, pod: Mapping[str, Any], message: str, reason: str = "FailedScheduling", condition: bool = True
+    ) -> bool:
+        """Warn once per distinct message; returns whether anything was queued."""
+        meta = pod.get("metadata") or {}
+        k = (str(meta.get("uid", "")), reason)
+        with self._lock:
+            if self._seen.get(k) == message:
+                return False
+            self._seen[k] = message
+            self._seen.move_to_end(k)
+            while len(self._seen) > _DEDUP_MAX:
+                self._seen.popitem(last=False)
+        self._submit(lambda: self._event(pod, "Warning", reason, message))
+        if condition:
+            self._submit(lambda: self._condition(pod, message))
+        return True
+
+    def forget(self, uid: str) -> None:
+        """The pod was bound or deleted: a later failure is news again."""
+        with self._lock:
+            self._seen.pop((uid, "FailedScheduling"), None)
+            self._seen.pop((uid, "InvalidGPURequest"), None)
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Wait until queued writes are sent (tests, shutdown)."""
+        done = threading.Event()
+        self._submit(done.set)
+        done.wait(timeout)
+
+    def stop(self) -> None:
+        for _ in self._threads:
+            try:
+                self._q.put_nowait(None)
+            except queue.Full:
+                break
+
+    # ---------------------------------------------------------- workers
+    def _submit(self, fn: Callable[[], None]) -> None:
+        try:
+            self._q.put_nowait(fn)
+        except queue.Full:
+            self.dropped += 1
+
+    def _work(self) -> None:
+        while True:
+            fn = self._q.get()
+            if fn is None:
+                return
+            try:
+                fn()
+                self.sent += 1
+            except Exception as e:  # an event is best effort: log and go on
+                self.errors += 1
+                log.debug("event write failed: %s", e)
+
+    def _event(self, pod: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        meta = pod.get("metadata") or {}
+        ns = meta.get("namespace", "default")
+        now = _now()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name')}.", "namespace": ns},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "namespace": ns,
+                "name": meta.get("name"),
+                "uid": meta.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "action": "Scheduling",
+            "source": {"component": self.component},
+            "reportingComponent": self.component,
+            "reportingInstance": self.instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self.core.create_namespaced_event(ns, body, _preload_content=False)
+
+    def _condition(self, pod: Mapping[str, Any], message: str) -> None:
+        meta = pod.get("metadata") or {}
+        cond = {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": message,
+            "lastTransitionTime": _now(),
+            "lastProbeTime": None,
+        }
+        self.core.patch_namespaced_pod_status(
+            meta.get("name"),
+            meta.get("namespace", "default"),
+            {"status": {"conditions": [cond]}},
+            _preload_content=False,
+        )

@@ -1,0 +1,201 @@
+"""The standalone scheduler's pending queue, after kube-scheduler's ``SchedulingQueue``.
+
+- **active**: a heap ordered by priority (highest first), then creation time, then arrival
+  order (the informer's order: resourceVersion order for watch events, name order within a
+  list); ``pop`` blocks until a pod is there.
+- **unschedulable**: pods that fit nowhere at their last attempt. They go back to active
+  when the cluster changes (``cluster_changed``: a pod deleted, a node added or changed) once
+  their backoff (1 s doubling to 10 s) has passed, and in any case after ``flush_s``.
+- **in flight**: popped and being decided; the scheduler calls ``done`` when finished.
+
+An update of a pending pod replaces its object; an update that changes what scheduling
+reads (spec, annotations other than our own) moves an unschedulable pod back to active.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpusched.k8s.convert import ANN_ASSIGNMENT
+
+Order = tuple[int, str, int]
+
+
+@dataclass
+class QueuedPod:
+    key: str
+    obj: Mapping[str, Any]
+    order: Order
+    fingerprint: str
+    attempts: int = 0
+    since: float = 0.0  # when it became unschedulable
+    event_seq: int = 0  # cluster-change counter at that time
+    payload: dict[str, Any] = field(default_factory=dict)
+    """Whatever the scheduler caches with the pod (its converted spec)."""
+
+    @property
+    def uid(self) -> str:
+        return str((self.obj.get("metadata") or {}).get("uid", ""))
+
+
+def fingerprint(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    ann = {k: v for k, v in (meta.get("annotations") or {}).items() if k != ANN_ASSIGNMENT}
+    return json.dumps([meta.get("uid"), obj.get("spec"), ann], sort_keys=True, default=str)
+
+
+class SchedulingQueue:
+    def __init__(
+        self,
+        flush_s: float = 30.0,
+        backoff_initial_s: float = 1.0,
+        backoff_max_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.flush_s = flush_s
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._pods: dict[str, QueuedPod] = {}
+        self._heap: list[tuple[Order, int, str]] = []
+        self._active: dict[str, int] = {}  # key -> generation of its valid heap entry
+        self._unschedulable: set[str] = set()
+        self._in_flight: set[str] = set()
+        self._gen = itertools.count()
+        self._seq = itertools.count()
+        self._event_seq = 0
+        self._last_flush = clock()
+        self.closed = False
+
+    # ----------------------------------------------------------- feeding
+    def add_or_update(self, obj: Mapping[str, Any], key: str, *, backoff: bool = False) -> None:
+        """A pending pod appeared or changed. ``backoff``: it comes back from a failed
+        binding, so it waits its backoff before the next attempt."""
+        fp = fingerprint(obj)
+        with self._cond:
+            qp = self._pods.get(key)
+            if qp is not None and qp.uid == str((obj.get("metadata") or {}).get("uid", "")):
+                changed = qp.fingerprint != fp
+                qp.obj, qp.fingerprint = obj, fp
+                if changed:
+                    qp.payload.clear()
+                    if key in self._unschedulable:
+                        self._unschedulable.discard(key)
+                        self._push(qp)
+                return
+            meta = obj.get("metadata") or {}
+            prio = int((obj.get("spec") or {}).get("priority") or 0)
+            qp = QueuedPod(key, obj, (-prio, str(meta.get("creationTimestamp") or ""), next(self._seq)), fp)
+            self._pods[key] = qp
+            self._unschedulable.discard(key)
+            if backoff:
+                qp.attempts, qp.since, qp.event_seq = 1, self._clock(), -1
+                self._unschedulable.add(key)
+            elif key not in self._in_flight:
+                self._push(qp)
+
+    def remove(self, key: str) -> None:
+        with self._cond:
+            self._pods.pop(key, None)
+            self._active.pop(key, None)
+            self._unschedulable.discard(key)
+
+    def cluster_changed(self) -> None:
+        """Resources were freed or added: unschedulable pods may fit now (after backoff)."""
+        with self._cond:
+            self._event_seq += 1
+            self._cond.notify_all()
+
+    def move_all_to_active(self) -> None:
+        with self._cond:
+            for key in list(self._unschedulable):
+                self._push(self._pods[key])
+            self._unschedulable.clear()
+
+    def _push(self, qp: QueuedPod) -> None:
+        gen = next(self._gen)
+        self._active[qp.key] = gen
+        heapq.heappush(self._heap, (qp.order, gen, qp.key))
+        self._cond.notify()
+
+    # ---------------------------------------------------------- draining
+    def pop(self, timeout: float = 1.0) -> QueuedPod | None:
+        deadline = self._clock() + timeout
+        with self._cond:
+            while not self.closed:
+                self._flush_unschedulable()
+                while self._heap:
+                    _, gen, key = heapq.heappop(self._heap)
+                    if self._active.get(key) == gen:
+                        del self._active[key]
+                        self._in_flight.add(key)
+                        return self._pods[key]
+                left = deadline - self._clock()
+                if left <= 0:
+                    return None
+                self._cond.wait(min(left, 1.0))
+        return None
+
+    def done(self, key: str, *, unschedulable: bool = False, requeue: bool = False) -> None:
+        """Finish an attempt: keep the pod as unschedulable, put it back to active (after a
+        failed bind), or (neither) forget it: it is assumed and the informer will say bound."""
+        with self._cond:
+            self._in_flight.discard(key)
+            qp = self._pods.get(key)
+            if qp is None:
+                return
+            if unschedulable:
+                qp.attempts += 1
+                qp.since = self._clock()
+                qp.event_seq = self._event_seq
+                self._unschedulable.add(key)
+            elif requeue:
+                qp.attempts += 1
+                self._push(qp)
+            else:
+                del self._pods[key]
+
+    def _backoff(self, attempts: int) -> float:
+        return float(min(self.backoff_max_s, self.backoff_initial_s * 2 ** max(0, attempts - 1)))
+
+    def _flush_unschedulable(self) -> None:
+        now = self._clock()
+        if now - self._last_flush < 0.5 or not self._unschedulable:
+            return
+        self._last_flush = now
+        for key in list(self._unschedulable):
+            qp = self._pods[key]
+            age = now - qp.since
+            if age >= self.flush_s or (self._event_seq > qp.event_seq and age >= self._backoff(qp.attempts)):
+                self._unschedulable.discard(key)
+                self._push(qp)
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------- views
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._pods)
+
+    def counts(self) -> dict[str, int]:
+        with self._cond:
+            return {
+                "active": len(self._active),
+                "unschedulable": len(self._unschedulable),
+                "in_flight": len(self._in_flight),
+            }
+
+    def pending(self) -> list[QueuedPod]:
+        with self._cond:
+            return list(self._pods.values())

@@ -1,0 +1,283 @@
+"""The standalone scheduler: pods with ``spec.schedulerName: gpusched`` → decisions → bindings.
+
+One scheduling thread pops the pending queue (priority, then creation order), runs
+``schedule_one`` on the live books under the cluster lock (the decision is assumed there),
+releases the lock and hands the binding to a small thread pool, so API latency never blocks
+the next decision (kube-scheduler binds asynchronously too). A failed binding forgets the
+assumption and requeues the pod with backoff. A pod that fits nowhere gets a
+``FailedScheduling`` event and ``PodScheduled=False`` (once per distinct message) and waits in
+the unschedulable set until the cluster changes or the periodic flush.
+
+Target workload of the fragmentation-aware policies (``default``, ``fgd``): a fixed one when
+given (``--workload-trace``), else learnt from every pod seen (bound and pending) when the
+first decision is made, relearnt when the number of pods seen has doubled (at most every 5 s)
+and every ``profile_refresh_s`` (default 5 minutes).
+
+Only the leader decides (``start_leading``/``stop_leading``, driven by ``leader.py``); a
+standby keeps its informers warm. Becoming leader rebuilds the books from the API objects
+(bound pods and their assignment annotations) before the first decision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from kubernetes import client
+
+from gpusched.core.fragmentation import TargetWorkload, cluster_fragmentation
+from gpusched.core.framework import Profile
+from gpusched.core.model import PodSpec
+from gpusched.core.policies import POLICIES, PolicyContext, make_profile
+from gpusched.core.scheduler import schedule_one
+from gpusched.k8s.binder import bind_pod
+from gpusched.k8s.convert import InvalidRequest, assignment_annotation, pod_from_k8s
+from gpusched.k8s.events import EventRecorder
+from gpusched.k8s.informer import Reflector
+from gpusched.k8s.queue import QueuedPod, SchedulingQueue
+from gpusched.k8s.state import TERMINAL, LiveCluster, pod_key, start_informers
+from gpusched.metrics.scheduling import SchedulerMetrics
+
+log = logging.getLogger(__name__)
+
+_WORKLOAD_POLICIES = ("default", "fgd")
+
+
+@dataclass
+class SchedulerConfig:
+    scheduler_name: str = "gpusched"
+    policy: str = "default"
+    workload: TargetWorkload | None = None
+    """A fixed target workload; None: learnt from the pods seen."""
+    profile_refresh_s: float = 300.0
+    bind_workers: int = 16
+    flush_s: float = 30.0
+    frag_interval_s: float = 5.0
+    identity: str = ""
+
+
+class StandaloneScheduler:
+    def __init__(
+        self, api: Any, config: SchedulerConfig | None = None, metrics: SchedulerMetrics | None = None
+    ) -> None:
+        self.config = cfg = config or SchedulerConfig()
+        if cfg.policy not in POLICIES:
+            raise ValueError(f"unknown policy {cfg.policy!r}; choose one of {', '.join(POLICIES)}")
+        self.core = client.CoreV1Api(api)
+        self.cluster = LiveCluster()
+        self.queue = SchedulingQueue(flush_s=cfg.flush_s)
+        self.events = EventRecorder(self.core, cfg.scheduler_name, cfg.identity)
+        self.metrics = metrics or SchedulerMetrics()
+        self.leading = threading.Event()
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(cfg.bind_workers, thread_name_prefix="bind")
+        self._reflectors: list[Reflector] = []
+        self._thread: threading.Thread | None = None
+        self._profile: Profile | None = None
+        self._profile_at = 0.0
+        self._profile_seen = 0
+        self._last_state: object = None
+        self._tiebreak = np.zeros(0, dtype=np.int64)
+        self._gauges_at = -1e9
+        self.scheduled = 0
+        self.bind_errors = 0
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self, lead: bool = True) -> StandaloneScheduler:
+        self._reflectors = start_informers(self.core, self.cluster, self._on_pod)
+        self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
+        self._thread.start()
+        if lead:
+            self.start_leading()
+        return self
+
+    def synced(self) -> bool:
+        return bool(self._reflectors) and all(r.synced.is_set() for r in self._reflectors)
+
+    def wait_synced(self, timeout: float = 60.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self.synced():
+            if time.monotonic() > deadline or self._stop.is_set():
+                return False
+            time.sleep(0.05)
+        return True
+
+    def start_leading(self) -> None:
+        """Rebuild the books from the API, then decide."""
+        self.wait_synced()
+        self.cluster.rebuild()
+        self.queue.move_all_to_active()
+        self._profile = None
+        self.leading.set()
+        self.metrics.is_leader.set(1)
+
+    def stop_leading(self) -> None:
+        self.leading.clear()
+        self.metrics.is_leader.set(0)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.stop_leading()
+        self._stop.set()
+        self.queue.close()
+        for r in self._reflectors:
+            r.stop()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._pool.shutdown(wait=True, cancel_futures=False)
+        self.events.flush(timeout)
+        self.events.stop()
+
+    # -------------------------------------------------------------- informer
+    def _on_pod(self, obj: dict[str, Any], deleted: bool) -> None:
+        key = pod_key(obj)
+        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+        phase = (obj.get("status") or {}).get("phase")
+        if deleted:
+            self.queue.remove(key)
+            self.events.forget(str(meta.get("uid", "")))
+            if spec.get("nodeName"):
+                self.queue.cluster_changed()
+            return
+        if spec.get("nodeName") or meta.get("deletionTimestamp") or phase in TERMINAL:
+            self.queue.remove(key)
+            if spec.get("nodeName") and (phase in TERMINAL or meta.get("deletionTimestamp")):
+                self.queue.cluster_changed()
+            return
+        if spec.get("schedulerName") == self.config.scheduler_name:
+            self.queue.add_or_update(obj, key)
+
+    # ------------------------------------------------------------ scheduling
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if not self.leading.wait(0.5):
+                continue
+            qp = self.queue.pop(timeout=1.0)
+            if qp is None:
+                self._check_cluster_changed()
+                continue
+            try:
+                self.schedule(qp)
+            except Exception:
+                log.exception("scheduling %s failed", qp.key)
+                self.metrics.observe_attempt("error", 0.0)
+                self.queue.done(qp.key, unschedulable=True)
+
+    def _check_cluster_changed(self) -> None:
+        with self.cluster.snapshot() as snap:
+            self._note_state(snap)
+
+    def _note_state(self, snap: Any) -> None:
+        if snap is not self._last_state:
+            if self._last_state is not None:
+                self.queue.cluster_changed()  # nodes changed: unschedulable pods may fit now
+            self._last_state = snap
+            self._tiebreak = np.arange(len(snap), dtype=np.int64)  # nodes are in name order
+
+    def _spec(self, qp: QueuedPod) -> PodSpec:
+        spec = qp.payload.get("spec")
+        if spec is None:
+            spec = qp.payload["spec"] = pod_from_k8s(qp.obj)
+        assert isinstance(spec, PodSpec)
+        return spec
+
+    def schedule(self, qp: QueuedPod) -> None:
+        """One cycle for one popped pod."""
+        if not self.leading.is_set():
+            self.queue.done(qp.key, requeue=True)
+            return
+        try:
+            pod = self._spec(qp)
+        except InvalidRequest as e:
+            self.events.failed(qp.obj, str(e), reason="InvalidGPURequest")
+            self.metrics.observe_attempt("error", 0.0)
+            self.queue.done(qp.key, unschedulable=True)
+            return
+        if self.cluster.is_bound_or_assumed(qp.key):
+            self.queue.done(qp.key)
+            return
+        t0 = time.perf_counter()
+        with self.cluster.snapshot() as snap:
+            self._note_state(snap)
+            profile = self._current_profile(pod, snap)
+            r = schedule_one(profile, pod, snap, tiebreak=self._tiebreak, diagnose_failures=True)
+            if r.scheduled:
+                self.cluster.assume(pod, r.node, r.gpus)
+        dt = time.perf_counter() - t0
+        if not r.scheduled:
+            self.metrics.observe_attempt("unschedulable", dt)
+            msg = r.diagnosis.message() if r.diagnosis else r.status.message()
+            self.events.failed(qp.obj, msg)
+            self.queue.done(qp.key, unschedulable=True)
+            return
+        self.metrics.observe_attempt("scheduled", dt)
+        self.queue.done(qp.key)
+        self._pool.submit(self._bind, qp, pod, r.node_name, r.gpus)
+
+    def _bind(self, qp: QueuedPod, pod: PodSpec, node: str, gpus: tuple[int, ...]) -> None:
+        meta = qp.obj.get("metadata") or {}
+        t0 = time.perf_counter()
+        try:
+            bind_pod(
+                self.core, pod.namespace, pod.name, str(meta.get("uid", "")), node,
+                assignment_annotation(node, gpus, pod), in_binding=True,
+            )  # fmt: skip
+        except Exception as e:
+            self.bind_errors += 1
+            self.metrics.binding_duration.labels("error").observe(time.perf_counter() - t0)
+            self.cluster.forget(qp.key)
+            status = getattr(e, "status", None)
+            log.warning("binding %s to %s failed (%s): %s", qp.key, node, status, str(e)[:200])
+            if status not in (404, 409):  # gone or already bound: the informer tells the rest
+                self.queue.add_or_update(qp.obj, qp.key, backoff=True)
+            return
+        self.scheduled += 1
+        self.metrics.binding_duration.labels("ok").observe(time.perf_counter() - t0)
+        self.events.scheduled(qp.obj, node)
+
+    # --------------------------------------------------------------- profile
+    def _current_profile(self, pod: PodSpec, snap: Any) -> Profile:
+        now = time.monotonic()
+        seen = len(self.queue) + len(snap.allocations)
+        stale = self._profile is None or now - self._profile_at >= self.config.profile_refresh_s
+        grown = seen >= 2 * self._profile_seen and now - self._profile_at >= 5.0
+        if stale or (grown and self.config.workload is None and self.config.policy in _WORKLOAD_POLICIES):
+            ctx = PolicyContext(self.workload(extra=pod), np.random.default_rng(0))
+            self._profile = make_profile(self.config.policy, ctx)
+            self._profile_at, self._profile_seen = now, seen
+        assert self._profile is not None
+        return self._profile
+
+    def workload(self, extra: PodSpec | None = None) -> TargetWorkload | None:
+        """The target workload: the fixed one, else learnt from the pods seen."""
+        if self.config.workload is not None:
+            return self.config.workload
+        with self.cluster.snapshot() as snap:
+            pods = [a.pod for a in snap.allocations.values()]
+        for qp in self.queue.pending():
+            with contextlib.suppress(InvalidRequest):
+                pods.append(self._spec(qp))
+        if not pods and extra is not None:
+            pods.append(extra)
+        return TargetWorkload.from_pods(pods) if pods else None
+
+    # --------------------------------------------------------------- metrics
+    def refresh_gauges(self) -> None:
+        self.metrics.pending.set(len(self.queue))
+        now = time.monotonic()
+        if now - self._gauges_at < self.config.frag_interval_s:
+            return
+        self._gauges_at = now
+        plugin = self._profile.scores[0].plugin if self._profile and self._profile.scores else None
+        tw = getattr(plugin, "workload", None) or self.config.workload
+        if tw is None:
+            tw = self.workload()
+        with self.cluster.snapshot() as snap:
+            self.metrics.gpu_allocation.set(snap.gpu_allocation_ratio())
+            if tw is not None and len(snap):
+                self.metrics.fragmentation.set(cluster_fragmentation(snap, tw))

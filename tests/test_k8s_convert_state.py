@@ -1,0 +1,272 @@
+"""gpusched.k8s.convert and gpusched.k8s.state.LiveCluster, without a control plane."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from gpusched.core.model import PodSpec
+from gpusched.k8s.convert import (
+    ANN_ASSIGNMENT,
+    ANN_MODELS,
+    InvalidRequest,
+    assignment_annotation,
+    node_from_k8s,
+    parse_assignment,
+    pod_from_k8s,
+)
+from gpusched.k8s.queue import SchedulingQueue
+from gpusched.k8s.state import LiveCluster
+
+
+def node(name: str, gpus: int = 8, cpu: str = "64", mem: str = "256Gi", **labels: str) -> dict[str, Any]:
+    alloc = {"cpu": cpu, "memory": mem, "nvidia.com/gpu": str(gpus)}
+    lab = {"nvidia.com/gpu.product": "A100", "nvidia.com/gpu.memory": "40960", **labels}
+    return {"metadata": {"name": name, "labels": lab}, "status": {"allocatable": alloc}}
+
+
+def pod(
+    name: str,
+    res: dict[str, str] | None = None,
+    *,
+    node_name: str = "",
+    gpus: tuple[int, ...] | None = None,
+    ann: dict[str, str] | None = None,
+    ns: str = "default",
+    **spec: Any,
+) -> dict[str, Any]:
+    annotations = dict(ann or {})
+    obj: dict[str, Any] = {
+        "metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}", "annotations": annotations},
+        "spec": {"containers": [{"name": "c", "resources": {"requests": res or {}}}], **spec},
+        "status": {"phase": "Running" if node_name else "Pending"},
+    }
+    if node_name:
+        obj["spec"]["nodeName"] = node_name
+        if gpus is not None:
+            core = pod_from_k8s(obj)
+            annotations[ANN_ASSIGNMENT] = assignment_annotation(node_name, gpus, core)
+    return obj
+
+
+# ------------------------------------------------------------------ convert
+def test_quantities() -> None:
+    p = pod_from_k8s(pod("a", {"cpu": "500m", "memory": "1Gi"}))
+    assert (p.cpu_milli, p.memory_mib, p.num_gpu) == (500, 1024, 0)
+    p = pod_from_k8s(pod("b", {"cpu": "1.5", "memory": "1G"}))
+    assert (p.cpu_milli, p.memory_mib) == (1500, 954)  # 10^9 bytes, rounded up to MiB
+
+
+def test_whole_gpus_and_shares() -> None:
+    p = pod_from_k8s(pod("w", {"nvidia.com/gpu": "2"}))
+    assert (p.num_gpu, p.gpu_milli, p.gpu_memory_mib) == (2, 1000, 0)
+    p = pod_from_k8s(pod("s", {"gpusched.io/gpu-milli": "300"}))
+    assert (p.num_gpu, p.gpu_milli) == (1, 300) and p.is_share
+    p = pod_from_k8s(pod("m", {"gpusched.io/gpu-memory": "4096"}))
+    assert (p.num_gpu, p.gpu_milli, p.gpu_memory_mib) == (1, 0, 4096)
+    p = pod_from_k8s(pod("wm", {"nvidia.com/gpu": "2", "gpusched.io/gpu-memory": "8192"}))
+    assert (p.num_gpu, p.gpu_memory_mib) == (2, 8192)
+
+
+def test_limits_stand_in_for_requests() -> None:
+    obj = pod("l")
+    obj["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1", "cpu": "2"}}
+    p = pod_from_k8s(obj)
+    assert (p.num_gpu, p.cpu_milli) == (1, 2000)
+
+
+def test_models_annotation() -> None:
+    p = pod_from_k8s(pod("m", {"nvidia.com/gpu": "1"}, ann={ANN_MODELS: "A100-SXM4-80GB|T4"}))
+    assert p.gpu_models == frozenset({"A100-SXM4-80GB", "T4"})
+    with pytest.raises(InvalidRequest, match=r"pod default/bad annotation gpusched.io/gpu-models"):
+        pod_from_k8s(pod("bad", {"nvidia.com/gpu": "1"}, ann={ANN_MODELS: "not a model!"}))
+
+
+@pytest.mark.parametrize(
+    ("res", "match"),
+    [
+        (
+            {"gpusched.io/gpu-milli": "3000"},
+            r"pod default/x: gpusched.io/gpu-milli 3000 is more than one GPU",
+        ),
+        ({"nvidia.com/gpu": "1.5"}, r"pod default/x containers\[0\] nvidia.com/gpu|must be a whole number"),
+        ({"cpu": "lots"}, r"pod default/x containers\[0\] cpu: 'lots' is not a Kubernetes quantity"),
+        ({"nvidia.com/gpu": "2", "gpusched.io/gpu-milli": "500"}, r"pod default/x: a GPU share .* needs"),
+        ({"nvidia.com/gpu": "-1"}, r"pod default/x containers\[0\] nvidia.com/gpu: '-1' is negative"),
+    ],
+)
+def test_invalid_requests_name_pod_and_field(res: dict[str, str], match: str) -> None:
+    with pytest.raises(InvalidRequest, match=match):
+        pod_from_k8s(pod("x", res))
+
+
+def test_init_containers_and_overhead() -> None:
+    obj = pod("i", {"cpu": "1", "nvidia.com/gpu": "1"})
+    obj["spec"]["initContainers"] = [
+        {"name": "i1", "resources": {"requests": {"cpu": "4", "nvidia.com/gpu": "2"}}},
+        {"name": "i2", "resources": {"requests": {"cpu": "2"}}},
+    ]
+    obj["spec"]["overhead"] = {"cpu": "250m", "memory": "64Mi"}
+    p = pod_from_k8s(obj)
+    assert (p.cpu_milli, p.num_gpu, p.memory_mib) == (4250, 2, 64)  # max(sum, largest init) + overhead
+
+
+def test_node_from_k8s() -> None:
+    n = node_from_k8s(node("n1", gpus=4, cpu="32", mem="128Gi"))
+    assert (n.cpu_milli, n.memory_mib, n.gpu_count, n.gpu_model, n.gpu_memory_mib) == (
+        32000, 131072, 4, "A100", 40960,
+    )  # fmt: skip
+    cordoned = node("n2")
+    cordoned["spec"] = {"unschedulable": True}
+    assert any(t.key == "node.kubernetes.io/unschedulable" for t in node_from_k8s(cordoned).taints)
+    cpu_only = node_from_k8s(node("n3", gpus=0))
+    assert (cpu_only.gpu_count, cpu_only.gpu_model) == (0, "")
+
+
+def test_assignment_roundtrip_and_invalid() -> None:
+    core = PodSpec("p", num_gpu=2, gpu_milli=1000)
+    obj = {
+        "metadata": {"name": "p", "annotations": {ANN_ASSIGNMENT: assignment_annotation("n1", (3, 5), core)}}
+    }
+    assert parse_assignment(obj) == ("n1", (3, 5))
+    assert json.loads(obj["metadata"]["annotations"][ANN_ASSIGNMENT])["milli"] == 1000
+    assert parse_assignment({"metadata": {"name": "p"}}) is None
+    with pytest.raises(InvalidRequest, match=r"default/p: annotation gpusched\.io/assignment is not valid"):
+        parse_assignment({"metadata": {"name": "p", "annotations": {ANN_ASSIGNMENT: "{nope"}}})
+
+
+# --------------------------------------------------------------- LiveCluster
+def books(lc: LiveCluster) -> dict[str, tuple[str, tuple[int, ...]]]:
+    with lc.snapshot() as st:
+        assert st.verify() == []
+        return {k: (st.names[a.node], a.gpus) for k, a in st.allocations.items()}
+
+
+def test_bound_pods_with_annotations_rebuild_the_same_books() -> None:
+    objs = [
+        pod("a", {"nvidia.com/gpu": "2"}, node_name="n1", gpus=(6, 7)),
+        pod("b", {"gpusched.io/gpu-milli": "500"}, node_name="n1", gpus=(3,)),
+        pod("c", {"cpu": "2"}, node_name="n2"),
+    ]
+    lc = LiveCluster()
+    for n in (node("n1"), node("n2")):
+        lc.upsert_node(n)
+    for o in objs:
+        lc.upsert_pod(o)
+    want = {"default/a": ("n1", (6, 7)), "default/b": ("n1", (3,)), "default/c": ("n2", ())}
+    assert books(lc) == want
+    restarted = LiveCluster()  # a restart: same objects, fresh process, pods first this time
+    for o in reversed(objs):
+        restarted.upsert_pod(o)
+    for n in (node("n2"), node("n1")):
+        restarted.upsert_node(n)
+    assert books(restarted) == want
+
+
+def test_pods_without_annotation_get_gpus_left_over() -> None:
+    lc = LiveCluster()
+    lc.upsert_node(node("n1", gpus=2))
+    lc.upsert_pod(pod("mine", {"nvidia.com/gpu": "1"}, node_name="n1", gpus=(0,)))
+    lc.upsert_pod(pod("theirs", {"nvidia.com/gpu": "1"}, node_name="n1"))
+    assert books(lc) == {"default/mine": ("n1", (0,)), "default/theirs": ("n1", (1,))}
+    assert lc.conflicts == []
+
+
+def test_node_removal_and_readd() -> None:
+    lc = LiveCluster()
+    lc.upsert_node(node("n1"))
+    lc.upsert_pod(pod("a", {"nvidia.com/gpu": "1"}, node_name="n1", gpus=(4,)))
+    lc.delete_node("n1")
+    assert books(lc) == {}
+    lc.upsert_node(node("n1"))
+    assert books(lc) == {"default/a": ("n1", (4,))}
+    lc.upsert_node(node("n1", gpus=8, cpu="32"))  # changed: rebuilt, pod kept
+    assert books(lc) == {"default/a": ("n1", (4,))}
+
+
+def test_assume_forget_and_bound_event() -> None:
+    lc = LiveCluster()
+    lc.upsert_node(node("n1"))
+    spec = pod_from_k8s(pod("p", {"nvidia.com/gpu": "1"}))
+    with lc.snapshot() as st:
+        lc.assume(spec, st.index["n1"], (2,))
+    assert lc.is_bound_or_assumed("default/p")
+    lc.upsert_pod(pod("p", {"nvidia.com/gpu": "1"}))  # a pending update (e.g. a status patch) keeps it
+    assert books(lc) == {"default/p": ("n1", (2,))}
+    lc.forget("default/p")
+    assert books(lc) == {} and not lc.is_bound_or_assumed("default/p")
+    with lc.snapshot() as st:
+        lc.assume(spec, st.index["n1"], (2,))
+    lc.upsert_pod(pod("p", {"nvidia.com/gpu": "1"}, node_name="n1", gpus=(2,)))  # the informer: bound
+    lc.forget("default/p")  # too late to forget: it is bound
+    assert books(lc) == {"default/p": ("n1", (2,))}
+    lc.delete_pod("default/p")
+    assert books(lc) == {}
+
+
+def test_terminal_and_terminating_pods_release() -> None:
+    lc = LiveCluster()
+    lc.upsert_node(node("n1"))
+    done = pod("d", {"nvidia.com/gpu": "1"}, node_name="n1", gpus=(0,))
+    lc.upsert_pod(done)
+    done = json.loads(json.dumps(done))
+    done["status"]["phase"] = "Succeeded"
+    lc.upsert_pod(done)
+    assert books(lc) == {}
+
+
+def test_relist_sync_drops_vanished_objects() -> None:
+    lc = LiveCluster()
+    objs = [pod("a", {"nvidia.com/gpu": "1"}, node_name="n1", gpus=(0,)), pod("b", {}, node_name="n2")]
+    for n in (node("n1"), node("n2")):
+        lc.upsert_node(n)
+    for o in objs:
+        lc.upsert_pod(o)
+    lc.sync_pods([objs[1]])
+    lc.sync_nodes([node("n1")])
+    assert lc.node_names() == ["n1"]
+    assert books(lc) == {}
+
+
+# --------------------------------------------------------------------- queue
+def test_queue_orders_by_priority_then_creation() -> None:
+    q = SchedulingQueue()
+    objs = [
+        pod("late", {}, priority=0),
+        pod("urgent", {}, priority=100),
+        pod("early", {}, priority=0),
+    ]
+    objs[0]["metadata"]["creationTimestamp"] = "2025-01-01T00:00:02Z"
+    objs[1]["metadata"]["creationTimestamp"] = "2025-01-01T00:00:03Z"
+    objs[2]["metadata"]["creationTimestamp"] = "2025-01-01T00:00:01Z"
+    for o in objs:
+        q.add_or_update(o, f"default/{o['metadata']['name']}")
+    got = []
+    while (qp := q.pop(timeout=0.01)) is not None:
+        got.append(qp.key)
+        q.done(qp.key, unschedulable=True)
+    assert got == ["default/urgent", "default/early", "default/late"]
+    assert q.counts()["unschedulable"] == 3
+    q.move_all_to_active()
+    assert q.counts()["active"] == 3
+
+
+def test_queue_backoff_and_flush() -> None:
+    now = [0.0]
+    q = SchedulingQueue(flush_s=30.0, clock=lambda: now[0])
+    q.add_or_update(pod("p", {}), "default/p")
+    qp = q.pop(timeout=0)
+    assert qp is not None
+    q.done(qp.key, unschedulable=True)
+    now[0] = 5.0
+    assert q.pop(timeout=0) is None  # no cluster change, no flush yet
+    q.cluster_changed()
+    now[0] = 6.0
+    assert q.pop(timeout=0) is not None  # backoff (1 s) passed and the cluster changed
+    q.done("default/p", unschedulable=True)
+    now[0] = 37.0
+    assert q.pop(timeout=0) is not None  # periodic flush
+    q.done("default/p")
+    assert len(q) == 0
