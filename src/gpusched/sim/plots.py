@@ -83,7 +83,7 @@ def model_plot(runs: Sequence[RunSummary], path: Path) -> Path:
     ax.set_ylabel("GPU occupancy at end of run (%)")
     ax.set_ylim(0, 105)
     ax.set_title("Occupancy by GPU model")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="lower right", framealpha=0.9)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
