@@ -40,13 +40,11 @@ class TargetWorkload:
     cpu: I64
     milli: I64
     num: I64
-    mem: I64 | None = None
-    """Mean memory (MiB) of each type's pods, when learnt from pods; memory is not in the key."""
+    counts: tuple[tuple[TypeKey, int], ...] = ()
+    """Every type seen and its pod count, the rare ones too (see ``with_coverage``)."""
 
     @classmethod
-    def from_counts(
-        cls, counts: Counter[TypeKey], coverage: float = 0.95, mem: dict[TypeKey, int] | None = None
-    ) -> TargetWorkload:
+    def from_counts(cls, counts: Counter[TypeKey], coverage: float = 0.95) -> TargetWorkload:
         """Keep the most popular types until they cover ``coverage`` of the pods; renormalise."""
         if not counts:
             raise ValueError("target workload needs at least one pod")
@@ -71,18 +69,16 @@ class TargetWorkload:
             cpu=np.array([k[0] for k, _ in kept], dtype=np.int64),
             milli=np.array([k[1] for k, _ in kept], dtype=np.int64),
             num=np.array([k[2] for k, _ in kept], dtype=np.int64),
-            mem=None if mem is None else np.array([mem.get(k, 0) for k, _ in kept], dtype=np.int64),
+            counts=tuple(ordered),
         )
+
+    def with_coverage(self, coverage: float) -> TargetWorkload:
+        """The same pods, keeping types until they cover ``coverage`` of them."""
+        return TargetWorkload.from_counts(Counter(dict(self.counts)), coverage) if self.counts else self
 
     @classmethod
     def from_pods(cls, pods: Iterable[PodSpec], coverage: float = 0.95) -> TargetWorkload:
-        counts: Counter[TypeKey] = Counter()
-        mem_sum: Counter[TypeKey] = Counter()
-        for p in pods:
-            k = task_type(p)
-            counts[k] += 1
-            mem_sum[k] += p.memory_mib
-        return cls.from_counts(counts, coverage, {k: mem_sum[k] // counts[k] for k in counts})
+        return cls.from_counts(Counter(task_type(p) for p in pods), coverage)
 
     def model_table(self, snap: ClusterState) -> BoolArr:
         """``table[model_id, m]``: type m may run on that model and needs a GPU. The last row

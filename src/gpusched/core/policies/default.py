@@ -47,6 +47,10 @@ _NO_LIMIT = 1 << 30
 class DefaultParams:
     deficit_weight: float = 3.0
     """Weight of the CPU-deficit gradient relative to the fragment gradient (both milli-GPU)."""
+    coverage: float = 1.0
+    """Share of the pods whose types the fragment counts. FGD keeps the popular types up to
+    95 %; counting the rare ones too (with their small weight) keeps the few nodes that can
+    hold a rare, huge pod (8 GPUs, 120 cores, 700 GiB) from being used up by anything."""
     pressure_weight: float = 1.0
     """Weight of the GPU-model pressure term: GPU milli taken on a model that constrained pods
     need more than the average model costs this much extra, per milli."""
@@ -56,8 +60,8 @@ class DefaultScore:
     name = "DefaultScore"
 
     def __init__(self, workload: TargetWorkload, params: DefaultParams | None = None) -> None:
-        tw = self.workload = workload
         self.params = params or DefaultParams()
+        tw = self.workload = workload.with_coverage(self.params.coverage)
         gpu = tw.num > 0
         demand = float((tw.p[gpu] * tw.milli[gpu] * tw.num[gpu]).sum())
         cpu = float((tw.p[gpu] * tw.cpu[gpu]).sum())
