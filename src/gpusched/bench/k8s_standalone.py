@@ -19,7 +19,8 @@ import numpy as np
 from kubernetes import client
 
 from gpusched.k8s.client import api_client
-from gpusched.k8s.convert import LABEL_MEMORY, LABEL_PRODUCT, RES_GPU, RES_MILLI
+from gpusched.k8s.convert import RES_GPU, RES_MILLI
+from gpusched.k8s.kwoknodes import kwok_gpu_node
 from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
 from gpusched.k8s.testenv import ControlPlane, wait_until
 
@@ -28,22 +29,15 @@ _MODELS = (("A100-SXM4-80GB", 81920), ("V100-SXM2-32GB", 32768), ("T4", 15360))
 
 def _node(name: str, tag: str, i: int) -> dict[str, Any]:
     model, mem = _MODELS[i % len(_MODELS)]
-    res = {"cpu": "96", "memory": "768Gi", "pods": "250", RES_GPU: "8"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": {
-                "type": "kwok",
-                "gpusched.io/bench": tag,
-                LABEL_PRODUCT: model,
-                LABEL_MEMORY: str(mem),
-            },
-            "annotations": {"node.alpha.kubernetes.io/ttl": "0", "kwok.x-k8s.io/node": "fake"},
-        },
-        "status": {"capacity": res, "allocatable": res},
-    }
+    return kwok_gpu_node(
+        name,
+        8,
+        model=model,
+        gpu_memory_mib=mem,
+        memory="768Gi",
+        pods="250",
+        labels={"gpusched.io/bench": tag},
+    )
 
 
 def _pod(name: str, tag: str, scheduler: str, rng: np.random.Generator) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gpusched.k8s.convert import LABEL_MEMORY, LABEL_PRODUCT, RES_GPU, RES_MEMORY, RES_MILLI
+from gpusched.k8s.kwoknodes import kwok_gpu_node
 from gpusched.k8s.testenv import ControlPlane, ControlPlaneError, wait_until
 
 __all__ = [
@@ -44,7 +44,6 @@ __all__ = [
 DEFAULT_STATE_DIR = Path.home() / ".cache" / "gpusched" / "testenv"
 GPU_PRODUCT = "A100-SXM4-80GB"
 GPU_MEMORY_MIB = 81920
-LABEL_COUNT = "nvidia.com/gpu.count"
 LABEL_TESTENV = "gpusched.io/testenv"
 STATE_FILE = "state.json"
 WORKDIR = "controlplane"
@@ -95,33 +94,9 @@ class TestEnvState:
 
 def gpu_node_manifest(name: str, gpus: int) -> dict[str, Any]:
     """A kwok Node with ``gpus`` A100-SXM4-80GB GPUs, labelled as gpu-feature-discovery labels them."""
-    resources = {
-        "cpu": "96",
-        "memory": "1024Gi",
-        "pods": "110",
-        RES_GPU: str(gpus),
-        RES_MILLI: str(1000 * gpus),
-        RES_MEMORY: str(GPU_MEMORY_MIB * gpus),
-    }
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": {
-                "kubernetes.io/hostname": name,
-                "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "amd64",
-                "type": "kwok",
-                LABEL_TESTENV: "true",
-                LABEL_PRODUCT: GPU_PRODUCT,
-                LABEL_MEMORY: str(GPU_MEMORY_MIB),
-                LABEL_COUNT: str(gpus),
-            },
-            "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
-        },
-        "status": {"capacity": resources, "allocatable": resources},
-    }
+    return kwok_gpu_node(
+        name, gpus, model=GPU_PRODUCT, gpu_memory_mib=GPU_MEMORY_MIB, labels={LABEL_TESTENV: "true"}
+    )
 
 
 def _ready_nodes(cp: ControlPlane, names: Iterable[str]) -> bool:
