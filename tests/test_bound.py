@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpusched.core.model import PodSpec
-from gpusched.sim.bound import Bound, arrived_prefix, bound_at, packing_bound
+from gpusched.sim.bound import Bound, arrived_prefix, bound_at, online_best_fit, packing_bound
 
 _DEFAULT_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 TRACES = Path(os.environ.get("GPUSCHED_TRACES", _DEFAULT_TRACES))
@@ -135,3 +135,19 @@ def test_default_trace_seed42() -> None:
     assert 96.5 <= b.lp_pct <= 98.5
     assert 95.5 <= b.bfd_pct <= 97.5
     assert b.bfd_milli <= b.lp_milli
+
+
+def test_online_best_fit_follows_arrival_order() -> None:
+    # 600 opens GPU A (400 left), 400 fills A exactly, 600 opens B: 1600 of 2000
+    assert online_best_fit([share(600), share(400), share(600)], 2) == 1600
+    # 400 first opens A (600 left), 600 fills A, next 600 opens B: also 1600; a third 600 finds no room
+    assert online_best_fit([share(400), share(600), share(600), share(600)], 2) == 1600
+    # whole-GPU pods need empty GPUs
+    assert online_best_fit([share(100), whole(2)], 2) == 100
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([150, 300, 470, 650, 810, 1000]), min_size=1, max_size=30), st.integers(1, 6))
+def test_online_best_fit_never_beats_the_lp_ceiling(sizes: list[int], gpus: int) -> None:
+    pods = [whole(1) if s == 1000 else share(s) for s in sizes]
+    assert online_best_fit(pods, gpus) <= packing_bound(pods, gpus).lp_milli

@@ -42,6 +42,8 @@ def packing_report(
                     bound_at_130=_r2(b.lp_at_130),
                     bfd_at_100=_r2(b.bfd_at_100),
                     bfd_at_130=_r2(b.bfd_at_130),
+                    online_bf_at_100=_r2(b.online_at_100),
+                    online_bf_at_130=_r2(b.online_at_130),
                 )
             per_seed.append(entry)
         a100 = np.array([r.at(100) for r in rs], dtype=float)
@@ -66,6 +68,8 @@ def packing_report(
             "bound_at_130": _r2(np.mean([b.lp_at_130 for b in bounds])),
             "bfd_at_100": _r2(np.mean([b.bfd_at_100 for b in bounds])),
             "bfd_at_130": _r2(np.mean([b.bfd_at_130 for b in bounds])),
+            "online_bf_at_100": _r2(np.mean([b.online_at_100 for b in bounds])),
+            "online_bf_at_130": _r2(np.mean([b.online_at_130 for b in bounds])),
         }
     return out
 

@@ -125,6 +125,31 @@ def _bfd(whole: list[int], shares: Counter[int], num_gpus: int) -> int:
     return placed
 
 
+def online_best_fit(seq: Sequence[PodSpec], num_gpus: int) -> int:
+    """Milli placed by an *online* best fit that ignores CPU, memory and node boundaries:
+    pods in arrival order, whole-GPU pods on empty GPUs, each share on the fullest GPU it fits.
+    Not a bound, but a yardstick for online placement: it sees exactly what a scheduler sees."""
+    cnt = np.zeros(GPU_MILLI + 1, dtype=np.int64)
+    cnt[GPU_MILLI] = num_gpus
+    placed = 0
+    for p in seq:
+        if p.num_gpu == 0 or p.gpu_milli == 0:
+            continue
+        if p.gpu_milli == GPU_MILLI:
+            if cnt[GPU_MILLI] >= p.num_gpu:
+                cnt[GPU_MILLI] -= p.num_gpu
+                cnt[0] += p.num_gpu
+                placed += p.gpu_demand_milli
+            continue
+        open_ = np.flatnonzero(cnt[p.gpu_milli :])
+        if open_.size:
+            r = p.gpu_milli + int(open_[0])
+            cnt[r] -= 1
+            cnt[r - p.gpu_milli] += 1
+            placed += p.gpu_milli
+    return placed
+
+
 def packing_bound(pods: Sequence[PodSpec], num_gpus: int) -> Bound:
     """The LP ceiling and the BFD packing for ``pods`` on ``num_gpus`` GPUs."""
     if num_gpus <= 0:

@@ -15,7 +15,7 @@ import numpy as np
 
 from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.model import NodeSpec, PodSpec
-from gpusched.sim.bound import bound_at
+from gpusched.sim.bound import arrived_prefix, bound_at, online_best_fit
 from gpusched.sim.paper import build_sequence, run_paper
 
 
@@ -41,6 +41,8 @@ class SeedBound:
     lp_at_130: float
     bfd_at_100: float
     bfd_at_130: float
+    online_at_100: float = float("nan")
+    online_at_130: float = float("nan")
 
 
 _CTX: dict[str, object] = {}
@@ -68,7 +70,9 @@ def _bound(seed: int) -> SeedBound:
     gpus = sum(n.gpu_count for n in nodes)  # type: ignore[attr-defined]
     seq = build_sequence(pods, gpus * 1000, seed, tune)  # type: ignore[arg-type]
     b100, b130 = bound_at(seq, gpus, 100), bound_at(seq, gpus, 130)
-    return SeedBound(seed, b100.lp_pct, b130.lp_pct, b100.bfd_pct, b130.bfd_pct)
+    on100 = online_best_fit(seq[: arrived_prefix(seq, gpus, 100)], gpus) / (gpus * 10)
+    on130 = online_best_fit(seq[: arrived_prefix(seq, gpus, 130)], gpus) / (gpus * 10)
+    return SeedBound(seed, b100.lp_pct, b130.lp_pct, b100.bfd_pct, b130.bfd_pct, on100, on130)
 
 
 def run_many(
