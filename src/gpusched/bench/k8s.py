@@ -20,9 +20,9 @@ def bench_k8s(
     nodes: int = 1000, pods: int = 3000, policy: str = "default", concurrency: int = 8, requests: int = 2000
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"nodes": nodes, "pods": pods, "policy": policy}
-    with ControlPlane(scheduler=False, kwok=True)  # the controller-manager lifts the not-ready taint as cp:
+    with ControlPlane(scheduler=False, kwok=True) as cp:  # the controller-manager lifts the not-ready taint
         live = bench_standalone(cp, nodes=nodes, pods=pods, policy=policy)
-    with ControlPlane(scheduler=False, kwok=True)  # the controller-manager lifts the not-ready taint as cp:
+    with ControlPlane(scheduler=False, kwok=True) as cp:  # the controller-manager lifts the not-ready taint
         backlog = bench_standalone(cp, nodes=nodes, pods=pods, policy=policy, backlog=True)
     ext = bench_extender(nodes=nodes, requests=requests, concurrency=concurrency)
     ext1 = bench_extender(nodes=nodes, requests=requests, concurrency=1)
