@@ -269,7 +269,9 @@ def test_killed_scheduler_restarts_without_double_booking(env: Env, tmp_path: Pa
         second.wait(30)
     pods = env.list_pods()
     assert len(pods) == len(bodies)  # nothing lost
-    assert sum(1 for p in pods if p["spec"].get("nodeName")) > at_kill
+    # the first scheduler may already have placed everything that fits before the kill lands, so
+    # the restart must keep every binding (>=) and double-book nothing; what it adds is timing-dependent
+    assert sum(1 for p in pods if p["spec"].get("nodeName")) >= at_kill
     check_no_overcommit(env.list_nodes(), pods)
     pending = [p for p in pods if not p["spec"].get("nodeName")]
     assert pending and all("nodes are available" in json.dumps(p["status"]["conditions"]) for p in pending)
