@@ -12,7 +12,7 @@ resource is an integer numpy array so that filters and scores run over all nodes
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -73,9 +73,6 @@ class ClusterState:
 
     def gpu_allocation_ratio(self) -> float:
         return self.allocated_gpu_milli() / self.total_gpu_milli if self.total_gpu_milli else 0.0
-
-    def pods_on(self, node: int) -> list[Allocation]:
-        return [self.allocations[k] for k in sorted(self.node_pods[node])]
 
     # ------------------------------------------------------------ accounting
     def check_fits(self, pod: PodSpec, node: int, gpus: Sequence[int]) -> str | None:
@@ -147,16 +144,6 @@ class ClusterState:
         c.node_pods = [set(s) for s in self.node_pods]
         c.score_cache = {}
         return c
-
-    def restore(self, allocations: Iterable[Allocation]) -> list[str]:
-        """Re-book allocations (e.g. read back after a restart). Returns the keys that did not fit."""
-        bad = []
-        for a in allocations:
-            try:
-                self.assume(a.pod, a.node, a.gpus)
-            except AccountingError:
-                bad.append(a.pod.key)
-        return bad
 
     def verify(self) -> list[str]:
         """Recompute every free amount from the allocations; list any disagreement (should be none)."""

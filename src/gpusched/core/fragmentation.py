@@ -13,7 +13,7 @@ except the final expectation.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -190,8 +190,3 @@ def placement_frag(
     after = frag_after_whole(t, cpu_after, allowed, tw, pod.num_gpu, pod.gpu_milli)
     fits = cand.sum(axis=1) >= pod.num_gpu
     return before, np.where(fits, after, np.inf)[:, None]
-
-
-def fragmentation_of(snap: ClusterState, pods: Sequence[PodSpec], coverage: float = 0.95) -> float:
-    """Cluster fragmentation against the workload made of ``pods``."""
-    return cluster_fragmentation(snap, TargetWorkload.from_pods(pods, coverage))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -75,8 +75,3 @@ class Diagnosis:
             return f"0/{self.num_nodes} nodes are available: {self.pre_filter.message()}."
         parts = ", ".join(sorted(f"{n} {r}" for r, n in self.reason_counts().items()))
         return f"0/{self.num_nodes} nodes are available: {parts}." if parts else f"0/{self.num_nodes} nodes."
-
-
-def merge_codes(codes: Iterable[Code]) -> Code:
-    """The most severe code wins (unresolvable over unschedulable over success)."""
-    return max(codes, default=Code.SUCCESS)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -148,8 +147,3 @@ class Reflector:
 
     def wait_synced(self, timeout: float = 30.0) -> bool:
         return self.synced.wait(timeout)
-
-
-def wait_all(reflectors: list[Reflector], timeout: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    return all(r.wait_synced(max(0.0, deadline - time.monotonic())) for r in reflectors)
