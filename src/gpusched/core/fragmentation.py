@@ -82,13 +82,19 @@ class TargetWorkload:
 
     def model_table(self, snap: ClusterState) -> BoolArr:
         """``table[model_id, m]``: type m may run on that model and needs a GPU. The last row
-        serves ``model_id == -1`` (nodes without GPUs) and is all False."""
+        serves ``model_id == -1`` (nodes without GPUs) and is all False. Cached per snapshot
+        (a snapshot's models never change); callers must not modify it."""
+        cache_key = ("model_table", self.keys)
+        cached = snap.score_cache.get(cache_key)
+        if isinstance(cached, np.ndarray):
+            return cached
         t = np.zeros((len(snap.models) + 1, len(self.keys)), dtype=bool)
         for j, key in enumerate(self.keys):
             if key[2] == 0:
                 continue
             for i, m in enumerate(snap.models):
                 t[i, j] = not key[3] or m in key[3]
+        snap.score_cache[cache_key] = t
         return t
 
 

@@ -32,7 +32,7 @@ class FGDScore:
         return cached_scores(snap, key, nodes, lambda idx: self._compute(pod, snap, idx))
 
     def _compute(self, pod: PodSpec, snap: ClusterState, nodes: I64) -> tuple[I64, I64]:
-        before, after = placement_frag(snap, pod, nodes, self.workload, self._table(snap))
+        before, after = placement_frag(snap, pod, nodes, self.workload)
         with np.errstate(over="ignore", invalid="ignore"):
             s = np.trunc(100 * sigmoid((before[:, None] - after) / 1000))
         s = np.where(np.isfinite(after), s, -1)
@@ -40,11 +40,3 @@ class FGDScore:
         best = s[np.arange(len(nodes)), col].astype(np.int64)
         gpu = np.where(pod.is_share & (best >= 0), col, -1).astype(np.int64)
         return best, gpu
-
-    def _table(self, snap: ClusterState) -> np.ndarray:
-        key = ("model_table", self.workload.keys)
-        t = snap.score_cache.get(key)
-        if not isinstance(t, np.ndarray):
-            t = self.workload.model_table(snap)
-            snap.score_cache[key] = t
-        return t
