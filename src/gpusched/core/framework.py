@@ -10,7 +10,11 @@ Extension points, in the order ``schedule_one`` runs them:
   a share would take there); weighted and summed across score plugins.
 - **Reserve/Unreserve** — side bookkeeping once a node is chosen (rolled back on failure).
 - **Permit** — allow, reject or make the pod wait (gang scheduling).
-- **Bind** — lives in the front ends (simulator: nothing; Kubernetes: the binding API).
+- **Bind** — carries a decision out. Bind plugins are supplied by the front ends (the core
+  does no I/O): the Kubernetes front ends bind through the API; the simulator needs none.
+  ``run_bind`` tries them in order; the first that does not answer ``SKIP`` decides.
+
+Multi-pod decisions (gangs, preemption) go through ``gpusched.core.statement.Statement``.
 """
 
 from __future__ import annotations
@@ -107,6 +111,17 @@ class PostFilterPlugin(Protocol):
     ) -> PostFilterResult: ...
 
 
+@runtime_checkable
+class BindPlugin(Protocol):
+    """Carries out a decision. Answers SKIP to leave the pod to the next bind plugin;
+    UNSCHEDULABLE_AND_UNRESOLVABLE when retrying cannot help (the pod is gone or already
+    bound); ERROR for a failure worth retrying."""
+
+    name: str
+
+    def bind(self, pod: PodSpec, node_name: str, gpus: tuple[int, ...]) -> Status: ...
+
+
 @dataclass(frozen=True, slots=True)
 class WeightedScore:
     plugin: ScorePlugin
@@ -124,4 +139,14 @@ class Profile:
     scores: Sequence[WeightedScore] = ()
     reserves: Sequence[ReservePlugin] = ()
     permits: Sequence[PermitPlugin] = ()
+    binds: Sequence[BindPlugin] = ()
     meta: dict[str, object] = field(default_factory=dict)
+
+
+def run_bind(profile: Profile, pod: PodSpec, node_name: str, gpus: tuple[int, ...]) -> Status:
+    """Run the profile's bind plugins in order; the first answer other than SKIP is final."""
+    for b in profile.binds:
+        st = b.bind(pod, node_name, gpus)
+        if st.code != Code.SKIP:
+            return st if st.plugin else Status(st.code, st.reasons, b.name)
+    return Status(Code.ERROR, (f"no bind plugin of profile {profile.name!r} bound pod {pod.key}",), "Bind")

@@ -85,6 +85,7 @@ class PodSpec:
     tolerations: tuple[Toleration, ...] = ()
     gang: str = ""  # all-or-nothing group, empty = none
     queue: str = ""  # tenant queue, empty = default
+    uid: str = ""  # the API object's UID where there is one (bind preconditions); not part of the shape
 
     def __post_init__(self) -> None:
         if not self.name:

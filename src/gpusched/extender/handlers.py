@@ -33,6 +33,7 @@ from gpusched.core.devices import pick_gpus
 from gpusched.core.framework import CycleState, Profile
 from gpusched.core.model import PodSpec
 from gpusched.core.scheduler import score_nodes
+from gpusched.core.statement import Statement
 from gpusched.extender.evaluate import UNKNOWN_NODE, UNRES, Evaluator, NodeList, run_filters
 from gpusched.extender.protocol import (
     BadRequest,
@@ -217,16 +218,17 @@ class Extender:
         with self._plock:
             for uids, _ in victims.values():
                 keys.update({u: self._uids[u] for u in uids if u not in keys and u in self._uids})
-        with self.cluster.snapshot() as live:
-            snap = live.copy()
-        nodes = [n for n in victims if n in snap.index]
-        idx = np.array([snap.index[n] for n in nodes], dtype=np.int64)
-        for n, i in zip(nodes, idx.tolist(), strict=True):
-            for uid in victims[n][0]:
-                a = snap.allocations.get(keys.get(uid, ""))
-                if a is not None and a.node == i:
-                    snap.forget(a.pod.key)
-        ok, _, _ = run_filters(self.profile, pod, snap, idx, explain=False)
+        # Evict the victims tentatively on the live books, ask the filters, undo: no copy of
+        # the cluster, and the books are exactly as before when the lock is released.
+        with self.cluster.snapshot() as snap, Statement(snap) as what_if:
+            nodes = [n for n in victims if n in snap.index]
+            idx = np.array([snap.index[n] for n in nodes], dtype=np.int64)
+            for n, i in zip(nodes, idx.tolist(), strict=True):
+                for uid in victims[n][0]:
+                    a = snap.allocations.get(keys.get(uid, ""))
+                    if a is not None and a.node == i:
+                        what_if.evict(a.pod.key)
+            ok, _, _ = run_filters(self.profile, pod, snap, idx, explain=False)
         return {
             "NodeNameToMetaVictims": {
                 n: {"Pods": [{"UID": u} for u in victims[n][0]], "NumPDBViolations": victims[n][1]}

@@ -16,7 +16,9 @@ from typing import Any
 
 from kubernetes import client
 
-from gpusched.k8s.convert import ANN_ASSIGNMENT
+from gpusched.core.model import PodSpec
+from gpusched.core.status import Code, Status
+from gpusched.k8s.convert import ANN_ASSIGNMENT, assignment_annotation
 
 
 def bind_pod(
@@ -47,3 +49,32 @@ def bind_pod(
         "target": {"apiVersion": "v1", "kind": "Node", "name": node},
     }
     core.create_namespaced_binding(namespace, body, _preload_content=False)
+
+
+class APIBinder:
+    """The Bind plugin of the Kubernetes front ends (kube-scheduler's DefaultBinder plus the
+    device assignment): one ``pods/binding`` call carrying the assignment annotation.
+
+    Answers SUCCESS, UNSCHEDULABLE_AND_UNRESOLVABLE when the API says the pod is gone (404)
+    or already bound / recreated under another UID (409: retrying cannot help), and ERROR
+    with the API's status for anything worth retrying.
+    """
+
+    name = "APIBinder"
+
+    def __init__(self, core: client.CoreV1Api, *, in_binding: bool = True) -> None:
+        self.core = core
+        self.in_binding = in_binding
+
+    def bind(self, pod: PodSpec, node_name: str, gpus: tuple[int, ...]) -> Status:
+        try:
+            bind_pod(
+                self.core, pod.namespace, pod.name, pod.uid, node_name,
+                assignment_annotation(node_name, gpus, pod), in_binding=self.in_binding,
+            )  # fmt: skip
+        except Exception as e:
+            code = getattr(e, "status", None)
+            final = code in (404, 409)
+            msg = f"binding {pod.key} to {node_name} failed (HTTP {code}): {str(e)[:200]}"
+            return Status(Code.UNSCHEDULABLE_AND_UNRESOLVABLE if final else Code.ERROR, (msg,), self.name)
+        return Status.success()

@@ -134,6 +134,7 @@ def pod_from_k8s(pod: Mapping[str, Any]) -> PodSpec:
         return PodSpec(
             name=meta["name"],
             namespace=meta.get("namespace", "default"),
+            uid=str(meta.get("uid") or ""),
             cpu_milli=math.ceil(cpu * 1000),
             memory_mib=math.ceil(mem / _MIB),
             num_gpu=num,

@@ -21,6 +21,7 @@ standby keeps its informers warm. Becoming leader rebuilds the books from the AP
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -32,12 +33,13 @@ import numpy as np
 from kubernetes import client
 
 from gpusched.core.fragmentation import TargetWorkload, cluster_fragmentation
-from gpusched.core.framework import Profile
+from gpusched.core.framework import Profile, run_bind
 from gpusched.core.model import PodSpec
 from gpusched.core.policies import POLICIES, PolicyContext, make_profile
 from gpusched.core.scheduler import schedule_one
-from gpusched.k8s.binder import bind_pod
-from gpusched.k8s.convert import InvalidRequest, assignment_annotation, pod_from_k8s
+from gpusched.core.status import Code
+from gpusched.k8s.binder import APIBinder
+from gpusched.k8s.convert import InvalidRequest, pod_from_k8s
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.informer import Reflector
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
@@ -70,6 +72,7 @@ class StandaloneScheduler:
         if cfg.policy not in POLICIES:
             raise ValueError(f"unknown policy {cfg.policy!r}; choose one of {', '.join(POLICIES)}")
         self.core = client.CoreV1Api(api)
+        self._binder = APIBinder(self.core)
         self.cluster = LiveCluster()
         self.queue = SchedulingQueue(flush_s=cfg.flush_s)
         self.events = EventRecorder(self.core, cfg.scheduler_name, cfg.identity)
@@ -217,23 +220,17 @@ class StandaloneScheduler:
             return
         self.metrics.observe_attempt("scheduled", dt)
         self.queue.done(qp.key)
-        self._pool.submit(self._bind, qp, pod, r.node_name, r.gpus)
+        self._pool.submit(self._bind, profile, qp, pod, r.node_name, r.gpus)
 
-    def _bind(self, qp: QueuedPod, pod: PodSpec, node: str, gpus: tuple[int, ...]) -> None:
-        meta = qp.obj.get("metadata") or {}
+    def _bind(self, profile: Profile, qp: QueuedPod, pod: PodSpec, node: str, gpus: tuple[int, ...]) -> None:
         t0 = time.perf_counter()
-        try:
-            bind_pod(
-                self.core, pod.namespace, pod.name, str(meta.get("uid", "")), node,
-                assignment_annotation(node, gpus, pod), in_binding=True,
-            )  # fmt: skip
-        except Exception as e:
+        st = run_bind(profile, pod, node, gpus)
+        if not st.ok:
             self.bind_errors += 1
             self.metrics.binding_duration.labels("error").observe(time.perf_counter() - t0)
             self.cluster.forget(qp.key)
-            status = getattr(e, "status", None)
-            log.warning("binding %s to %s failed (%s): %s", qp.key, node, status, str(e)[:200])
-            if status not in (404, 409):  # gone or already bound: the informer tells the rest
+            log.warning("%s", st.message())
+            if st.code == Code.ERROR:  # gone or already bound: the informer tells the rest
                 self.queue.add_or_update(qp.obj, qp.key, backoff=True)
             return
         self.scheduled += 1
@@ -248,7 +245,7 @@ class StandaloneScheduler:
         grown = seen >= 2 * self._profile_seen and now - self._profile_at >= 5.0
         if stale or (grown and self.config.workload is None and self.config.policy in _WORKLOAD_POLICIES):
             ctx = PolicyContext(self.workload(extra=pod), np.random.default_rng(0))
-            self._profile = make_profile(self.config.policy, ctx)
+            self._profile = dataclasses.replace(make_profile(self.config.policy, ctx), binds=(self._binder,))
             self._profile_at, self._profile_seen = now, seen
         assert self._profile is not None
         return self._profile

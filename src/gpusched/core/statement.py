@@ -1,0 +1,156 @@
+"""Statement: tentative changes to a snapshot, kept or undone as one (after Volcano's Statement).
+
+Multi-pod decisions — a gang that must land all-or-nothing, a preemption that evicts victims
+and then places the preemptor, an extender asking "would the pod fit if these pods left?" —
+are a sequence of ``assume`` and ``evict`` operations that must either all stay or all go.
+A ``Statement`` records each operation as it is applied to the snapshot (so later decisions
+in the same statement see the earlier ones) and then either
+
+- ``commit()``: keeps them and returns the operations, in order, for the front end to carry
+  out (bind the assumed pods, delete the evicted ones); or
+- ``discard()``: undoes them in reverse order, restoring every free amount, allocation and
+  per-node pod set exactly (generation counters move forward, so score caches recompute).
+
+Used as a context manager a statement that is neither committed nor discarded when the block
+ends is discarded, so an exception half-way through a gang never leaves half a gang booked.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+from gpusched.core.cluster import I64, AccountingError, ClusterState
+from gpusched.core.framework import Profile
+from gpusched.core.model import Allocation, PodSpec
+from gpusched.core.scheduler import ScheduleResult, schedule_one
+from gpusched.core.status import Code, Status
+
+
+class OpKind(enum.Enum):
+    ASSUME = "assume"
+    EVICT = "evict"
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    kind: OpKind
+    allocation: Allocation
+
+
+class StatementClosed(RuntimeError):
+    """An operation on a statement that was already committed or discarded."""
+
+
+class Statement:
+    def __init__(self, snap: ClusterState) -> None:
+        self.snap = snap
+        self._ops: list[Operation] = []
+        self._open = True
+
+    # --------------------------------------------------------------- operations
+    def assume(self, pod: PodSpec, node: int, gpus: Sequence[int]) -> Allocation:
+        """Book ``pod`` on ``node``/``gpus`` within the statement (AccountingError if it does not fit)."""
+        self._check_open()
+        alloc = self.snap.assume(pod, node, gpus)
+        self._ops.append(Operation(OpKind.ASSUME, alloc))
+        return alloc
+
+    def evict(self, pod_key: str) -> Allocation:
+        """Release what ``pod_key`` holds within the statement (a preemption victim)."""
+        self._check_open()
+        alloc = self.snap.forget(pod_key)
+        self._ops.append(Operation(OpKind.EVICT, alloc))
+        return alloc
+
+    def schedule(
+        self, profile: Profile, pod: PodSpec, *, tiebreak: I64 | None = None, diagnose_failures: bool = False
+    ) -> ScheduleResult:
+        """One ``schedule_one`` cycle whose booking belongs to this statement."""
+        self._check_open()
+        r = schedule_one(profile, pod, self.snap, tiebreak=tiebreak, diagnose_failures=diagnose_failures)
+        if r.scheduled:  # schedule_one assumed it (before Permit, as in a standalone cycle)
+            self._ops.append(Operation(OpKind.ASSUME, self.snap.allocations[pod.key]))
+        return r
+
+    # --------------------------------------------------------------- outcome
+    @property
+    def operations(self) -> tuple[Operation, ...]:
+        return tuple(self._ops)
+
+    @property
+    def open(self) -> bool:
+        return self._open
+
+    def commit(self) -> tuple[Operation, ...]:
+        """Keep every operation; return them in the order they were applied."""
+        self._check_open()
+        self._open = False
+        return tuple(self._ops)
+
+    def discard(self) -> None:
+        """Undo every operation, newest first. The snapshot's books end exactly as they began."""
+        self._check_open()
+        self._open = False
+        for op in reversed(self._ops):
+            a = op.allocation
+            if op.kind is OpKind.ASSUME:
+                self.snap.forget(a.pod.key)
+            else:
+                self.snap.assume(a.pod, a.node, a.gpus)
+        self._ops.clear()
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise StatementClosed("statement already committed or discarded")
+
+    def __enter__(self) -> Statement:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._open:
+            self.discard()
+
+
+@dataclass(frozen=True, slots=True)
+class GroupResult:
+    """The outcome of scheduling pods all-or-nothing."""
+
+    status: Status
+    results: tuple[ScheduleResult, ...]
+    """One per pod placed, in order; on failure the last one is the pod that did not fit."""
+
+    @property
+    def scheduled(self) -> bool:
+        return self.status.ok
+
+
+def schedule_all(
+    profile: Profile, pods: Sequence[PodSpec], snap: ClusterState, *, tiebreak: I64 | None = None
+) -> GroupResult:
+    """Place every pod of ``pods`` or none of them (gang semantics).
+
+    Pods are placed one after another, each seeing the ones before it. If one does not fit,
+    everything placed so far is undone and the status names that pod and why; ``snap`` is
+    then exactly as it was. On success every pod stays assumed in ``snap``.
+    """
+    keys = [p.key for p in pods]
+    if len(set(keys)) != len(keys):
+        dup = next(k for k in keys if keys.count(k) > 1)
+        raise AccountingError(f"pod {dup} appears twice in one group")
+    results: list[ScheduleResult] = []
+    with Statement(snap) as st:
+        for pod in pods:
+            r = st.schedule(profile, pod, tiebreak=tiebreak, diagnose_failures=True)
+            results.append(r)
+            if not r.scheduled:
+                why = r.diagnosis.message() if r.diagnosis else r.status.message()
+                code = r.status.code if r.status.code != Code.SUCCESS else Code.UNSCHEDULABLE
+                msg = f"pod {pod.key} ({len(results)} of {len(pods)}) does not fit: {why}"
+                return GroupResult(Status(code, (msg,), "Statement"), tuple(results))
+        st.commit()
+    return GroupResult(Status.success(), tuple(results))
