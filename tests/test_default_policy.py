@@ -108,6 +108,30 @@ def test_pressure_term_matches_hand_computation() -> None:
     np.testing.assert_allclose(on - off, [-500.0, 500.0])
 
 
+def test_pressure_counts_node_shape_not_only_gpu_model() -> None:
+    # same model, same GPU count; only "big" has the 120 cores the 8-GPU type needs.
+    # 8-GPU type (p=.5): 4000 milli over big's 8 GPUs = 500 each; 1-GPU type (p=.5): 500 over
+    # 16 GPUs = 31.25 each. big 531.25, small 31.25, mean 281.25 -> relative +-0.8889.
+    nodes = [gpu_node("big", 8, 128_000), gpu_node("small", 8, 96_000)]
+    huge = [PodSpec(f"h{i}", cpu_milli=120_000, num_gpu=8, gpu_milli=GPU_MILLI) for i in range(5)]
+    one = [PodSpec(f"o{i}", cpu_milli=4000, num_gpu=1, gpu_milli=GPU_MILLI) for i in range(5)]
+    pod = one[0]
+    on = scores(nodes, huge + one, pod, DefaultParams(pressure_weight=1.0))
+    off = scores(nodes, huge + one, pod, DefaultParams(pressure_weight=0.0))
+    np.testing.assert_allclose(on - off, [-1000 * 8 / 9, 1000 * 8 / 9])
+
+
+def test_rare_type_that_only_the_largest_nodes_hold_keeps_them_whole() -> None:
+    # 1 pod in 100 needs 8 GPUs and 120 cores: outside the 95 % of types the fragment counts,
+    # but the pressure term counts every type, so small pods fill the 96-core nodes first.
+    nodes = [gpu_node("a-big", 8, 128_000), gpu_node("b-small", 8, 96_000), gpu_node("c-small", 8, 96_000)]
+    small = [PodSpec(f"s{i}", cpu_milli=6000, num_gpu=1, gpu_milli=GPU_MILLI) for i in range(99)]
+    rare = PodSpec("rare", cpu_milli=120_000, num_gpu=8, gpu_milli=GPU_MILLI)
+    got = place([*small[:16], rare], nodes, [*small, rare])
+    assert all(n != "a-big" for n, _ in got[:16])
+    assert got[16][0] == "a-big"
+
+
 def test_deficit_term_matches_hand_computation() -> None:
     # rho = 12 milli-CPU per milli-GPU; a 16-core CPU-only pod on the dense node (96 cores for
     # 8 GPUs) leaves 80 cores for 8000 milli-GPU: deficit (96000 - 80000) / 12 = 1333.3 milli-GPU

@@ -94,6 +94,19 @@ def test_time_weighted_allocation_and_samples() -> None:
     r = run_replay([node(gpus=2)], pods, "bestfit", sample_every_s=50, audit=True)
     assert r.mean_alloc_pct == pytest.approx((50 * 50 + 100 * 50 + 50 * 100) / 200)
     assert r.samples == [(0, 50.0, 0), (50, 100.0, 0), (100, 50.0, 0), (150, 50.0, 0), (200, 0.0, 0)]
+    assert r.peak_alloc_pct == 100.0
+    assert r.busy_alloc_pct == pytest.approx(50.0)  # arrivals end at 50: one GPU of two busy until then
+
+
+def test_a_long_lived_pod_does_not_dilute_the_busy_window() -> None:
+    # three short pods arrive in [0, 30]; one of them lives 10_000 s: the horizon is 10_000 s,
+    # the arrival window 30 s. Both GPUs busy from 20 to 30, one from 0 to 20.
+    pods = [pod("a", 0, 10_000), pod("b", 20, 40), pod("c", 30, 35)]
+    r = run_replay([node(gpus=2)], pods, "bestfit", audit=True)
+    assert r.horizon_s == 10_000
+    assert r.busy_alloc_pct == pytest.approx((20 * 50 + 10 * 100) / 30)
+    assert r.mean_alloc_pct < 51.0 and r.peak_alloc_pct == 100.0
+    assert r.never_scheduled == 0 and r.scheduled == 2 and r.expired == 1  # c waits, then a leaves late
 
 
 def test_queue_orders_by_priority_then_arrival() -> None:

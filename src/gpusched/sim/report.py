@@ -47,7 +47,9 @@ def replay_table(results: Sequence[ReplayResult], title: str) -> Table:
         "p90 s",
         "p99 s",
         "max s",
-        "mean alloc %",
+        "alloc % while arriving",
+        "peak alloc %",
+        "mean alloc % (whole horizon)",
     ):
         t.add_column(col, justify="left" if col == "policy" else "right")
     for r in results:
@@ -60,6 +62,8 @@ def replay_table(results: Sequence[ReplayResult], title: str) -> Table:
             f"{r.pending_p90_s:.0f}",
             f"{r.pending_p99_s:.0f}",
             f"{r.pending_max_s:.0f}",
+            f"{r.busy_alloc_pct:.2f}",
+            f"{r.peak_alloc_pct:.2f}",
             f"{r.mean_alloc_pct:.2f}",
         )
     return t
