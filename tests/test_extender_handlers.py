@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from gpusched.core.model import PodSpec
+from gpusched.core.status import Code, Status
 from gpusched.extender.app import make_app
 from gpusched.extender.cli_extender import build_profile
 from gpusched.extender.evaluate import UNKNOWN_NODE
 from gpusched.extender.handlers import Extender
 from gpusched.extender.protocol import MAX_PRIORITY, normalise
-from gpusched.k8s.convert import ANN_ASSIGNMENT, ANN_MODELS, parse_assignment
+from gpusched.k8s.convert import ANN_ASSIGNMENT, ANN_MODELS, assignment_annotation, parse_assignment
 from gpusched.k8s.state import LiveCluster
 
 
@@ -63,13 +65,18 @@ class FakeBinder:
         self.fail, self.delay = fail, delay
         self.lock = threading.Lock()
 
-    def __call__(self, ns: str, name: str, uid: str, node: str, assignment: str) -> None:
+    name = "FakeBinder"
+
+    def bind(self, pod: PodSpec, node: str, gpus: tuple[int, ...]) -> Status:
+        """A Bind plugin that records what APIBinder would send: namespace, name, UID, node, annotation."""
         if self.delay:
             time.sleep(self.delay)
         if self.fail:
-            raise RuntimeError("409 Conflict")
+            return Status(Code.ERROR, ("409 Conflict",), self.name)
         with self.lock:
-            self.calls.append((ns, name, uid, node, assignment))
+            ann = assignment_annotation(node, gpus, pod)
+            self.calls.append((pod.namespace, pod.name, pod.uid, node, ann))
+        return Status.success()
 
 
 def make(nodes: list[dict[str, Any]], bound: list[dict[str, Any]] = (), policy: str = "bestfit",  # type: ignore[assignment]

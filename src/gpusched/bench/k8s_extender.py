@@ -92,7 +92,7 @@ def _serve(nodes: int, seed: int, port: int, ready: Any) -> None:
         live.upsert_pod(p)
     with live.snapshot():
         pass  # build the books before serving
-    app = make_app(Extender(live, build_profile("default"), binder=lambda *a: None))
+    app = make_app(Extender(live, build_profile("default")))  # filter/prioritize only: no binding
     ready.set()
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, handle_signals=True)
 

@@ -6,7 +6,6 @@ Also ``python -m gpusched.extender.cli_extender`` (the tests run it so).
 from __future__ import annotations
 
 import argparse
-import functools
 import logging
 import ssl
 from collections.abc import Mapping, Sequence
@@ -55,7 +54,7 @@ def extender_command(
 
     from gpusched.extender.app import make_app
     from gpusched.extender.handlers import Extender
-    from gpusched.k8s.binder import bind_pod
+    from gpusched.k8s.binder import APIBinder
     from gpusched.k8s.client import api_client
     from gpusched.k8s.state import LiveCluster, start_informers
 
@@ -77,7 +76,7 @@ def extender_command(
 
     cluster = LiveCluster()
     extender = Extender(
-        cluster, build_profile(policy), binder=functools.partial(bind_pod, core), pod_getter=get_pod
+        cluster, build_profile(policy), binder=APIBinder(core, in_binding=False), pod_getter=get_pod
     )
     reflectors = start_informers(core, cluster, pod_handler=extender.observe_pod)
     pool = ThreadPoolExecutor(max_workers=bind_threads, thread_name_prefix="gpusched-bind")

@@ -19,6 +19,7 @@ evaluated from the sent objects, with empty books.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -26,11 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import orjson
 
 from gpusched.core.cluster import I64, AccountingError
 from gpusched.core.devices import pick_gpus
-from gpusched.core.framework import CycleState, Profile
+from gpusched.core.framework import BindPlugin, CycleState, Profile, run_bind
 from gpusched.core.model import PodSpec
 from gpusched.core.scheduler import score_nodes
 from gpusched.core.statement import Statement
@@ -45,26 +45,12 @@ from gpusched.extender.protocol import (
     normalise,
     uid_of,
 )
+from gpusched.k8s.binder import describe
 from gpusched.k8s.convert import InvalidRequest, assignment_annotation, pod_from_k8s
 from gpusched.k8s.state import LiveCluster, pod_key
 
-BindFn = Callable[[str, str, str, str, str], None]
-"""``binder(namespace, name, uid, node, assignment)``: annotate and bind; raises on failure."""
 PodGetter = Callable[[str, str], Mapping[str, Any]]
 """``get(namespace, name)``: the pod as an API dict (used when bind sees a pod filter did not)."""
-
-
-def describe(e: Exception) -> str:
-    """One line for an exception; for a kubernetes ApiException, its status and message."""
-    status = getattr(e, "status", None)
-    if isinstance(status, int):
-        body = getattr(e, "body", None)
-        try:
-            msg = orjson.loads(body).get("message") if body else None
-        except (orjson.JSONDecodeError, AttributeError):
-            msg = None
-        return f"{status} {getattr(e, 'reason', '') or ''}: {msg or body or ''}".strip(": ")
-    return f"{type(e).__name__}: {e}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,12 +68,12 @@ class Extender:
         cluster: LiveCluster,
         profile: Profile,
         *,
-        binder: BindFn | None = None,
+        binder: BindPlugin | None = None,
         pod_getter: PodGetter | None = None,
         pod_cache: int = 16384,
     ) -> None:
         self.cluster = cluster
-        self.profile = profile
+        self.profile = dataclasses.replace(profile, binds=(binder,)) if binder is not None else profile
         self.binder = binder
         self.pod_getter = pod_getter
         self._plock = threading.Lock()
@@ -302,14 +288,10 @@ class Extender:
         return {"Error": ""}
 
     def call_binder(self, plan: BindPlan) -> str | None:
-        """Run the binder (blocking); the error text, or None on success."""
-        if self.binder is None:
-            return "no binder configured"
-        try:
-            self.binder(plan.pod.namespace, plan.pod.name, plan.uid, plan.node, plan.assignment)
-        except Exception as e:
-            return describe(e)
-        return None
+        """Run the profile's bind plugins (blocking); the error text, or None on success."""
+        pod = dataclasses.replace(plan.pod, uid=plan.uid) if plan.uid else plan.pod
+        st = run_bind(self.profile, pod, plan.node, plan.gpus)
+        return None if st.ok else st.message()
 
     def bind(self, args: Mapping[str, Any]) -> dict[str, str]:
         """ExtenderBindingArgs → ExtenderBindingResult, all in the calling thread."""

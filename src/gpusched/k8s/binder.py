@@ -14,11 +14,25 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from kubernetes import client
 
 from gpusched.core.model import PodSpec
 from gpusched.core.status import Code, Status
 from gpusched.k8s.convert import ANN_ASSIGNMENT, assignment_annotation
+
+
+def describe(e: Exception) -> str:
+    """One line for an exception; for a kubernetes ApiException, its status and message."""
+    status = getattr(e, "status", None)
+    if isinstance(status, int):
+        body = getattr(e, "body", None)
+        try:
+            msg = orjson.loads(body).get("message") if body else None
+        except (orjson.JSONDecodeError, AttributeError):
+            msg = None
+        return f"{status} {getattr(e, 'reason', '') or ''}: {msg or body or ''}".strip(": ")
+    return f"{type(e).__name__}: {e}"
 
 
 def bind_pod(
@@ -57,7 +71,8 @@ class APIBinder:
 
     Answers SUCCESS, UNSCHEDULABLE_AND_UNRESOLVABLE when the API says the pod is gone (404)
     or already bound / recreated under another UID (409: retrying cannot help), and ERROR
-    with the API's status for anything worth retrying.
+    with the API's status for anything worth retrying. ``in_binding``: the assignment
+    annotation travels in the Binding (one call) or is patched onto the pod first.
     """
 
     name = "APIBinder"
@@ -73,8 +88,7 @@ class APIBinder:
                 assignment_annotation(node_name, gpus, pod), in_binding=self.in_binding,
             )  # fmt: skip
         except Exception as e:
-            code = getattr(e, "status", None)
-            final = code in (404, 409)
-            msg = f"binding {pod.key} to {node_name} failed (HTTP {code}): {str(e)[:200]}"
-            return Status(Code.UNSCHEDULABLE_AND_UNRESOLVABLE if final else Code.ERROR, (msg,), self.name)
+            final = getattr(e, "status", None) in (404, 409)
+            code = Code.UNSCHEDULABLE_AND_UNRESOLVABLE if final else Code.ERROR
+            return Status(code, (describe(e),), self.name)
         return Status.success()

@@ -229,7 +229,7 @@ class StandaloneScheduler:
             self.bind_errors += 1
             self.metrics.binding_duration.labels("error").observe(time.perf_counter() - t0)
             self.cluster.forget(qp.key)
-            log.warning("%s", st.message())
+            log.warning("binding %s to %s failed: %s", qp.key, node, st.message())
             if st.code == Code.ERROR:  # gone or already bound: the informer tells the rest
                 self.queue.add_or_update(qp.obj, qp.key, backoff=True)
             return
