@@ -366,3 +366,25 @@ def test_check_trace_other_bad_input(bad_files: dict[str, str], case: str) -> No
         target, frag = "latin1.csv", "latin1.csv:2:"
     res = runner().invoke(app, ["check-trace", target])
     assert_clean_error(res, frag)
+
+
+def test_bench_traces_all_includes_families_without_published_results(tmp_path: Path) -> None:
+    root = tmp_path / "alibaba"
+    nodes, pods = write_tiny_trace(tmp_path / "src")
+    (root / "csv").mkdir(parents=True)
+    shutil.copy(nodes, root / "csv" / "openb_node_list_gpu_node.csv")
+    for fam in ("openb_pod_list_alpha", "openb_pod_list_beta"):
+        shutil.copy(pods, root / "csv" / f"{fam}.csv")
+    (root / "fgd-expected-results").mkdir()
+    head = "workload,sc_policy,tune,seed,total_gpus," + ",".join(str(i) for i in range(131))
+    row = "openb_pod_list_alpha,06-FGD,1.3,42,12," + ",".join(str(min(i, 90)) for i in range(131))
+    (root / "fgd-expected-results" / "analysis_allo_discrete.csv").write_text(f"{head}\n{row}\n")
+    args = ["bench", "traces", "--traces", str(root), "--seeds", "42", "-p", "bestfit", "-j", "1", "--json"]
+    only_published = parse_json(runner().invoke(app, args).stdout)
+    assert [r["trace"] for r in only_published["traces"]] == ["openb_pod_list_alpha"]  # type: ignore[index]
+    every = parse_json(runner().invoke(app, [*args, "--all"]).stdout)
+    rows = {r["trace"]: r for r in every["traces"]}  # type: ignore[attr-defined]
+    assert set(rows) == {"openb_pod_list_alpha", "openb_pod_list_beta"}
+    assert rows["openb_pod_list_alpha"]["published_fgd_at_100"] == 90.0
+    assert rows["openb_pod_list_beta"]["published_fgd_at_100"] is None
+    assert 0.0 < rows["openb_pod_list_beta"]["bestfit_at_100"] <= 100.0

@@ -121,6 +121,22 @@ def test_pressure_counts_node_shape_not_only_gpu_model() -> None:
     np.testing.assert_allclose(on - off, [-1000 * 8 / 9, 1000 * 8 / 9])
 
 
+def test_a_used_node_keeps_only_its_model_pressure() -> None:
+    # once "big" holds a pod it cannot take the 8-GPU type until drained: only the model's
+    # pressure remains (0 here: one model), so it no longer repels pods and strands its GPUs
+    nodes = [gpu_node("big", 8, 128_000), gpu_node("small", 8, 96_000)]
+    huge = [PodSpec(f"h{i}", cpu_milli=120_000, num_gpu=8, gpu_milli=GPU_MILLI) for i in range(5)]
+    one = [PodSpec(f"o{i}", cpu_milli=4000, num_gpu=1, gpu_milli=GPU_MILLI) for i in range(5)]
+    tw = TargetWorkload.from_pods(huge + one)
+    diffs = []
+    for w in (1.0, 0.0):
+        snap = ClusterState(nodes)
+        snap.assume(PodSpec("first", cpu_milli=1000), 0, ())
+        ds = DefaultScore(tw, DefaultParams(pressure_weight=w))
+        diffs.append(np.asarray(ds.score(CycleState(), one[0], snap, np.arange(2)).scores))
+    np.testing.assert_allclose(diffs[0] - diffs[1], [0.0, 1000 * 8 / 9])
+
+
 def test_rare_type_that_only_the_largest_nodes_hold_keeps_them_whole() -> None:
     # 1 pod in 100 needs 8 GPUs and 120 cores: outside the 95 % of types the fragment counts,
     # but the pressure term counts every type, so small pods fill the 96-core nodes first.

@@ -266,6 +266,10 @@ def bench_traces_cmd(
     ] = Path("../shared/traces/alibaba-gpu-2023"),
     policy: PolicyOpt = None,
     seeds: Annotated[str, typer.Option(help="Seeds, e.g. 42-51.")] = "42-51",
+    all_traces: Annotated[
+        bool,
+        typer.Option("--all", help="Every pod list in csv/, also those without published results."),
+    ] = False,
     jobs: JobsOpt = DEFAULT_JOBS,
     json_out: JsonOpt = False,
 ) -> None:
@@ -279,7 +283,7 @@ def bench_traces_cmd(
 
     def go() -> None:
         with progress(None, "bench traces") as tick:
-            report = bench_traces(traces, pols, seed_list, jobs=jobs, on_done=tick)
+            report = bench_traces(traces, pols, seed_list, jobs=jobs, on_done=tick, all_traces=all_traces)
         if json_out:
             emit_json(report)
             return

@@ -41,11 +41,17 @@ def bench_traces(
     baseline: str = "fgd",
     jobs: int = 1,
     on_done: Callable[[str], None] | None = None,
+    all_traces: bool = False,
 ) -> dict[str, object]:
-    """Every pod list in ``trace_dir/csv`` that has published results, against ``baseline``."""
+    """Every pod list in ``trace_dir/csv`` that has published results, against ``baseline``;
+    with ``all_traces`` every pod list there (published columns None where there are none:
+    run our ``fgd`` alongside to compare)."""
     published = read_published(trace_dir / "fgd-expected-results" / "analysis_allo_discrete.csv")
     nodes = read_nodes(trace_dir / "csv" / "openb_node_list_gpu_node.csv")
-    traces = sorted({t for t, _ in published if (trace_dir / "csv" / f"{t}.csv").exists()})
+    if all_traces:
+        traces = sorted(p.stem for p in (trace_dir / "csv").glob("openb_pod_list_*.csv"))
+    else:
+        traces = sorted({t for t, _ in published if (trace_dir / "csv" / f"{t}.csv").exists()})
     rows = []
     for trace in traces:
         pods = [tp.spec for tp in read_pods(trace_dir / "csv" / f"{trace}.csv")]

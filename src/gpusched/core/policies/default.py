@@ -14,14 +14,18 @@ fixes four blind spots measured on the Alibaba 2023 traces:
    idle GPUs (ρ = the target workload's CPU per GPU). Its *CPU deficit* is
    ``D_n = max(0, ρ·G − cpu_free)/ρ``, in milli-GPU. CPU-only and CPU-heavy pods go where
    they deficit no GPU, instead of eating the CPU of a GPU-dense node.
-3. **Scarce node shapes.** Some pods can only run on some nodes: a GPU model constraint, or
-   a size only the largest nodes hold (8 GPUs and 120 cores). Each type's GPU demand is
-   spread over the node shapes (model, GPU count, CPU) an empty node of which could hold it,
-   by their GPUs; a shape's *pressure* is its load over its GPUs, relative to the cluster
-   average. A pod pays ``pressure · its GPU milli`` for taking a high-pressure shape, so pods
-   that could go anywhere leave the T4s to T4-only pods and the big nodes to the big pods.
-   Every type counts here, the rare ones too (the fragment counts the popular 95 %). With no
-   constraints and one node shape every node has the same pressure and the term is constant.
+3. **Scarce models and node shapes.** Some pods can only run on some nodes: a GPU model
+   constraint, or a size only the largest nodes hold (8 GPUs and 120 cores). Each type's GPU
+   demand is spread over the models it allows, by their GPUs; a model's *pressure* is its
+   load over its GPUs, relative to the cluster average. A pod pays ``pressure · its GPU
+   milli`` for taking a high-pressure model, so pods that could go anywhere leave the T4s to
+   T4-only pods. On an untouched node the pressure is that of its *shape* (model, GPU count,
+   CPU): the types only an empty node of that shape holds press on it too, so the biggest
+   nodes stay whole for the biggest pods. Once a node holds anything it can no longer take
+   such a pod, and only its model's pressure remains (keeping the size part on used nodes too
+   strands their GPUs on CPU-heavy workloads: cpu300 −0.45). Every type counts here, the rare
+   ones too (the fragment counts the popular 95 %). With no constraints and one node shape
+   the term is constant.
 4. **Exact gradient, best-fit device.** The score is ``−(ΔF + w·ΔD + w_p·pressure)`` in float (FGD truncates
    to integers and leaves the rest to a random tie-break); a share takes the GPU with the
    least ΔF, then the tightest fitting GPU.
@@ -106,39 +110,39 @@ class DefaultScore:
             snap.score_cache[key] = t
         return t
 
-    def _pressure(self, snap: ClusterState) -> F64:
-        """Per node: how much more the workload leans on this node's *shape* (GPU model, GPU
-        count, CPU) than on the average GPU (0 = average). A type can use a shape when an
-        empty node of that shape holds it (model allowed, enough GPUs, enough CPU); its GPU
-        demand is spread over the shapes it can use in proportion to their GPUs; pressure =
-        shape load / shape GPUs. Every type counts here, the rare ones too: a type that only
-        the largest nodes hold (8 GPUs and 120 cores) presses on exactly those nodes."""
+    def _pressure(self, snap: ClusterState) -> tuple[F64, F64]:
+        """Per node: how much more the workload leans on it than on the average GPU (0 =
+        average), by GPU model alone and by node shape (model, GPU count, CPU). Each type's
+        GPU demand is spread, in proportion to their GPUs, over the models (shapes) where an
+        empty node could hold it; pressure = load / GPUs, relative to the cluster mean. Every
+        type counts here, the rare ones too. Cached per snapshot (node capacities only)."""
         key = ("DefaultScore.pressure", self._key)
         t = snap.score_cache.get(key)
-        if isinstance(t, np.ndarray):
+        if isinstance(t, tuple):
             return t
         tw = self._all
         gpu_nodes = snap.gpu_count > 0
-        t = np.zeros(len(snap), dtype=np.float64)
-        if not gpu_nodes.any():
-            snap.score_cache[key] = t
-            return t
-        rows = np.stack([snap.model_id, snap.gpu_count, snap.cpu_cap], axis=1)[gpu_nodes]
-        shapes, inverse = np.unique(rows, axis=0, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        cap = np.bincount(inverse, weights=rows[:, 1]).astype(float)  # GPUs per shape
-        allowed = (
-            tw.model_table(snap)[shapes[:, 0]]
-            & (shapes[:, 1:2] >= tw.num[None, :])
-            & (shapes[:, 2:3] >= tw.cpu[None, :])
-        )  # (shapes, types)
-        reach = (allowed * cap[:, None]).sum(axis=0)  # GPUs each type can use
-        demand = tw.p * tw.num * tw.milli
-        share = np.where(reach > 0, demand / np.maximum(reach, 1e-9), 0.0)
-        load = (allowed * share[None, :]).sum(axis=1) * cap
-        mean = load.sum() / max(cap.sum(), 1e-9)
-        rel = load / np.maximum(cap, 1e-9) / mean - 1.0 if mean > 0 else np.zeros(len(cap))
-        t[gpu_nodes] = rel[inverse]
+        by_model = np.zeros(len(snap), dtype=np.float64)
+        by_shape = np.zeros(len(snap), dtype=np.float64)
+        if gpu_nodes.any():
+            table = tw.model_table(snap)
+            demand = tw.p * tw.num * tw.milli
+            shape_cols = [snap.model_id, snap.gpu_count, snap.cpu_cap]
+            for out, cols in ((by_model, [snap.model_id]), (by_shape, shape_cols)):
+                rows = np.stack(cols, axis=1)[gpu_nodes]
+                groups, inverse = np.unique(rows, axis=0, return_inverse=True)
+                inverse = inverse.reshape(-1)
+                cap = np.bincount(inverse, weights=snap.gpu_count[gpu_nodes]).astype(float)
+                allowed = table[groups[:, 0]]
+                if groups.shape[1] > 1:
+                    big_enough = (groups[:, 1:2] >= tw.num[None, :]) & (groups[:, 2:3] >= tw.cpu[None, :])
+                    allowed = allowed & big_enough
+                reach = (allowed * cap[:, None]).sum(axis=0)  # GPUs each type can use
+                share = np.where(reach > 0, demand / np.maximum(reach, 1e-9), 0.0)
+                per_gpu = (allowed * share[None, :]).sum(axis=1)
+                mean = demand[reach > 0].sum() / max(cap.sum(), 1e-9)
+                out[gpu_nodes] = (per_gpu / mean - 1.0)[inverse] if mean > 0 else 0.0
+        t = (by_model, by_shape)
         snap.score_cache[key] = t
         return t
 
@@ -173,7 +177,9 @@ class DefaultScore:
             after = np.where(full >= n, after, np.inf)
         delta = after - before
         deficit = self.deficit(total - pod.gpu_demand_milli, cpu_after) - self.deficit(total, cpu)
-        pressure = self._pressure(snap)[nodes] * pod.gpu_demand_milli
+        by_model, by_shape = self._pressure(snap)
+        untouched = (cpu == snap.cpu_cap[nodes]) & (total == snap.gpu_count[nodes] * GPU_MILLI)
+        pressure = np.where(untouched, by_shape[nodes], by_model[nodes]) * pod.gpu_demand_milli
         score = -(delta + self.params.deficit_weight * deficit + self.params.pressure_weight * pressure)
         return np.where(np.isfinite(delta), score, -np.inf), gpu
 
