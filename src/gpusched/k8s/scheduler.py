@@ -230,7 +230,7 @@ class StandaloneScheduler:
             self.metrics.binding_duration.labels("error").observe(time.perf_counter() - t0)
             self.cluster.forget(qp.key)
             log.warning("binding %s to %s failed: %s", qp.key, node, st.message())
-            if st.code == Code.ERROR:  # gone or already bound: the informer tells the rest
+            if st.code == Code.ERROR:  # worth retrying; a pod gone or already bound is left to the informer
                 self.queue.add_or_update(qp.obj, qp.key, backoff=True)
             return
         self.scheduled += 1

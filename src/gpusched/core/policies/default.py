@@ -58,9 +58,9 @@ class DefaultParams:
     every type (1.0) in the fragment cost 0.6 points on the CPU-heavy trace (cpu250); rare types
     are protected by the pressure term instead, which counts them all."""
     pressure_weight: float = 1.0
-    """Weight of the node-shape pressure term: GPU milli taken on a shape that some pods need
-    more than the average GPU costs this much extra, per milli (0.5 and 2 measured worse on
-    balance across the trace families)."""
+    """Weight of the pressure term: GPU milli taken on a model (on an untouched node: a node
+    shape) that some pods need more than the average GPU costs this much extra, per milli
+    (0.5 and 2 measured worse on balance across the trace families)."""
 
 
 class DefaultScore:
@@ -178,7 +178,11 @@ class DefaultScore:
         delta = after - before
         deficit = self.deficit(total - pod.gpu_demand_milli, cpu_after) - self.deficit(total, cpu)
         by_model, by_shape = self._pressure(snap)
-        untouched = (cpu == snap.cpu_cap[nodes]) & (total == snap.gpu_count[nodes] * GPU_MILLI)
+        untouched = (
+            (cpu == snap.cpu_cap[nodes])
+            & (snap.mem_free[nodes] == snap.mem_cap[nodes])
+            & (total == snap.gpu_count[nodes] * GPU_MILLI)
+        )
         pressure = np.where(untouched, by_shape[nodes], by_model[nodes]) * pod.gpu_demand_milli
         score = -(delta + self.params.deficit_weight * deficit + self.params.pressure_weight * pressure)
         return np.where(np.isfinite(delta), score, -np.inf), gpu
