@@ -388,3 +388,21 @@ def test_bench_traces_all_includes_families_without_published_results(tmp_path: 
     assert rows["openb_pod_list_alpha"]["published_fgd_at_100"] == 90.0
     assert rows["openb_pod_list_beta"]["published_fgd_at_100"] is None
     assert 0.0 < rows["openb_pod_list_beta"]["bestfit_at_100"] <= 100.0
+
+
+def test_bench_traces_names_a_missing_or_broken_results_file(tmp_path: Path) -> None:
+    root = tmp_path / "alibaba"
+    nodes, pods = write_tiny_trace(tmp_path / "src")
+    (root / "csv").mkdir(parents=True)
+    shutil.copy(nodes, root / "csv" / "openb_node_list_gpu_node.csv")
+    shutil.copy(pods, root / "csv" / "openb_pod_list_alpha.csv")
+    args = ["bench", "traces", "--traces", str(root), "--seeds", "42", "-p", "bestfit", "-j", "1", "--json"]
+    r = runner().invoke(app, args)
+    assert r.exit_code != 0 and "no published results at" in r.output and "Traceback" not in r.output
+    ok = runner().invoke(app, [*args, "--all"])  # --all needs no published results
+    assert ok.exit_code == 0, ok.output
+    (root / "fgd-expected-results").mkdir()
+    (root / "fgd-expected-results" / "analysis_allo_discrete.csv").write_text("workload,seed\nx,notanumber\n")
+    bad = runner().invoke(app, args)
+    assert bad.exit_code != 0 and "analysis_allo_discrete.csv:2" in bad.output
+    assert "Traceback" not in bad.output

@@ -27,9 +27,15 @@ def read_published(path: Path) -> dict[tuple[str, str], dict[int, tuple[float, f
     """(trace, policy) -> seed -> (alloc at 100 %, alloc at 130 %)."""
     out: dict[tuple[str, str], dict[int, tuple[float, float]]] = defaultdict(dict)
     with path.open(newline="") as fh:
-        for row in csv.DictReader(fh):
-            pol = POLICY_NAMES.get(row["sc_policy"], row["sc_policy"])
-            out[(row["workload"], pol)][int(row["seed"])] = (float(row["100"]), float(row["130"]))
+        for line, row in enumerate(csv.DictReader(fh), start=2):
+            try:
+                pol = POLICY_NAMES.get(row["sc_policy"], row["sc_policy"])
+                out[(row["workload"], pol)][int(row["seed"])] = (float(row["100"]), float(row["130"]))
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError(
+                    f"{path}:{line}: not a published-results row (need workload, sc_policy, seed, "
+                    f"100, 130): {type(e).__name__} {e}"
+                ) from None
     return out
 
 
@@ -46,7 +52,16 @@ def bench_traces(
     """Every pod list in ``trace_dir/csv`` that has published results, against ``baseline``;
     with ``all_traces`` every pod list there (published columns None where there are none:
     run our ``fgd`` alongside to compare)."""
-    published = read_published(trace_dir / "fgd-expected-results" / "analysis_allo_discrete.csv")
+    results_csv = trace_dir / "fgd-expected-results" / "analysis_allo_discrete.csv"
+    if results_csv.is_file():
+        published = read_published(results_csv)
+    elif all_traces:
+        published = {}
+    else:
+        raise FileNotFoundError(
+            f"no published results at {results_csv}: --traces must name the alibaba-gpu-2023 folder "
+            "(csv/ and fgd-expected-results/); --all runs every pod list in csv/ without them"
+        )
     nodes = read_nodes(trace_dir / "csv" / "openb_node_list_gpu_node.csv")
     if all_traces:
         traces = sorted(p.stem for p in (trace_dir / "csv").glob("openb_pod_list_*.csv"))
