@@ -291,6 +291,8 @@ def test_preempt_keeps_nodes_where_victims_make_room() -> None:
         pod("cpu", node_name="n2", cpu="1"),
     ]
     e = make([node("n1"), node("n2", gpus=1)], bound)
+    with e.cluster.snapshot() as snap:
+        before = (dict(snap.allocations), snap.gpu_free.copy(), snap.cpu_free.copy())
     args = {
         "Pod": pod("p", gpus=1),
         "NodeNameToMetaVictims": {
@@ -306,8 +308,10 @@ def test_preempt_keeps_nodes_where_victims_make_room() -> None:
     assert e.preempt(full) == {
         "NodeNameToMetaVictims": {"n2": {"Pods": [{"UID": "uid-c"}], "NumPDBViolations": 0}}
     }
-    with e.cluster.snapshot() as snap:
-        assert len(snap.allocations) == 4  # the live books are untouched
+    with e.cluster.snapshot() as snap:  # victims were evicted on the live books and put back exactly
+        assert snap.allocations == before[0] and len(snap.allocations) == 4
+        assert (snap.gpu_free == before[1]).all() and (snap.cpu_free == before[2]).all()
+        assert snap.verify() == []
 
 
 # ---------------------------------------------------------------------------------------------- HTTP app
