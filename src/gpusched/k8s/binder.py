@@ -67,7 +67,7 @@ def bind_pod(
 
 class APIBinder:
     """The Bind plugin of the Kubernetes front ends (kube-scheduler's DefaultBinder plus the
-    device assignment): one ``pods/binding`` call carrying the assignment annotation.
+    device assignment): a ``pods/binding`` call that carries the assignment annotation.
 
     Answers SUCCESS, UNSCHEDULABLE_AND_UNRESOLVABLE when the API says the pod is gone (404)
     or already bound / recreated under another UID (409: retrying cannot help), and ERROR
