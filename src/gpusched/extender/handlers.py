@@ -46,7 +46,7 @@ from gpusched.extender.protocol import (
     uid_of,
 )
 from gpusched.k8s.binder import describe
-from gpusched.k8s.convert import InvalidRequest, assignment_annotation, pod_from_k8s
+from gpusched.k8s.convert import InvalidRequest, pod_from_k8s
 from gpusched.k8s.state import LiveCluster, pod_key
 
 PodGetter = Callable[[str, str], Mapping[str, Any]]
@@ -59,7 +59,6 @@ class BindPlan:
     uid: str
     node: str
     gpus: tuple[int, ...]
-    assignment: str
 
 
 class Extender:
@@ -278,7 +277,7 @@ class Extender:
                     self.cluster.assume(pod, n, gpus)
                 except (ValueError, AccountingError) as e:
                     raise BadRequest(f"pod {pod.key} no longer fits node {node}: {e}") from None
-        return BindPlan(pod, uid, node, gpus, assignment_annotation(node, gpus, pod))
+        return BindPlan(pod, uid, node, gpus)
 
     def complete(self, plan: BindPlan, error: str | None) -> dict[str, str]:
         """After the API calls: forget the booking if they failed. → ExtenderBindingResult."""
