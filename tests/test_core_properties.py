@@ -385,8 +385,10 @@ def test_placement_frag_matches_recomputation(
 
 
 # --------------------------------------------------------------------------------- (g) score cache
-def _placements(profile: Profile, sc: Scenario, clear_cache: bool) -> list[tuple[int, tuple[int, ...]]]:
-    snap = ClusterState(sc.nodes)
+def _placements(
+    profile: Profile, sc: Scenario, clear_cache: bool, capacity: int = 1024
+) -> list[tuple[int, tuple[int, ...]]]:
+    snap = ClusterState(sc.nodes, score_cache_capacity=capacity)
     out = []
     for kind, x in sc.events:
         if kind == "del":
@@ -398,6 +400,7 @@ def _placements(profile: Profile, sc: Scenario, clear_cache: bool) -> list[tuple
             snap.score_cache.clear()
         r = schedule_one(profile, x, snap, tiebreak=sc.tiebreak, diagnose_failures=False)
         out.append((r.node, r.gpus))
+        assert len(snap.score_cache) <= capacity
     return out
 
 
@@ -408,6 +411,8 @@ def test_score_cache_gives_the_same_placements(policy: str, sc: Scenario) -> Non
     cached = _placements(profile_for(policy, sc.pods), sc, clear_cache=False)
     fresh = _placements(profile_for(policy, sc.pods), sc, clear_cache=True)
     assert cached == fresh
+    # a cache too small for the shapes in play evicts entries all the time: same placements
+    assert _placements(profile_for(policy, sc.pods), sc, clear_cache=False, capacity=2) == fresh
 
 
 @pytest.mark.parametrize("policy", CACHED)

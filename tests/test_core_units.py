@@ -650,3 +650,18 @@ def test_permit_wait_keeps_the_pod_assumed_and_assume_false_books_nothing() -> N
     r2 = schedule_one(make_profile("bestfit"), share("t", 100), snap, assume=False)
     assert isinstance(r2, ScheduleResult) and r2.scheduled and r2.gpus == (0,)
     assert "default/t" not in snap.allocations and snap.node_gpu_free(0) == [900]
+
+
+def test_score_cache_drops_the_least_recently_used_entry() -> None:
+    from gpusched.core.cluster import ScoreCache
+
+    c = ScoreCache(capacity=2)
+    c["a"], c["b"] = 1, 2
+    assert c.get("a") == 1  # "a" is now the most recently used
+    c["c"] = 3
+    assert list(c) == ["a", "c"] and c.get("b") is None and c.get("missing", 7) == 7
+    c["a"] = 10  # overwriting refreshes too
+    c["d"] = 4
+    assert list(c) == ["a", "d"]
+    with pytest.raises(ValueError, match="capacity must be positive"):
+        ScoreCache(0)

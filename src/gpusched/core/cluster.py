@@ -12,6 +12,7 @@ resource is an integer numpy array so that filters and scores run over all nodes
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,8 +28,34 @@ class AccountingError(RuntimeError):
     """An assume or forget that would break the books (double booking, unknown pod)."""
 
 
+class ScoreCache(OrderedDict[object, object]):
+    """Plugins' per-snapshot caches (label masks, scores by pod shape), least recently used
+    dropped first beyond ``capacity`` entries. A long-running scheduler sees an open-ended
+    number of pod shapes and relearns its profile now and then; without a bound the cached
+    score rows of shapes and profiles long gone would grow without end. A dropped entry is
+    simply recomputed when asked for again."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        super().__init__()
+        if capacity < 1:
+            raise ValueError(f"score cache capacity must be positive, got {capacity}")
+        self.capacity = capacity
+
+    def get(self, key: object, default: object = None) -> object:
+        if key in self:
+            self.move_to_end(key)
+            return super().__getitem__(key)
+        return default
+
+    def __setitem__(self, key: object, value: object) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.capacity:
+            self.popitem(last=False)
+
+
 class ClusterState:
-    def __init__(self, nodes: Sequence[NodeSpec]) -> None:
+    def __init__(self, nodes: Sequence[NodeSpec], *, score_cache_capacity: int = 1024) -> None:
         names = [n.name for n in nodes]
         if len(set(names)) != len(names):
             dup = next(n for n in names if names.count(n) > 1)
@@ -57,7 +84,7 @@ class ClusterState:
         self.gen: I64 = np.zeros(n, dtype=np.int64)
         self.allocations: dict[str, Allocation] = {}
         self.node_pods: list[set[str]] = [set() for _ in range(n)]
-        self.score_cache: dict[object, object] = {}
+        self.score_cache = ScoreCache(score_cache_capacity)
         """Per-snapshot caches of plugins (label masks, scores by pod shape); a copy starts empty."""
         self.total_gpu_milli = int(self.gpu_cap.sum())
 
@@ -142,7 +169,7 @@ class ClusterState:
             setattr(c, f, getattr(self, f).copy())
         c.allocations = dict(self.allocations)
         c.node_pods = [set(s) for s in self.node_pods]
-        c.score_cache = {}
+        c.score_cache = ScoreCache(self.score_cache.capacity)
         return c
 
     def verify(self) -> list[str]:
