@@ -406,3 +406,24 @@ def test_bench_traces_names_a_missing_or_broken_results_file(tmp_path: Path) -> 
     bad = runner().invoke(app, args)
     assert bad.exit_code != 0 and "analysis_allo_discrete.csv:2" in bad.output
     assert "Traceback" not in bad.output
+
+
+@quiet_plots
+def test_simulate_replay_prints_both_tables_and_json_by_class(tmp_path: Path) -> None:
+    (tmp_path / "nodes.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,T4\n")
+    rows = [
+        "a,1000,1024,1,500,,0,100",
+        "big,1000,1024,2,1000,,10,1000",
+        "c,1000,1024,0,0,,20,30",
+    ]
+    header = f"{POD_HEADER},creation_time,deletion_time"
+    (tmp_path / "pods.csv").write_text("\n".join([header, *rows, ""]))
+    args = ["simulate", "--nodes", str(tmp_path / "nodes.csv"), "--pods", str(tmp_path / "pods.csv")]
+    args += ["--protocol", "replay", "-p", "bestfit", "--seeds", "1", "--out", str(tmp_path / "out")]
+    table = runner().invoke(app, args)
+    assert table.exit_code == 0, table.output
+    assert "Pending time by request size" in table.output and "2 GPUs" in table.output
+    res = runner().invoke(app, [*args, "--json", "--no-plots"])
+    (result,) = parse_json(res.stdout)["results"]  # type: ignore[misc]
+    assert result["by_class"]["2 GPUs"]["pending_max_s"] == 90.0
+    assert result["by_class"]["cpu only"]["scheduled"] == 1

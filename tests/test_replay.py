@@ -251,3 +251,26 @@ def test_replay_of_the_alibaba_trace_head() -> None:
     assert r.horizon_s > 100 * 86400  # spans months: the engine jumps between events
     assert len(r.samples) == r.horizon_s // 3600 + 1
     assert 0.0 < r.mean_alloc_pct < 100.0
+
+
+def test_pending_time_by_request_size() -> None:
+    # 2 GPUs. A share holds GPU 0 until 100, so the 2-GPU pod arriving at 10 waits 90 s, while
+    # a second share (20..50) fits beside the first and a 1-GPU pod (30..40) takes GPU 1 at once.
+    # A 1-GPU pod arriving at 150 finds both GPUs held by the big one and leaves at 160 unplaced.
+    pods = [
+        pod("s1", 0, 100, milli=500),
+        pod("big", 10, 1000, gpus=2),
+        pod("s2", 20, 50, milli=300),
+        pod("cpu", 25, 1000, gpus=0),
+        pod("one", 30, 40),
+        pod("late", 150, 160),
+    ]
+    r = run_replay([node(gpus=2)], pods, "bestfit", audit=True)
+    assert list(r.by_class) == ["cpu only", "share", "1 GPU", "2 GPUs"]
+    big, share, one = r.by_class["2 GPUs"], r.by_class["share"], r.by_class["1 GPU"]
+    assert (big["pods"], big["scheduled"], big["pending_max_s"]) == (1, 1, 90.0)
+    assert (share["pods"], share["scheduled"], share["pending_max_s"]) == (2, 2, 0.0)
+    assert (one["pods"], one["scheduled"], one["expired"], one["pending_max_s"]) == (2, 1, 1, 0.0)
+    assert r.by_class["cpu only"]["scheduled"] == 1
+    assert sum(c["pods"] for c in r.by_class.values()) == len(pods)
+    assert r.to_dict()["by_class"] == r.by_class  # in the JSON as well

@@ -193,7 +193,7 @@ def _simulate_replay(
 
     from gpusched.sim import plots as P
     from gpusched.sim.replay import run_replay
-    from gpusched.sim.report import replay_table
+    from gpusched.sim.report import replay_class_table, replay_table
     from gpusched.sim.workload import compress_arrivals
 
     pods = compress_arrivals(wl.pods, load_factor)
@@ -219,6 +219,7 @@ def _simulate_replay(
         emit_json({**report, "results": [{k: v for k, v in r.items() if k != "samples"} for r in rows]})
         return
     out_console.print(replay_table(results, f"Replay of {wl.label} (arrivals ×{load_factor})"))
+    out_console.print(replay_class_table(results))
     for f in files:
         out_console.print(f"plot: {f}")
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from gpusched.core.cluster import ClusterState
 from gpusched.core.fragmentation import TargetWorkload
-from gpusched.core.model import NodeSpec
+from gpusched.core.model import NodeSpec, PodSpec
 from gpusched.core.policies import PolicyContext, make_profile
 from gpusched.core.scheduler import schedule_one
 from gpusched.sim.engine import EventQueue, Priority
@@ -62,6 +62,9 @@ class ReplayResult:
     horizon_s: int = 0
     samples: list[tuple[int, float, int]] = field(default_factory=list)
     """(time_s, gpu_alloc_pct, pending_count) every ``sample_every_s`` from the first arrival."""
+    by_class: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per request size (``request_class``): pods, scheduled, expired, timed_out, never_scheduled
+    and pending p50/p90/p99/max of the scheduled ones. Shows whether big pods starve."""
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, object]:
@@ -89,6 +92,37 @@ def _validate(pods: Sequence[TracePod]) -> None:
         if key in seen:
             raise ValueError(f"pod {key} appears twice")
         seen.add(key)
+
+
+CLASS_ORDER = ("cpu only", "share", "1 GPU", "2 GPUs", "4 GPUs", "8 GPUs")
+
+
+def request_class(spec: PodSpec) -> str:
+    """A pod's size class for the pending-time breakdown: CPU only, a GPU share, or N GPUs."""
+    if spec.num_gpu == 0:
+        return "cpu only"
+    if spec.is_share:
+        return "share"
+    return "1 GPU" if spec.num_gpu == 1 else f"{spec.num_gpu} GPUs"
+
+
+def _class_stats(
+    specs: Sequence[PodSpec], waited: dict[int, int], outcome: dict[int, str]
+) -> dict[str, dict[str, float]]:
+    groups: dict[str, list[int]] = {}
+    for i, sp in enumerate(specs):
+        groups.setdefault(request_class(sp), []).append(i)
+    rank = {c: k for k, c in enumerate(CLASS_ORDER)}
+    out: dict[str, dict[str, float]] = {}
+    for cls in sorted(groups, key=lambda c: (rank.get(c, len(rank)), c)):
+        idx = groups[cls]
+        w = [waited[i] for i in idx if i in waited]
+        row: dict[str, float] = {"pods": len(idx), "scheduled": len(w)}
+        for kind in ("expired", "timed_out", "never_scheduled"):
+            row[kind] = sum(1 for i in idx if outcome.get(i) == kind)
+        row.update(_waits(w))
+        out[cls] = row
+    return out
 
 
 def _waits(values: list[int]) -> dict[str, float]:
@@ -141,6 +175,8 @@ def run_replay(
     integral_arrivals, last_arrival = 0, start  # the same up to the last arrival
     peak = 0
     waits: list[int] = []
+    waited: dict[int, int] = {}  # pod index -> seconds pending before it was placed
+    outcome: dict[int, str] = {}  # pod index -> expired / timed_out / never_scheduled
     expired = timed_out = 0
     dirty = False  # resources freed since the last retry pass
     tick_armed = False
@@ -160,6 +196,7 @@ def run_replay(
             alloc += specs[i].gpu_demand_milli
             peak = max(peak, alloc)
             waits.append(now - created[i])
+            waited[i] = now - created[i]
         return r.scheduled
 
     def unqueue(i: int) -> None:
@@ -218,11 +255,13 @@ def run_replay(
             elif pending[i]:
                 unqueue(i)
                 expired += 1
+                outcome[i] = "expired"
         elif ev.priority == Priority.TIMEOUT:
             if pending[i]:
                 end = now
                 unqueue(i)
                 timed_out += 1
+                outcome[i] = "timed_out"
         else:  # RETRY
             if dirty and queue:
                 retry_pass()
@@ -242,6 +281,8 @@ def run_replay(
     if errs := snap.verify():
         raise AssertionError(f"accounting broken after replay: {errs}")
     horizon = end - start
+    for key in queue:
+        outcome[key[2]] = "never_scheduled"
     return ReplayResult(
         policy=policy,
         seed=seed,
@@ -260,5 +301,6 @@ def run_replay(
         peak_alloc_pct=100.0 * peak / cap if cap else 0.0,
         horizon_s=horizon,
         samples=samples,
+        by_class=_class_stats(specs, waited, outcome),
         seconds=(clock() - t0) if clock else 0.0,
     )
