@@ -12,6 +12,7 @@ from gpusched.core.framework import Profile, ScorePlugin, WeightedScore
 from gpusched.core.plugins.gpufit import GPUFit
 from gpusched.core.plugins.nodeaffinity import NodeAffinity
 from gpusched.core.plugins.noderesources import NodeResourcesFit
+from gpusched.core.plugins.preemption import DefaultPreemption
 from gpusched.core.plugins.tainttoleration import TaintToleration
 from gpusched.core.policies.bestfit import BestFitScore
 from gpusched.core.policies.clustering import GpuClusteringScore
@@ -57,9 +58,12 @@ def standard_filters() -> tuple[NodeResourcesFit, GPUFit, NodeAffinity, TaintTol
     return (NodeResourcesFit(), GPUFit(), NodeAffinity(), TaintToleration())
 
 
-def make_profile(policy: str, ctx: PolicyContext | None = None) -> Profile:
-    """A profile with the standard filters and ``policy`` as its only score plugin."""
+def make_profile(policy: str, ctx: PolicyContext | None = None, *, preemption: bool = False) -> Profile:
+    """A profile with the standard filters and ``policy`` as its only score plugin; with
+    ``preemption``, DefaultPreemption as its PostFilter."""
     if policy not in _FACTORIES:
         raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     plugin = _FACTORIES[policy](ctx or PolicyContext())
-    return Profile(name=policy, filters=standard_filters(), scores=(WeightedScore(plugin, 1.0),))
+    filters = standard_filters()
+    post = (DefaultPreemption(filters),) if preemption else ()
+    return Profile(name=policy, filters=filters, post_filters=post, scores=(WeightedScore(plugin, 1.0),))

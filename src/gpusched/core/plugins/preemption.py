@@ -1,0 +1,114 @@
+"""DefaultPreemption (PostFilter): make room for a pod by evicting lower-priority pods.
+
+Runs when a pod fits nowhere, after kube-scheduler's DefaultPreemption:
+
+1. **Candidates**: nodes that failed for a *resolvable* reason (Unschedulable, not
+   UnschedulableAndUnresolvable) and hold pods of lower priority than the preemptor.
+   At most ``max(min_candidates, candidate_pct % of the nodes)`` are examined, starting at an
+   offset derived from the pod's name (deterministic, and different pods spread over nodes).
+2. **Victims per node**: in a ``Statement``, evict every lower-priority pod on the node; if the
+   pod still does not fit, the node is no candidate. Otherwise put the would-be victims back
+   one by one, most important first (highest priority, then the smallest GPU demand), keeping
+   each one that leaves room for the preemptor: what stays evicted is a minimal set in that
+   order. The statement is discarded: the snapshot is untouched.
+3. **Node**: the fewest harm, compared in order: the highest victim priority, the sum of victim
+   priorities, the number of victims, the GPU milli evicted, then node index.
+
+The result names the node and the victims (``PostFilterResult``); the front end evicts them
+and schedules the pod again once they are gone. The decision itself books nothing.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+
+from gpusched.core.cluster import ClusterState
+from gpusched.core.framework import CycleState, FilterPlugin, PostFilterResult
+from gpusched.core.model import Allocation, PodSpec
+from gpusched.core.statement import Statement
+from gpusched.core.status import Diagnosis, Status
+
+_PRIORITY_OFFSET = 1 << 31  # sums of priorities stay monotone in the number of victims
+
+
+class DefaultPreemption:
+    name = "DefaultPreemption"
+
+    def __init__(
+        self, filters: Sequence[FilterPlugin], *, min_candidates: int = 100, candidate_pct: int = 10
+    ) -> None:
+        if min_candidates < 1 or not 0 < candidate_pct <= 100:
+            raise ValueError("min_candidates must be >= 1 and candidate_pct in 1..100")
+        self.filters = tuple(filters)
+        self.min_candidates = min_candidates
+        self.candidate_pct = candidate_pct
+
+    # ---------------------------------------------------------------- helpers
+    def _fits(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> bool:
+        return all(bool(f.filter(state, pod, snap)[node]) for f in self.filters)
+
+    def _candidates(self, pod: PodSpec, snap: ClusterState, diagnosis: Diagnosis | None) -> list[int]:
+        unresolvable = diagnosis.unresolvable_nodes() if diagnosis is not None else frozenset()
+        n = len(snap)
+        limit = min(n, max(self.min_candidates, n * self.candidate_pct // 100))
+        start = zlib.crc32(pod.key.encode()) % n if n else 0
+        out: list[int] = []
+        for k in range(n):
+            node = (start + k) % n
+            if snap.names[node] in unresolvable:
+                continue
+            if any(snap.allocations[key].pod.priority < pod.priority for key in snap.node_pods[node]):
+                out.append(node)
+                if len(out) >= limit:
+                    break
+        return out
+
+    def victims_on(
+        self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int
+    ) -> list[Allocation] | None:
+        """A minimal set of lower-priority pods on ``node`` whose eviction lets ``pod`` fit, or
+        None when evicting all of them is not enough. ``snap`` is left as it was."""
+        lower = [
+            snap.allocations[k] for k in sorted(snap.node_pods[node])
+            if snap.allocations[k].pod.priority < pod.priority
+        ]  # fmt: skip
+        if not lower:
+            return None
+        with Statement(snap) as st:
+            for a in lower:
+                st.evict(a.pod.key)
+            if not self._fits(state, pod, snap, node):
+                return None
+            victims = []
+            for a in sorted(lower, key=lambda a: (-a.pod.priority, a.pod.gpu_demand_milli, a.pod.key)):
+                st.assume(a.pod, a.node, a.gpus)  # reprieve it, if the preemptor still fits
+                if not self._fits(state, pod, snap, node):
+                    st.evict(a.pod.key)
+                    victims.append(a)
+            # leaving the block discards the statement: the snapshot is as it was
+        return victims
+
+    # -------------------------------------------------------------- PostFilter
+    def post_filter(
+        self, state: CycleState, pod: PodSpec, snap: ClusterState, diagnosis: Diagnosis | None
+    ) -> PostFilterResult:
+        best: tuple[tuple[int, int, int, int, int], int, list[Allocation]] | None = None
+        for node in self._candidates(pod, snap, diagnosis):
+            victims = self.victims_on(state, pod, snap, node)
+            if victims is None:
+                continue
+            key = (
+                max(v.pod.priority for v in victims) if victims else -_PRIORITY_OFFSET,
+                sum(v.pod.priority + _PRIORITY_OFFSET for v in victims),
+                len(victims),
+                sum(v.pod.gpu_demand_milli for v in victims),
+                node,
+            )
+            if best is None or key < best[0]:
+                best = (key, node, victims)
+        if best is None:
+            why = "preemption: no node where evicting lower-priority pods helps"
+            return PostFilterResult(Status.unschedulable(why, self.name))
+        _, node, victims = best
+        return PostFilterResult(Status.success(), node, tuple(v.pod.key for v in victims))

@@ -1,0 +1,144 @@
+"""DefaultPreemption (PostFilter): victims, their minimality, the node chosen, and a snapshot left alone."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from gpusched.core.cluster import ClusterState
+from gpusched.core.fragmentation import TargetWorkload
+from gpusched.core.framework import Profile
+from gpusched.core.model import GPU_MILLI, NodeSpec, PodSpec, Taint
+from gpusched.core.plugins.preemption import DefaultPreemption
+from gpusched.core.policies import PolicyContext, make_profile
+from gpusched.core.scheduler import schedule_one
+from gpusched.core.status import Code
+from test_core_properties import Scenario, arrays, assert_arrays_equal, bf_fits, delete_one, pods, scenarios
+
+PROPS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def profile(pod_list: list[PodSpec], policy: str = "bestfit") -> Profile:
+    ctx = PolicyContext(TargetWorkload.from_pods(pod_list or [PodSpec("w", 1, 1)]), np.random.default_rng(0))
+    return make_profile(policy, ctx, preemption=True)
+
+
+def node(name: str, gpus: int = 2, cpu: int = 64_000, taints: tuple[Taint, ...] = ()) -> NodeSpec:
+    return NodeSpec(name, cpu_milli=cpu, memory_mib=1 << 18, gpu_count=gpus, gpu_model="A", taints=taints)
+
+
+def whole(name: str, prio: int, gpus: int = 1, cpu: int = 1000) -> PodSpec:
+    return PodSpec(name, cpu_milli=cpu, memory_mib=1024, num_gpu=gpus, gpu_milli=GPU_MILLI, priority=prio)
+
+
+def fill(snap: ClusterState, placed: list[tuple[PodSpec, int, tuple[int, ...]]]) -> None:
+    for p, n, g in placed:
+        snap.assume(p, n, g)
+
+
+def test_evicts_the_fewest_least_important_pods() -> None:
+    snap = ClusterState([node("n0"), node("n1")])
+    fill(snap, [
+        (whole("low-a", 0), 0, (0,)), (whole("low-b", 0), 0, (1,)),   # n0: two priority-0 pods
+        (whole("mid-a", 50), 1, (0,)), (whole("low-c", 0), 1, (1,)),  # n1: one priority-50, one priority-0
+    ])  # fmt: skip
+    prof = profile([])
+    r = schedule_one(prof, whole("urgent", 100), snap)
+    assert not r.scheduled and r.status.code == Code.UNSCHEDULABLE
+    # one priority-0 victim frees a GPU on either node (n1: low-c; n0: low-a is reprieved
+    # first, by name, and stays, so low-b goes); everything else ties, so the lower index wins
+    assert r.nominated_node == 0 and r.victims == ("default/low-b",)
+    two = schedule_one(prof, whole("urgent2", 100, gpus=2), snap)
+    # two GPUs: n0 costs two priority-0 pods, n1 costs a priority-50 pod: n0 (lower highest priority)
+    assert two.nominated_node == 0 and sorted(two.victims) == ["default/low-a", "default/low-b"]
+
+
+def test_never_evicts_equal_or_higher_priority_and_respects_unresolvable_nodes() -> None:
+    taint = Taint("dedicated", "x", "NoSchedule")
+    snap = ClusterState([node("tainted", taints=(taint,)), node("n1")])
+    fill(snap, [
+        (whole("low-t0", 0), 0, (0,)), (whole("low-t1", 0), 0, (1,)),
+        (whole("peer", 100), 1, (0,)), (whole("boss", 200), 1, (1,)),
+    ])  # fmt: skip
+    r = schedule_one(profile([]), whole("urgent", 100), snap)
+    assert not r.scheduled and r.nominated_node == -1 and r.victims == ()
+    assert snap.verify() == [] and len(snap.allocations) == 4
+
+
+def test_cpu_only_victims_do_not_count_when_gpus_are_the_problem() -> None:
+    snap = ClusterState([node("n0", gpus=1, cpu=8000)])
+    fill(snap, [(whole("gpu-low", 0), 0, (0,)), (PodSpec("cpu-low", cpu_milli=4000, memory_mib=10), 0, ())])
+    r = schedule_one(profile([]), whole("urgent", 10, cpu=2000), snap)
+    assert r.victims == ("default/gpu-low",)  # the CPU-only pod is reprieved: evicting it frees no GPU
+
+
+def test_share_preemption_picks_the_share_that_frees_enough() -> None:
+    snap = ClusterState([node("n0", gpus=1)])
+    share = lambda name, milli, prio: PodSpec(name, 1000, 100, 1, milli, priority=prio)  # noqa: E731
+    fill(snap, [(share("s300", 300, 0), 0, (0,)), (share("s500", 500, 0), 0, (0,))])
+    r = schedule_one(profile([]), share("want600", 600, 10), snap)
+    # reprieve order: smallest GPU demand first (s300 stays), so only s500 goes: 200 + 500 = 700 free
+    assert r.nominated_node == 0 and r.victims == ("default/s500",)
+
+
+def test_constructor_rejects_nonsense() -> None:
+    with pytest.raises(ValueError, match="min_candidates"):
+        DefaultPreemption((), min_candidates=0)
+    with pytest.raises(ValueError, match="candidate_pct"):
+        DefaultPreemption((), candidate_pct=0)
+
+
+@st.composite
+def prioritised(draw: st.DrawFn) -> Scenario:
+    sc = draw(scenarios(max_events=24, plain=True))
+    events = [
+        (k, replace(p, priority=draw(st.sampled_from((0, 0, 10, 100)))) if isinstance(p, PodSpec) else p)
+        for k, p in sc.events
+    ]
+    return Scenario(sc.nodes, events, sc.tiebreak)
+
+
+@PROPS
+@given(sc=prioritised(), pod=pods(900, plain=True), prio=st.sampled_from((10, 100, 1000)))
+def test_preemption_properties(sc: Scenario, pod: PodSpec, prio: int) -> None:
+    prof = profile(sc.pods)
+    snap = ClusterState(sc.nodes)
+    for kind, x in sc.events:
+        if kind == "add" and isinstance(x, PodSpec):
+            schedule_one(prof, x, snap, diagnose_failures=False)
+        elif kind == "del" and isinstance(x, int):
+            delete_one(snap, x)
+    pod = replace(pod, priority=prio)
+    before_arrays, before_allocs = arrays(snap), dict(snap.allocations)
+    r = schedule_one(prof, pod, snap, assume=False)
+    assert_arrays_equal(snap, before_arrays, "after preemption")  # the decision books nothing
+    assert snap.allocations == before_allocs
+    event("scheduled" if r.scheduled else ("preempts" if r.nominated_node >= 0 else "no victims help"))
+    if r.scheduled:
+        return
+    if r.nominated_node < 0:
+        # complete: on no node does evicting every lower-priority pod make room
+        for n in range(len(snap)):
+            probe = snap.copy()
+            for key in list(probe.node_pods[n]):
+                if probe.allocations[key].pod.priority < prio:
+                    probe.forget(key)
+            assert not bf_fits(probe, pod, n), f"node {n} would fit after evicting lower-priority pods"
+        return
+    n = r.nominated_node
+    victims = [snap.allocations[k] for k in r.victims]
+    assert victims and all(v.node == n and v.pod.priority < prio for v in victims)
+    after = snap.copy()
+    for v in victims:
+        after.forget(v.pod.key)
+    assert bf_fits(after, pod, n)  # the victims make room on the nominated node
+    for v in victims:  # minimal: putting any single victim back leaves no room
+        again = after.copy()
+        again.assume(v.pod, v.node, v.gpus)
+        assert not bf_fits(again, pod, n), f"{v.pod.key} did not need to go"
+    placed = schedule_one(prof, pod, after)
+    assert placed.scheduled  # and the scheduler then places it (on n or a node at least as good)
