@@ -237,7 +237,6 @@ def test_rbac_is_least_privilege(rbac: ControlPlane) -> None:
         ("create", "events.events.k8s.io"),
     ]
     common_denied = [
-        ("delete", "pods"),
         ("update", "pods"),
         ("create", "pods"),
         ("patch", "nodes"),
@@ -251,6 +250,7 @@ def test_rbac_is_least_privilege(rbac: ControlPlane) -> None:
         [
             *common_allowed,
             ("patch", "pods/status"),
+            ("delete", "pods"),  # preemption victims
             ("create", "leases.coordination.k8s.io", NAMESPACE),
             ("update", "leases.coordination.k8s.io", NAMESPACE, "gpusched-scheduler"),
             ("get", "leases.coordination.k8s.io", NAMESPACE, "gpusched-scheduler"),
@@ -260,7 +260,12 @@ def test_rbac_is_least_privilege(rbac: ControlPlane) -> None:
     check(
         "gpusched-extender",
         common_allowed,
-        [*common_denied, ("patch", "pods/status"), ("create", "leases.coordination.k8s.io", NAMESPACE)],
+        [
+            *common_denied,
+            ("delete", "pods"),  # kube-scheduler evicts preemption victims, not the extender
+            ("patch", "pods/status"),
+            ("create", "leases.coordination.k8s.io", NAMESPACE),
+        ],
     )
     lease = ("leases.coordination.k8s.io", NAMESPACE)
     check(

@@ -381,3 +381,59 @@ def test_invalid_and_unschedulable_pods_get_events(env: Env) -> None:
     assert (cond["status"], cond["reason"]) == ("False", "Unschedulable")
     assert cond["message"] == failed["message"]
     assert not pods["invalid"]["spec"].get("nodeName")
+
+
+def test_high_priority_pod_preempts_the_fewest_lower_priority_pods(env: Env) -> None:
+    from kubernetes import client
+
+    from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
+
+    classes = client.SchedulingV1Api(env.api)
+    low, high = f"low-{env.tag}", f"high-{env.tag}"
+    for name, value in ((low, 10), (high, 1000)):
+        body = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name}}
+        classes.create_priority_class({**body, "value": value}, _preload_content=False)
+
+    def pod(name: str, res: dict[str, str], pclass: str) -> dict[str, Any]:
+        body = env.pod(name, {"cpu": "1", **res})
+        body["spec"]["priorityClassName"] = pclass
+        return body
+
+    sched = None
+    try:
+        env.nodes([(f"{env.tag}-n0", 16000, 65536, 2, "T4")])
+        # one GPU holds a whole-GPU pod, the other two shares: all priority 10
+        env.create_pods([
+            pod("low-whole", {"nvidia.com/gpu": "1"}, low),
+            pod("low-share-a", {"gpusched.io/gpu-milli": "500"}, low),
+            pod("low-share-b", {"gpusched.io/gpu-milli": "400"}, low),
+        ], threads=1)  # fmt: skip
+        sched = StandaloneScheduler(env.api, SchedulerConfig(scheduler_name=env.scheduler)).start()
+        wait_until(
+            lambda: all(p["spec"].get("nodeName") for p in env.list_pods()), timeout=60, what="low pods bound"
+        )
+        env.create_pods([pod("urgent", {"nvidia.com/gpu": "1"}, high)])
+
+        def urgent_bound() -> bool:
+            pods = env.list_pods()
+            return any(p["metadata"]["name"] == "urgent" and p["spec"].get("nodeName") for p in pods)
+
+        wait_until(urgent_bound, timeout=90, what="the high-priority pod bound after preemption")
+        sched.events.flush()
+    finally:
+        if sched is not None:
+            sched.stop()
+        for name in (low, high):
+            classes.delete_priority_class(name, _preload_content=False)
+    pods = {p["metadata"]["name"]: p for p in env.list_pods()}
+    # evicting the whole-GPU pod frees a GPU with one victim; the two shares would be two
+    assert "low-whole" not in pods or pods["low-whole"]["metadata"].get("deletionTimestamp")
+    assert pods["low-share-a"]["spec"]["nodeName"] and pods["low-share-b"]["spec"]["nodeName"]
+    assert not pods["low-share-a"]["metadata"].get("deletionTimestamp")
+    assert not pods["low-share-b"]["metadata"].get("deletionTimestamp")
+    assert pods["urgent"]["spec"]["priority"] == 1000
+    (ev,) = env.events("Preempted")
+    assert ev["involvedObject"]["name"] == "low-whole"
+    assert ev["message"] == f"Preempted by {env.ns}/urgent on node {env.tag}-n0"
+    live = [p for p in pods.values() if not p["metadata"].get("deletionTimestamp")]
+    assert check_no_overcommit(env.list_nodes(), live) == 1000 + 500 + 400

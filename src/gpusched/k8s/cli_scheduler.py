@@ -40,6 +40,9 @@ def scheduler_command(
     bind_workers: Annotated[int, typer.Option(help="concurrent bindings")] = 16,
     profile_refresh_s: Annotated[float, typer.Option(help="relearn the target workload this often")] = 300.0,
     flush_s: Annotated[float, typer.Option(help="retry unschedulable pods at least this often")] = 30.0,
+    preemption: Annotated[
+        bool, typer.Option(help="evict lower-priority pods to make room for a pod that fits nowhere")
+    ] = True,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING")] = "INFO",
 ) -> None:
     """Run the standalone GPU scheduler: binds pending pods whose spec.schedulerName matches,
@@ -65,6 +68,7 @@ def scheduler_command(
         bind_workers=bind_workers,
         flush_s=flush_s,
         identity=identity,
+        preemption=preemption,
     )
     sched = StandaloneScheduler(api, cfg)
     stop = threading.Event()

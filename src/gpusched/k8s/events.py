@@ -4,6 +4,7 @@
 as client-go's broadcaster drops them) and a few worker threads send them:
 
 - ``scheduled`` — Normal ``Scheduled`` "Successfully assigned ns/pod to node".
+- ``preempted`` — Normal ``Preempted`` on a victim: "Preempted by ns/pod on node n".
 - ``failed`` — Warning ``FailedScheduling`` (or any reason, e.g. ``InvalidGPURequest``) with
   the message; the same (pod, reason, message) is emitted once, so retries do not spam; with
   ``condition=True`` the pod's ``PodScheduled`` condition is set False / Unschedulable too.
@@ -61,6 +62,11 @@ class EventRecorder:
         msg = f"Successfully assigned {meta.get('namespace', 'default')}/{meta.get('name')} to {node}"
         self.forget(str(meta.get("uid", "")))
         self._submit(lambda: self._event(pod, "Normal", "Scheduled", msg))
+
+    def preempted(self, victim: Mapping[str, Any], by: str, node: str) -> None:
+        """``victim``: a pod object or just its ``metadata`` (name, namespace, uid)."""
+        pod = victim if "metadata" in victim else {"metadata": victim}
+        self._submit(lambda: self._event(pod, "Normal", "Preempted", f"Preempted by {by} on node {node}"))
 
     def failed(
         self, pod: Mapping[str, Any], message: str, reason: str = "FailedScheduling", condition: bool = True

@@ -38,7 +38,7 @@ from gpusched.core.model import PodSpec
 from gpusched.core.policies import POLICIES, PolicyContext, make_profile
 from gpusched.core.scheduler import schedule_one
 from gpusched.core.status import Code
-from gpusched.k8s.binder import APIBinder
+from gpusched.k8s.binder import APIBinder, describe
 from gpusched.k8s.convert import InvalidRequest, pod_from_k8s
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.informer import Reflector
@@ -62,6 +62,9 @@ class SchedulerConfig:
     flush_s: float = 30.0
     frag_interval_s: float = 5.0
     identity: str = ""
+    preemption: bool = True
+    """When a pod fits nowhere, evict lower-priority pods to make room (kube-scheduler's
+    DefaultPreemption: minimal victims, least-harm node; ``core/plugins/preemption.py``)."""
 
 
 class StandaloneScheduler:
@@ -90,6 +93,8 @@ class StandaloneScheduler:
         self._gauges_at = -1e9
         self.scheduled = 0
         self.bind_errors = 0
+        self._preempting: dict[str, tuple[str, ...]] = {}  # preemptor -> victims it is waiting for
+        self._plock = threading.Lock()
 
     # ------------------------------------------------------------ lifecycle
     def start(self, lead: bool = True) -> StandaloneScheduler:
@@ -141,6 +146,9 @@ class StandaloneScheduler:
         key = pod_key(obj)
         meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
         phase = (obj.get("status") or {}).get("phase")
+        if deleted or spec.get("nodeName"):
+            with self._plock:
+                self._preempting.pop(key, None)
         if deleted:
             self.queue.remove(key)
             self.events.forget(str(meta.get("uid", "")))
@@ -205,17 +213,26 @@ class StandaloneScheduler:
             self.queue.done(qp.key)
             return
         t0 = time.perf_counter()
+        victims: list[PodSpec] = []
         with self.cluster.snapshot() as snap:
             self._note_state(snap)
             profile = self._current_profile(pod, snap)
             r = schedule_one(profile, pod, snap, tiebreak=self._tiebreak, diagnose_failures=True)
             if r.scheduled:
                 self.cluster.assume(pod, r.node, r.gpus)
+            elif r.victims and self._may_preempt(qp.key, snap):
+                victims = [snap.allocations[k].pod for k in r.victims]
+                node_name = snap.names[r.nominated_node]
         dt = time.perf_counter() - t0
         if not r.scheduled:
             self.metrics.observe_attempt("unschedulable", dt)
             msg = r.diagnosis.message() if r.diagnosis else r.status.message()
             self.events.failed(qp.obj, msg)
+            if victims:
+                with self._plock:
+                    self._preempting[qp.key] = tuple(v.key for v in victims)
+                self.metrics.preemption_attempts.inc()
+                self._pool.submit(self._preempt, pod, node_name, victims)
             self.queue.done(qp.key, unschedulable=True)
             return
         self.metrics.observe_attempt("scheduled", dt)
@@ -237,6 +254,36 @@ class StandaloneScheduler:
         self.metrics.binding_duration.labels("ok").observe(time.perf_counter() - t0)
         self.events.scheduled(qp.obj, node)
 
+    # ------------------------------------------------------------ preemption
+    def _may_preempt(self, key: str, snap: Any) -> bool:
+        """Not while the victims of this pod's last preemption are still in the books (being
+        deleted): evicting more for the same pod would over-preempt."""
+        with self._plock:
+            waiting = self._preempting.get(key, ())
+            if any(v in snap.allocations for v in waiting):
+                return False
+            self._preempting.pop(key, None)
+        return True
+
+    def _preempt(self, pod: PodSpec, node: str, victims: list[PodSpec]) -> None:
+        """Delete the victims (UID preconditions), tell them why, nominate the node. Once they
+        are gone the informer moves the preemptor back to the active queue."""
+        for v in victims:
+            body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=v.uid) if v.uid else None)
+            try:
+                self.core.delete_namespaced_pod(v.name, v.namespace, body=body, _preload_content=False)
+            except Exception as e:
+                if getattr(e, "status", None) != 404:  # already gone is fine
+                    log.warning("preempting %s for %s failed: %s", v.key, pod.key, describe(e))
+                    continue
+            self.metrics.preemption_victims.inc()
+            self.events.preempted({"name": v.name, "namespace": v.namespace, "uid": v.uid}, pod.key, node)
+        try:
+            status = {"status": {"nominatedNodeName": node}}
+            self.core.patch_namespaced_pod_status(pod.name, pod.namespace, status, _preload_content=False)
+        except Exception as e:
+            log.debug("nominating %s for %s: %s", node, pod.key, describe(e))
+
     # --------------------------------------------------------------- profile
     def _current_profile(self, pod: PodSpec, snap: Any) -> Profile:
         now = time.monotonic()
@@ -245,7 +292,8 @@ class StandaloneScheduler:
         grown = seen >= 2 * self._profile_seen and now - self._profile_at >= 5.0
         if stale or (grown and self.config.workload is None and self.config.policy in _WORKLOAD_POLICIES):
             ctx = PolicyContext(self.workload(extra=pod), np.random.default_rng(0))
-            self._profile = dataclasses.replace(make_profile(self.config.policy, ctx), binds=(self._binder,))
+            base = make_profile(self.config.policy, ctx, preemption=self.config.preemption)
+            self._profile = dataclasses.replace(base, binds=(self._binder,))
             self._profile_at, self._profile_seen = now, seen
         assert self._profile is not None
         return self._profile

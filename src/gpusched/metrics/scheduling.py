@@ -8,6 +8,8 @@
 - ``gpusched_gpu_allocation_ratio`` — allocated / total GPU milli
 - ``gpusched_gpu_fragmentation_ratio`` — fragmented / idle GPU milli (FGD's measure)
 - ``gpusched_is_leader`` — 1 on the replica holding the Lease
+- ``gpusched_preemption_attempts_total`` — preemptions started (victims chosen)
+- ``gpusched_preemption_victims_total`` — pods evicted to make room
 """
 
 from __future__ import annotations
@@ -57,6 +59,13 @@ class SchedulerMetrics:
         )
         self.is_leader = Gauge(
             "gpusched_is_leader", "1 when this replica holds the leader Lease.", registry=r
+        )
+
+        self.preemption_attempts = Counter(
+            "gpusched_preemption_attempts", "Preemptions started: victims chosen and evicted.", registry=r
+        )
+        self.preemption_victims = Counter(
+            "gpusched_preemption_victims", "Pods evicted to make room for higher-priority pods.", registry=r
         )
 
     def observe_attempt(self, result: str, seconds: float) -> None:
