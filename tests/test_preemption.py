@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from gpusched.core.cluster import ClusterState
+from gpusched.core.cluster import AccountingError, ClusterState
 from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.framework import Profile
 from gpusched.core.model import GPU_MILLI, NodeSpec, PodSpec, Taint
@@ -142,3 +142,66 @@ def test_preemption_properties(sc: Scenario, pod: PodSpec, prio: int) -> None:
         assert not bf_fits(again, pod, n), f"{v.pod.key} did not need to go"
     placed = schedule_one(prof, pod, after)
     assert placed.scheduled  # and the scheduler then places it (on n or a node at least as good)
+
+
+@PROPS
+@given(
+    sc=prioritised(),
+    pod=pods(900, plain=True),
+    prio=st.sampled_from((0, 10, 100)),
+    noms=st.lists(st.tuples(pods(950, plain=True), st.integers(0, 7), st.sampled_from((0, 10, 100, 1000))),
+                  max_size=3),
+    twin=st.sampled_from((None, 0, 1000)),
+)  # fmt: skip
+def test_nominated_pods_keep_their_room(
+    sc: Scenario, pod: PodSpec, prio: int, noms: list[tuple[PodSpec, int, int]], twin: int | None
+) -> None:
+    from gpusched.core.devices import pick_gpus
+    from gpusched.core.statement import schedule_with_nominated
+
+    prof = profile(sc.pods)
+    snap = ClusterState(sc.nodes)
+    for kind, x in sc.events:
+        if kind == "add" and isinstance(x, PodSpec):
+            schedule_one(prof, x, snap, diagnose_failures=False)
+    pod = replace(pod, priority=prio)
+    nominated = [
+        (replace(p, name=f"nom{i}", priority=pr), n % len(snap)) for i, (p, n, pr) in enumerate(noms)
+    ]
+    first_choice = schedule_one(prof, pod, snap.copy())
+    if twin is not None and first_choice.scheduled:  # a pod just like it, nominated where it would go
+        nominated.append((replace(pod, name="twin", priority=twin), first_choice.node))
+    before_arrays, before_allocs = arrays(snap), dict(snap.allocations)
+    r = schedule_with_nominated(prof, pod, snap, nominated)
+    assert_arrays_equal(snap, before_arrays, "after scheduling with nominated pods")
+    assert snap.allocations == before_allocs
+    plain = schedule_one(prof, pod, snap.copy())
+    if not any(p.priority >= prio for p, _ in nominated):
+        assert (r.node, r.gpus) == (plain.node, plain.gpus)
+    event("nominated pods changed the decision" if (r.node, r.gpus) != (plain.node, plain.gpus) else "same")
+    if not r.scheduled:
+        return
+    # the nominated pods of at least the pod's priority that fitted before, in order, still fit
+    with_pod, without = snap.copy(), snap.copy()
+    with_pod.assume(pod, r.node, r.gpus)
+    for p, n in nominated:
+        if p.priority < prio:
+            continue
+        try:
+            without.assume(p, n, pick_gpus(without, p, n))
+        except (ValueError, AccountingError):
+            continue
+        with_pod.assume(p, n, pick_gpus(with_pod, p, n))  # raises if the pod took its room
+
+
+def test_only_nominated_pods_of_at_least_equal_priority_hold_room() -> None:
+    from gpusched.core.statement import schedule_with_nominated
+
+    snap = ClusterState([node("n0", gpus=1)])
+    prof = profile([])
+    pod = whole("p", 50)
+    assert schedule_with_nominated(prof, pod, snap, [(whole("nom-low", 10), 0)]).scheduled
+    held = schedule_with_nominated(prof, pod, snap, [(whole("nom-same", 50), 0)])
+    assert not held.scheduled and held.nominated_node == -1  # nothing lower to preempt either
+    assert not schedule_with_nominated(prof, pod, snap, [(whole("nom-high", 90), 0)]).scheduled
+    assert snap.allocations == {} and snap.node_gpu_free(0) == [GPU_MILLI]

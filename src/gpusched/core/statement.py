@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from gpusched.core.cluster import I64, AccountingError, ClusterState
+from gpusched.core.devices import pick_gpus
 from gpusched.core.framework import Profile
 from gpusched.core.model import Allocation, PodSpec
 from gpusched.core.scheduler import ScheduleResult, schedule_one
@@ -154,3 +155,34 @@ def schedule_all(
                 return GroupResult(Status(code, (msg,), "Statement"), tuple(results))
         st.commit()
     return GroupResult(Status.success(), tuple(results))
+
+
+def schedule_with_nominated(
+    profile: Profile,
+    pod: PodSpec,
+    snap: ClusterState,
+    nominated: Sequence[tuple[PodSpec, int]],
+    *,
+    tiebreak: I64 | None = None,
+    diagnose_failures: bool = True,
+) -> ScheduleResult:
+    """``schedule_one`` that keeps room for nominated pods (preemptors waiting for their victims
+    to leave) of at least ``pod``'s priority, as kube-scheduler does: each such pod that fits
+    its nominated node now is booked there for the cycle, then the bookings are undone.
+
+    Nothing stays booked, ``pod`` included (the caller assumes the result); ``snap`` ends as it
+    began. Nominated pods that do not fit yet (their victims are still there) hold nothing.
+    """
+    with Statement(snap) as held:
+        for other, node in nominated:
+            if other.key == pod.key or other.priority < pod.priority or other.key in snap.allocations:
+                continue
+            if not 0 <= node < len(snap):
+                continue
+            try:
+                held.assume(other, node, pick_gpus(snap, other, node))
+            except (ValueError, AccountingError):
+                continue  # does not fit there yet: nothing to hold
+        return schedule_one(
+            profile, pod, snap, tiebreak=tiebreak, diagnose_failures=diagnose_failures, assume=False
+        )

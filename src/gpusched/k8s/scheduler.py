@@ -37,6 +37,7 @@ from gpusched.core.framework import Profile, run_bind
 from gpusched.core.model import PodSpec
 from gpusched.core.policies import POLICIES, PolicyContext, make_profile
 from gpusched.core.scheduler import schedule_one
+from gpusched.core.statement import schedule_with_nominated
 from gpusched.core.status import Code
 from gpusched.k8s.binder import APIBinder, describe
 from gpusched.k8s.convert import InvalidRequest, pod_from_k8s
@@ -94,6 +95,7 @@ class StandaloneScheduler:
         self.scheduled = 0
         self.bind_errors = 0
         self._preempting: dict[str, tuple[str, ...]] = {}  # preemptor -> victims it is waiting for
+        self._nominated: dict[str, tuple[PodSpec, str]] = {}  # preemptor -> (spec, nominated node)
         self._plock = threading.Lock()
 
     # ------------------------------------------------------------ lifecycle
@@ -149,6 +151,7 @@ class StandaloneScheduler:
         if deleted or spec.get("nodeName"):
             with self._plock:
                 self._preempting.pop(key, None)
+                self._nominated.pop(key, None)
         if deleted:
             self.queue.remove(key)
             self.events.forget(str(meta.get("uid", "")))
@@ -217,7 +220,14 @@ class StandaloneScheduler:
         with self.cluster.snapshot() as snap:
             self._note_state(snap)
             profile = self._current_profile(pod, snap)
-            r = schedule_one(profile, pod, snap, tiebreak=self._tiebreak, diagnose_failures=True)
+            with self._plock:
+                nominated = [
+                    (p, snap.index.get(n, -1)) for k, (p, n) in self._nominated.items() if k != qp.key
+                ]
+            if nominated:  # keep their room from pods of lower priority (kube-scheduler does)
+                r = schedule_with_nominated(profile, pod, snap, nominated, tiebreak=self._tiebreak)
+            else:
+                r = schedule_one(profile, pod, snap, tiebreak=self._tiebreak, diagnose_failures=True)
             if r.scheduled:
                 self.cluster.assume(pod, r.node, r.gpus)
             elif r.victims and self._may_preempt(qp.key, snap):
@@ -231,6 +241,7 @@ class StandaloneScheduler:
             if victims:
                 with self._plock:
                     self._preempting[qp.key] = tuple(v.key for v in victims)
+                    self._nominated[qp.key] = (pod, node_name)
                 self.metrics.preemption_attempts.inc()
                 self._pool.submit(self._preempt, pod, node_name, victims)
             self.queue.done(qp.key, unschedulable=True)
