@@ -206,7 +206,7 @@ def test_assume_forget_and_bound_event() -> None:
     assert books(lc) == {}
 
 
-def test_terminal_and_terminating_pods_release() -> None:
+def test_terminal_pods_release_and_terminating_pods_hold_until_deleted() -> None:
     lc = LiveCluster()
     lc.upsert_node(node("n1"))
     done = pod("d", {"nvidia.com/gpu": "1"}, node_name="n1", gpus=(0,))
@@ -214,6 +214,18 @@ def test_terminal_and_terminating_pods_release() -> None:
     done = json.loads(json.dumps(done))
     done["status"]["phase"] = "Succeeded"
     lc.upsert_pod(done)
+    assert books(lc) == {}
+    going = pod("g", {"nvidia.com/gpu": "1"}, node_name="n1", gpus=(1,))
+    lc.upsert_pod(going)
+    going = json.loads(json.dumps(going))
+    going["metadata"]["deletionTimestamp"] = "2026-12-02T17:00:00Z"  # still running its grace period
+    lc.upsert_pod(going)
+    assert books(lc) == {"default/g": ("n1", (1,))}
+    lc.delete_pod("default/g")  # the informer's DELETED event
+    assert books(lc) == {}
+    pending = pod("p", {"nvidia.com/gpu": "1"})
+    pending["metadata"]["deletionTimestamp"] = "2026-12-02T17:00:00Z"
+    lc.upsert_pod(pending)  # never bound: holds nothing
     assert books(lc) == {}
 
 

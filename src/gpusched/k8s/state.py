@@ -74,9 +74,12 @@ class LiveCluster:
         pending = not (obj.get("spec") or {}).get("nodeName") and status.get("phase") not in TERMINAL
         if pending and not meta.get("deletionTimestamp"):
             return  # holds nothing but a decision of ours (kept until bound or forgotten)
-        if not holds_resources(obj) or (obj.get("metadata") or {}).get("deletionTimestamp"):
+        if not holds_resources(obj):
             self.delete_pod(key)
             return
+        # A bound pod being deleted (deletionTimestamp set) still runs until its grace period
+        # ends and keeps its GPUs until the API deletes it: it stays booked, as in
+        # kube-scheduler's cache. Otherwise a preemptor could land on a GPU still in use.
         node = (obj.get("spec") or {})["nodeName"]
         with self.lock:
             if key in self._bound and self._bound[key][1] == node:
