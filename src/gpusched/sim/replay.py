@@ -174,7 +174,6 @@ def run_replay(
     integral = 0  # GPU milli x seconds
     integral_arrivals, last_arrival = 0, start  # the same up to the last arrival
     peak = 0
-    waits: list[int] = []
     waited: dict[int, int] = {}  # pod index -> seconds pending before it was placed
     outcome: dict[int, str] = {}  # pod index -> expired / timed_out / never_scheduled
     expired = timed_out = 0
@@ -195,7 +194,6 @@ def run_replay(
             running[i] = True
             alloc += specs[i].gpu_demand_milli
             peak = max(peak, alloc)
-            waits.append(now - created[i])
             waited[i] = now - created[i]
         return r.scheduled
 
@@ -287,11 +285,11 @@ def run_replay(
         policy=policy,
         seed=seed,
         pods=len(pods),
-        scheduled=len(waits),
+        scheduled=len(waited),
         expired=expired,
         timed_out=timed_out,
         never_scheduled=len(queue),
-        **_waits(waits),
+        **_waits(list(waited.values())),
         mean_alloc_pct=100.0 * integral / (cap * horizon) if cap and horizon else 0.0,
         busy_alloc_pct=(
             100.0 * integral_arrivals / (cap * (last_arrival - start))
