@@ -94,8 +94,8 @@ class StandaloneScheduler:
         self._gauges_at = -1e9
         self.scheduled = 0
         self.bind_errors = 0
-        self._preempting: dict[str, tuple[str, ...]] = {}  # preemptor -> victims it is waiting for
-        self._nominated: dict[str, tuple[PodSpec, str]] = {}  # preemptor -> (spec, nominated node)
+        # preemptor -> (its spec, the node nominated for it, the victims it is waiting for)
+        self._nominated: dict[str, tuple[PodSpec, str, tuple[str, ...]]] = {}
         self._plock = threading.Lock()
 
     # ------------------------------------------------------------ lifecycle
@@ -150,7 +150,6 @@ class StandaloneScheduler:
         phase = (obj.get("status") or {}).get("phase")
         if deleted or spec.get("nodeName"):
             with self._plock:
-                self._preempting.pop(key, None)
                 self._nominated.pop(key, None)
         if deleted:
             self.queue.remove(key)
@@ -222,7 +221,7 @@ class StandaloneScheduler:
             profile = self._current_profile(pod, snap)
             with self._plock:
                 nominated = [
-                    (p, snap.index.get(n, -1)) for k, (p, n) in self._nominated.items() if k != qp.key
+                    (p, snap.index.get(n, -1)) for k, (p, n, _) in self._nominated.items() if k != qp.key
                 ]
             if nominated:  # keep their room from pods of lower priority (kube-scheduler does)
                 r = schedule_with_nominated(profile, pod, snap, nominated, tiebreak=self._tiebreak)
@@ -240,8 +239,7 @@ class StandaloneScheduler:
             self.events.failed(qp.obj, msg)
             if victims:
                 with self._plock:
-                    self._preempting[qp.key] = tuple(v.key for v in victims)
-                    self._nominated[qp.key] = (pod, node_name)
+                    self._nominated[qp.key] = (pod, node_name, tuple(v.key for v in victims))
                 self.metrics.preemption_attempts.inc()
                 self._pool.submit(self._preempt, pod, node_name, victims)
             self.queue.done(qp.key, unschedulable=True)
@@ -270,11 +268,8 @@ class StandaloneScheduler:
         """Not while the victims of this pod's last preemption are still in the books (being
         deleted): evicting more for the same pod would over-preempt."""
         with self._plock:
-            waiting = self._preempting.get(key, ())
-            if any(v in snap.allocations for v in waiting):
-                return False
-            self._preempting.pop(key, None)
-        return True
+            waiting = self._nominated.get(key, (None, "", ()))[2]
+        return not any(v in snap.allocations for v in waiting)
 
     def _preempt(self, pod: PodSpec, node: str, victims: list[PodSpec]) -> None:
         """Delete the victims (UID preconditions), tell them why, nominate the node. Once they
