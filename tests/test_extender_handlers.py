@@ -205,7 +205,7 @@ def test_every_policy_serves(policy: str) -> None:
 
 # -------------------------------------------------------------------------------------------------- bind
 def test_bind_picks_gpu_and_annotates(ext: Extender) -> None:
-    binder = ext.binder
+    (binder,) = ext.profile.binds
     assert isinstance(binder, FakeBinder)
     ext.filter({"Pod": pod("p", milli=400, mem=4096), "NodeNames": ["n1"]})
     assert ext.bind({"PodName": "p", "PodNamespace": "default", "PodUID": "uid-p", "Node": "n1"}) == {
@@ -367,7 +367,7 @@ def test_http_verbs_and_errors(client: tuple[TestClient[Any, Any], asyncio.Abstr
 def test_assignment_annotation_roundtrip(ext: Extender) -> None:
     ext.filter({"Pod": pod("p", gpus=2), "NodeNames": ["n3"]})
     ext.bind({"PodName": "p", "PodUID": "uid-p", "Node": "n3"})
-    binder = ext.binder
+    (binder,) = ext.profile.binds
     assert isinstance(binder, FakeBinder)
     ann = binder.calls[0][4]
     assert parse_assignment({"metadata": {"annotations": {ANN_ASSIGNMENT: ann}}}) == ("n3", (0, 1))

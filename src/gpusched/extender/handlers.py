@@ -73,7 +73,6 @@ class Extender:
     ) -> None:
         self.cluster = cluster
         self.profile = dataclasses.replace(profile, binds=(binder,)) if binder is not None else profile
-        self.binder = binder
         self.pod_getter = pod_getter
         self._plock = threading.Lock()
         self._specs: OrderedDict[str, tuple[str, PodSpec]] = OrderedDict()  # uid (or key) -> (rv, spec)
