@@ -203,6 +203,17 @@ def delete_one(snap: ClusterState, x: int) -> None:
         snap.forget(live[x % len(live)])
 
 
+def play(profile: Profile, sc: Scenario) -> ClusterState:
+    """The cluster after ``sc``: each arrival through ``schedule_one``, each deletion applied."""
+    snap = ClusterState(sc.nodes)
+    for kind, x in sc.events:
+        if kind == "add" and isinstance(x, PodSpec):
+            schedule_one(profile, x, snap, tiebreak=sc.tiebreak, diagnose_failures=False)
+        elif kind == "del" and isinstance(x, int):
+            delete_one(snap, x)
+    return snap
+
+
 # --------------------------------------------------------------------- (a)–(d): one-by-one streams
 @pytest.mark.parametrize("policy", ALL_POLICIES)
 @PROPS

@@ -17,7 +17,7 @@ from gpusched.core.plugins.preemption import DefaultPreemption
 from gpusched.core.policies import PolicyContext, make_profile
 from gpusched.core.scheduler import schedule_one
 from gpusched.core.status import Code
-from test_core_properties import Scenario, arrays, assert_arrays_equal, bf_fits, delete_one, pods, scenarios
+from test_core_properties import Scenario, arrays, assert_arrays_equal, bf_fits, play, pods, scenarios
 
 PROPS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -106,12 +106,7 @@ def prioritised(draw: st.DrawFn) -> Scenario:
 @given(sc=prioritised(), pod=pods(900, plain=True), prio=st.sampled_from((10, 100, 1000)))
 def test_preemption_properties(sc: Scenario, pod: PodSpec, prio: int) -> None:
     prof = profile(sc.pods)
-    snap = ClusterState(sc.nodes)
-    for kind, x in sc.events:
-        if kind == "add" and isinstance(x, PodSpec):
-            schedule_one(prof, x, snap, diagnose_failures=False)
-        elif kind == "del" and isinstance(x, int):
-            delete_one(snap, x)
+    snap = play(prof, sc)
     pod = replace(pod, priority=prio)
     before_arrays, before_allocs = arrays(snap), dict(snap.allocations)
     r = schedule_one(prof, pod, snap, assume=False)
@@ -160,10 +155,7 @@ def test_nominated_pods_keep_their_room(
     from gpusched.core.statement import schedule_with_nominated
 
     prof = profile(sc.pods)
-    snap = ClusterState(sc.nodes)
-    for kind, x in sc.events:
-        if kind == "add" and isinstance(x, PodSpec):
-            schedule_one(prof, x, snap, diagnose_failures=False)
+    snap = play(prof, sc)
     pod = replace(pod, priority=prio)
     nominated = [
         (replace(p, name=f"nom{i}", priority=pr), n % len(snap)) for i, (p, n, pr) in enumerate(noms)

@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from gpusched.core.cluster import AccountingError, ClusterState
 from gpusched.core.framework import Profile, run_bind
 from gpusched.core.model import GPU_MILLI, NodeSpec, PodSpec
-from gpusched.core.scheduler import schedule_one
 from gpusched.core.statement import OpKind, Statement, StatementClosed, schedule_all
 from gpusched.core.status import Code, Status
 from test_core_properties import (
@@ -20,7 +19,7 @@ from test_core_properties import (
     assert_arrays_equal,
     assert_invariants,
     bf_fits,
-    delete_one,
+    play,
     pods,
     profile_for,
     scenarios,
@@ -39,14 +38,8 @@ def books(snap: ClusterState) -> tuple[object, ...]:
 
 
 def populate(sc: Scenario, policy: str = "bestfit") -> tuple[ClusterState, Profile]:
-    snap = ClusterState(sc.nodes)
     profile = profile_for(policy, sc.pods)
-    for kind, p in sc.events:
-        if kind == "add" and isinstance(p, PodSpec):
-            schedule_one(profile, p, snap, diagnose_failures=False)
-        elif kind == "del" and isinstance(p, int):
-            delete_one(snap, p)
-    return snap, profile
+    return play(profile, sc), profile
 
 
 @PROPS
