@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpusched.core.model import PodSpec
+from gpusched.core.policies.pairing import PairingPlan
 from gpusched.sim.bound import Bound, arrived_prefix, bound_at, online_best_fit, packing_bound
 
 _DEFAULT_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
@@ -146,8 +148,25 @@ def test_online_best_fit_follows_arrival_order() -> None:
     assert online_best_fit([share(100), whole(2)], 2) == 100
 
 
+def test_online_pairing_plan_keeps_the_gpu_for_the_partner() -> None:
+    plan = PairingPlan.from_counts({320: 1, 650: 1, 470: 2})  # 650 beside 320, 470 beside 470
+    seq = [share(320), share(470), share(650), share(470)]
+    # best fit: 470 beside the 320 (210 left), 650 opens B (350 left), the last 470 finds no room
+    assert online_best_fit(seq, 2) == 1440
+    # plan: the 470 opens B, the 650 joins the 320 (30 left), the last 470 joins the first
+    assert online_best_fit(seq, 2, plan) == 1910
+    # off plan only when nothing else fits: with one GPU the 470 still joins the 320
+    assert online_best_fit(seq[:2], 1, plan) == 790
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.sampled_from([150, 300, 470, 650, 810, 1000]), min_size=1, max_size=30), st.integers(1, 6))
 def test_online_best_fit_never_beats_the_lp_ceiling(sizes: list[int], gpus: int) -> None:
     pods = [whole(1) if s == 1000 else share(s) for s in sizes]
-    assert online_best_fit(pods, gpus) <= packing_bound(pods, gpus).lp_milli
+    lp = packing_bound(pods, gpus).lp_milli
+    assert online_best_fit(pods, gpus) <= lp
+    shares = Counter(s for s in sizes if s < 1000)
+    plan = PairingPlan.from_counts(shares) if shares else None
+    assert online_best_fit(pods, gpus, plan) <= lp
+    # the plan never drops a pod while an idle GPU is left: with a GPU per pod, all are placed
+    assert online_best_fit(pods, len(pods), plan) == sum(sizes)

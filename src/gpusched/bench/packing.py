@@ -44,6 +44,8 @@ def packing_report(
                     bfd_at_130=_r2(b.bfd_at_130),
                     online_bf_at_100=_r2(b.online_at_100),
                     online_bf_at_130=_r2(b.online_at_130),
+                    online_plan_at_100=_r2(b.planned_at_100),
+                    online_plan_at_130=_r2(b.planned_at_130),
                 )
             per_seed.append(entry)
         a100 = np.array([r.at(100) for r in rs], dtype=float)
@@ -70,6 +72,8 @@ def packing_report(
             "bfd_at_130": _r2(np.mean([b.bfd_at_130 for b in bounds])),
             "online_bf_at_100": _r2(np.mean([b.online_at_100 for b in bounds])),
             "online_bf_at_130": _r2(np.mean([b.online_at_130 for b in bounds])),
+            "online_plan_at_100": _r2(np.mean([b.planned_at_100 for b in bounds])),
+            "online_plan_at_130": _r2(np.mean([b.planned_at_130 for b in bounds])),
         }
     return out
 

@@ -21,6 +21,7 @@ from scipy import sparse
 from scipy.optimize import linprog
 
 from gpusched.core.model import GPU_MILLI, PodSpec
+from gpusched.core.policies.pairing import PairingPlan
 
 HALF = GPU_MILLI // 2
 
@@ -125,12 +126,17 @@ def _bfd(whole: list[int], shares: Counter[int], num_gpus: int) -> int:
     return placed
 
 
-def online_best_fit(seq: Sequence[PodSpec], num_gpus: int) -> int:
+def online_best_fit(seq: Sequence[PodSpec], num_gpus: int, plan: PairingPlan | None = None) -> int:
     """Milli placed by an *online* best fit that ignores CPU, memory and node boundaries:
     pods in arrival order, whole-GPU pods on empty GPUs, each share on the fullest GPU it fits.
-    Not a bound, but a yardstick for online placement: it sees exactly what a scheduler sees."""
+    Not a bound, but a yardstick for online placement: it sees exactly what a scheduler sees.
+
+    With a pairing ``plan`` (see ``core.policies.pairing``) a share takes the fullest used GPU
+    where it is on plan, else an idle GPU, else the fullest GPU it fits: the plan's rule alone,
+    the yardstick for what pairing can do online without CPU and node limits."""
     cnt = np.zeros(GPU_MILLI + 1, dtype=np.int64)
     cnt[GPU_MILLI] = num_gpus
+    used_of_free = GPU_MILLI - np.arange(GPU_MILLI + 1)
     placed = 0
     for p in seq:
         if p.num_gpu == 0 or p.gpu_milli == 0:
@@ -141,12 +147,23 @@ def online_best_fit(seq: Sequence[PodSpec], num_gpus: int) -> int:
                 cnt[0] += p.num_gpu
                 placed += p.gpu_demand_milli
             continue
-        open_ = np.flatnonzero(cnt[p.gpu_milli :])
+        s = p.gpu_milli
+        has = cnt[s:] > 0  # by free milli f = s + index
+        fits = plan.fits(s) if plan is not None else None
+        if fits is not None:
+            on = has & fits[used_of_free[s:]]
+            on[-1] = False  # the idle GPU comes second, not by fullness
+            if on.any():
+                has = on
+            elif has[-1]:
+                has = np.zeros_like(has)
+                has[-1] = True
+        open_ = np.flatnonzero(has)
         if open_.size:
-            r = p.gpu_milli + int(open_[0])
+            r = s + int(open_[0])
             cnt[r] -= 1
-            cnt[r - p.gpu_milli] += 1
-            placed += p.gpu_milli
+            cnt[r - s] += 1
+            placed += s
     return placed
 
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpusched.core.fragmentation import TargetWorkload
-from gpusched.core.model import NodeSpec, PodSpec
+from gpusched.core.model import GPU_MILLI, NodeSpec, PodSpec
+from gpusched.core.policies.pairing import PairingPlan
 from gpusched.sim.bound import arrived_prefix, bound_at, online_best_fit
 from gpusched.sim.paper import build_sequence, run_paper
 
@@ -43,6 +44,8 @@ class SeedBound:
     bfd_at_130: float
     online_at_100: float = float("nan")
     online_at_130: float = float("nan")
+    planned_at_100: float = float("nan")
+    planned_at_130: float = float("nan")
 
 
 _CTX: dict[str, object] = {}
@@ -70,9 +73,22 @@ def _bound(seed: int) -> SeedBound:
     gpus = sum(n.gpu_count for n in nodes)  # type: ignore[attr-defined]
     seq = build_sequence(pods, gpus * 1000, seed, tune)  # type: ignore[arg-type]
     b100, b130 = bound_at(seq, gpus, 100), bound_at(seq, gpus, 130)
-    on100 = online_best_fit(seq[: arrived_prefix(seq, gpus, 100)], gpus) / (gpus * 10)
-    on130 = online_best_fit(seq[: arrived_prefix(seq, gpus, 130)], gpus) / (gpus * 10)
-    return SeedBound(seed, b100.lp_pct, b130.lp_pct, b100.bfd_pct, b130.bfd_pct, on100, on130)
+    tw = _CTX["workload"]
+    assert isinstance(tw, TargetWorkload)
+    plan = PairingPlan.from_workload(tw.with_coverage(1.0))
+    s100, s130 = (seq[: arrived_prefix(seq, gpus, pct)] for pct in (100, 130))
+    pct = 100 / (gpus * GPU_MILLI)
+    return SeedBound(
+        seed,
+        lp_at_100=b100.lp_pct,
+        lp_at_130=b130.lp_pct,
+        bfd_at_100=b100.bfd_pct,
+        bfd_at_130=b130.bfd_pct,
+        online_at_100=online_best_fit(s100, gpus) * pct,
+        online_at_130=online_best_fit(s130, gpus) * pct,
+        planned_at_100=online_best_fit(s100, gpus, plan) * pct,
+        planned_at_130=online_best_fit(s130, gpus, plan) * pct,
+    )
 
 
 def run_many(
