@@ -44,6 +44,14 @@ def test_rarest_sizes_beyond_the_limit_are_left_out() -> None:
 def test_sizes_outside_a_share_are_rejected_by_name() -> None:
     with pytest.raises(ValueError, match=r"\[0, 1000\]"):
         PairingPlan.from_counts({0: 1, 1000: 2, 400: 3})
+    with pytest.raises(ValueError, match=r"\[300\] have negative counts"):
+        PairingPlan.from_counts({300: -1, 400: 3})
+
+
+def test_many_tiny_sizes_keep_the_lp_small() -> None:
+    plan = PairingPlan.from_counts({s: 10 for s in range(5, 165, 5)})  # 32 sizes, all under 250
+    assert max(len(p) for p in plan.on_plan_patterns) == 3
+    assert all(any(s in p for p in plan.on_plan_patterns) for s in range(5, 165, 5))
 
 
 def test_plan_learnt_from_a_workload_counts_shares_only() -> None:
