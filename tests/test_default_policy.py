@@ -99,32 +99,31 @@ TRACES = Path(
 CSV = TRACES / "alibaba-gpu-2023" / "csv"
 
 
-@pytest.mark.skipif(
-    not (CSV / "openb_pod_list_default.csv").exists(), reason=f"Alibaba trace not found in {CSV}"
-)
-def test_default_beats_fgd_on_the_default_trace_seed_42() -> None:
-    from gpusched.sim.paper import run_paper
+def trace(family: str) -> tuple[list[NodeSpec], list[PodSpec], TargetWorkload]:
+    """Nodes, pods and target workload of one trace family; skips the test when it is absent."""
     from gpusched.sim.traces import read_nodes, read_pods
 
-    nodes = read_nodes(CSV / "openb_node_list_gpu_node.csv")
-    pods = [tp.spec for tp in read_pods(CSV / "openb_pod_list_default.csv")]
-    tw = TargetWorkload.from_pods(pods)
+    path = CSV / f"openb_pod_list_{family}.csv"
+    if not path.exists():
+        pytest.skip(f"Alibaba trace not found: {path}")
+    pods = [tp.spec for tp in read_pods(path)]
+    return read_nodes(CSV / "openb_node_list_gpu_node.csv"), pods, TargetWorkload.from_pods(pods)
+
+
+def test_default_beats_fgd_on_the_default_trace_seed_42() -> None:
+    from gpusched.sim.paper import run_paper
+
+    nodes, pods, tw = trace("default")
     ours = run_paper(nodes, pods, "default", 42, workload=tw).curve()
     fgd = run_paper(nodes, pods, "fgd", 42, workload=tw).curve()
     assert ours[100] > fgd[100] + 0.3, (ours[100], fgd[100])
     assert ours[130] > fgd[130] + 0.2, (ours[130], fgd[130])
 
 
-@pytest.mark.skipif(
-    not (CSV / "openb_pod_list_gpushare100.csv").exists(), reason=f"Alibaba trace not found in {CSV}"
-)
 def test_pairing_plan_packs_shares_better_on_the_share_heavy_trace_seed_42() -> None:
     from gpusched.sim.paper import run_paper
-    from gpusched.sim.traces import read_nodes, read_pods
 
-    nodes = read_nodes(CSV / "openb_node_list_gpu_node.csv")
-    pods = [tp.spec for tp in read_pods(CSV / "openb_pod_list_gpushare100.csv")]
-    tw = TargetWorkload.from_pods(pods)
+    nodes, pods, tw = trace("gpushare100")
     got = {}
     for cost in (0.0, DefaultParams().off_plan_cost):
         prof = Profile(
@@ -134,7 +133,7 @@ def test_pairing_plan_packs_shares_better_on_the_share_heavy_trace_seed_42() -> 
         )
         got[cost] = run_paper(nodes, pods, "default", 42, workload=tw, profile=prof).curve()
     planless, planned = got[0.0], got[DefaultParams().off_plan_cost]
-    # measured +1.1 at 100 % arrived over seeds 42-51
+    # measured over seeds 42-51 at 100 % arrived: 87.04 without the plan, 88.22 with it
     assert planned[100] > planless[100] + 0.5, (planned[100], planless[100])
     assert planned[130] > planless[130] + 0.5, (planned[130], planless[130])
 
