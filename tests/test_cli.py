@@ -229,6 +229,17 @@ def test_bench_latency_json() -> None:
     assert row["pods_per_s"] > 0
 
 
+def test_bench_preemption_json() -> None:
+    res = runner().invoke(app, ["bench", "preemption", "--nodes", "60", "--preemptors", "8", "--json"])
+    assert res.exit_code == 0, res.output
+    (row,) = parse_json(res.stdout)["results"]  # type: ignore[misc]
+    assert row["nodes"] == 60 and row["preemptors"] == 8
+    assert row["alloc_pct"] > 90  # the cluster was filled before the preemptors came
+    assert row["preempting"] + row["fitted_without"] <= 8 and row["preempting"] > 0
+    assert row["victims_per_preemption"] >= 1
+    assert 0 < row["p50_ms"] <= row["max_ms"]
+
+
 # --- bad input ---------------------------------------------------------------------------------------------
 
 
@@ -301,10 +312,11 @@ def test_only_one_of_nodes_and_pods(bad_files: dict[str, str], cmd: list[str]) -
         ["simulate", "--policy", "fgd", "--policy", "nosuchpolicy"],
         ["bench", "packing", "-p", "nosuchpolicy"],
         ["bench", "latency", "--policy", "nosuchpolicy"],
+        ["bench", "preemption", "--policy", "nosuchpolicy"],
     ],
 )
 def test_unknown_policy(bad_files: dict[str, str], cmd: list[str]) -> None:
-    res = runner().invoke(app, [*cmd, "--nodes", "50"] if cmd[1] == "latency" else cmd)
+    res = runner().invoke(app, [*cmd, "--nodes", "50"] if cmd[1] in ("latency", "preemption") else cmd)
     assert res.exit_code != 0
     assert isinstance(res.exception, SystemExit)
     assert "nosuchpolicy" in res.output

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from gpusched.core.cluster import ClusterState
 from gpusched.core.fragmentation import TargetWorkload, node_fragmentation, placement_frag
-from gpusched.core.framework import Profile
+from gpusched.core.framework import CycleState, Profile
 from gpusched.core.model import GPU_MILLI, NodeSpec, PodSpec, Taint, Toleration
-from gpusched.core.policies import PolicyContext, make_profile
+from gpusched.core.policies import PolicyContext, make_profile, standard_filters
 from gpusched.core.scheduler import schedule_one
 from gpusched.core.status import Code
 
@@ -448,3 +448,20 @@ def test_cached_scores_equal_scores_on_a_fresh_copy(policy: str, sc: Scenario) -
             np.testing.assert_allclose(got.scores, want.scores, rtol=0, atol=1e-9)
             np.testing.assert_array_equal(got.gpu_choice, want.gpu_choice)
         schedule_one(profile, x, snap, diagnose_failures=False)
+
+
+# ------------------------------------------------------------- filters restricted to some nodes
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sc=scenarios(max_events=20), pod=pods(999), data=st.data())
+def test_filter_on_some_nodes_matches_filter_on_all(sc: Scenario, pod: PodSpec, data: st.DataObject) -> None:
+    """Preemption and the extender ask filters about a few nodes; the answer must be the full
+    answer at those nodes, in the order asked, repeats included."""
+    snap = play(profile_for("default", sc.pods), sc)
+    idx = np.array(
+        data.draw(st.lists(st.integers(0, len(snap) - 1), max_size=2 * len(snap))), dtype=np.int64
+    )
+    for f in standard_filters():
+        whole = f.filter(CycleState(), pod, snap)
+        got = f.filter(CycleState(), pod, snap, idx)
+        assert got.shape == idx.shape, f.name
+        np.testing.assert_array_equal(got, whole[idx], err_msg=f.name)

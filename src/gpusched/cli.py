@@ -370,6 +370,34 @@ def bench_latency_cmd(
     run_cli(go)
 
 
+@bench_app.command("preemption")
+def bench_preemption_cmd(
+    nodes: Annotated[list[int] | None, typer.Option("--nodes", help="Cluster sizes (repeatable).")] = None,
+    policy: Annotated[str, typer.Option("--policy", "-p", help="Policy to time.")] = "default",
+    preemptors: Annotated[int, typer.Option(help="Measured preempting pods per size.")] = 20,
+    json_out: JsonOpt = False,
+) -> None:
+    """Time of a scheduling cycle that must preempt, on full synthetic clusters."""
+    from gpusched.bench.preemption import bench_preemption
+    from gpusched.sim.report import preemption_table
+
+    check_policies([policy])
+    sizes = nodes or [1213, 5000]
+
+    def go() -> None:
+        rows = []
+        for n in sizes:
+            with progress(preemptors, f"{n} nodes") as tick:
+                tick_one = lambda a, b: tick("")  # noqa: E731
+                rows.append(bench_preemption(n, policy=policy, preemptors=preemptors, on_progress=tick_one))
+        if json_out:
+            emit_json({"results": rows})
+        else:
+            out_console.print(preemption_table(rows))
+
+    run_cli(go)
+
+
 def _register_scheduler() -> None:
     from gpusched.k8s.cli_scheduler import scheduler_command
 

@@ -59,7 +59,12 @@ class PreFilterPlugin(Protocol):
 class FilterPlugin(Protocol):
     name: str
 
-    def filter(self, state: CycleState, pod: PodSpec, snap: ClusterState) -> BoolArr: ...
+    def filter(
+        self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64 | None = None
+    ) -> BoolArr:
+        """Which nodes the pod may run on: over every node of ``snap``, or over the node indices
+        ``nodes`` in that order (one node for preemption's what-if checks)."""
+        ...
 
     def explain(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> tuple[str, Code]: ...
 

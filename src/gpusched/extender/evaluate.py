@@ -72,7 +72,7 @@ def run_filters(
             return np.zeros(len(idx), dtype=bool), fails, state
     ok = np.ones(len(idx), dtype=bool)
     for f in profile.filters:
-        m = f.filter(state, pod, snap)[idx]
+        m = f.filter(state, pod, snap, idx)
         if explain:
             for p in np.flatnonzero(ok & ~m).tolist():
                 reason, code = f.explain(state, pod, snap, int(idx[p]))

@@ -90,3 +90,14 @@ def latency_table(rows: Sequence[Mapping[str, object]]) -> Table:
     for r in rows:
         t.add_row(*(str(r[c]) for c in cols))
     return t
+
+
+def preemption_table(rows: Sequence[Mapping[str, object]]) -> Table:
+    t = Table(title="scheduling cycles that preempt")
+    cols = ("nodes", "alloc_pct", "preempting", "victims_per_preemption", "p50_ms", "p90_ms", "max_ms")
+    heads = ("nodes", "GPU alloc %", "preempting", "victims each", "p50 ms", "p90 ms", "max ms")
+    for h in heads:
+        t.add_column(h, justify="right")
+    for r in rows:
+        t.add_row(*(str(r[c]) for c in cols))
+    return t

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpusched.core.cluster import BoolArr, ClusterState
+from gpusched.core.cluster import I64, BoolArr, ClusterState
 from gpusched.core.framework import CycleState
 from gpusched.core.model import PodSpec
 from gpusched.core.status import Code
@@ -21,15 +21,18 @@ def model_mask(snap: ClusterState, models: frozenset[str]) -> BoolArr:
 class GPUFit:
     name = "GPUFit"
 
-    def filter(self, state: CycleState, pod: PodSpec, snap: ClusterState) -> BoolArr:
+    def filter(
+        self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64 | None = None
+    ) -> BoolArr:
         if pod.num_gpu == 0:
-            return np.ones(len(snap), dtype=bool)
-        ok = snap.gpu_free >= pod.gpu_milli
+            return np.ones(len(snap) if nodes is None else len(nodes), dtype=bool)
+        sel = slice(None) if nodes is None else nodes
+        ok = snap.gpu_free[sel] >= pod.gpu_milli
         if pod.gpu_memory_mib:
-            ok &= snap.gpu_mem_free >= pod.gpu_memory_mib
+            ok &= snap.gpu_mem_free[sel] >= pod.gpu_memory_mib
         mask: BoolArr = np.count_nonzero(ok, axis=1) >= pod.num_gpu
         if pod.gpu_models:
-            mask &= model_mask(snap, pod.gpu_models)
+            mask &= model_mask(snap, pod.gpu_models)[sel]
         return mask
 
     def explain(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> tuple[str, Code]:

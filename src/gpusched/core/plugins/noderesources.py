@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpusched.core.cluster import BoolArr, ClusterState
+from gpusched.core.cluster import I64, BoolArr, ClusterState
 from gpusched.core.framework import CycleState
 from gpusched.core.model import PodSpec
 from gpusched.core.status import Code
@@ -11,10 +11,14 @@ from gpusched.core.status import Code
 class NodeResourcesFit:
     name = "NodeResourcesFit"
 
-    def filter(self, state: CycleState, pod: PodSpec, snap: ClusterState) -> BoolArr:
-        mask: BoolArr = snap.cpu_free >= pod.cpu_milli
+    def filter(
+        self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64 | None = None
+    ) -> BoolArr:
+        sel = slice(None) if nodes is None else nodes
+        cpu, mem = snap.cpu_free[sel], snap.mem_free[sel]
+        mask: BoolArr = cpu >= pod.cpu_milli
         if pod.memory_mib:
-            mask &= snap.mem_free >= pod.memory_mib
+            mask &= mem >= pod.memory_mib
         return mask
 
     def explain(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> tuple[str, Code]:

@@ -23,6 +23,8 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 
+import numpy as np
+
 from gpusched.core.cluster import ClusterState
 from gpusched.core.framework import CycleState, FilterPlugin, PostFilterResult
 from gpusched.core.model import Allocation, PodSpec
@@ -46,7 +48,8 @@ class DefaultPreemption:
 
     # ---------------------------------------------------------------- helpers
     def _fits(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> bool:
-        return all(bool(f.filter(state, pod, snap)[node]) for f in self.filters)
+        one = np.array([node], dtype=np.int64)
+        return all(bool(f.filter(state, pod, snap, one)[0]) for f in self.filters)
 
     def _candidates(self, pod: PodSpec, snap: ClusterState, diagnosis: Diagnosis | None) -> list[int]:
         unresolvable = diagnosis.unresolvable_nodes() if diagnosis is not None else frozenset()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpusched.core.cluster import BoolArr, ClusterState
+from gpusched.core.cluster import I64, BoolArr, ClusterState
 from gpusched.core.framework import CycleState
 from gpusched.core.model import NodeSpec, PodSpec, Taint
 from gpusched.core.status import Code
@@ -22,14 +22,16 @@ def untolerated(pod: PodSpec, node: NodeSpec) -> Taint | None:
 class TaintToleration:
     name = "TaintToleration"
 
-    def filter(self, state: CycleState, pod: PodSpec, snap: ClusterState) -> BoolArr:
+    def filter(
+        self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64 | None = None
+    ) -> BoolArr:
         key = ("TaintToleration", pod.tolerations)
         cached = snap.score_cache.get(key)
         if cached is None:
             cached = np.array([untolerated(pod, nd) is None for nd in snap.nodes], dtype=bool)
             snap.score_cache[key] = cached
         assert isinstance(cached, np.ndarray)
-        return cached
+        return cached if nodes is None else cached[nodes]
 
     def explain(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> tuple[str, Code]:
         t = untolerated(pod, snap.nodes[node])
