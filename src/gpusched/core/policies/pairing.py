@@ -5,7 +5,9 @@ size: a 470 takes the 680 milli free beside a lone 320 (210 left, which few pods
 650 would have left 30 there and a second 470 beside it 60. Offline, a packing that sorts the
 shares first pairs them far better; the gap on the Alibaba trace is about 0.4 % of the cluster.
 
-The plan closes most of that gap without knowing the future. It solves the cutting-stock linear
+The plan closes that gap without knowing the future (default trace, without CPU and node limits:
+online best fit 95.92 %, the plan's rule 96.30 %, offline BFD 96.30 %; ``gpusched bench
+packing``). It solves the cutting-stock linear
 program of the workload's share sizes: cover every share, in proportion to how often it occurs,
 with *patterns* (multisets of sizes that fit one GPU, at most ``max_items`` of them) at least
 waste. The patterns with zero reduced cost are the ones some optimal packing uses; they are *on
