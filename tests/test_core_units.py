@@ -665,3 +665,13 @@ def test_score_cache_drops_the_least_recently_used_entry() -> None:
     assert list(c) == ["a", "d"]
     with pytest.raises(ValueError, match="capacity must be positive"):
         ScoreCache(0)
+
+
+def test_policy_key_hashes_once_and_compares_by_value() -> None:
+    from gpusched.core.policies.cache import PolicyKey
+
+    a = PolicyKey(("P", (1, 2, frozenset({"x"}))))
+    b = PolicyKey(("P", (1, 2, frozenset({"x"}))))
+    c = PolicyKey(("P", (1, 3, frozenset({"x"}))))
+    assert a == b and hash(a) == hash(b) and {a: 1}[b] == 1
+    assert a != c and a != ("P", (1, 2, frozenset({"x"})))

@@ -210,3 +210,30 @@ def test_deficit_term_matches_hand_computation() -> None:
     on = scores(nodes, workload, pod, DefaultParams(deficit_weight=3.0))
     off = scores(nodes, workload, pod, DefaultParams(deficit_weight=0.0))
     np.testing.assert_allclose(on - off, [-3 * 16_000 / 12, 0.0])
+
+
+def test_fragment_counts_at_most_max_types_most_popular_first() -> None:
+    # 300 share sizes, each a distinct task type; size 100 + k occurs 1 + k times
+    workload = [
+        PodSpec(f"s{k}-{j}", cpu_milli=1000, num_gpu=1, gpu_milli=100 + k)
+        for k in range(300)
+        for j in range(1 + k // 50)
+    ]
+    tw = TargetWorkload.from_pods(workload)
+    assert len(tw.keys) > 128
+    ds = DefaultScore(tw, DefaultParams(max_types=128))
+    assert len(ds.workload.keys) == 128
+    kept = set(int(m) for m in ds.workload.milli)
+    assert min(kept) > 100 + 299 - 128 - 50  # the most frequent (largest k) are the ones kept
+    assert abs(float(ds.workload.p.sum()) - 1.0) < 1e-9
+    # the pressure term and the pairing plan still see every type
+    assert len(ds._all.keys) == len(tw.counts)
+
+
+@pytest.mark.parametrize(
+    "bad", [{"max_types": 0}, {"coverage": 0.0}, {"coverage": 1.5}, {"off_plan_cost": -1.0}]
+)
+def test_invalid_parameters_are_refused_by_name(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="invalid default-policy parameters") as e:
+        DefaultParams(**bad)  # type: ignore[arg-type]
+    assert next(iter(bad)) in str(e.value)

@@ -42,10 +42,12 @@ class ScoreCache(OrderedDict[object, object]):
         self.capacity = capacity
 
     def get(self, key: object, default: object = None) -> object:
-        if key in self:
-            self.move_to_end(key)
-            return super().__getitem__(key)
-        return default
+        try:
+            value = super().__getitem__(key)
+        except KeyError:
+            return default
+        self.move_to_end(key)
+        return value
 
     def __setitem__(self, key: object, value: object) -> None:
         super().__setitem__(key, value)

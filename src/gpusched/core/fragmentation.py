@@ -44,8 +44,11 @@ class TargetWorkload:
     """Every type seen and its pod count, the rare ones too (see ``with_coverage``)."""
 
     @classmethod
-    def from_counts(cls, counts: Counter[TypeKey], coverage: float = 0.95) -> TargetWorkload:
-        """Keep the most popular types until they cover ``coverage`` of the pods; renormalise."""
+    def from_counts(
+        cls, counts: Counter[TypeKey], coverage: float = 0.95, max_types: int | None = None
+    ) -> TargetWorkload:
+        """Keep the most popular types until they cover ``coverage`` of the pods (and at most
+        ``max_types`` of them); renormalise."""
         if not counts:
             raise ValueError("target workload needs at least one pod")
         total = sum(counts.values())
@@ -60,7 +63,7 @@ class TargetWorkload:
         for key, c in ordered:
             kept.append((key, c))
             acc += c
-            if acc >= coverage * total:
+            if acc >= coverage * total or len(kept) == max_types:
                 break
         n = sum(c for _, c in kept)
         return cls(
@@ -72,9 +75,11 @@ class TargetWorkload:
             counts=tuple(ordered),
         )
 
-    def with_coverage(self, coverage: float) -> TargetWorkload:
-        """The same pods, keeping types until they cover ``coverage`` of them."""
-        return TargetWorkload.from_counts(Counter(dict(self.counts)), coverage) if self.counts else self
+    def with_coverage(self, coverage: float, max_types: int | None = None) -> TargetWorkload:
+        """The same pods, keeping types until they cover ``coverage`` of them (at most ``max_types``)."""
+        if not self.counts:
+            return self
+        return TargetWorkload.from_counts(Counter(dict(self.counts)), coverage, max_types)
 
     @classmethod
     def from_pods(cls, pods: Iterable[PodSpec], coverage: float = 0.95) -> TargetWorkload:

@@ -19,6 +19,31 @@ from gpusched.core.cluster import I64, ClusterState
 from gpusched.core.framework import F64, NodeScores
 
 
+class PolicyKey:
+    """A policy's part of its cache keys: its workload and parameters, hashed once.
+
+    A tuple re-hashes every member on each lookup; with a workload of a hundred task types that
+    cost more than the cached work it guarded. Equal keys still find each other: two policies
+    built from the same workload share entries."""
+
+    __slots__ = ("_hash", "value")
+
+    def __init__(self, value: tuple[object, ...]) -> None:
+        self.value = value
+        self._hash = hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        return isinstance(other, PolicyKey) and self._hash == other._hash and self.value == other.value
+
+    def __repr__(self) -> str:
+        return f"PolicyKey({self.value[0]!r}, …)"
+
+
 @dataclass(slots=True)
 class _Rows:
     arrays: tuple[npt.NDArray[np.generic], ...]

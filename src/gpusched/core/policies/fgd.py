@@ -12,7 +12,7 @@ from gpusched.core.cluster import I64, ClusterState
 from gpusched.core.fragmentation import TargetWorkload, placement_frag, task_type
 from gpusched.core.framework import F64, CycleState, NodeScores
 from gpusched.core.model import PodSpec
-from gpusched.core.policies.cache import cached_scores
+from gpusched.core.policies.cache import PolicyKey, cached_scores
 
 
 def sigmoid(x: F64) -> F64:
@@ -25,7 +25,7 @@ class FGDScore:
 
     def __init__(self, workload: TargetWorkload) -> None:
         self.workload = workload
-        self._key = (self.name, workload.keys, tuple(workload.p.tolist()))
+        self._key = PolicyKey((self.name, workload.keys, tuple(workload.p.tolist())))
 
     def score(self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64) -> NodeScores:
         key = (self._key, task_type(pod), pod.gpu_memory_mib)
