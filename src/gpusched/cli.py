@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -338,10 +339,37 @@ def bench_k8s_cmd(
     run_cli(go)
 
 
+SizesOpt = Annotated[list[int] | None, typer.Option("--nodes", help="Cluster sizes (repeatable).")]
+TimedPolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="Policy to time.")]
+
+
+def _per_size(
+    sizes: list[int] | None,
+    steps: int,
+    run: Callable[..., dict[str, object]],
+    table: Callable[[list[dict[str, object]]], object],
+    json_out: bool,
+) -> None:
+    """One benchmark row per cluster size (1213 and 5000 nodes unless given), with a progress
+    bar of ``steps`` per size; a table, or one JSON object with a ``results`` list."""
+
+    def go() -> None:
+        rows = []
+        for n in sizes or [1213, 5000]:
+            with progress(steps, f"{n} nodes") as tick:
+                rows.append(run(n, on_progress=lambda a, b: tick("")))
+        if json_out:
+            emit_json({"results": rows})
+        else:
+            out_console.print(table(rows))
+
+    run_cli(go)
+
+
 @bench_app.command("latency")
 def bench_latency_cmd(
-    nodes: Annotated[list[int] | None, typer.Option("--nodes", help="Cluster sizes (repeatable).")] = None,
-    policy: Annotated[str, typer.Option("--policy", "-p", help="Policy to time.")] = "default",
+    nodes: SizesOpt = None,
+    policy: TimedPolicyOpt = "default",
     decisions: Annotated[int, typer.Option(help="Measured decisions per size.")] = 2000,
     load: Annotated[float, typer.Option(help="GPU allocation to hold the cluster at.")] = 0.7,
     json_out: JsonOpt = False,
@@ -351,29 +379,14 @@ def bench_latency_cmd(
     from gpusched.sim.report import latency_table
 
     check_policies([policy])
-    sizes = nodes or [1213, 5000]
-
-    def go() -> None:
-        rows = []
-        for n in sizes:
-            with progress(decisions, f"{n} nodes") as tick:
-                rows.append(
-                    bench_latency(
-                        n, policy=policy, decisions=decisions, load=load, on_progress=lambda a, b: tick("")
-                    )
-                )
-        if json_out:
-            emit_json({"results": rows})
-        else:
-            out_console.print(latency_table(rows))
-
-    run_cli(go)
+    run = functools.partial(bench_latency, policy=policy, decisions=decisions, load=load)
+    _per_size(nodes, decisions, run, latency_table, json_out)
 
 
 @bench_app.command("preemption")
 def bench_preemption_cmd(
-    nodes: Annotated[list[int] | None, typer.Option("--nodes", help="Cluster sizes (repeatable).")] = None,
-    policy: Annotated[str, typer.Option("--policy", "-p", help="Policy to time.")] = "default",
+    nodes: SizesOpt = None,
+    policy: TimedPolicyOpt = "default",
     preemptors: Annotated[int, typer.Option(help="Measured preempting pods per size.")] = 20,
     json_out: JsonOpt = False,
 ) -> None:
@@ -382,20 +395,8 @@ def bench_preemption_cmd(
     from gpusched.sim.report import preemption_table
 
     check_policies([policy])
-    sizes = nodes or [1213, 5000]
-
-    def go() -> None:
-        rows = []
-        for n in sizes:
-            with progress(preemptors, f"{n} nodes") as tick:
-                tick_one = lambda a, b: tick("")  # noqa: E731
-                rows.append(bench_preemption(n, policy=policy, preemptors=preemptors, on_progress=tick_one))
-        if json_out:
-            emit_json({"results": rows})
-        else:
-            out_console.print(preemption_table(rows))
-
-    run_cli(go)
+    run = functools.partial(bench_preemption, policy=policy, preemptors=preemptors)
+    _per_size(nodes, preemptors, run, preemption_table, json_out)
 
 
 def _register_scheduler() -> None:

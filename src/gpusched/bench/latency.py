@@ -14,9 +14,23 @@ import numpy as np
 
 from gpusched.core.cluster import ClusterState
 from gpusched.core.fragmentation import TargetWorkload
+from gpusched.core.model import PodSpec
 from gpusched.core.policies import PolicyContext, make_profile
 from gpusched.core.scheduler import schedule_one
 from gpusched.sim.synthetic import SyntheticConfig, synthetic_workload
+
+
+def synthetic_cluster(
+    nodes: int, pods: int, seed: int
+) -> tuple[ClusterState, list[PodSpec], PolicyContext, np.ndarray]:
+    """An empty synthetic cluster, its pods (GPU demand 2.5× the cluster), the policy context
+    learnt from them, and a seeded tie-break order: the setting of every latency benchmark."""
+    cfg = SyntheticConfig(nodes=nodes, pods=pods, seed=seed, gpu_demand_pct=250.0)
+    node_specs, tpods = synthetic_workload(cfg)
+    specs = [tp.spec for tp in tpods]
+    ctx = PolicyContext(workload=TargetWorkload.from_pods(specs), rng=np.random.default_rng(seed))
+    snap = ClusterState(node_specs)
+    return snap, specs, ctx, np.random.default_rng(seed).permutation(len(snap))
 
 
 def bench_latency(
@@ -32,13 +46,8 @@ def bench_latency(
         raise ValueError("nodes and decisions must be positive")
     if not 0.0 <= load < 1.0:
         raise ValueError(f"load must be in [0, 1), got {load}")
-    cfg = SyntheticConfig(nodes=nodes, pods=max(8 * nodes, decisions * 2), seed=seed, gpu_demand_pct=250.0)
-    node_specs, tpods = synthetic_workload(cfg)
-    pods = [tp.spec for tp in tpods]
-    snap = ClusterState(node_specs)
-    tw = TargetWorkload.from_pods(pods)
-    profile = make_profile(policy, PolicyContext(workload=tw, rng=np.random.default_rng(seed)))
-    ranks = np.random.default_rng(seed).permutation(len(snap))
+    snap, pods, ctx, ranks = synthetic_cluster(nodes, max(8 * nodes, decisions * 2), seed)
+    profile = make_profile(policy, ctx)
     rng = np.random.default_rng(seed + 1)
     placed: list[str] = []
     i = 0

@@ -14,12 +14,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gpusched.core.cluster import ClusterState
-from gpusched.core.fragmentation import TargetWorkload
+from gpusched.bench.latency import synthetic_cluster
 from gpusched.core.model import GPU_MILLI, PodSpec
-from gpusched.core.policies import PolicyContext, make_profile
+from gpusched.core.policies import make_profile
 from gpusched.core.scheduler import schedule_one
-from gpusched.sim.synthetic import SyntheticConfig, synthetic_workload
 
 SHAPES: tuple[tuple[int, int], ...] = ((1, GPU_MILLI), (4, GPU_MILLI), (8, GPU_MILLI), (1, 470))
 """(GPUs, milli per GPU) of the preemptors, in turn."""
@@ -35,13 +33,8 @@ def bench_preemption(
 ) -> dict[str, object]:
     if nodes <= 0 or preemptors <= 0:
         raise ValueError("nodes and preemptors must be positive")
-    cfg = SyntheticConfig(nodes=nodes, pods=6 * nodes, seed=seed, gpu_demand_pct=250.0)
-    node_specs, tpods = synthetic_workload(cfg)
-    pods = [tp.spec for tp in tpods]
-    snap = ClusterState(node_specs)
-    ctx = PolicyContext(workload=TargetWorkload.from_pods(pods), rng=np.random.default_rng(seed))
+    snap, pods, ctx, ranks = synthetic_cluster(nodes, 6 * nodes, seed)
     fill, profile = make_profile(policy, ctx), make_profile(policy, ctx, preemption=True)
-    ranks = np.random.default_rng(seed).permutation(len(snap))
     for p in pods:
         schedule_one(fill, p, snap, tiebreak=ranks, diagnose_failures=False)
     lat = np.empty(preemptors)
