@@ -63,7 +63,9 @@ def test_plan_learnt_from_a_workload_counts_shares_only() -> None:
 
 
 def test_patterns_are_every_multiset_that_fits() -> None:
-    got = set(patterns([300, 400, 700], 3))
+    listed = patterns([300, 400, 700], 3)
+    assert listed is not None
+    got = set(listed)
     want = {
         tuple(sorted(c))
         for k in (1, 2, 3)
@@ -71,6 +73,20 @@ def test_patterns_are_every_multiset_that_fits() -> None:
         if sum(c) <= GPU_MILLI
     }
     assert got == want
+
+
+def test_pattern_listing_stops_past_its_limit() -> None:
+    assert patterns([300, 400, 700], 3, limit=3) is None
+    assert patterns([300, 400, 700], 3, limit=100) == patterns([300, 400, 700], 3)
+
+
+def test_a_hundred_sizes_are_all_planned_in_pairs() -> None:
+    counts = {s: 10 for s in range(50, 1000, 10)}  # 95 sizes: 3-share patterns would be too many
+    plan = PairingPlan.from_counts(counts)
+    assert len(plan.counts) == 95
+    assert max(len(p) for p in plan.on_plan_patterns) == 2
+    f = plan.fits(300)
+    assert f is not None and f[700]  # complements pair exactly
 
 
 def ffd_waste(counts: dict[int, int]) -> int:

@@ -38,8 +38,8 @@ from gpusched.core.model import GPU_MILLI
 Pattern = tuple[int, ...]
 
 _MAX_PATTERNS = 20_000
-"""Above this many candidate patterns (dozens of sizes under 250 milli) the plan allows fewer
-shares per GPU: the LP stays well under a second, and pairs and triples are where the gain is."""
+"""Above this many candidate patterns (dozens of sizes) the plan allows fewer shares per GPU:
+the LP stays well under a second, and pairs and triples are where the gain is."""
 
 
 def _fit_table(sizes: list[int], on_plan: tuple[Pattern, ...]) -> dict[int, BoolArr]:
@@ -58,14 +58,21 @@ def _fit_table(sizes: list[int], on_plan: tuple[Pattern, ...]) -> dict[int, Bool
     return table
 
 
-def patterns(sizes: list[int], max_items: int) -> list[Pattern]:
-    """Every multiset of ``sizes`` with 1..``max_items`` members that fits one GPU, ascending."""
+class _TooMany(Exception):
+    pass
+
+
+def patterns(sizes: list[int], max_items: int, limit: int | None = None) -> list[Pattern] | None:
+    """Every multiset of ``sizes`` with 1..``max_items`` members that fits one GPU, ascending;
+    None as soon as there are more than ``limit`` of them."""
     sizes = sorted(set(sizes))
     out: list[Pattern] = []
 
     def grow(start: int, cur: list[int], total: int) -> None:
         if cur:
             out.append(tuple(cur))
+            if limit is not None and len(out) > limit:
+                raise _TooMany
         if len(cur) == max_items:
             return
         for i in range(start, len(sizes)):
@@ -75,7 +82,10 @@ def patterns(sizes: list[int], max_items: int) -> list[Pattern]:
             grow(i, cur, total + sizes[i])
             cur.pop()
 
-    grow(0, [], 0)
+    try:
+        grow(0, [], 0)
+    except _TooMany:
+        return None
     return out
 
 
@@ -96,7 +106,7 @@ class PairingPlan:
 
     @classmethod
     def from_counts(
-        cls, counts: Mapping[int, float], *, max_items: int = 4, max_sizes: int = 32
+        cls, counts: Mapping[int, float], *, max_items: int = 4, max_sizes: int = 128
     ) -> PairingPlan:
         """Plan for shares of these sizes (milli, 0 < s < 1000) occurring this often (pod
         counts or shares of the workload: only the proportions matter)."""
@@ -112,10 +122,11 @@ class PairingPlan:
             return cls.empty()
         sizes = sorted(s for s, _ in kept)
         col = {s: i for i, s in enumerate(sizes)}
-        pats = patterns(sizes, max_items)
-        while len(pats) > _MAX_PATTERNS and max_items > 2:  # many tiny sizes: keep the LP small
+        # many sizes: fewer shares per pattern keep the LP small (pairs always fit the limit)
+        pats = None
+        while pats is None:
+            pats = patterns(sizes, max_items, None if max_items <= 2 else _MAX_PATTERNS)
             max_items -= 1
-            pats = patterns(sizes, max_items)
         a = np.zeros((len(sizes), len(pats)))
         for j, p in enumerate(pats):
             for s in p:
