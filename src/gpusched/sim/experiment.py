@@ -75,7 +75,7 @@ def _bound(seed: int) -> SeedBound:
     b100, b130 = bound_at(seq, gpus, 100), bound_at(seq, gpus, 130)
     tw = _CTX["workload"]
     assert isinstance(tw, TargetWorkload)
-    plan = PairingPlan.from_workload(tw.with_coverage(1.0))
+    plan = PairingPlan.from_workload(tw)  # every type seen, as the default policy's plan
     s100, s130 = (seq[: arrived_prefix(seq, gpus, pct)] for pct in (100, 130))
     pct = 100 / (gpus * GPU_MILLI)
     return SeedBound(

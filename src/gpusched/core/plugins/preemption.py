@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gpusched.core.cluster import ClusterState
+from gpusched.core.cluster import I64, ClusterState
 from gpusched.core.framework import CycleState, FilterPlugin, PostFilterResult
 from gpusched.core.model import Allocation, PodSpec
 from gpusched.core.statement import Statement
@@ -47,9 +47,9 @@ class DefaultPreemption:
         self.candidate_pct = candidate_pct
 
     # ---------------------------------------------------------------- helpers
-    def _fits(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> bool:
-        one = np.array([node], dtype=np.int64)
-        return all(bool(f.filter(state, pod, snap, one)[0]) for f in self.filters)
+    def _fits(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: I64) -> bool:
+        """Whether ``pod`` passes every filter on the one node in ``node`` (an index array)."""
+        return all(bool(f.filter(state, pod, snap, node)[0]) for f in self.filters)
 
     def _candidates(self, pod: PodSpec, snap: ClusterState, diagnosis: Diagnosis | None) -> list[int]:
         unresolvable = diagnosis.unresolvable_nodes() if diagnosis is not None else frozenset()
@@ -78,15 +78,16 @@ class DefaultPreemption:
         ]  # fmt: skip
         if not lower:
             return None
+        one = np.array([node], dtype=np.int64)
         with Statement(snap) as st:
             for a in lower:
                 st.evict(a.pod.key)
-            if not self._fits(state, pod, snap, node):
+            if not self._fits(state, pod, snap, one):
                 return None
             victims = []
             for a in sorted(lower, key=lambda a: (-a.pod.priority, a.pod.gpu_demand_milli, a.pod.key)):
                 st.assume(a.pod, a.node, a.gpus)  # reprieve it, if the preemptor still fits
-                if not self._fits(state, pod, snap, node):
+                if not self._fits(state, pod, snap, one):
                     st.evict(a.pod.key)
                     victims.append(a)
             # leaving the block discards the statement: the snapshot is as it was

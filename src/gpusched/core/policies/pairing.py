@@ -131,7 +131,8 @@ class PairingPlan:
         for j, p in enumerate(pats):
             for s in p:
                 a[col[s], j] += 1
-        b = np.array([dict(kept)[s] for s in sizes], dtype=np.float64)
+        weight = dict(kept)
+        b = np.array([weight[s] for s in sizes], dtype=np.float64)
         cost = np.array([GPU_MILLI - sum(p) for p in pats], dtype=np.float64)
         res = linprog(cost, A_eq=a, b_eq=b, bounds=(0, None), method="highs")
         if res.status != 0:  # cannot happen (singletons make every cover feasible); stay neutral if it does
