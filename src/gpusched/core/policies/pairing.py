@@ -106,10 +106,17 @@ class PairingPlan:
 
     @classmethod
     def from_counts(
-        cls, counts: Mapping[int, float], *, max_items: int = 4, max_sizes: int = 128
+        cls,
+        counts: Mapping[int, float],
+        *,
+        max_items: int = 4,
+        max_sizes: int = 128,
+        head_sizes: int = 32,
     ) -> PairingPlan:
         """Plan for shares of these sizes (milli, 0 < s < 1000) occurring this often (pod
-        counts or shares of the workload: only the proportions matter)."""
+        counts or shares of the workload: only the proportions matter). The ``head_sizes``
+        most frequent sizes combine in patterns of up to ``max_items`` shares; the rarer ones,
+        up to ``max_sizes`` in all, pair with one other share at most."""
         bad = [s for s in counts if not 0 < s < GPU_MILLI]
         if bad:
             raise ValueError(f"share sizes must be between 1 and {GPU_MILLI - 1} milli, got {sorted(bad)}")
@@ -122,11 +129,15 @@ class PairingPlan:
             return cls.empty()
         sizes = sorted(s for s, _ in kept)
         col = {s: i for i, s in enumerate(sizes)}
-        # many sizes: fewer shares per pattern keep the LP small (pairs always fit the limit)
+        head = sorted(s for s, _ in kept[:head_sizes])
+        # many head sizes: fewer shares per pattern keep the LP small (pairs always fit the limit)
         pats = None
         while pats is None:
-            pats = patterns(sizes, max_items, None if max_items <= 2 else _MAX_PATTERNS)
+            pats = patterns(head, max_items, None if max_items <= 2 else _MAX_PATTERNS)
             max_items -= 1
+        tail = [s for s, _ in kept[head_sizes:]]
+        pats += [(t,) for t in tail]
+        pats += sorted({tuple(sorted((t, s))) for t in tail for s in sizes if t + s <= GPU_MILLI})
         a = np.zeros((len(sizes), len(pats)))
         for j, p in enumerate(pats):
             for s in p:
