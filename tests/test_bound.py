@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from collections import Counter
@@ -11,7 +12,15 @@ from hypothesis import strategies as st
 
 from gpusched.core.model import PodSpec
 from gpusched.core.policies.pairing import PairingPlan
-from gpusched.sim.bound import Bound, arrived_prefix, bound_at, online_best_fit, packing_bound
+from gpusched.sim.bound import (
+    Bound,
+    arrival_bound,
+    arrived_prefix,
+    bound_at,
+    forced_shares,
+    online_best_fit,
+    packing_bound,
+)
 
 _DEFAULT_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 TRACES = Path(os.environ.get("GPUSCHED_TRACES", _DEFAULT_TRACES))
@@ -122,18 +131,23 @@ def test_bound_at_prefix() -> None:
     assert bound_at(seq, 4, 200) == packing_bound(seq, 4)
 
 
-@pytest.mark.skipif(
-    not (TRACE_CSV / "openb_pod_list_default.csv").exists(),
-    reason=f"Alibaba trace not found under {TRACE_CSV} (set GPUSCHED_TRACES to the traces folder)",
-)
-def test_default_trace_seed42() -> None:
+@pytest.fixture(scope="module")
+def default_seq42() -> tuple[list[PodSpec], int]:
+    """The default trace's paper-protocol stream for seed 42 (tune 1.3), and the cluster's GPUs."""
+    if not (TRACE_CSV / "openb_pod_list_default.csv").exists():
+        pytest.skip(f"Alibaba trace not found under {TRACE_CSV} (set GPUSCHED_TRACES to the traces folder)")
     from gpusched.sim.paper import build_sequence
     from gpusched.sim.traces import read_nodes, read_pods
 
     pods = [t.spec for t in read_pods(TRACE_CSV / "openb_pod_list_default.csv")]
     num_gpus = sum(n.gpu_count for n in read_nodes(TRACE_CSV / "openb_node_list_gpu_node.csv"))
+    return build_sequence(pods, num_gpus * 1000, 42, 1.3), num_gpus
+
+
+def test_default_trace_seed42(default_seq42: tuple[list[PodSpec], int]) -> None:
+    seq, num_gpus = default_seq42
     assert num_gpus == 6212
-    b = bound_at(build_sequence(pods, num_gpus * 1000, 42, 1.3), num_gpus, 100)
+    b = bound_at(seq, num_gpus, 100)
     assert 96.5 <= b.lp_pct <= 98.5
     assert 95.5 <= b.bfd_pct <= 97.5
     assert b.bfd_milli <= b.lp_milli
@@ -170,3 +184,81 @@ def test_online_best_fit_never_beats_the_lp_ceiling(sizes: list[int], gpus: int)
     assert online_best_fit(pods, gpus, plan) <= lp
     # the plan never drops a pod while an idle GPU is left: with a GPU per pod, all are placed
     assert online_best_fit(pods, len(pods), plan) == sum(sizes)
+
+
+def best_place_if_fits(seq: list[PodSpec], num_gpus: int) -> int:
+    """Brute force over every scheduler that places each pod which fits (on ``num_gpus`` GPUs with
+    no node boundaries): the most milli any of them can have placed at the end of ``seq``."""
+
+    @functools.cache
+    def go(i: int, loads: tuple[int, ...]) -> int:
+        if i == len(seq):
+            return 0
+        p = seq[i]
+        if p.gpu_milli == 1000:
+            empty = [j for j, used in enumerate(loads) if used == 0]
+            if len(empty) < p.num_gpu:
+                return go(i + 1, loads)
+            new = list(loads)
+            for j in empty[: p.num_gpu]:
+                new[j] = 1000
+            return p.num_gpu * 1000 + go(i + 1, tuple(sorted(new)))
+        choices = {used for used in loads if used + p.gpu_milli <= 1000}
+        if not choices:
+            return go(i + 1, loads)  # fits nowhere: dropped
+        best = 0
+        for used in choices:  # a pod that fits must go somewhere
+            new = list(loads)
+            new[new.index(used)] += p.gpu_milli
+            best = max(best, p.gpu_milli + go(i + 1, tuple(sorted(new))))
+        return best
+
+    return go(0, (0,) * num_gpus)
+
+
+def test_arrival_order_forces_early_shares() -> None:
+    seq = [share(810), share(810), share(500), share(500)]
+    assert forced_shares(seq, 2) == Counter({810: 2})
+    assert packing_bound(seq, 2).lp_milli == 1810  # the LP drops an 810 to pair the 500s
+    assert arrival_bound(seq, 2) == 1620 == best_place_if_fits(seq, 2)
+    # a whole-GPU pod touches its GPUs: after whole(2) on 3 GPUs one is idle for the 810, none for the 500s
+    seq = [whole(2), share(810), share(500), share(500)]
+    assert forced_shares(seq, 3) == Counter({810: 1})
+    assert arrival_bound(seq, 3) == 2810 == best_place_if_fits(seq, 3)
+    # a share tied to a GPU model or memory may not fit the idle GPU, so it is not forced
+    tied = [
+        PodSpec(name="m", num_gpu=1, gpu_milli=810, gpu_models=frozenset({"A10"})),
+        PodSpec(name="g", num_gpu=1, gpu_milli=810, gpu_memory_mib=20_000),
+    ]
+    assert forced_shares(tied, 4) == Counter()
+    seq = [*tied, share(500), share(500)]
+    assert arrival_bound(seq, 2) == packing_bound(seq, 2).lp_milli == 1810  # 1620 if both were forced
+    assert forced_shares([], 2) == Counter()
+    assert arrival_bound([], 2) == 0
+    with pytest.raises(ValueError, match="num_gpus must be positive"):
+        arrival_bound([share(100)], 0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.sampled_from([150, 190, 300, 470, 500, 650, 810, 1000, 2000]), max_size=9),
+    st.integers(1, 4),
+)
+def test_arrival_bound_caps_every_place_if_fits_scheduler(sizes: list[int], gpus: int) -> None:
+    pods = [whole(s // 1000) if s >= 1000 else share(s) for s in sizes]
+    bound = arrival_bound(pods, gpus)
+    assert best_place_if_fits(pods, gpus) <= bound <= packing_bound(pods, gpus).lp_milli
+    assert online_best_fit(pods, gpus) <= bound
+    shares = Counter(s for s in sizes if s < 1000)
+    if shares:
+        assert online_best_fit(pods, gpus, PairingPlan.from_counts(shares)) <= bound
+
+
+def test_arrival_bound_on_the_default_trace(default_seq42: tuple[list[PodSpec], int]) -> None:
+    seq, num_gpus = default_seq42
+    s130 = seq[: arrived_prefix(seq, num_gpus, 130)]
+    # The LP reaches 100 % at 130 % arrived by leaving out 810-milli shares that arrived early;
+    # arrival order forces most of them in, each stranding 190 milli.
+    assert packing_bound(s130, num_gpus).lp_pct == pytest.approx(100.0)
+    assert forced_shares(s130, num_gpus)[810] > 800
+    assert 96.5 < arrival_bound(s130, num_gpus) / (num_gpus * 10) < 98.5

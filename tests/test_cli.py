@@ -204,6 +204,8 @@ def test_bench_packing_json(tiny: tuple[Path, Path]) -> None:
                 assert key in s, key
             assert s["alloc_at_100"] <= s["bound_at_100"] + 1e-6  # nobody beats the ceiling
             assert s["alloc_at_130"] <= s["bound_at_130"] + 1e-6
+            assert s["arrival_bound_at_130"] <= s["bound_at_130"] + 1e-6  # arrival order only adds limits
+            assert s["online_bf_at_130"] <= s["arrival_bound_at_130"] + 1e-6
         mean = sum(s["alloc_at_100"] for s in r["per_seed"]) / 2
         assert r["alloc_at_100"] == pytest.approx(mean, abs=0.011)
 

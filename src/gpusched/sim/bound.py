@@ -7,13 +7,21 @@ bins hold shares: a share above 500 milli opens its own bin, leaving 1000 − b 
 beside it. A linear program over share sizes (solved with HiGHS) gives an upper bound on the share
 milli; ``lp_milli`` is whole-GPU milli plus its floor. ``bfd_milli`` is an actual packing of the
 same pods: whole-GPU pods first, then shares biggest first, each into the fullest bin it fits.
+
+The LP may leave out any pod, so at 130 % arrived it reaches 100 % by dropping awkward shares that
+arrived early. ``arrival_bound`` adds what arrival order forces on every scheduler that places each
+pod which fits: until the pods before it could have touched every GPU (a share touches one, a
+whole-GPU pod its ``num_gpu``), some GPU is idle, so an arriving share that may use any GPU fits
+and must be placed. With
+those shares as minimum counts the same LP is a ceiling for any such scheduler on the relaxed
+cluster; CPU and memory stay relaxed, as for the LP.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,20 +63,27 @@ def _split(pods: Sequence[PodSpec]) -> tuple[list[int], Counter[int]]:
     return whole, shares
 
 
-def _share_lp(shares: Counter[int], bins: int) -> float:
-    """Optimum of the share LP on ``bins`` free GPUs (see the module docstring)."""
-    if bins <= 0 or not shares:
+def _share_lp(
+    shares: Counter[int], bins: int, *, whole: int = 0, forced: Mapping[int, int] | None = None
+) -> float:
+    """Optimum of the relaxed packing LP on ``bins`` free GPUs (see the module docstring): up to
+    ``whole`` of them may go to whole-GPU pods (1000 milli each); at least ``forced[s]`` shares of
+    each size ``s`` must be placed."""
+    if bins <= 0 or (not shares and whole <= 0):
         return 0.0
+    forced = forced or {}
     big = sorted(s for s in shares if s > HALF)
     small = sorted(s for s in shares if s <= HALF)
     nb, nc = len(big), len(small)
-    # Variables: y_b (nb), then x_{b,c} for c <= 1000 - b, then x_{E,c} (nc).
+    # Variables: w (GPUs for whole-GPU pods), y_b (nb), x_{b,c} for c <= 1000 - b, x_{E,c} (nc).
     pairs = [(i, j) for i, b in enumerate(big) for j, c in enumerate(small) if c <= GPU_MILLI - b]
     nx = len(pairs)
-    nvar = nb + nx + nc
-    # Rows: 0 = bins for big shares; 1..nb = residual beside each big size; nb+1 = empty-GPU capacity;
-    # nb+2.. = count of each small size.
+    nvar = 1 + nb + nx + nc
+    ox, oe = 1 + nb, 1 + nb + nx  # first x_{b,c}, first x_{E,c}
+    # Rows: 0 = GPUs for whole pods and big shares; 1..nb = residual beside each big size;
+    # nb+1 = empty-GPU capacity; then the count of each small size, then its forced minimum.
     r_empty = nb + 1
+    r_count, r_forced = r_empty + 1, r_empty + 1 + nc
     rows: list[int] = []
     cols: list[int] = []
     vals: list[float] = []
@@ -78,25 +93,33 @@ def _share_lp(shares: Counter[int], bins: int) -> float:
         cols.append(c)
         vals.append(v)
 
+    put(0, 0, 1.0)
+    put(r_empty, 0, float(GPU_MILLI))
     for i, b in enumerate(big):
-        put(0, i, 1.0)
-        put(1 + i, i, -float(GPU_MILLI - b))
-        put(r_empty, i, float(GPU_MILLI))
+        put(0, 1 + i, 1.0)
+        put(1 + i, 1 + i, -float(GPU_MILLI - b))
+        put(r_empty, 1 + i, float(GPU_MILLI))
     for k, (i, j) in enumerate(pairs):
-        put(1 + i, nb + k, float(small[j]))
-        put(r_empty + 1 + j, nb + k, 1.0)
+        put(1 + i, ox + k, float(small[j]))
+        put(r_count + j, ox + k, 1.0)
+        put(r_forced + j, ox + k, -1.0)
     for j, c in enumerate(small):
-        put(r_empty, nb + nx + j, float(c))
-        put(r_empty + 1 + j, nb + nx + j, 1.0)
-    nrow = r_empty + 1 + nc
+        put(r_empty, oe + j, float(c))
+        put(r_count + j, oe + j, 1.0)
+        put(r_forced + j, oe + j, -1.0)
+    nrow = r_forced + nc
     a_ub = sparse.csr_array((vals, (rows, cols)), shape=(nrow, nvar))
     b_ub = np.zeros(nrow)
     b_ub[0] = bins
     b_ub[r_empty] = float(GPU_MILLI) * bins
-    b_ub[r_empty + 1 :] = [shares[c] for c in small]
-    gain = np.array(big + [small[j] for _, j in pairs] + small, dtype=np.float64)
-    upper = [shares[b] for b in big] + [shares[small[j]] for _, j in pairs] + [shares[c] for c in small]
-    bounds = np.column_stack([np.zeros(nvar), np.array(upper, dtype=np.float64)])
+    b_ub[r_count:r_forced] = [shares[c] for c in small]
+    b_ub[r_forced:] = [-forced.get(c, 0) for c in small]
+    gain = np.array([GPU_MILLI] + big + [small[j] for _, j in pairs] + small, dtype=np.float64)
+    lower = [0] + [forced.get(b, 0) for b in big] + [0] * (nx + nc)
+    upper = (
+        [whole] + [shares[b] for b in big] + [shares[small[j]] for _, j in pairs] + [shares[c] for c in small]
+    )
+    bounds = np.column_stack([np.array(lower, dtype=np.float64), np.array(upper, dtype=np.float64)])
     res = linprog(-gain, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
     if res.status != 0:
         raise RuntimeError(f"share LP did not solve: {res.message}")
@@ -175,12 +198,44 @@ def packing_bound(pods: Sequence[PodSpec], num_gpus: int) -> Bound:
     whole, shares = _split(pods)
     whole_gpus = min(sum(whole), num_gpus)
     lp = _share_lp(shares, num_gpus - whole_gpus)
-    # Floor with a little slack for solver tolerance (a ceiling may err up, not down), then cap by
-    # the two trivial ceilings: cluster capacity and total demand.
+    # Floor, then cap by the two trivial ceilings: cluster capacity and total demand.
     demand = sum(whole) * GPU_MILLI + sum(s * n for s, n in shares.items())
-    lp_milli = whole_gpus * GPU_MILLI + math.floor(lp + 1e-7 * max(1.0, lp) + 1e-6)
+    lp_milli = whole_gpus * GPU_MILLI + _floor(lp)
     lp_milli = min(lp_milli, total, demand)
     return Bound(lp_milli=lp_milli, bfd_milli=_bfd(whole, shares, num_gpus), total_milli=total)
+
+
+def forced_shares(seq: Sequence[PodSpec], num_gpus: int) -> Counter[int]:
+    """Shares of ``seq`` (in arrival order) that arrive while some GPU must still be idle: the
+    pods before them touch fewer than ``num_gpus`` GPUs, whatever the scheduler did with them.
+    Only shares free to use any GPU count (no GPU-model, GPU-memory or node-selector constraint;
+    the relaxed cluster has no taints)."""
+    forced: Counter[int] = Counter()
+    touched = 0
+    for p in seq:
+        if p.num_gpu <= 0 or p.gpu_milli <= 0:
+            continue
+        if touched >= num_gpus:
+            break
+        if p.gpu_milli < GPU_MILLI and not (p.gpu_models or p.gpu_memory_mib or p.node_selector):
+            forced[p.gpu_milli] += 1  # a constrained share might not fit the idle GPU
+        touched += p.num_gpu
+    return forced
+
+
+def arrival_bound(seq: Sequence[PodSpec], num_gpus: int) -> int:
+    """Ceiling (milli) for any scheduler that places each pod of ``seq`` which fits when it
+    arrives, on the relaxed cluster (see the module docstring); at most ``packing_bound``'s."""
+    if num_gpus <= 0:
+        raise ValueError(f"arrival_bound: num_gpus must be positive, got {num_gpus}")
+    whole, shares = _split(seq)
+    lp = _share_lp(shares, num_gpus, whole=min(sum(whole), num_gpus), forced=forced_shares(seq, num_gpus))
+    return min(_floor(lp), packing_bound(seq, num_gpus).lp_milli)
+
+
+def _floor(lp: float) -> int:
+    """Floor an LP optimum with a little slack for solver tolerance (a ceiling may err up, not down)."""
+    return math.floor(lp + 1e-7 * max(1.0, lp) + 1e-6)
 
 
 def arrived_prefix(seq: Sequence[PodSpec], num_gpus: int, pct: float) -> int:

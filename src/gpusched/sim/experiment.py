@@ -16,7 +16,7 @@ import numpy as np
 from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.model import GPU_MILLI, NodeSpec, PodSpec
 from gpusched.core.policies.pairing import PairingPlan
-from gpusched.sim.bound import arrived_prefix, bound_at, online_best_fit
+from gpusched.sim.bound import arrival_bound, arrived_prefix, bound_at, online_best_fit
 from gpusched.sim.paper import build_sequence, run_paper
 
 
@@ -46,6 +46,8 @@ class SeedBound:
     online_at_130: float = float("nan")
     planned_at_100: float = float("nan")
     planned_at_130: float = float("nan")
+    arrival_at_100: float = float("nan")
+    arrival_at_130: float = float("nan")
 
 
 _CTX: dict[str, object] = {}
@@ -88,6 +90,8 @@ def _bound(seed: int) -> SeedBound:
         online_at_130=online_best_fit(s130, gpus) * pct,
         planned_at_100=online_best_fit(s100, gpus, plan) * pct,
         planned_at_130=online_best_fit(s130, gpus, plan) * pct,
+        arrival_at_100=arrival_bound(s100, gpus) * pct,
+        arrival_at_130=arrival_bound(s130, gpus) * pct,
     )
 
 

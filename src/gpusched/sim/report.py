@@ -29,6 +29,8 @@ def packing_table(report: Mapping[str, object], title: str) -> Table:
         t.caption = (
             f"ceiling for any scheduler (LP): {bound['bound_at_100']:.2f} @100%, "
             f"{bound['bound_at_130']:.2f} @130%; "
+            f"ceiling when each pod that fits is placed on arrival: "
+            f"{bound['arrival_bound_at_100']:.2f} @100%, {bound['arrival_bound_at_130']:.2f} @130%; "
             f"offline best-fit-decreasing: {bound['bfd_at_100']:.2f} @100%, {bound['bfd_at_130']:.2f} @130%; "
             f"online without CPU/node limits, best fit: {bound['online_bf_at_100']:.2f} @100%, "
             f"{bound['online_bf_at_130']:.2f} @130%; pairing plan: {bound['online_plan_at_100']:.2f} @100%, "
