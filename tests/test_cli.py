@@ -161,6 +161,7 @@ def test_simulate_table_output(tiny: tuple[Path, Path], tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     assert "fgd" in res.stdout
     assert "results.json" in res.stdout
+    assert "Free GPU capacity at the end of the run" in res.stdout
 
 
 def test_simulate_small_synthetic_default(tmp_path: Path) -> None:
@@ -206,6 +207,10 @@ def test_bench_packing_json(tiny: tuple[Path, Path]) -> None:
             assert s["alloc_at_130"] <= s["bound_at_130"] + 1e-6
             assert s["arrival_bound_at_130"] <= s["bound_at_130"] + 1e-6  # arrival order only adds limits
             assert s["online_bf_at_130"] <= s["arrival_bound_at_130"] + 1e-6
+        free = r["free_at_end"]
+        assert free and all(x["pct"] > 0 for x in free)
+        assert 0 < sum(x["pct"] for x in free) < 100
+        assert all(x["holder"] in ("idle", "other") or x["holder"].split("+")[0].isdigit() for x in free)
         mean = sum(s["alloc_at_100"] for s in r["per_seed"]) / 2
         assert r["alloc_at_100"] == pytest.approx(mean, abs=0.011)
 

@@ -21,6 +21,7 @@ from gpusched.core.model import GPU_MILLI, NodeSpec, PodSpec, Taint, Toleration
 from gpusched.core.policies import PolicyContext, make_profile, standard_filters
 from gpusched.core.scheduler import schedule_one
 from gpusched.core.status import Code
+from gpusched.sim.stranded import IDLE, free_by_holder
 
 MODELS = ("A", "B", "C")
 NONE: frozenset[str] = frozenset()
@@ -465,3 +466,20 @@ def test_filter_on_some_nodes_matches_filter_on_all(sc: Scenario, pod: PodSpec, 
         got = f.filter(CycleState(), pod, snap, idx)
         assert got.shape == idx.shape, f.name
         np.testing.assert_array_equal(got, whole[idx], err_msg=f.name)
+
+
+# ------------------------------------------------------------- free capacity by what holds the GPU
+@PROPS
+@given(sc=scenarios())
+def test_free_by_holder_accounts_for_every_free_milli(sc: Scenario) -> None:
+    snap = play(profile_for("default", sc.pods), sc)
+    by = free_by_holder(snap)
+    assert sum(by.values()) == snap.total_gpu_milli - snap.allocated_gpu_milli()
+    used_gpus = {(a.node, g) for a in snap.allocations.values() for g in a.gpus}
+    idle = int(snap.gpu_exists.sum()) - len(used_gpus)
+    assert by.get(IDLE, 0) == GPU_MILLI * idle
+    for label, milli in by.items():
+        assert milli > 0
+        if label != IDLE:  # each GPU so labelled misses exactly the milli of the shares named
+            held = sum(int(x) for x in label.split("+") if not x.endswith("MiB"))
+            assert 0 <= held < GPU_MILLI and milli % (GPU_MILLI - held) == 0, (label, milli)

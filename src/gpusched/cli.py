@@ -160,7 +160,7 @@ def _simulate_paper(
 ) -> None:
     from gpusched.bench.packing import bench_packing
     from gpusched.sim import plots as P
-    from gpusched.sim.report import packing_table
+    from gpusched.sim.report import free_table, packing_table
 
     specs = [tp.spec for tp in wl.pods]
     total = len(pols) * len(seeds) + (len(seeds) if bounds else 0)
@@ -182,6 +182,7 @@ def _simulate_paper(
         emit_json(report)
         return
     out_console.print(packing_table(report, f"Paper protocol on {wl.label}, seeds {seeds[0]}..{seeds[-1]}"))
+    out_console.print(free_table(report))
     for f in files:
         out_console.print(f"plot: {f}")
     out_console.print(f"results: {out / 'results.json'}")
@@ -238,7 +239,7 @@ def bench_packing_cmd(
 ) -> None:
     """Policies side by side on one trace (paper protocol), with the packing ceiling."""
     from gpusched.bench.packing import bench_packing
-    from gpusched.sim.report import packing_table
+    from gpusched.sim.report import free_table, packing_table
     from gpusched.sim.workload import load_workload
 
     pols = check_policies(policy)
@@ -257,6 +258,7 @@ def bench_packing_cmd(
             emit_json(report)
         else:
             out_console.print(packing_table(report, f"{wl.label}, seeds {seed_list[0]}..{seed_list[-1]}"))
+            out_console.print(free_table(report))
 
     run_cli(go)
 

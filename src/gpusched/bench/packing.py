@@ -5,7 +5,8 @@ and seconds per run; per seed, the LP ceiling and the offline best-fit-decreasin
 of the same arrived pods (``bound_at_100``/``bound_at_130``), so every run shows its
 distance to optimal; ``arrival_bound_at_*``, the ceiling for a scheduler that places each pod
 which fits when it arrives; and two online yardsticks without CPU or node limits
-(``online_bf_at_*``, ``online_plan_at_*``).
+(``online_bf_at_*``, ``online_plan_at_*``). Per policy, ``free_at_end`` tells where the free GPU
+capacity sits when the runs end, by what holds the GPU ("810" = one 810-milli share alone).
 """
 
 from __future__ import annotations
@@ -20,6 +21,25 @@ from gpusched.sim.experiment import RunSummary, SeedBound, run_many
 
 def _r2(x: float | np.floating) -> float:
     return round(float(x), 2)
+
+
+TOP_HOLDERS = 8
+
+
+def free_at_end(runs: Sequence[RunSummary], top: int = TOP_HOLDERS) -> list[dict[str, object]]:
+    """Free GPU capacity at the end of the runs by what holds the GPU (``sim.stranded``), as a
+    mean % of the cluster over the runs: the ``top`` largest, then the rest as "other"."""
+    sums: dict[str, float] = {}
+    for r in runs:
+        for k, milli in r.free_by_holder.items():
+            sums[k] = sums.get(k, 0.0) + 100 * milli / max(r.total_gpu_milli, 1)
+    ranked = sorted(sums.items(), key=lambda kv: (-kv[1], kv[0]))
+    n = max(len(runs), 1)
+    out: list[dict[str, object]] = [{"holder": k, "pct": _r2(v / n)} for k, v in ranked[:top]]
+    rest = sum(v for _, v in ranked[top:])
+    if rest:
+        out.append({"holder": "other", "pct": _r2(rest / n)})
+    return out
 
 
 def packing_report(
@@ -62,6 +82,7 @@ def packing_report(
             "alloc_at_100_max": _r2(np.nanmax(a100)),
             "per_seed": per_seed,
             "seconds_per_run": round(float(np.mean([r.seconds for r in rs])), 3),
+            "free_at_end": free_at_end(rs),
         }
         if bounds:
             lp = float(np.mean([b.lp_at_100 for b in bounds]))

@@ -30,6 +30,8 @@ class RunSummary:
     pods: int
     seconds: float
     model_used: dict[str, tuple[int, int]] = field(default_factory=dict)
+    free_by_holder: dict[str, int] = field(default_factory=dict)  # see sim.stranded
+    total_gpu_milli: int = 0
 
     def at(self, pct: int) -> float:
         return self.alloc[pct]
@@ -65,7 +67,16 @@ def _one(job: tuple[str, int]) -> RunSummary:
     idle = np.maximum(r.total_gpu_milli - r.used, 1)
     ratio = r.curve(r.frag / idle * r.total_gpu_milli)  # curve() reports value / total, in %
     return RunSummary(
-        policy, seed, r.curve().tolist(), ratio.tolist(), r.failed, r.pods, r.seconds, r.model_used
+        policy,
+        seed,
+        r.curve().tolist(),
+        ratio.tolist(),
+        r.failed,
+        r.pods,
+        r.seconds,
+        r.model_used,
+        r.free_by_holder,
+        r.total_gpu_milli,
     )
 
 

@@ -21,6 +21,7 @@ from gpusched.core.framework import Profile
 from gpusched.core.model import NodeSpec, PodSpec
 from gpusched.core.policies import PolicyContext, make_profile
 from gpusched.core.scheduler import schedule_one
+from gpusched.sim.stranded import free_by_holder
 
 MAX_PCT = 130
 
@@ -39,6 +40,7 @@ class PaperRun:
     model_used: dict[str, tuple[int, int]] = field(
         default_factory=dict
     )  # model -> (used, total) milli at end
+    free_by_holder: dict[str, int] = field(default_factory=dict)  # free milli at end by GPU contents
 
     def curve(self, values: np.ndarray | None = None, max_pct: int = MAX_PCT) -> np.ndarray:
         """Column k = mean of round(value %, 2) over pod events whose arrived % rounds to k
@@ -156,4 +158,5 @@ def run_paper(
         pods=n,
         seconds=(clock() - t0) if clock else 0.0,
         model_used=model_used,
+        free_by_holder=free_by_holder(snap),
     )

@@ -39,6 +39,24 @@ def packing_table(report: Mapping[str, object], title: str) -> Table:
     return t
 
 
+def free_table(report: Mapping[str, object], largest: int = 4) -> Table:
+    """Per policy: the free GPU capacity at the end of the runs and the GPU contents that hold
+    most of it ("810 2.85" = GPUs holding one 810-milli share alone leave 2.85 % of the cluster)."""
+    t = Table(title="Free GPU capacity at the end of the run, % of the cluster, by what holds the GPU")
+    t.add_column("policy")
+    t.add_column("free", justify="right")
+    t.add_column("largest: GPU holding → free %")
+    results = report["results"]
+    assert isinstance(results, list)
+    for r in results:
+        rows = r.get("free_at_end") or []
+        total = sum(float(x["pct"]) for x in rows)
+        top = [x for x in rows if x["holder"] != "other"][:largest]
+        largest_text = " · ".join(f"{x['holder']} → {x['pct']:.2f}" for x in top)
+        t.add_row(str(r["policy"]), f"{total:.2f}", largest_text)
+    return t
+
+
 def replay_table(results: Sequence[ReplayResult], title: str) -> Table:
     """One row per policy. Allocation is time-weighted over the arrival window ("arriving")
     and at its peak; the whole-horizon mean (long-lived pods stretch it) is in the JSON."""
