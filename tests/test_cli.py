@@ -17,7 +17,7 @@ from gpusched.cli import app
 from gpusched.core.policies import POLICIES
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-PLOTS = ("allocation.png", "fragmentation.png", "gpu_models.png")
+PLOTS = ("allocation.png", "fragmentation.png", "gpu_models.png", "free_capacity.png")
 ALL_POLICIES = {"random", "dotprod", "packing", "clustering", "bestfit", "fgd", "default"}
 POD_HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec"
 

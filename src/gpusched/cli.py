@@ -175,6 +175,7 @@ def _simulate_paper(
             str(P.allocation_plot(runs, out / "allocation.png", bnds)),
             str(P.fragmentation_plot(runs, out / "fragmentation.png")),
             str(P.model_plot(runs, out / "gpu_models.png")),
+            str(P.free_plot(report["results"], out / "free_capacity.png")),  # type: ignore[arg-type]
         ]
     report["plots"] = files
     (out / "results.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -87,6 +87,41 @@ def model_plot(runs: Sequence[RunSummary], path: Path) -> Path:
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def free_plot(results: Sequence[Mapping[str, object]], path: Path) -> Path:
+    """One stacked bar per policy: the free GPU capacity at the end of the run (% of the cluster),
+    split by what holds the GPU (``free_at_end`` of a packing report), "other" last in grey."""
+    holders: list[str] = []
+    for r in results:
+        for x in r.get("free_at_end") or []:  # type: ignore[attr-defined]
+            if x["holder"] not in holders and x["holder"] != "other":
+                holders.append(x["holder"])
+    holders.append("other")
+    cmap = plt.get_cmap("tab20")
+    colours: dict[str, object] = {h: cmap(i % 20) for i, h in enumerate(holders[:-1])}
+    colours["other"] = (0.7, 0.7, 0.7)
+    fig, ax = plt.subplots(figsize=(9, 1.6 + 0.55 * len(results)), dpi=110)
+    names = [str(r["policy"]) for r in results]
+    for h in holders:
+        left = []
+        widths = []
+        for r in results:
+            pct = {x["holder"]: float(x["pct"]) for x in r.get("free_at_end") or []}  # type: ignore[attr-defined]
+            done = sum(pct.get(k, 0.0) for k in holders[: holders.index(h)])
+            left.append(done)
+            widths.append(pct.get(h, 0.0))
+        if any(widths):
+            ax.barh(names, widths, left=left, color=colours.get(h, (0.5, 0.5, 0.5)), label=h)
+    ax.invert_yaxis()
+    ax.set_xlabel("free GPU capacity at the end of the run (% of cluster)")
+    ax.set_title("Where the free GPU capacity sits, by what holds the GPU (470+470: two 470-milli shares)")
+    ax.legend(fontsize=7, ncol=min(len(holders), 6), loc="upper center", bbox_to_anchor=(0.5, -0.35))
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
     return path
 
