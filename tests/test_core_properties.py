@@ -17,7 +17,15 @@ from hypothesis import strategies as st
 from gpusched.core.cluster import ClusterState
 from gpusched.core.fragmentation import TargetWorkload, node_fragmentation, placement_frag
 from gpusched.core.framework import CycleState, Profile
-from gpusched.core.model import GPU_MILLI, NodeSpec, PodSpec, Taint, Toleration
+from gpusched.core.model import (
+    GPU_MILLI,
+    NodeSelectorTerm,
+    NodeSpec,
+    PodSpec,
+    SelectorRequirement,
+    Taint,
+    Toleration,
+)
 from gpusched.core.policies import PolicyContext, make_profile, standard_filters
 from gpusched.core.scheduler import schedule_one
 from gpusched.core.status import Code
@@ -30,6 +38,28 @@ DETERMINISTIC = ("fgd", "bestfit", "packing", "dotprod", "clustering", "default"
 CACHED = ("fgd", "default")  # the policies whose scores go through core/policies/cache.py
 TAINT = Taint("dedicated", "gpu", "NoSchedule")
 SOFT_TAINT = Taint("spot", "yes", "PreferNoSchedule")
+
+DRIVER_LABELS: tuple[dict[str, str], ...] = ({}, {"drv": "470"}, {"drv": "535"}, {"drv": "550"})
+
+
+def _term(*reqs: tuple[str, str, tuple[str, ...]], fields: tuple[str, ...] = ()) -> NodeSelectorTerm:
+    return NodeSelectorTerm(
+        tuple(SelectorRequirement(k, op, v) for k, op, v in reqs),
+        tuple(SelectorRequirement("metadata.name", "In", (f,)) for f in fields),
+    )
+
+
+AFFINITIES: tuple[tuple[NodeSelectorTerm, ...], ...] = (
+    (),
+    (),
+    (_term(("zone", "In", ("b",))),),
+    (_term(("drv", "Gt", ("535",))),),  # strictly greater: not the 535 nodes
+    (_term(("drv", "NotIn", ("550",))),),  # also the nodes without the label
+    (_term(("zone", "NotIn", ("a",)), ("drv", "Exists", ())),),
+    (_term(("drv", "Lt", ("540",))), _term(("drv", "DoesNotExist", ()))),  # either term
+    (_term(fields=("n0",)), _term(("zone", "In", ("a", "b")), ("drv", "Gt", ("540",)))),
+    (_term(),),  # matches no node
+)
 
 PROPS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -50,7 +80,7 @@ def clusters(draw: st.DrawFn) -> list[NodeSpec]:
                 gpu_count=gpus,
                 gpu_model=model,
                 gpu_memory_mib=draw(st.sampled_from((0, 16384))),
-                labels={"zone": draw(st.sampled_from("ab"))},
+                labels={"zone": draw(st.sampled_from("ab")), **draw(st.sampled_from(DRIVER_LABELS))},
                 taints=draw(st.sampled_from(((), (), (), (TAINT,), (SOFT_TAINT,)))),
             )
         )
@@ -94,6 +124,7 @@ def pods(draw: st.DrawFn, i: int, plain: bool = False, present: Sequence[str] = 
         gpu_memory_mib=gmem,
         gpu_models=models,
         node_selector=selector,
+        node_affinity=() if plain else draw(st.sampled_from(AFFINITIES)),
         tolerations=tols,
     )
 
@@ -154,6 +185,27 @@ def _tolerated(pod: PodSpec, taint: Taint) -> bool:
     return False
 
 
+def _bf_term(term: NodeSelectorTerm, node: NodeSpec) -> bool:
+    """Kubernetes' node selector term, written out again for the oracle."""
+    checks = [(r, node.labels.get(r.key)) for r in term.match_expressions]
+    checks += [(r, node.name) for r in term.match_fields]
+    if not checks:
+        return False
+    for r, have in checks:
+        numeric = have is not None and have.lstrip("-").isdigit()
+        ok = {
+            "In": have in r.values,
+            "NotIn": have not in r.values,
+            "Exists": have is not None,
+            "DoesNotExist": have is None,
+            "Gt": numeric and int(have or 0) > int(r.values[0] if r.values else 0),
+            "Lt": numeric and int(have or 0) < int(r.values[0] if r.values else 0),
+        }[r.operator]
+        if not ok:
+            return False
+    return True
+
+
 def bf_fits(snap: ClusterState, pod: PodSpec, n: int, *, empty: bool = False) -> bool:
     """Does ``pod`` fit on node ``n`` now (or, with ``empty``, on the node with nothing on it)?"""
     node = snap.nodes[n]
@@ -162,6 +214,8 @@ def bf_fits(snap: ClusterState, pod: PodSpec, n: int, *, empty: bool = False) ->
     if cpu < pod.cpu_milli or mem < pod.memory_mib:
         return False
     if any(node.labels.get(k) != v for k, v in pod.node_selector.items()):
+        return False
+    if pod.node_affinity and not any(_bf_term(t, node) for t in pod.node_affinity):
         return False
     for taint in node.taints:
         if taint.effect in ("NoSchedule", "NoExecute") and not _tolerated(pod, taint):
@@ -458,9 +512,7 @@ def test_filter_on_some_nodes_matches_filter_on_all(sc: Scenario, pod: PodSpec, 
     """Preemption and the extender ask filters about a few nodes; the answer must be the full
     answer at those nodes, in the order asked, repeats included."""
     snap = play(profile_for("default", sc.pods), sc)
-    idx = np.array(
-        data.draw(st.lists(st.integers(0, len(snap) - 1), max_size=2 * len(snap))), dtype=np.int64
-    )
+    idx = np.array(data.draw(st.lists(st.integers(0, len(snap) - 1), max_size=2 * len(snap))), dtype=np.int64)
     for f in standard_filters():
         whole = f.filter(CycleState(), pod, snap)
         got = f.filter(CycleState(), pod, snap, idx)

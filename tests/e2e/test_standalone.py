@@ -52,14 +52,19 @@ class Env:
         self.v1 = client.CoreV1Api(self.api)
         self.v1.create_namespace({"metadata": {"name": self.ns}})
 
-    def nodes(self, specs: list[tuple[str, int, int, int, str]]) -> None:
-        """(name, cpu milli, memory MiB, GPUs, model) → kwok nodes, waited for Ready and untainted."""
+    def nodes(
+        self, specs: list[tuple[str, int, int, int, str]], labels: dict[str, dict[str, str]] | None = None
+    ) -> None:
+        """(name, cpu milli, memory MiB, GPUs, model) → kwok nodes, waited for Ready and untainted;
+        ``labels`` adds labels by node name."""
         mem_of = {"T4": 15360, "P100": 16384, "V100M16": 16384, "V100M32": 32768, "A10": 24576}
+        extra = labels
 
         def make(s: tuple[str, int, int, int, str]) -> None:
             name, cpu, mem, gpus, model = s
             res = {"cpu": f"{cpu}m", "memory": f"{mem}Mi", "pods": "1000", "nvidia.com/gpu": str(gpus)}
             labels = {"type": "kwok", GROUP: self.tag, "nvidia.com/gpu.product": model}
+            labels.update((extra or {}).get(name, {}))
             if model in mem_of:
                 labels["nvidia.com/gpu.memory"] = str(mem_of[model])
             body = {
@@ -381,6 +386,46 @@ def test_invalid_and_unschedulable_pods_get_events(env: Env) -> None:
     assert (cond["status"], cond["reason"]) == ("False", "Unschedulable")
     assert cond["message"] == failed["message"]
     assert not pods["invalid"]["spec"].get("nodeName")
+
+
+def test_required_node_affinity_on_the_driver_version(env: Env) -> None:
+    from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
+
+    driver = "nvidia.com/cuda.driver-version.major"
+    old, new = f"{env.tag}-old", f"{env.tag}-new"
+    env.nodes(
+        [(old, 16000, 65536, 8, "T4"), (new, 16000, 65536, 1, "T4")],
+        labels={old: {driver: "470"}, new: {driver: "550"}},
+    )
+
+    def pod(name: str, op: str, value: str) -> dict[str, Any]:
+        body = env.pod(name, {"cpu": "1", "nvidia.com/gpu": "1"})
+        expr = {"key": driver, "operator": op, "values": [value]}
+        terms = [{"matchExpressions": [expr]}]
+        body["spec"]["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+        }
+        return body
+
+    # Two pods need a driver newer than 534, and only the 1-GPU node has one: the second must wait
+    # although the old node has 8 free GPUs.
+    env.create_pods([pod("new-1", "Gt", "534"), pod("new-2", "Gt", "534"), pod("legacy", "Lt", "500")])
+    sched = StandaloneScheduler(env.api, SchedulerConfig(scheduler_name=env.scheduler)).start()
+    try:
+
+        def settled() -> bool:
+            bound = [p for p in env.list_pods() if p["spec"].get("nodeName")]
+            return len(bound) == 2 and bool(env.events("FailedScheduling"))
+
+        wait_until(settled, timeout=60, what="two pods bound and one FailedScheduling")
+    finally:
+        sched.stop()
+    where = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in env.list_pods()}
+    assert where["legacy"] == old
+    assert {where["new-1"], where["new-2"]} == {new, None}
+    (waiting,) = [n for n in ("new-1", "new-2") if where[n] is None]
+    (failed,) = [e for e in env.events("FailedScheduling") if e["involvedObject"]["name"] == waiting]
+    assert "didn't match Pod's node affinity/selector" in failed["message"]
 
 
 def test_high_priority_pod_preempts_the_fewest_lower_priority_pods(env: Env) -> None:

@@ -2,8 +2,10 @@
 
 A GPU is 1000 milli-GPU. A pod asks for ``num_gpu`` GPUs with ``gpu_milli`` of each
 (``gpu_milli < 1000`` is a share of one GPU) and optionally ``gpu_memory_mib`` of each
-GPU's memory. Room is left for what later front ends bring (labels, taints, priority,
-gang groups, queues); the core treats them as plain data.
+GPU's memory. Node placement constraints follow Kubernetes: a node selector, required node
+affinity (selector terms with In/NotIn/Exists/DoesNotExist/Gt/Lt, e.g. on the GPU driver
+version labels), taints and tolerations. Room is left for what later front ends bring
+(priority, gang groups, queues); the core treats them as plain data.
 """
 
 from __future__ import annotations
@@ -44,6 +46,66 @@ class Toleration:
         return self.key == taint.key and self.value == taint.value
 
 
+SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+NODE_NAME_FIELD = "metadata.name"
+"""The one field a node selector term's ``match_fields`` may name (as in Kubernetes)."""
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class SelectorRequirement:
+    """One ``matchExpressions`` (or ``matchFields``) entry of a node selector term, with the
+    Kubernetes operators: In, NotIn, Exists, DoesNotExist, and Gt / Lt on integer label values
+    (e.g. ``nvidia.com/cuda.driver-version.major`` Gt 534)."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            raise InvalidSpec("node selector requirement: key is empty")
+        if self.operator not in SELECTOR_OPERATORS:
+            raise InvalidSpec(
+                f"node selector requirement {self.key!r}: operator {self.operator!r} is not one of "
+                f"{', '.join(SELECTOR_OPERATORS)}"
+            )
+        n = len(self.values)
+        if self.operator in ("In", "NotIn") and n == 0:
+            raise InvalidSpec(f"node selector requirement {self.key!r}: {self.operator} needs values")
+        if self.operator in ("Exists", "DoesNotExist") and n:
+            raise InvalidSpec(f"node selector requirement {self.key!r}: {self.operator} takes no values")
+        if self.operator in ("Gt", "Lt") and (n != 1 or not _is_int(self.values[0])):
+            raise InvalidSpec(
+                f"node selector requirement {self.key!r}: {self.operator} needs exactly one integer "
+                f"value, got {list(self.values)}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSelectorTerm:
+    """Requirements that must all hold (an empty term matches no node, as in Kubernetes).
+    ``match_fields`` may only name ``metadata.name``, with In or NotIn and one value."""
+
+    match_expressions: tuple[SelectorRequirement, ...] = ()
+    match_fields: tuple[SelectorRequirement, ...] = ()
+
+    def __post_init__(self) -> None:
+        for r in self.match_fields:
+            if r.key != NODE_NAME_FIELD or r.operator not in ("In", "NotIn") or len(r.values) != 1:
+                raise InvalidSpec(
+                    f"node selector term: matchFields supports only {NODE_NAME_FIELD} with In or NotIn "
+                    f"and one value, got {r.key} {r.operator} {list(r.values)}"
+                )
+
+
 @dataclass(frozen=True, slots=True)
 class NodeSpec:
     """One node. All GPUs of a node are of one model (as GPU feature discovery labels them)."""
@@ -82,6 +144,7 @@ class PodSpec:
     namespace: str = "default"
     priority: int = 0
     node_selector: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    node_affinity: tuple[NodeSelectorTerm, ...] = ()  # required node affinity: any term; () = none
     tolerations: tuple[Toleration, ...] = ()
     gang: str = ""  # all-or-nothing group, empty = none
     queue: str = ""  # tenant queue, empty = default
@@ -112,6 +175,10 @@ class PodSpec:
         for m in self.gpu_models:
             if not m or "|" in m or m.strip() != m:
                 raise InvalidSpec(f"pod {self.key}: invalid GPU model name {m!r} in gpu_models")
+        if not isinstance(self.node_affinity, tuple) or not all(
+            isinstance(t, NodeSelectorTerm) for t in self.node_affinity
+        ):
+            raise InvalidSpec(f"pod {self.key}: node_affinity must be a tuple of NodeSelectorTerm")
 
     @property
     def key(self) -> str:
@@ -136,6 +203,7 @@ class PodSpec:
             self.gpu_memory_mib,
             self.gpu_models,
             tuple(sorted(self.node_selector.items())),
+            self.node_affinity,
             self.tolerations,
         )
 

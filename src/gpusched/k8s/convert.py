@@ -8,6 +8,9 @@ How a pod asks for GPUs (documented in README, "Requesting GPUs"):
   ``nvidia.com/gpu: N`` it applies to each of the N GPUs; alone it means one GPU).
 - annotation ``gpusched.io/gpu-models: "A100-SXM4-80GB|H100-80GB-HBM3"`` — allowed GPU models
   (the node label ``nvidia.com/gpu.product``).
+- ``nodeSelector`` and required node affinity (``nodeSelectorTerms`` with In, NotIn, Exists,
+  DoesNotExist, Gt, Lt) on any node label, e.g. a minimum driver with
+  ``nvidia.com/cuda.driver-version.major`` Gt 534; an invalid term is rejected with an Event.
 
 A node's GPUs come from ``status.allocatable["nvidia.com/gpu"]`` (or capacity), its model from
 the label ``nvidia.com/gpu.product`` and the memory of one GPU from ``nvidia.com/gpu.memory``
@@ -29,7 +32,17 @@ from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 
-from gpusched.core.model import GPU_MILLI, Allocation, InvalidSpec, NodeSpec, PodSpec, Taint, Toleration
+from gpusched.core.model import (
+    GPU_MILLI,
+    Allocation,
+    InvalidSpec,
+    NodeSelectorTerm,
+    NodeSpec,
+    PodSpec,
+    SelectorRequirement,
+    Taint,
+    Toleration,
+)
 
 RES_GPU = "nvidia.com/gpu"
 RES_MILLI = "gpusched.io/gpu-milli"
@@ -104,6 +117,56 @@ def parse_models(text: str, where: str) -> frozenset[str]:
     return models
 
 
+_REQUIRED = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+
+
+def _requirements(items: object, where: str) -> tuple[SelectorRequirement, ...]:
+    if items is None:
+        return ()
+    if not isinstance(items, list):
+        raise InvalidRequest(f"{where}: must be a list")
+    out = []
+    for i, r in enumerate(items):
+        at = f"{where}[{i}]"
+        if not isinstance(r, Mapping):
+            raise InvalidRequest(f"{at}: must be an object with key, operator and values")
+        values = r.get("values") or []
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise InvalidRequest(f"{at}: values must be a list of strings")
+        try:
+            out.append(
+                SelectorRequirement(str(r.get("key") or ""), str(r.get("operator") or ""), tuple(values))
+            )
+        except InvalidSpec as e:
+            raise InvalidRequest(f"{at}: {e}") from None
+    return tuple(out)
+
+
+def node_affinity(spec: Mapping[str, Any], key: str) -> tuple[NodeSelectorTerm, ...]:
+    """The pod's required node affinity as selector terms (empty: none). The preferred kind is a
+    placement preference that gpusched's scoring does not read."""
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    if required is None:
+        return ()
+    terms = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
+    if not isinstance(terms, list) or not terms:
+        raise InvalidRequest(f"pod {key}: {_REQUIRED}.nodeSelectorTerms must be a non-empty list")
+    out = []
+    for i, t in enumerate(terms):
+        where = f"pod {key}: {_REQUIRED}.nodeSelectorTerms[{i}]"
+        if not isinstance(t, Mapping):
+            raise InvalidRequest(f"{where}: must be an object")
+        exprs = _requirements(t.get("matchExpressions"), f"{where}.matchExpressions")
+        fields = _requirements(t.get("matchFields"), f"{where}.matchFields")
+        try:
+            out.append(NodeSelectorTerm(exprs, fields))
+        except InvalidSpec as e:
+            raise InvalidRequest(f"{where}: {e}") from None
+    return tuple(out)
+
+
 def pod_from_k8s(pod: Mapping[str, Any]) -> PodSpec:
     """The core's view of a pod. Raises InvalidRequest (naming pod and field) for a request
     that cannot be scheduled as written."""
@@ -130,6 +193,7 @@ def pod_from_k8s(pod: Mapping[str, Any]) -> PodSpec:
         raise InvalidRequest(f"pod {key}: a GPU share ({RES_MILLI} {milli}) needs {RES_GPU} 1, got {num}")
     ann = meta.get("annotations") or {}
     models = parse_models(ann.get(ANN_MODELS, ""), f"pod {key} annotation {ANN_MODELS}")
+    affinity = node_affinity(spec, key)
     try:
         return PodSpec(
             name=meta["name"],
@@ -143,6 +207,7 @@ def pod_from_k8s(pod: Mapping[str, Any]) -> PodSpec:
             gpu_models=models if num else frozenset(),
             priority=int(spec.get("priority") or 0),
             node_selector=dict(spec.get("nodeSelector") or {}),
+            node_affinity=affinity,
             tolerations=tuple(
                 Toleration(
                     t.get("key", ""), t.get("operator", "Equal"), t.get("value", ""), t.get("effect", "")

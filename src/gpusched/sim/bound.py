@@ -217,7 +217,9 @@ def forced_shares(seq: Sequence[PodSpec], num_gpus: int) -> Counter[int]:
             continue
         if touched >= num_gpus:
             break
-        if p.gpu_milli < GPU_MILLI and not (p.gpu_models or p.gpu_memory_mib or p.node_selector):
+        if p.gpu_milli < GPU_MILLI and not (
+            p.gpu_models or p.gpu_memory_mib or p.node_selector or p.node_affinity
+        ):
             forced[p.gpu_milli] += 1  # a constrained share might not fit the idle GPU
         touched += p.num_gpu
     return forced
