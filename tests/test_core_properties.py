@@ -82,6 +82,8 @@ def clusters(draw: st.DrawFn) -> list[NodeSpec]:
                 gpu_memory_mib=draw(st.sampled_from((0, 16384))),
                 labels={"zone": draw(st.sampled_from("ab")), **draw(st.sampled_from(DRIVER_LABELS))},
                 taints=draw(st.sampled_from(((), (), (), (TAINT,), (SOFT_TAINT,)))),
+                max_pods=draw(st.sampled_from((0, 0, 0, 2, 5))),
+                extended=draw(st.sampled_from(({}, {}, {"rdma": 1}, {"rdma": 2, "mig-1g": 7}))),
             )
         )
     return nodes
@@ -125,6 +127,7 @@ def pods(draw: st.DrawFn, i: int, plain: bool = False, present: Sequence[str] = 
         gpu_models=models,
         node_selector=selector,
         node_affinity=() if plain else draw(st.sampled_from(AFFINITIES)),
+        extended={} if plain else draw(st.sampled_from(({}, {}, {}, {"rdma": 1}, {"mig-1g": 2}, {"nic": 1}))),
         tolerations=tols,
     )
 
@@ -213,6 +216,12 @@ def bf_fits(snap: ClusterState, pod: PodSpec, n: int, *, empty: bool = False) ->
     mem = node.memory_mib if empty else int(snap.mem_free[n])
     if cpu < pod.cpu_milli or mem < pod.memory_mib:
         return False
+    here = [] if empty else [snap.allocations[k].pod for k in snap.node_pods[n]]
+    if node.max_pods and len(here) >= node.max_pods:
+        return False
+    for res, amount in pod.extended.items():
+        if node.extended.get(res, 0) - sum(p.extended.get(res, 0) for p in here) < amount:
+            return False
     if any(node.labels.get(k) != v for k, v in pod.node_selector.items()):
         return False
     if pod.node_affinity and not any(_bf_term(t, node) for t in pod.node_affinity):
@@ -248,6 +257,9 @@ def assert_invariants(snap: ClusterState) -> None:
     assert ((snap.gpu_free >= 0) & (snap.gpu_free <= GPU_MILLI)).all()
     assert (snap.gpu_free <= snap.gpu_cap).all()
     assert ((snap.gpu_mem_free >= 0) & (snap.gpu_mem_free <= snap.gpu_mem_cap)).all()
+    assert ((snap.pod_free >= 0) & (snap.pod_free <= snap.pod_cap)).all()
+    assert ((snap.ext_free >= 0) & (snap.ext_free <= snap.ext_cap)).all()
+    assert [len(s) for s in snap.node_pods] == (snap.pod_cap - snap.pod_free).tolist()
     # padding GPU slots never hold anything
     assert (snap.gpu_free[~snap.gpu_exists] == 0).all() and (snap.gpu_mem_free[~snap.gpu_exists] == 0).all()
 

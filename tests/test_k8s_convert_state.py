@@ -282,3 +282,27 @@ def test_queue_backoff_and_flush() -> None:
     assert q.pop(timeout=0) is not None  # periodic flush
     q.done("default/p")
     assert len(q) == 0
+
+
+def test_bound_pods_that_overcommit_are_booked_anyway() -> None:
+    """The API shows them running: the books must hold them, or their GPUs look free."""
+    lc = LiveCluster()
+    n = node("n1", gpus=1)
+    n["status"]["allocatable"]["rdma/hca"] = "1"
+    lc.upsert_node(n)
+    lc.upsert_pod(pod("a", {"cpu": "1", "nvidia.com/gpu": "1", "rdma/hca": "1"}, node_name="n1", gpus=(0,)))
+    lc.upsert_pod(pod("b", {"cpu": "2", "nvidia.com/gpu": "1", "rdma/hca": "1"}, node_name="n1"))
+    lc.upsert_pod(pod("c", {"cpu": "4", "example.com/gone": "1"}, node_name="n1"))
+    with lc.snapshot() as st:
+        assert sorted(st.allocations) == ["default/a", "default/b", "default/c"]
+        assert int(st.gpu_free[0, 0]) == -1000  # both on the one GPU: overcommitted, not free
+        assert st.ext_free[0, st.ext_index["rdma/hca"]] == -1
+        assert int(st.cpu_free[0]) == 64_000 - 7_000
+        pending = pod_from_k8s(pod("d", {"nvidia.com/gpu": "1"}))
+        assert st.check_fits(pending, 0, (0,)) is not None
+    assert len(lc.conflicts) == 2 and lc.conflicts[0].startswith("default/b: ")
+    lc.delete_pod("default/b")
+    lc.delete_pod("default/c")
+    with lc.snapshot() as st:
+        assert int(st.gpu_free[0, 0]) == 0 and st.ext_free[0, st.ext_index["rdma/hca"]] == 0
+        assert st.verify() == []

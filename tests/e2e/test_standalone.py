@@ -53,16 +53,20 @@ class Env:
         self.v1.create_namespace({"metadata": {"name": self.ns}})
 
     def nodes(
-        self, specs: list[tuple[str, int, int, int, str]], labels: dict[str, dict[str, str]] | None = None
+        self,
+        specs: list[tuple[str, int, int, int, str]],
+        labels: dict[str, dict[str, str]] | None = None,
+        allocatable: dict[str, dict[str, str]] | None = None,
     ) -> None:
         """(name, cpu milli, memory MiB, GPUs, model) → kwok nodes, waited for Ready and untainted;
-        ``labels`` adds labels by node name."""
+        ``labels`` and ``allocatable`` add labels and resources by node name."""
         mem_of = {"T4": 15360, "P100": 16384, "V100M16": 16384, "V100M32": 32768, "A10": 24576}
         extra = labels
 
         def make(s: tuple[str, int, int, int, str]) -> None:
             name, cpu, mem, gpus, model = s
             res = {"cpu": f"{cpu}m", "memory": f"{mem}Mi", "pods": "1000", "nvidia.com/gpu": str(gpus)}
+            res.update((allocatable or {}).get(name, {}))
             labels = {"type": "kwok", GROUP: self.tag, "nvidia.com/gpu.product": model}
             labels.update((extra or {}).get(name, {}))
             if model in mem_of:
@@ -426,6 +430,33 @@ def test_required_node_affinity_on_the_driver_version(env: Env) -> None:
     (waiting,) = [n for n in ("new-1", "new-2") if where[n] is None]
     (failed,) = [e for e in env.events("FailedScheduling") if e["involvedObject"]["name"] == waiting]
     assert "didn't match Pod's node affinity/selector" in failed["message"]
+
+
+def test_extended_resources_are_counted(env: Env) -> None:
+    from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
+
+    nic, plain = f"{env.tag}-nic", f"{env.tag}-plain"
+    env.nodes(
+        [(nic, 16000, 65536, 2, "T4"), (plain, 16000, 65536, 8, "T4")],
+        allocatable={nic: {"example.com/nic": "1"}},
+    )
+    res = {"cpu": "1", "nvidia.com/gpu": "1", "example.com/nic": "1"}
+    env.create_pods([env.pod("nic-1", res), env.pod("nic-2", res)])
+    sched = StandaloneScheduler(env.api, SchedulerConfig(scheduler_name=env.scheduler)).start()
+    try:
+
+        def settled() -> bool:
+            bound = [p for p in env.list_pods() if p["spec"].get("nodeName")]
+            return len(bound) == 1 and bool(env.events("FailedScheduling"))
+
+        wait_until(settled, timeout=60, what="one pod bound and one FailedScheduling")
+    finally:
+        sched.stop()
+    where = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in env.list_pods()}
+    assert {where["nic-1"], where["nic-2"]} == {nic, None}  # never onto the node without the NIC
+    (waiting,) = [n for n in ("nic-1", "nic-2") if where[n] is None]
+    (failed,) = [e for e in env.events("FailedScheduling") if e["involvedObject"]["name"] == waiting]
+    assert "Insufficient example.com/nic" in failed["message"]
 
 
 def test_high_priority_pod_preempts_the_fewest_lower_priority_pods(env: Env) -> None:

@@ -56,6 +56,10 @@ class ScoreCache(OrderedDict[object, object]):
             self.popitem(last=False)
 
 
+NO_POD_LIMIT = 1 << 40
+"""Pod capacity of a node without a limit (``NodeSpec.max_pods`` 0): more than any run holds."""
+
+
 class ClusterState:
     def __init__(self, nodes: Sequence[NodeSpec], *, score_cache_capacity: int = 1024) -> None:
         names = [n.name for n in nodes]
@@ -79,8 +83,16 @@ class ClusterState:
         self.gpu_cap: I64 = np.where(self.gpu_exists, GPU_MILLI, 0).astype(np.int64)
         gmem = np.array([nd.gpu_memory_mib for nd in nodes], dtype=np.int64)
         self.gpu_mem_cap: I64 = np.where(self.gpu_exists, gmem[:, None], 0).astype(np.int64)
+        self.pod_cap: I64 = np.array([nd.max_pods or NO_POD_LIMIT for nd in nodes], dtype=np.int64)
+        self.ext_names: tuple[str, ...] = tuple(sorted({k for nd in nodes for k in nd.extended}))
+        self.ext_index: dict[str, int] = {k: i for i, k in enumerate(self.ext_names)}
+        self.ext_cap: I64 = np.array(
+            [[nd.extended.get(k, 0) for k in self.ext_names] for nd in nodes], dtype=np.int64
+        ).reshape(n, len(self.ext_names))
         self.cpu_free: I64 = self.cpu_cap.copy()
         self.mem_free: I64 = self.mem_cap.copy()
+        self.pod_free: I64 = self.pod_cap.copy()
+        self.ext_free: I64 = self.ext_cap.copy()
         self.gpu_free: I64 = self.gpu_cap.copy()
         self.gpu_mem_free: I64 = self.gpu_mem_cap.copy()
         self.gen: I64 = np.zeros(n, dtype=np.int64)
@@ -104,37 +116,56 @@ class ClusterState:
         return self.allocated_gpu_milli() / self.total_gpu_milli if self.total_gpu_milli else 0.0
 
     # ------------------------------------------------------------ accounting
-    def check_fits(self, pod: PodSpec, node: int, gpus: Sequence[int]) -> str | None:
-        """Why ``pod`` cannot take ``gpus`` on ``node`` now, or None when it can."""
+    def check_indices(self, pod: PodSpec, node: int, gpus: Sequence[int]) -> str | None:
+        """Why ``gpus`` on ``node`` do not exist (or repeat), or None when they do."""
         if not 0 <= node < len(self.nodes):
             return f"node index {node} out of range"
+        if len(set(gpus)) != len(gpus):
+            return f"pod {pod.key}: GPU indices repeat in {list(gpus)}"
+        for g in gpus:
+            if not 0 <= g < self.gpu_count[node]:
+                return f"node {self.names[node]} has no GPU {g}"
+        return None
+
+    def check_fits(self, pod: PodSpec, node: int, gpus: Sequence[int]) -> str | None:
+        """Why ``pod`` cannot take ``gpus`` on ``node`` now, or None when it can."""
+        why = self.check_indices(pod, node, gpus)
+        if why is not None:
+            return why
         name = self.names[node]
         if len(gpus) != pod.num_gpu:
             return f"pod {pod.key} asks for {pod.num_gpu} GPUs, assignment has {len(gpus)}"
-        if len(set(gpus)) != len(gpus):
-            return f"pod {pod.key}: GPU indices repeat in {list(gpus)}"
         if self.cpu_free[node] < pod.cpu_milli:
             return f"node {name}: cpu {self.cpu_free[node]} free < {pod.cpu_milli}"
         if self.mem_free[node] < pod.memory_mib:
             return f"node {name}: memory {self.mem_free[node]} MiB free < {pod.memory_mib}"
+        if self.pod_free[node] < 1:
+            return f"node {name}: too many pods (it takes {self.pod_cap[node]})"
+        for res, amount in pod.extended.items():
+            i = self.ext_index.get(res)
+            free = int(self.ext_free[node, i]) if i is not None else 0
+            if free < amount:
+                return f"node {name}: {res} {free} free < {amount}"
         if pod.num_gpu and pod.gpu_models and self.nodes[node].gpu_model not in pod.gpu_models:
             return f"node {name}: GPU model {self.nodes[node].gpu_model} not in {sorted(pod.gpu_models)}"
         for g in gpus:
-            if not 0 <= g < self.gpu_count[node]:
-                return f"node {name} has no GPU {g}"
             if self.gpu_free[node, g] < pod.gpu_milli:
                 return f"node {name} GPU {g}: {self.gpu_free[node, g]} milli free < {pod.gpu_milli}"
             if self.gpu_mem_free[node, g] < pod.gpu_memory_mib:
                 return f"node {name} GPU {g}: {self.gpu_mem_free[node, g]} MiB free < {pod.gpu_memory_mib}"
         return None
 
-    def assume(self, pod: PodSpec, node: int, gpus: Sequence[int]) -> Allocation:
-        """Book ``pod`` onto ``node`` and ``gpus``. Raises AccountingError if it does not fit."""
+    def assume(self, pod: PodSpec, node: int, gpus: Sequence[int], *, check: bool = True) -> Allocation:
+        """Book ``pod`` onto ``node`` and ``gpus``. Raises AccountingError if it does not fit.
+
+        ``check=False`` books a fact rather than a decision (a pod the API shows running): only
+        the node and GPU indices must exist; free amounts may go below zero, so the books show
+        the overcommit and nothing more lands there, and resources the node lacks are skipped."""
         if pod.key in self.allocations:
             raise AccountingError(
                 f"pod {pod.key} is already assumed on {self.names[self.allocations[pod.key].node]}"
             )
-        why = self.check_fits(pod, node, gpus)
+        why = self.check_fits(pod, node, gpus) if check else self.check_indices(pod, node, gpus)
         if why is not None:
             raise AccountingError(why)
         alloc = Allocation(pod, node, tuple(int(g) for g in gpus))
@@ -156,6 +187,11 @@ class ClusterState:
         p, n = a.pod, a.node
         self.cpu_free[n] += sign * p.cpu_milli
         self.mem_free[n] += sign * p.memory_mib
+        self.pod_free[n] += sign
+        for res, amount in p.extended.items():
+            i = self.ext_index.get(res)  # None only when booked unchecked: skipped both ways
+            if amount and i is not None:
+                self.ext_free[n, i] += sign * amount
         if a.gpus:  # scalar updates: a fancy-indexed update costs several times more for 1-8 GPUs
             milli, mem = sign * p.gpu_milli, sign * p.gpu_memory_mib
             free, mem_free = self.gpu_free[n], self.gpu_mem_free[n]
@@ -170,7 +206,7 @@ class ClusterState:
         """An independent snapshot sharing the immutable node specs."""
         c = object.__new__(ClusterState)
         c.__dict__.update(self.__dict__)
-        for f in ("cpu_free", "mem_free", "gpu_free", "gpu_mem_free", "gen"):
+        for f in ("cpu_free", "mem_free", "pod_free", "ext_free", "gpu_free", "gpu_mem_free", "gen"):
             setattr(c, f, getattr(self, f).copy())
         c.allocations = dict(self.allocations)
         c.node_pods = [set(s) for s in self.node_pods]
@@ -183,9 +219,16 @@ class ClusterState:
         mem = self.mem_cap.copy()
         gpu = self.gpu_cap.copy()
         gmem = self.gpu_mem_cap.copy()
+        pods = self.pod_cap.copy()
+        ext = self.ext_cap.copy()
         for a in self.allocations.values():
             cpu[a.node] -= a.pod.cpu_milli
             mem[a.node] -= a.pod.memory_mib
+            pods[a.node] -= 1
+            for res, amount in a.pod.extended.items():
+                i = self.ext_index.get(res)
+                if amount and i is not None:
+                    ext[a.node, i] -= amount
             for g in a.gpus:
                 gpu[a.node, g] -= a.pod.gpu_milli
                 gmem[a.node, g] -= a.pod.gpu_memory_mib
@@ -195,6 +238,8 @@ class ClusterState:
             ("memory", mem, self.mem_free),
             ("gpu milli", gpu, self.gpu_free),
             ("gpu memory", gmem, self.gpu_mem_free),
+            ("pod count", pods, self.pod_free),
+            ("extended resources", ext, self.ext_free),
         ):
             if not np.array_equal(want, have):
                 errs.append(f"{name} books disagree with allocations")

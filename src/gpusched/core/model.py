@@ -18,6 +18,7 @@ GPU_MILLI = 1000
 """Milli-GPU in one whole GPU."""
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
+_NO_RESOURCES: Mapping[str, int] = MappingProxyType({})
 
 
 class InvalidSpec(ValueError):
@@ -106,6 +107,14 @@ class NodeSelectorTerm:
                 )
 
 
+def _check_extended(extended: Mapping[str, int], who: str) -> None:
+    for name, v in extended.items():
+        if not isinstance(name, str) or not name:
+            raise InvalidSpec(f"{who}: extended resource name {name!r} is not a non-empty string")
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise InvalidSpec(f"{who}: extended resource {name} must be a non-negative integer, got {v!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class NodeSpec:
     """One node. All GPUs of a node are of one model (as GPU feature discovery labels them)."""
@@ -118,14 +127,19 @@ class NodeSpec:
     gpu_memory_mib: int = 0  # per GPU; 0 when the model's memory is unknown
     labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     taints: tuple[Taint, ...] = ()
+    max_pods: int = 0  # pods the node takes (allocatable "pods"); 0 = no limit
+    extended: Mapping[str, int] = field(default_factory=lambda: _NO_RESOURCES)
+    """Other allocatable resources, counted in whole units by name (e.g. ``rdma/hca``,
+    ``nvidia.com/mig-1g.10gb``)."""
 
     def __post_init__(self) -> None:
         if not self.name:
             raise InvalidSpec("node: name is empty")
-        for fname in ("cpu_milli", "memory_mib", "gpu_count", "gpu_memory_mib"):
+        for fname in ("cpu_milli", "memory_mib", "gpu_count", "gpu_memory_mib", "max_pods"):
             v = getattr(self, fname)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise InvalidSpec(f"node {self.name}: {fname} must be a non-negative integer, got {v!r}")
+        _check_extended(self.extended, f"node {self.name}")
         if self.gpu_count and not self.gpu_model:
             raise InvalidSpec(f"node {self.name}: has {self.gpu_count} GPUs but no gpu_model")
 
@@ -146,6 +160,7 @@ class PodSpec:
     node_selector: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     node_affinity: tuple[NodeSelectorTerm, ...] = ()  # required node affinity: any term; () = none
     tolerations: tuple[Toleration, ...] = ()
+    extended: Mapping[str, int] = field(default_factory=lambda: _NO_RESOURCES)  # other resources, by name
     gang: str = ""  # all-or-nothing group, empty = none
     queue: str = ""  # tenant queue, empty = default
     uid: str = ""  # the API object's UID where there is one (bind preconditions); not part of the shape
@@ -175,6 +190,7 @@ class PodSpec:
         for m in self.gpu_models:
             if not m or "|" in m or m.strip() != m:
                 raise InvalidSpec(f"pod {self.key}: invalid GPU model name {m!r} in gpu_models")
+        _check_extended(self.extended, f"pod {self.key}")
         if not isinstance(self.node_affinity, tuple) or not all(
             isinstance(t, NodeSelectorTerm) for t in self.node_affinity
         ):
@@ -205,6 +221,7 @@ class PodSpec:
             tuple(sorted(self.node_selector.items())),
             self.node_affinity,
             self.tolerations,
+            tuple(sorted(self.extended.items())),
         )
 
 

@@ -8,6 +8,9 @@ How a pod asks for GPUs (documented in README, "Requesting GPUs"):
   ``nvidia.com/gpu: N`` it applies to each of the N GPUs; alone it means one GPU).
 - annotation ``gpusched.io/gpu-models: "A100-SXM4-80GB|H100-80GB-HBM3"`` — allowed GPU models
   (the node label ``nvidia.com/gpu.product``).
+- other resources in the requests — device plugins' extended resources (``rdma/hca``, MIG slices
+  like ``nvidia.com/mig-1g.10gb``) in whole units — and the node's allocatable ``pods`` are
+  checked as kube-scheduler does; ephemeral storage and hugepages are not.
 - ``nodeSelector`` and required node affinity (``nodeSelectorTerms`` with In, NotIn, Exists,
   DoesNotExist, Gt, Lt) on any node label, e.g. a minimum driver with
   ``nvidia.com/cuda.driver-version.major`` Gt 534; an invalid term is rejected with an Event.
@@ -54,6 +57,14 @@ ANN_GANG = "gpusched.io/gang"
 LABEL_PRODUCT = "nvidia.com/gpu.product"
 LABEL_MEMORY = "nvidia.com/gpu.memory"
 MANAGED_RESOURCES = (RES_GPU, RES_MILLI, RES_MEMORY)
+NOT_EXTENDED = frozenset({"cpu", "memory", "pods", "ephemeral-storage", *MANAGED_RESOURCES})
+"""Resources that are not counted as extended resources (hugepages-* neither)."""
+
+
+def is_extended(name: str) -> bool:
+    """An extended resource (device plugins' ``rdma/hca``, ``nvidia.com/mig-1g.10gb``, ...):
+    counted in whole units per node. Ephemeral storage and hugepages are not checked."""
+    return name not in NOT_EXTENDED and not name.startswith("hugepages-")
 
 _MODEL_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62}[A-Za-z0-9])?$")
 _MIB = 1024 * 1024
@@ -76,7 +87,8 @@ def _quantity(value: object, where: str) -> Decimal:
 def _count(value: object, where: str) -> int:
     q = _quantity(value, where)
     if q != q.to_integral_value():
-        raise InvalidRequest(f"{where}: {value!r} must be a whole number")
+        shown = format(value.normalize(), "f") if isinstance(value, Decimal) else repr(value)
+        raise InvalidRequest(f"{where}: {shown} must be a whole number")
     return int(q)
 
 
@@ -191,6 +203,7 @@ def pod_from_k8s(pod: Mapping[str, Any]) -> PodSpec:
         milli = 0 if gmem else GPU_MILLI
     if num > 1 and 0 < milli < GPU_MILLI:
         raise InvalidRequest(f"pod {key}: a GPU share ({RES_MILLI} {milli}) needs {RES_GPU} 1, got {num}")
+    extended = {n: _count(q, f"pod {key} {n}") for n, q in req.items() if is_extended(n)}
     ann = meta.get("annotations") or {}
     models = parse_models(ann.get(ANN_MODELS, ""), f"pod {key} annotation {ANN_MODELS}")
     affinity = node_affinity(spec, key)
@@ -208,6 +221,7 @@ def pod_from_k8s(pod: Mapping[str, Any]) -> PodSpec:
             priority=int(spec.get("priority") or 0),
             node_selector=dict(spec.get("nodeSelector") or {}),
             node_affinity=affinity,
+            extended={n: v for n, v in extended.items() if v},
             tolerations=tuple(
                 Toleration(
                     t.get("key", ""), t.get("operator", "Equal"), t.get("value", ""), t.get("effect", "")
@@ -250,6 +264,8 @@ def node_from_k8s(node: Mapping[str, Any]) -> NodeSpec:
     )
     if (node.get("spec") or {}).get("unschedulable"):
         taints += (Taint("node.kubernetes.io/unschedulable", "", "NoSchedule"),)
+    max_pods = _count(alloc["pods"], f"{where} allocatable pods") if "pods" in alloc else 0
+    extended = {n: _count(v, f"{where} allocatable {n}") for n, v in alloc.items() if is_extended(n)}
     try:
         return NodeSpec(
             name=name,
@@ -260,6 +276,8 @@ def node_from_k8s(node: Mapping[str, Any]) -> NodeSpec:
             gpu_memory_mib=gmem,
             labels=labels,
             taints=taints,
+            max_pods=max_pods,
+            extended=extended,
         )
     except InvalidSpec as e:
         raise InvalidRequest(str(e)) from None

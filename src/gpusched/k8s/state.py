@@ -195,8 +195,20 @@ class LiveCluster:
             if len(gpus) != spec.num_gpu:
                 gpus = pick_gpus(st, spec, n) if spec.num_gpu else ()
             st.assume(spec, n, gpus)
+            return
         except (AccountingError, ValueError) as e:
             self.conflicts.append(f"{spec.key}: {e}")
+            log.error("bound pod %s overcommits %s, booked anyway: %s", spec.key, node, e)
+        # The pod runs there whatever the books say (a device plugin that restarted, a pod bound
+        # by someone else): book it unchecked so that nothing else is placed on what it holds.
+        # Without a recorded assignment it holds the GPUs with the most free milli.
+        if len(gpus) != spec.num_gpu or st.check_indices(spec, n, gpus) is not None:
+            count = int(st.gpu_count[n])
+            order = sorted(range(count), key=lambda g: (-int(st.gpu_free[n, g]), g))
+            gpus = tuple(order[: spec.num_gpu])
+        try:
+            st.assume(spec, n, gpus, check=False)
+        except AccountingError as e:  # never expected: the indices were just chosen on this node
             log.error("cannot book bound pod %s on %s: %s", spec.key, node, e)
 
 

@@ -1,4 +1,9 @@
-"""NodeResourcesFit: CPU and memory fit (Filter)."""
+"""NodeResourcesFit: pod count, CPU, memory and extended resources fit (Filter).
+
+Extended resources are whatever else a node advertises in whole units (``rdma/hca``, MIG slices
+such as ``nvidia.com/mig-1g.10gb``, ...); a pod asking for one that a node lacks does not fit
+there. The reasons are kube-scheduler's: "Too many pods", "Insufficient cpu", "Insufficient <name>".
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,11 @@ from gpusched.core.model import PodSpec
 from gpusched.core.status import Code
 
 
+def _code(cap: int, want: int) -> Code:
+    """Unresolvable when even an empty node could not hold it: preemption would not help."""
+    return Code.UNSCHEDULABLE_AND_UNRESOLVABLE if cap < want else Code.UNSCHEDULABLE
+
+
 class NodeResourcesFit:
     name = "NodeResourcesFit"
 
@@ -15,21 +25,30 @@ class NodeResourcesFit:
         self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64 | None = None
     ) -> BoolArr:
         sel = slice(None) if nodes is None else nodes
-        cpu, mem = snap.cpu_free[sel], snap.mem_free[sel]
-        mask: BoolArr = cpu >= pod.cpu_milli
+        mask: BoolArr = snap.cpu_free[sel] >= pod.cpu_milli
         if pod.memory_mib:
-            mask &= mem >= pod.memory_mib
+            mask &= snap.mem_free[sel] >= pod.memory_mib
+        mask &= snap.pod_free[sel] >= 1
+        for res, amount in pod.extended.items():
+            if amount:
+                i = snap.ext_index.get(res)
+                if i is None:
+                    mask[:] = False
+                else:
+                    mask &= snap.ext_free[sel, i] >= amount
         return mask
 
     def explain(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> tuple[str, Code]:
+        if snap.pod_free[node] < 1:
+            return "Too many pods", _code(int(snap.pod_cap[node]), 1)
         if snap.cpu_free[node] < pod.cpu_milli:
-            code = (
-                Code.UNSCHEDULABLE_AND_UNRESOLVABLE
-                if snap.cpu_cap[node] < pod.cpu_milli
-                else Code.UNSCHEDULABLE
-            )
-            return "Insufficient cpu", code
-        code = (
-            Code.UNSCHEDULABLE_AND_UNRESOLVABLE if snap.mem_cap[node] < pod.memory_mib else Code.UNSCHEDULABLE
-        )
-        return "Insufficient memory", code
+            return "Insufficient cpu", _code(int(snap.cpu_cap[node]), pod.cpu_milli)
+        if snap.mem_free[node] < pod.memory_mib:
+            return "Insufficient memory", _code(int(snap.mem_cap[node]), pod.memory_mib)
+        for res, amount in sorted(pod.extended.items()):
+            i = snap.ext_index.get(res)
+            if i is None:
+                return f"Insufficient {res}", Code.UNSCHEDULABLE_AND_UNRESOLVABLE
+            if snap.ext_free[node, i] < amount:
+                return f"Insufficient {res}", _code(int(snap.ext_cap[node, i]), amount)
+        return "node(s) didn't have the resources", Code.UNSCHEDULABLE  # the filter passed it: not asked
