@@ -19,15 +19,14 @@ from gpusched.core.fragmentation import TargetWorkload, node_fragmentation, plac
 from gpusched.core.framework import CycleState, Profile
 from gpusched.core.model import (
     GPU_MILLI,
-    NodeSelectorTerm,
     NodeSpec,
     PodSpec,
-    SelectorRequirement,
     Taint,
     Toleration,
 )
 from gpusched.core.policies import PolicyContext, make_profile, standard_filters
 from gpusched.core.scheduler import schedule_one
+from gpusched.core.selectors import NodeSelectorTerm, SelectorRequirement
 from gpusched.core.status import Code
 from gpusched.sim.stranded import IDLE, free_by_holder
 

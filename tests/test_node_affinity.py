@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 from gpusched.core.cluster import ClusterState
-from gpusched.core.model import InvalidSpec, NodeSelectorTerm, NodeSpec, PodSpec, SelectorRequirement
-from gpusched.core.plugins.nodeaffinity import requirement_matches, term_matches
+from gpusched.core.model import InvalidSpec, NodeSpec, PodSpec
 from gpusched.core.policies import make_profile
 from gpusched.core.scheduler import schedule_one
+from gpusched.core.selectors import NodeSelectorTerm, SelectorRequirement
 from gpusched.core.status import Code
 from gpusched.k8s.convert import InvalidRequest, pod_from_k8s
 
@@ -48,7 +48,7 @@ LABELS = {"zone": "a", DRIVER: "535", "odd": "v2"}
     ],
 )
 def test_requirement_semantics(r: SelectorRequirement, want: bool) -> None:
-    assert requirement_matches(r, LABELS) is want
+    assert r.matches(LABELS) is want
 
 
 @pytest.mark.parametrize(
@@ -72,15 +72,13 @@ def test_invalid_requirements_name_the_problem(args: tuple[str, str, tuple[str, 
 
 def test_terms() -> None:
     both = NodeSelectorTerm((req("zone", "In", "a"), req(DRIVER, "Gt", "530")))
-    assert term_matches(both, "n1", LABELS)
-    assert not term_matches(
-        NodeSelectorTerm((req("zone", "In", "a"), req(DRIVER, "Gt", "540"))), "n1", LABELS
-    )
-    assert not term_matches(NodeSelectorTerm(), "n1", LABELS)  # an empty term matches nothing
+    assert both.matches("n1", LABELS)
+    assert not NodeSelectorTerm((req("zone", "In", "a"), req(DRIVER, "Gt", "540"))).matches("n1", LABELS)
+    assert not NodeSelectorTerm().matches("n1", LABELS)  # an empty term matches nothing
     by_name = NodeSelectorTerm(match_fields=(req("metadata.name", "In", "n1"),))
-    assert term_matches(by_name, "n1", LABELS) and not term_matches(by_name, "n2", LABELS)
+    assert by_name.matches("n1", LABELS) and not by_name.matches("n2", LABELS)
     not_name = NodeSelectorTerm(match_fields=(req("metadata.name", "NotIn", "n1"),))
-    assert term_matches(not_name, "n2", {}) and not term_matches(not_name, "n1", {})
+    assert not_name.matches("n2", {}) and not not_name.matches("n1", {})
     with pytest.raises(InvalidSpec, match=r"matchFields supports only metadata\.name"):
         NodeSelectorTerm(match_fields=(req("metadata.namespace", "In", "x"),))
     with pytest.raises(InvalidSpec, match=r"metadata\.name with In or NotIn and one value"):
@@ -186,7 +184,7 @@ REQ = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution
         ),
         (
             required({}, {"matchExpressions": [{"key": DRIVER, "operator": "Gte", "values": ["1"]}]}),
-            r"nodeSelectorTerms\[1\].matchExpressions\[0\]: node selector requirement .* operator 'Gte'",
+            r"nodeSelectorTerms\[1\].matchExpressions\[0\]: selector requirement .* operator 'Gte'",
         ),
         (
             required({"matchExpressions": [{"key": "zone", "operator": "In", "values": [1]}]}),

@@ -14,15 +14,33 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from gpusched.core.errors import InvalidSpec
+from gpusched.core.selectors import (
+    LabelSelector,
+    NodeSelectorTerm,
+    PodAffinityTerm,
+    SpreadConstraint,
+)
+
+__all__ = [
+    "GPU_MILLI",
+    "Allocation",
+    "InvalidSpec",
+    "LabelSelector",
+    "NodeSelectorTerm",
+    "NodeSpec",
+    "PodAffinityTerm",
+    "PodSpec",
+    "SpreadConstraint",
+    "Taint",
+    "Toleration",
+]
+
 GPU_MILLI = 1000
 """Milli-GPU in one whole GPU."""
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 _NO_RESOURCES: Mapping[str, int] = MappingProxyType({})
-
-
-class InvalidSpec(ValueError):
-    """A node or pod spec that cannot be scheduled as written. The message names the field."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,66 +63,6 @@ class Toleration:
         if self.operator == "Exists":
             return not self.key or self.key == taint.key
         return self.key == taint.key and self.value == taint.value
-
-
-SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
-NODE_NAME_FIELD = "metadata.name"
-"""The one field a node selector term's ``match_fields`` may name (as in Kubernetes)."""
-
-
-def _is_int(text: str) -> bool:
-    try:
-        int(text)
-    except ValueError:
-        return False
-    return True
-
-
-@dataclass(frozen=True, slots=True)
-class SelectorRequirement:
-    """One ``matchExpressions`` (or ``matchFields``) entry of a node selector term, with the
-    Kubernetes operators: In, NotIn, Exists, DoesNotExist, and Gt / Lt on integer label values
-    (e.g. ``nvidia.com/cuda.driver-version.major`` Gt 534)."""
-
-    key: str
-    operator: str
-    values: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.key:
-            raise InvalidSpec("node selector requirement: key is empty")
-        if self.operator not in SELECTOR_OPERATORS:
-            raise InvalidSpec(
-                f"node selector requirement {self.key!r}: operator {self.operator!r} is not one of "
-                f"{', '.join(SELECTOR_OPERATORS)}"
-            )
-        n = len(self.values)
-        if self.operator in ("In", "NotIn") and n == 0:
-            raise InvalidSpec(f"node selector requirement {self.key!r}: {self.operator} needs values")
-        if self.operator in ("Exists", "DoesNotExist") and n:
-            raise InvalidSpec(f"node selector requirement {self.key!r}: {self.operator} takes no values")
-        if self.operator in ("Gt", "Lt") and (n != 1 or not _is_int(self.values[0])):
-            raise InvalidSpec(
-                f"node selector requirement {self.key!r}: {self.operator} needs exactly one integer "
-                f"value, got {list(self.values)}"
-            )
-
-
-@dataclass(frozen=True, slots=True)
-class NodeSelectorTerm:
-    """Requirements that must all hold (an empty term matches no node, as in Kubernetes).
-    ``match_fields`` may only name ``metadata.name``, with In or NotIn and one value."""
-
-    match_expressions: tuple[SelectorRequirement, ...] = ()
-    match_fields: tuple[SelectorRequirement, ...] = ()
-
-    def __post_init__(self) -> None:
-        for r in self.match_fields:
-            if r.key != NODE_NAME_FIELD or r.operator not in ("In", "NotIn") or len(r.values) != 1:
-                raise InvalidSpec(
-                    f"node selector term: matchFields supports only {NODE_NAME_FIELD} with In or NotIn "
-                    f"and one value, got {r.key} {r.operator} {list(r.values)}"
-                )
 
 
 def _check_extended(extended: Mapping[str, int], who: str) -> None:

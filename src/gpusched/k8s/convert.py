@@ -39,13 +39,12 @@ from gpusched.core.model import (
     GPU_MILLI,
     Allocation,
     InvalidSpec,
-    NodeSelectorTerm,
     NodeSpec,
     PodSpec,
-    SelectorRequirement,
     Taint,
     Toleration,
 )
+from gpusched.core.selectors import NodeSelectorTerm, SelectorRequirement
 
 RES_GPU = "nvidia.com/gpu"
 RES_MILLI = "gpusched.io/gpu-milli"
@@ -65,6 +64,7 @@ def is_extended(name: str) -> bool:
     """An extended resource (device plugins' ``rdma/hca``, ``nvidia.com/mig-1g.10gb``, ...):
     counted in whole units per node. Ephemeral storage and hugepages are not checked."""
     return name not in NOT_EXTENDED and not name.startswith("hugepages-")
+
 
 _MODEL_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62}[A-Za-z0-9])?$")
 _MIB = 1024 * 1024
