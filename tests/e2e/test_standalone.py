@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -430,6 +430,60 @@ def test_required_node_affinity_on_the_driver_version(env: Env) -> None:
     (waiting,) = [n for n in ("new-1", "new-2") if where[n] is None]
     (failed,) = [e for e in env.events("FailedScheduling") if e["involvedObject"]["name"] == waiting]
     assert "didn't match Pod's node affinity/selector" in failed["message"]
+
+
+def test_pod_anti_affinity_and_topology_spread(env: Env) -> None:
+    from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
+
+    zone = "topology.kubernetes.io/zone"
+    names = [f"{env.tag}-{z}{i}" for z in "ab" for i in range(2)]
+    env.nodes(
+        [(n, 16000, 65536, 8, "T4") for n in names],
+        labels={n: {zone: f"zone-{n[-2]}", "kubernetes.io/hostname": n} for n in names},
+    )
+
+    def replica(name: str, group: str, spec: dict[str, Any]) -> dict[str, Any]:
+        body = env.pod(name, {"cpu": "1", "gpusched.io/gpu-milli": "250"})
+        body["metadata"]["labels"] = {"app": group}
+        body["spec"].update(spec)
+        return body
+
+    selector = {"matchLabels": {"app": "web"}}
+    apart = {"topologyKey": "kubernetes.io/hostname", "labelSelector": selector}
+    anti = {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [apart]}}}
+    spread = {
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": zone,
+                "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": {"app": "inf"}},
+            }
+        ]
+    }
+    # 5 web replicas that refuse to share a node, on 4 nodes; 6 inference pods spread over 2 zones
+    env.create_pods(
+        [replica(f"web-{i}", "web", anti) for i in range(5)]
+        + [replica(f"inf-{i}", "inf", spread) for i in range(6)]
+    )
+    sched = StandaloneScheduler(env.api, SchedulerConfig(scheduler_name=env.scheduler)).start()
+    try:
+
+        def settled() -> bool:
+            bound = [p for p in env.list_pods() if p["spec"].get("nodeName")]
+            return len(bound) == 10 and bool(env.events("FailedScheduling"))
+
+        wait_until(settled, timeout=90, what="ten pods bound and one FailedScheduling")
+    finally:
+        sched.stop()
+    pods = env.list_pods()
+    web = [p["spec"].get("nodeName") for p in pods if p["metadata"]["labels"]["app"] == "web"]
+    assert sorted(n for n in web if n) == sorted(names) and web.count(None) == 1  # one per node
+    zones = Counter(p["spec"]["nodeName"][-2] for p in pods if p["metadata"]["labels"]["app"] == "inf")
+    assert zones == {"a": 3, "b": 3}
+    (waiting,) = [p["metadata"]["name"] for p in pods if not p["spec"].get("nodeName")]
+    (failed,) = [e for e in env.events("FailedScheduling") if e["involvedObject"]["name"] == waiting]
+    assert "4 node(s) didn't satisfy existing pods anti-affinity rules" in failed["message"]  # kube's order
 
 
 def test_extended_resources_are_counted(env: Env) -> None:

@@ -97,6 +97,8 @@ class ClusterState:
         self.gpu_mem_free: I64 = self.gpu_mem_cap.copy()
         self.gen: I64 = np.zeros(n, dtype=np.int64)
         self.allocations: dict[str, Allocation] = {}
+        self.anti_affinity: set[str] = set()
+        """Keys of booked pods with required pod anti-affinity (every placement must respect them)."""
         self.node_pods: list[set[str]] = [set() for _ in range(n)]
         self.score_cache = ScoreCache(score_cache_capacity)
         """Per-snapshot caches of plugins (label masks, scores by pod shape); a copy starts empty."""
@@ -105,6 +107,12 @@ class ClusterState:
     # ----------------------------------------------------------------- views
     def __len__(self) -> int:
         return len(self.nodes)
+
+    @property
+    def version(self) -> int:
+        """Moves forward with every booking and release (the sum of node generations), so a
+        value computed from the whole snapshot can be cached against it."""
+        return int(self.gen.sum())
 
     def node_gpu_free(self, node: int) -> list[int]:
         return [int(v) for v in self.gpu_free[node, : int(self.gpu_count[node])]]
@@ -188,6 +196,11 @@ class ClusterState:
         self.cpu_free[n] += sign * p.cpu_milli
         self.mem_free[n] += sign * p.memory_mib
         self.pod_free[n] += sign
+        if p.pod_anti_affinity:
+            if sign < 0:
+                self.anti_affinity.add(p.key)
+            else:
+                self.anti_affinity.discard(p.key)
         for res, amount in p.extended.items():
             i = self.ext_index.get(res)  # None only when booked unchecked: skipped both ways
             if amount and i is not None:
@@ -210,6 +223,7 @@ class ClusterState:
             setattr(c, f, getattr(self, f).copy())
         c.allocations = dict(self.allocations)
         c.node_pods = [set(s) for s in self.node_pods]
+        c.anti_affinity = set(self.anti_affinity)
         c.score_cache = ScoreCache(self.score_cache.capacity)
         return c
 

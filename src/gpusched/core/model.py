@@ -117,6 +117,10 @@ class PodSpec:
     priority: int = 0
     node_selector: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     node_affinity: tuple[NodeSelectorTerm, ...] = ()  # required node affinity: any term; () = none
+    labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)  # the pod's own labels
+    spread: tuple[SpreadConstraint, ...] = ()  # topology spread constraints
+    pod_affinity: tuple[PodAffinityTerm, ...] = ()  # required: every term holds
+    pod_anti_affinity: tuple[PodAffinityTerm, ...] = ()  # required: no term holds
     tolerations: tuple[Toleration, ...] = ()
     extended: Mapping[str, int] = field(default_factory=lambda: _NO_RESOURCES)  # other resources, by name
     gang: str = ""  # all-or-nothing group, empty = none
@@ -153,6 +157,19 @@ class PodSpec:
             isinstance(t, NodeSelectorTerm) for t in self.node_affinity
         ):
             raise InvalidSpec(f"pod {self.key}: node_affinity must be a tuple of NodeSelectorTerm")
+        for fname, kind in (
+            ("spread", SpreadConstraint),
+            ("pod_affinity", PodAffinityTerm),
+            ("pod_anti_affinity", PodAffinityTerm),
+        ):
+            v = getattr(self, fname)
+            if not isinstance(v, tuple) or not all(isinstance(x, kind) for x in v):
+                raise InvalidSpec(f"pod {self.key}: {fname} must be a tuple of {kind.__name__}")
+
+    @property
+    def has_pod_constraints(self) -> bool:
+        """Does placing this pod depend on where other pods are (spread, pod (anti-)affinity)?"""
+        return bool(self.pod_affinity or self.pod_anti_affinity or any(c.hard for c in self.spread))
 
     @property
     def key(self) -> str:
@@ -180,6 +197,11 @@ class PodSpec:
             self.node_affinity,
             self.tolerations,
             tuple(sorted(self.extended.items())),
+            self.namespace,
+            tuple(sorted(self.labels.items())),
+            self.spread,
+            self.pod_affinity,
+            self.pod_anti_affinity,
         )
 
 

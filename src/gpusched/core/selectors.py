@@ -18,6 +18,7 @@ LABEL_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 NODE_NAME_FIELD = "metadata.name"
 """The one field a node selector term's ``match_fields`` may name (as in Kubernetes)."""
 WHEN_UNSATISFIABLE = ("DoNotSchedule", "ScheduleAnyway")
+NODE_POLICIES = ("Honor", "Ignore")
 
 
 def _is_int(text: str) -> bool:
@@ -123,18 +124,27 @@ class LabelSelector:
         )
 
 
+def selects(selector: LabelSelector | None, labels: Mapping[str, str]) -> bool:
+    """A missing (null) selector selects no pod, as in Kubernetes; an empty one selects all."""
+    return selector is not None and selector.matches(labels)
+
+
 @dataclass(frozen=True, slots=True)
 class SpreadConstraint:
-    """A topology spread constraint: pods matching ``selector`` (in the pod's namespace) may
-    differ by at most ``max_skew`` between the domains of ``topology_key`` (among the nodes the
-    pod's node selector and required affinity admit). ``ScheduleAnyway`` is a preference that
-    the filter does not enforce; with ``min_domains`` and fewer domains, the minimum counts as 0."""
+    """A topology spread constraint: pods matching ``selector`` (in the pod's namespace; None
+    matches none) may differ by at most ``max_skew`` between the domains of ``topology_key``,
+    among the nodes that the pod's node selector and required affinity admit
+    (``node_affinity_policy`` Honor) and, with ``node_taints_policy`` Honor, whose taints it
+    tolerates. ``ScheduleAnyway`` is a preference that the filter does not enforce; with
+    ``min_domains`` and fewer domains, the minimum counts as 0."""
 
     topology_key: str
     max_skew: int = 1
-    selector: LabelSelector = LabelSelector()
+    selector: LabelSelector | None = None
     when_unsatisfiable: str = "DoNotSchedule"
     min_domains: int = 0  # 0 = not set
+    node_affinity_policy: str = "Honor"
+    node_taints_policy: str = "Ignore"
 
     def __post_init__(self) -> None:
         if not self.topology_key:
@@ -155,6 +165,15 @@ class SpreadConstraint:
                 f"topology spread constraint on {self.topology_key}: minDomains must be a positive "
                 f"integer, got {self.min_domains!r}"
             )
+        for name, v in (
+            ("nodeAffinityPolicy", self.node_affinity_policy),
+            ("nodeTaintsPolicy", self.node_taints_policy),
+        ):
+            if v not in NODE_POLICIES:
+                raise InvalidSpec(
+                    f"topology spread constraint on {self.topology_key}: {name} {v!r} is not one of "
+                    f"{', '.join(NODE_POLICIES)}"
+                )
 
     @property
     def hard(self) -> bool:
@@ -163,11 +182,12 @@ class SpreadConstraint:
 
 @dataclass(frozen=True, slots=True)
 class PodAffinityTerm:
-    """A required pod (anti-)affinity term: pods matching ``selector`` in ``namespaces`` (empty:
-    the pod's own namespace; ``all_namespaces``: every one) in the same ``topology_key`` domain."""
+    """A required pod (anti-)affinity term: pods matching ``selector`` (None matches none) in
+    ``namespaces`` (empty: the pod's own namespace; ``all_namespaces``: every one) in the same
+    ``topology_key`` domain."""
 
     topology_key: str
-    selector: LabelSelector = LabelSelector()
+    selector: LabelSelector | None = None
     namespaces: tuple[str, ...] = ()
     all_namespaces: bool = False
 
@@ -179,4 +199,4 @@ class PodAffinityTerm:
         """Does this term (of a pod in ``owner_namespace``) select a pod in ``namespace`` with ``labels``?"""
         if not self.all_namespaces and namespace not in (self.namespaces or (owner_namespace,)):
             return False
-        return self.selector.matches(labels)
+        return selects(self.selector, labels)

@@ -108,7 +108,7 @@ class Extender:
         if hit is not None and hit[0] == rv:
             return hit[1]
         try:
-            spec = pod_from_k8s(obj)
+            spec = pod_from_k8s(obj, constraints="skip")
         except InvalidRequest as e:
             raise BadRequest(str(e)) from None
         except (TypeError, AttributeError, ValueError, KeyError) as e:  # fields of the wrong JSON type
@@ -234,7 +234,7 @@ class Extender:
             obj = self._pending.get(uid) if spec is None and uid else None
         if spec is None and obj is not None:
             try:
-                spec = pod_from_k8s(obj)
+                spec = pod_from_k8s(obj, constraints="skip")
             except InvalidRequest as e:
                 raise BadRequest(str(e)) from None
         return ns, name, uid, node, spec
@@ -250,7 +250,7 @@ class Extender:
         if uid and uid_of(obj) and uid_of(obj) != uid:
             raise BadRequest(f"pod {namespace}/{name} has UID {uid_of(obj)}, not {uid}")
         try:
-            return pod_from_k8s(obj)
+            return pod_from_k8s(obj, constraints="skip")
         except InvalidRequest as e:
             raise BadRequest(str(e)) from None
 

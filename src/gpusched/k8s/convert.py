@@ -44,7 +44,9 @@ from gpusched.core.model import (
     Taint,
     Toleration,
 )
-from gpusched.core.selectors import NodeSelectorTerm, SelectorRequirement
+from gpusched.core.selectors import NodeSelectorTerm, PodAffinityTerm, SpreadConstraint
+from gpusched.k8s.constraints import node_affinity, pod_affinity, spread_constraints
+from gpusched.k8s.errors import InvalidRequest as InvalidRequest
 
 RES_GPU = "nvidia.com/gpu"
 RES_MILLI = "gpusched.io/gpu-milli"
@@ -68,10 +70,6 @@ def is_extended(name: str) -> bool:
 
 _MODEL_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62}[A-Za-z0-9])?$")
 _MIB = 1024 * 1024
-
-
-class InvalidRequest(ValueError):
-    """A pod or node whose GPU request cannot be read; the message names the field and pod."""
 
 
 def _quantity(value: object, where: str) -> Decimal:
@@ -129,59 +127,14 @@ def parse_models(text: str, where: str) -> frozenset[str]:
     return models
 
 
-_REQUIRED = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
-
-
-def _requirements(items: object, where: str) -> tuple[SelectorRequirement, ...]:
-    if items is None:
-        return ()
-    if not isinstance(items, list):
-        raise InvalidRequest(f"{where}: must be a list")
-    out = []
-    for i, r in enumerate(items):
-        at = f"{where}[{i}]"
-        if not isinstance(r, Mapping):
-            raise InvalidRequest(f"{at}: must be an object with key, operator and values")
-        values = r.get("values") or []
-        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-            raise InvalidRequest(f"{at}: values must be a list of strings")
-        try:
-            out.append(
-                SelectorRequirement(str(r.get("key") or ""), str(r.get("operator") or ""), tuple(values))
-            )
-        except InvalidSpec as e:
-            raise InvalidRequest(f"{at}: {e}") from None
-    return tuple(out)
-
-
-def node_affinity(spec: Mapping[str, Any], key: str) -> tuple[NodeSelectorTerm, ...]:
-    """The pod's required node affinity as selector terms (empty: none). The preferred kind is a
-    placement preference that gpusched's scoring does not read."""
-    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    )
-    if required is None:
-        return ()
-    terms = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
-    if not isinstance(terms, list) or not terms:
-        raise InvalidRequest(f"pod {key}: {_REQUIRED}.nodeSelectorTerms must be a non-empty list")
-    out = []
-    for i, t in enumerate(terms):
-        where = f"pod {key}: {_REQUIRED}.nodeSelectorTerms[{i}]"
-        if not isinstance(t, Mapping):
-            raise InvalidRequest(f"{where}: must be an object")
-        exprs = _requirements(t.get("matchExpressions"), f"{where}.matchExpressions")
-        fields = _requirements(t.get("matchFields"), f"{where}.matchFields")
-        try:
-            out.append(NodeSelectorTerm(exprs, fields))
-        except InvalidSpec as e:
-            raise InvalidRequest(f"{where}: {e}") from None
-    return tuple(out)
-
-
-def pod_from_k8s(pod: Mapping[str, Any]) -> PodSpec:
+def pod_from_k8s(pod: Mapping[str, Any], *, constraints: str = "enforce") -> PodSpec:
     """The core's view of a pod. Raises InvalidRequest (naming pod and field) for a request
-    that cannot be scheduled as written."""
+    that cannot be scheduled as written.
+
+    ``constraints`` says what to do with required node affinity, topology spread and pod
+    (anti-)affinity: ``enforce`` reads them (an invalid one raises), ``lenient`` drops them
+    when they cannot be read (a running pod: its resources must be booked whatever its
+    constraints say), ``skip`` leaves them out (the extender: kube-scheduler applies them)."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     key = _key(meta)
@@ -206,7 +159,24 @@ def pod_from_k8s(pod: Mapping[str, Any]) -> PodSpec:
     extended = {n: _count(q, f"pod {key} {n}") for n, q in req.items() if is_extended(n)}
     ann = meta.get("annotations") or {}
     models = parse_models(ann.get(ANN_MODELS, ""), f"pod {key} annotation {ANN_MODELS}")
-    affinity = node_affinity(spec, key)
+    labels = meta.get("labels") or {}
+    if not isinstance(labels, Mapping) or not all(isinstance(v, str) for v in labels.values()):
+        raise InvalidRequest(f"pod {key}: metadata.labels must map keys to strings")
+    if constraints not in ("enforce", "lenient", "skip"):
+        raise ValueError(f"constraints must be enforce, lenient or skip, got {constraints!r}")
+    affinity: tuple[NodeSelectorTerm, ...] = ()
+    spread: tuple[SpreadConstraint, ...] = ()
+    pod_aff: tuple[PodAffinityTerm, ...] = ()
+    pod_anti: tuple[PodAffinityTerm, ...] = ()
+    if constraints != "skip":
+        try:
+            affinity = node_affinity(spec, key)
+            spread = spread_constraints(spec, key, labels)
+            pod_aff, pod_anti = pod_affinity(spec, key, labels)
+        except InvalidRequest:
+            if constraints == "enforce":
+                raise
+            affinity, spread, pod_aff, pod_anti = (), (), (), ()
     try:
         return PodSpec(
             name=meta["name"],
@@ -221,6 +191,10 @@ def pod_from_k8s(pod: Mapping[str, Any]) -> PodSpec:
             priority=int(spec.get("priority") or 0),
             node_selector=dict(spec.get("nodeSelector") or {}),
             node_affinity=affinity,
+            labels=dict(labels),
+            spread=spread,
+            pod_affinity=pod_aff,
+            pod_anti_affinity=pod_anti,
             extended={n: v for n, v in extended.items() if v},
             tolerations=tuple(
                 Toleration(
@@ -313,7 +287,7 @@ def allocation_from_k8s(pod: Mapping[str, Any], node_index: Mapping[str, int]) -
     node = spec.get("nodeName")
     if not node or node not in node_index:
         return None
-    core = pod_from_k8s(pod)
+    core = pod_from_k8s(pod, constraints="lenient")
     a = parse_assignment(pod)
     gpus = a[1] if a and a[0] == node else ()
     return Allocation(core, node_index[node], gpus)

@@ -85,7 +85,7 @@ class LiveCluster:
             if key in self._bound and self._bound[key][1] == node:
                 return  # already booked (a status update): skip the conversion
         try:
-            spec = pod_from_k8s(obj)
+            spec = pod_from_k8s(obj, constraints="lenient")
             assignment = parse_assignment(obj)
         except InvalidRequest as e:
             if self._on_invalid:

@@ -8,10 +8,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpusched.core.fragmentation import TargetWorkload
-from gpusched.core.framework import Profile, ScorePlugin, WeightedScore
+from gpusched.core.framework import FilterPlugin, Profile, ScorePlugin, WeightedScore
 from gpusched.core.plugins.gpufit import GPUFit
+from gpusched.core.plugins.interpodaffinity import InterPodAffinity
 from gpusched.core.plugins.nodeaffinity import NodeAffinity
 from gpusched.core.plugins.noderesources import NodeResourcesFit
+from gpusched.core.plugins.podtopologyspread import PodTopologySpread
 from gpusched.core.plugins.preemption import DefaultPreemption
 from gpusched.core.plugins.tainttoleration import TaintToleration
 from gpusched.core.policies.bestfit import BestFitScore
@@ -54,8 +56,17 @@ _FACTORIES: dict[str, Callable[[PolicyContext], ScorePlugin]] = {
 POLICIES: tuple[str, ...] = tuple(_FACTORIES)
 
 
-def standard_filters() -> tuple[NodeResourcesFit, GPUFit, NodeAffinity, TaintToleration]:
-    return (NodeResourcesFit(), GPUFit(), NodeAffinity(), TaintToleration())
+def standard_filters() -> tuple[FilterPlugin, ...]:
+    """kube-scheduler's filters that apply here, and the GPU fit; the pod-placement constraints
+    (spread, pod affinity) last, as they cost a pass over the running pods."""
+    return (
+        NodeResourcesFit(),
+        GPUFit(),
+        NodeAffinity(),
+        TaintToleration(),
+        PodTopologySpread(),
+        InterPodAffinity(),
+    )
 
 
 def make_profile(policy: str, ctx: PolicyContext | None = None, *, preemption: bool = False) -> Profile:

@@ -1,0 +1,82 @@
+"""PodTopologySpread: hard topology spread constraints (Filter), as kube-scheduler applies them.
+
+For each ``DoNotSchedule`` constraint, the domains are the values of its topology key on the
+nodes the pod's node selector and required node affinity admit (nodeAffinityPolicy Honor, the
+default) and, with nodeTaintsPolicy Honor, whose taints the pod tolerates (default Ignore).
+Pods in the pod's namespace that match the selector are counted per domain; a node passes when
+its domain's count, plus one if the pod matches its own selector, minus the smallest count over
+the domains is at most ``max_skew``.
+A node without the topology key fails, and no eviction would change that.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from gpusched.core.cluster import I64, BoolArr, ClusterState
+from gpusched.core.framework import CycleState
+from gpusched.core.model import PodSpec
+from gpusched.core.plugins.nodeaffinity import NodeAffinity
+from gpusched.core.plugins.tainttoleration import TaintToleration
+from gpusched.core.selectors import selects
+from gpusched.core.status import Code
+
+_OK, _SKEW, _MISSING = 0, 1, 2
+REASON = "node(s) didn't match pod topology spread constraints"
+
+
+class PodTopologySpread:
+    name = "PodTopologySpread"
+
+    def _verdicts(self, state: CycleState, pod: PodSpec, snap: ClusterState) -> np.ndarray:
+        """Per node: OK, SKEW (too many matching pods in its domain) or MISSING (no topology key),
+        cached in the cycle state for this snapshot version."""
+        stamp = (id(snap), snap.version)
+        cached = state.read(self.name)
+        if isinstance(cached, tuple) and cached[0] == stamp:
+            return cached[1]  # type: ignore[no-any-return]
+        by_affinity = NodeAffinity().filter(state, pod, snap)
+        by_taints = TaintToleration().filter(state, pod, snap)
+        verdict = np.full(len(snap), _OK, dtype=np.int8)
+        for c in pod.spread:
+            if not c.hard:
+                continue
+            admitted = np.ones(len(snap), dtype=bool)
+            if c.node_affinity_policy == "Honor":
+                admitted &= by_affinity
+            if c.node_taints_policy == "Honor":
+                admitted &= by_taints
+            domain = [nd.labels.get(c.topology_key) for nd in snap.nodes]
+            counted = [d is not None and bool(admitted[i]) for i, d in enumerate(domain)]
+            counts: Counter[str] = Counter()
+            for a in snap.allocations.values():
+                d = domain[a.node]
+                if counted[a.node] and a.pod.namespace == pod.namespace and selects(c.selector, a.pod.labels):
+                    counts[d] += 1  # type: ignore[index]
+            domains = {d for d, ok in zip(domain, counted, strict=True) if ok}
+            low = min((counts[d] for d in domains), default=0)  # type: ignore[index]
+            if c.min_domains and len(domains) < c.min_domains:
+                low = 0
+            own = 1 if selects(c.selector, pod.labels) else 0
+            for i, d in enumerate(domain):
+                if d is None:
+                    verdict[i] = _MISSING
+                elif counts[d] + own - low > c.max_skew and verdict[i] == _OK:
+                    verdict[i] = _SKEW
+        state.write(self.name, (stamp, verdict))
+        return verdict
+
+    def filter(
+        self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64 | None = None
+    ) -> BoolArr:
+        if not any(c.hard for c in pod.spread):
+            return np.ones(len(snap) if nodes is None else len(nodes), dtype=bool)
+        ok: BoolArr = self._verdicts(state, pod, snap) == _OK
+        return ok if nodes is None else ok[nodes]
+
+    def explain(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> tuple[str, Code]:
+        if self._verdicts(state, pod, snap)[node] == _MISSING:
+            return f"{REASON} (missing required label)", Code.UNSCHEDULABLE_AND_UNRESOLVABLE
+        return REASON, Code.UNSCHEDULABLE
