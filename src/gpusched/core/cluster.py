@@ -92,6 +92,10 @@ class ClusterState:
         self.cpu_free: I64 = self.cpu_cap.copy()
         self.mem_free: I64 = self.mem_cap.copy()
         self.pod_free: I64 = self.pod_cap.copy()
+        self.pod_limits = bool((self.pod_cap < NO_POD_LIMIT).any())
+        self.everywhere: BoolArr = np.ones(n, dtype=bool)
+        """All True, read-only: what a filter returns for a pod it does not constrain."""
+        self.everywhere.flags.writeable = False
         self.ext_free: I64 = self.ext_cap.copy()
         self.gpu_free: I64 = self.gpu_cap.copy()
         self.gpu_mem_free: I64 = self.gpu_mem_cap.copy()

@@ -42,6 +42,8 @@ def find_feasible(state: CycleState, profile: Profile, pod: PodSpec, snap: Clust
     mask = None
     for f in profile.filters:
         m = f.filter(state, pod, snap)
+        if m is snap.everywhere:
+            continue  # the filter does not constrain this pod
         mask = m if mask is None else (mask & m)
         if not mask.any():
             break

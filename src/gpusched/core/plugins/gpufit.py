@@ -25,7 +25,7 @@ class GPUFit:
         self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64 | None = None
     ) -> BoolArr:
         if pod.num_gpu == 0:
-            return np.ones(len(snap) if nodes is None else len(nodes), dtype=bool)
+            return snap.everywhere if nodes is None else snap.everywhere[nodes]
         sel = slice(None) if nodes is None else nodes
         ok = snap.gpu_free[sel] >= pod.gpu_milli
         if pod.gpu_memory_mib:

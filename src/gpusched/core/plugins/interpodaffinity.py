@@ -91,7 +91,7 @@ class InterPodAffinity:
         self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64 | None = None
     ) -> BoolArr:
         if not (pod.pod_affinity or pod.pod_anti_affinity or snap.anti_affinity):
-            return np.ones(len(snap) if nodes is None else len(nodes), dtype=bool)
+            return snap.everywhere if nodes is None else snap.everywhere[nodes]
         ok: BoolArr = self._verdicts(state, pod, snap) == _OK
         return ok if nodes is None else ok[nodes]
 

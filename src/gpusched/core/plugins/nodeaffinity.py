@@ -31,11 +31,13 @@ class NodeAffinity:
         self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64 | None = None
     ) -> BoolArr:
         if not pod.node_selector and not pod.node_affinity:
-            return np.ones(len(snap) if nodes is None else len(nodes), dtype=bool)
+            return snap.everywhere if nodes is None else snap.everywhere[nodes]
         key = ("NodeAffinity", tuple(sorted(pod.node_selector.items())), pod.node_affinity)
         cached = snap.score_cache.get(key)
         if cached is None:
             cached = np.array([affinity_matches(pod, nd.name, nd.labels) for nd in snap.nodes], dtype=bool)
+            if cached.all():
+                cached = snap.everywhere
             snap.score_cache[key] = cached
         assert isinstance(cached, np.ndarray)
         return cached if nodes is None else cached[nodes]

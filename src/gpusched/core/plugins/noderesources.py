@@ -28,7 +28,8 @@ class NodeResourcesFit:
         mask: BoolArr = snap.cpu_free[sel] >= pod.cpu_milli
         if pod.memory_mib:
             mask &= snap.mem_free[sel] >= pod.memory_mib
-        mask &= snap.pod_free[sel] >= 1
+        if snap.pod_limits:
+            mask &= snap.pod_free[sel] >= 1
         for res, amount in pod.extended.items():
             if amount:
                 i = snap.ext_index.get(res)

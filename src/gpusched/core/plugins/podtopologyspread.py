@@ -72,7 +72,7 @@ class PodTopologySpread:
         self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64 | None = None
     ) -> BoolArr:
         if not any(c.hard for c in pod.spread):
-            return np.ones(len(snap) if nodes is None else len(nodes), dtype=bool)
+            return snap.everywhere if nodes is None else snap.everywhere[nodes]
         ok: BoolArr = self._verdicts(state, pod, snap) == _OK
         return ok if nodes is None else ok[nodes]
 

@@ -29,6 +29,8 @@ class TaintToleration:
         cached = snap.score_cache.get(key)
         if cached is None:
             cached = np.array([untolerated(pod, nd) is None for nd in snap.nodes], dtype=bool)
+            if cached.all():
+                cached = snap.everywhere  # no taint in the way: find_feasible skips it
             snap.score_cache[key] = cached
         assert isinstance(cached, np.ndarray)
         return cached if nodes is None else cached[nodes]
