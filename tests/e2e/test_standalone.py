@@ -486,6 +486,32 @@ def test_pod_anti_affinity_and_topology_spread(env: Env) -> None:
     assert "4 node(s) didn't satisfy existing pods anti-affinity rules" in failed["message"]  # kube's order
 
 
+def test_scheduling_gates_hold_a_pod_until_removed(env: Env) -> None:
+    from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
+
+    env.nodes([(f"{env.tag}-n0", 16000, 65536, 4, "T4")])
+    gated = env.pod("gated", {"cpu": "1", "nvidia.com/gpu": "1"})
+    gated["spec"]["schedulingGates"] = [{"name": "example.com/quota"}]
+    env.create_pods([gated, env.pod("free", {"cpu": "1", "nvidia.com/gpu": "1"})])
+    sched = StandaloneScheduler(env.api, SchedulerConfig(scheduler_name=env.scheduler)).start()
+    try:
+
+        def node_of(name: str) -> str | None:
+            return {p["metadata"]["name"]: p["spec"].get("nodeName") for p in env.list_pods()}.get(name)
+
+        wait_until(lambda: node_of("free") is not None, timeout=60, what="the ungated pod bound")
+        time.sleep(1.0)  # the gated pod had every chance to be (wrongly) placed
+        assert node_of("gated") is None
+        assert not [e for e in env.events("FailedScheduling") if e["involvedObject"]["name"] == "gated"]
+        (obj,) = [p for p in env.list_pods() if p["metadata"]["name"] == "gated"]
+        assert ANN_ASSIGNMENT not in (obj["metadata"].get("annotations") or {})  # never tried
+        assert sched.bind_errors == 0
+        env.v1.patch_namespaced_pod("gated", env.ns, {"spec": {"schedulingGates": None}})
+        wait_until(lambda: node_of("gated") is not None, timeout=60, what="the pod bound once ungated")
+    finally:
+        sched.stop()
+
+
 def test_extended_resources_are_counted(env: Env) -> None:
     from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
 

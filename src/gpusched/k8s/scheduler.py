@@ -162,6 +162,9 @@ class StandaloneScheduler:
             if spec.get("nodeName") and (phase in TERMINAL or meta.get("deletionTimestamp")):
                 self.queue.cluster_changed()
             return
+        if spec.get("schedulingGates"):
+            self.queue.remove(key)  # gated (e.g. by Kueue): not ours to place until the gates go
+            return
         if spec.get("schedulerName") == self.config.scheduler_name:
             self.queue.add_or_update(obj, key)
 
