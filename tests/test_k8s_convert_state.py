@@ -306,3 +306,12 @@ def test_bound_pods_that_overcommit_are_booked_anyway() -> None:
     with lc.snapshot() as st:
         assert int(st.gpu_free[0, 0]) == 0 and st.ext_free[0, st.ext_index["rdma/hca"]] == 0
         assert st.verify() == []
+
+
+def test_preemption_policy_is_read() -> None:
+    assert (
+        pod_from_k8s(pod("p", {"nvidia.com/gpu": "1"}, preemptionPolicy="Never")).preemption_policy == "Never"
+    )
+    assert pod_from_k8s(pod("q", {"nvidia.com/gpu": "1"})).preemption_policy == "PreemptLowerPriority"
+    with pytest.raises(InvalidRequest, match="preemptionPolicy 'Always' is not one of"):
+        pod_from_k8s(pod("r", {"nvidia.com/gpu": "1"}, preemptionPolicy="Always"))

@@ -57,6 +57,19 @@ def test_evicts_the_fewest_least_important_pods() -> None:
     assert two.nominated_node == 0 and sorted(two.victims) == ["default/low-a", "default/low-b"]
 
 
+def test_preemption_policy_never_waits_instead() -> None:
+    snap = ClusterState([node("n0", gpus=1)])
+    fill(snap, [(whole("low", 0), 0, (0,))])
+    polite = replace(whole("polite", 100), preemption_policy="Never")
+    r = schedule_one(profile([]), polite, snap)
+    assert not r.scheduled and r.victims == () and r.nominated_node == -1
+    assert schedule_one(profile([]), whole("urgent", 100), snap).victims == ("default/low",)
+    with pytest.raises(
+        ValueError, match="preemptionPolicy 'Sometimes' is not one of PreemptLowerPriority, Never"
+    ):
+        replace(polite, preemption_policy="Sometimes")
+
+
 def test_never_evicts_equal_or_higher_priority_and_respects_unresolvable_nodes() -> None:
     taint = Taint("dedicated", "x", "NoSchedule")
     snap = ClusterState([node("tainted", taints=(taint,)), node("n1")])

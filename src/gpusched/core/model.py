@@ -41,6 +41,7 @@ GPU_MILLI = 1000
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 _NO_RESOURCES: Mapping[str, int] = MappingProxyType({})
+PREEMPTION_POLICIES = ("PreemptLowerPriority", "Never")
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +116,7 @@ class PodSpec:
     gpu_models: frozenset[str] = frozenset()  # empty = any model
     namespace: str = "default"
     priority: int = 0
+    preemption_policy: str = "PreemptLowerPriority"  # or "Never": waits, evicts no one
     node_selector: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     node_affinity: tuple[NodeSelectorTerm, ...] = ()  # required node affinity: any term; () = none
     labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)  # the pod's own labels
@@ -153,6 +155,11 @@ class PodSpec:
             if not m or "|" in m or m.strip() != m:
                 raise InvalidSpec(f"pod {self.key}: invalid GPU model name {m!r} in gpu_models")
         _check_extended(self.extended, f"pod {self.key}")
+        if self.preemption_policy not in PREEMPTION_POLICIES:
+            raise InvalidSpec(
+                f"pod {self.key}: preemptionPolicy {self.preemption_policy!r} is not one of "
+                f"{', '.join(PREEMPTION_POLICIES)}"
+            )
         if not isinstance(self.node_affinity, tuple) or not all(
             isinstance(t, NodeSelectorTerm) for t in self.node_affinity
         ):

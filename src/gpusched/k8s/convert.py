@@ -189,6 +189,7 @@ def pod_from_k8s(pod: Mapping[str, Any], *, constraints: str = "enforce") -> Pod
             gpu_memory_mib=gmem,
             gpu_models=models if num else frozenset(),
             priority=int(spec.get("priority") or 0),
+            preemption_policy=str(spec.get("preemptionPolicy") or "PreemptLowerPriority"),
             node_selector=dict(spec.get("nodeSelector") or {}),
             node_affinity=affinity,
             labels=dict(labels),

@@ -1,6 +1,7 @@
 """DefaultPreemption (PostFilter): make room for a pod by evicting lower-priority pods.
 
-Runs when a pod fits nowhere, after kube-scheduler's DefaultPreemption:
+Runs when a pod fits nowhere, after kube-scheduler's DefaultPreemption (a pod whose
+``preemptionPolicy`` is Never evicts no one):
 
 1. **Candidates**: nodes that failed for a *resolvable* reason (Unschedulable, not
    UnschedulableAndUnresolvable) and hold pods of lower priority than the preemptor.
@@ -97,6 +98,10 @@ class DefaultPreemption:
     def post_filter(
         self, state: CycleState, pod: PodSpec, snap: ClusterState, diagnosis: Diagnosis | None
     ) -> PostFilterResult:
+        if pod.preemption_policy == "Never":
+            return PostFilterResult(
+                Status.unschedulable("not eligible due to preemptionPolicy=Never.", self.name)
+            )
         best: tuple[tuple[int, int, int, int, int], int, list[Allocation]] | None = None
         for node in self._candidates(pod, snap, diagnosis):
             victims = self.victims_on(state, pod, snap, node)
