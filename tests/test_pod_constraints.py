@@ -405,3 +405,20 @@ def test_running_pods_are_booked_whatever_their_constraints() -> None:
     lc.upsert_pod({**obj, "status": {"phase": "Running"}})
     with lc.snapshot() as st:
         assert list(st.allocations) == ["ml/p"] and int(st.cpu_free[0]) == 3000
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ({"affinity": "near"}, r"pod ml/p: spec\.affinity: must be an object"),
+        ({"affinity": {"nodeAffinity": []}}, r"spec\.affinity\.nodeAffinity: must be an object"),
+        ({"affinity": {"podAffinity": 3}}, r"spec\.affinity\.podAffinity: must be an object"),
+        (
+            {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}},
+            r"must be a list",
+        ),
+    ],
+)
+def test_malformed_affinity_objects_are_named(spec: dict[str, Any], match: str) -> None:
+    with pytest.raises(InvalidRequest, match=match):
+        pod_from_k8s(k8s_pod(spec))

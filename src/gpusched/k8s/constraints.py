@@ -25,6 +25,15 @@ from gpusched.k8s.errors import InvalidRequest
 _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
+def _obj(value: object, where: str) -> Mapping[str, Any]:
+    """``value`` as an object ({} when absent); anything else is named as an error."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidRequest(f"{where}: must be an object")
+    return value
+
+
 def _requirements(items: object, where: str) -> tuple[SelectorRequirement, ...]:
     if items is None:
         return ()
@@ -49,7 +58,8 @@ def _requirements(items: object, where: str) -> tuple[SelectorRequirement, ...]:
 
 def node_affinity(spec: Mapping[str, Any], key: str) -> tuple[NodeSelectorTerm, ...]:
     """The pod's required node affinity as selector terms (empty: none)."""
-    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(_REQUIRED)
+    affinity = _obj(spec.get("affinity"), f"pod {key}: spec.affinity")
+    required = _obj(affinity.get("nodeAffinity"), f"pod {key}: spec.affinity.nodeAffinity").get(_REQUIRED)
     if required is None:
         return ()
     field = f"spec.affinity.nodeAffinity.{_REQUIRED}"
@@ -191,10 +201,10 @@ def pod_affinity(
     spec: Mapping[str, Any], key: str, labels: Mapping[str, str]
 ) -> tuple[tuple[PodAffinityTerm, ...], tuple[PodAffinityTerm, ...]]:
     """The pod's required pod affinity and anti-affinity terms."""
-    affinity = spec.get("affinity") or {}
+    affinity = _obj(spec.get("affinity"), f"pod {key}: spec.affinity")
     out = []
     for kind in ("podAffinity", "podAntiAffinity"):
-        section = affinity.get(kind) or {}
+        section = _obj(affinity.get(kind), f"pod {key}: spec.affinity.{kind}")
         where = f"pod {key}: spec.affinity.{kind}.{_REQUIRED}"
-        out.append(_terms(section.get(_REQUIRED) if isinstance(section, Mapping) else None, where, labels))
+        out.append(_terms(section.get(_REQUIRED), where, labels))
     return out[0], out[1]
