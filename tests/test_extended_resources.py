@@ -109,7 +109,7 @@ def test_conversion_from_kubernetes() -> None:
         }
     )
     assert n.max_pods == 110
-    assert dict(n.extended) == {"rdma/hca": 8, MIG: 7}
+    assert dict(n.extended) == {"rdma/hca": 8, MIG: 7, "ephemeral-storage": 102_400, "hugepages-2Mi": 0}
 
     def pod(res: dict[str, str]) -> dict[str, Any]:
         return {
@@ -120,7 +120,9 @@ def test_conversion_from_kubernetes() -> None:
     p = pod_from_k8s(
         pod({"cpu": "1", MIG: "2", "rdma/hca": "1", "ephemeral-storage": "1Gi", "example.com/x": "0"})
     )
-    assert dict(p.extended) == {MIG: 2, "rdma/hca": 1}
+    assert dict(p.extended) == {MIG: 2, "rdma/hca": 1, "ephemeral-storage": 1024}
+    # bytes are booked in MiB: a request rounds up, allocatable rounds down
+    assert dict(pod_from_k8s(pod({"ephemeral-storage": "1M"})).extended) == {"ephemeral-storage": 1}
     assert p.num_gpu == 0  # a MIG slice is its own resource, not a whole GPU
     with pytest.raises(InvalidRequest, match=r"pod default/p rdma/hca: 0\.5 must be a whole number"):
         pod_from_k8s(pod({"rdma/hca": "500m"}))

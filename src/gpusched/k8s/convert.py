@@ -9,8 +9,8 @@ How a pod asks for GPUs (documented in README, "Requesting GPUs"):
 - annotation ``gpusched.io/gpu-models: "A100-SXM4-80GB|H100-80GB-HBM3"`` — allowed GPU models
   (the node label ``nvidia.com/gpu.product``).
 - other resources in the requests — device plugins' extended resources (``rdma/hca``, MIG slices
-  like ``nvidia.com/mig-1g.10gb``) in whole units — and the node's allocatable ``pods`` are
-  checked as kube-scheduler does; ephemeral storage and hugepages are not.
+  like ``nvidia.com/mig-1g.10gb``) in whole units, ``ephemeral-storage`` and ``hugepages-*`` in
+  MiB — and the node's allocatable ``pods`` are checked as kube-scheduler does.
 - ``nodeSelector`` and required node affinity (``nodeSelectorTerms`` with In, NotIn, Exists,
   DoesNotExist, Gt, Lt) on any node label, e.g. a minimum driver with
   ``nvidia.com/cuda.driver-version.major`` Gt 534; an invalid term is rejected with an Event.
@@ -58,14 +58,27 @@ ANN_GANG = "gpusched.io/gang"
 LABEL_PRODUCT = "nvidia.com/gpu.product"
 LABEL_MEMORY = "nvidia.com/gpu.memory"
 MANAGED_RESOURCES = (RES_GPU, RES_MILLI, RES_MEMORY)
-NOT_EXTENDED = frozenset({"cpu", "memory", "pods", "ephemeral-storage", *MANAGED_RESOURCES})
-"""Resources that are not counted as extended resources (hugepages-* neither)."""
+NOT_EXTENDED = frozenset({"cpu", "memory", "pods", *MANAGED_RESOURCES})
+"""Resources with fields of their own in the core model."""
 
 
 def is_extended(name: str) -> bool:
-    """An extended resource (device plugins' ``rdma/hca``, ``nvidia.com/mig-1g.10gb``, ...):
-    counted in whole units per node. Ephemeral storage and hugepages are not checked."""
-    return name not in NOT_EXTENDED and not name.startswith("hugepages-")
+    """Any other resource, checked per node as kube-scheduler does: device plugins' extended
+    resources (``rdma/hca``, ``nvidia.com/mig-1g.10gb``, ...) in whole units, and
+    ``ephemeral-storage`` and ``hugepages-*`` in MiB (``in_mib``)."""
+    return name not in NOT_EXTENDED
+
+
+def in_mib(name: str) -> bool:
+    """Byte quantities, booked in MiB: requests round up, allocatable rounds down."""
+    return name == "ephemeral-storage" or name.startswith("hugepages-")
+
+
+def _amount(name: str, value: object, where: str, *, request: bool) -> int:
+    if not in_mib(name):
+        return _count(value, where)
+    q = _quantity(value, where) / _MIB
+    return math.ceil(q) if request else math.floor(q)
 
 
 _MODEL_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62}[A-Za-z0-9])?$")
@@ -156,7 +169,7 @@ def pod_from_k8s(pod: Mapping[str, Any], *, constraints: str = "enforce") -> Pod
         milli = 0 if gmem else GPU_MILLI
     if num > 1 and 0 < milli < GPU_MILLI:
         raise InvalidRequest(f"pod {key}: a GPU share ({RES_MILLI} {milli}) needs {RES_GPU} 1, got {num}")
-    extended = {n: _count(q, f"pod {key} {n}") for n, q in req.items() if is_extended(n)}
+    extended = {n: _amount(n, q, f"pod {key} {n}", request=True) for n, q in req.items() if is_extended(n)}
     ann = meta.get("annotations") or {}
     models = parse_models(ann.get(ANN_MODELS, ""), f"pod {key} annotation {ANN_MODELS}")
     labels = meta.get("labels") or {}
@@ -240,7 +253,11 @@ def node_from_k8s(node: Mapping[str, Any]) -> NodeSpec:
     if (node.get("spec") or {}).get("unschedulable"):
         taints += (Taint("node.kubernetes.io/unschedulable", "", "NoSchedule"),)
     max_pods = _count(alloc["pods"], f"{where} allocatable pods") if "pods" in alloc else 0
-    extended = {n: _count(v, f"{where} allocatable {n}") for n, v in alloc.items() if is_extended(n)}
+    extended = {
+        n: _amount(n, v, f"{where} allocatable {n}", request=False)
+        for n, v in alloc.items()
+        if is_extended(n)
+    }
     try:
         return NodeSpec(
             name=name,
