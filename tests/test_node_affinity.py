@@ -10,7 +10,7 @@ from gpusched.core.cluster import ClusterState
 from gpusched.core.model import InvalidSpec, NodeSpec, PodSpec
 from gpusched.core.policies import make_profile
 from gpusched.core.scheduler import schedule_one
-from gpusched.core.selectors import NodeSelectorTerm, SelectorRequirement
+from gpusched.core.selectors import NodeSelectorTerm, PreferredNodeTerm, SelectorRequirement
 from gpusched.core.status import Code
 from gpusched.k8s.convert import InvalidRequest, pod_from_k8s
 
@@ -165,8 +165,17 @@ def test_pod_from_k8s_reads_required_affinity() -> None:
         NodeSelectorTerm(match_fields=(req("metadata.name", "In", "n1"),)),
     )
     # preferred affinity alone is a preference: no constraint
-    preferred = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1}]}}
-    assert pod_from_k8s(k8s_pod(preferred)).node_affinity == ()
+    term = {"matchExpressions": [{"key": DRIVER, "operator": "Gt", "values": ["540"]}]}
+    preferred = {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 7, "preference": term}]
+        }
+    }
+    spec = pod_from_k8s(k8s_pod(preferred))
+    assert spec.node_affinity == ()
+    assert spec.preferred_node_affinity == (
+        PreferredNodeTerm(7, NodeSelectorTerm((req(DRIVER, "Gt", "540"),))),
+    )
     assert pod_from_k8s(k8s_pod(None)).node_affinity == ()
 
 

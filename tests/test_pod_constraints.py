@@ -14,7 +14,13 @@ from gpusched.core.cluster import ClusterState
 from gpusched.core.model import InvalidSpec, NodeSpec, PodSpec
 from gpusched.core.policies import make_profile
 from gpusched.core.scheduler import schedule_one
-from gpusched.core.selectors import LabelSelector, PodAffinityTerm, SelectorRequirement, SpreadConstraint
+from gpusched.core.selectors import (
+    LabelSelector,
+    PodAffinityTerm,
+    PreferredPodTerm,
+    SelectorRequirement,
+    SpreadConstraint,
+)
 from gpusched.core.status import Code
 from gpusched.k8s.convert import InvalidRequest, pod_from_k8s
 
@@ -273,7 +279,9 @@ def test_pod_from_k8s_reads_spread_and_pod_affinity() -> None:
                                 },
                             }
                         ],
-                        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1}],
+                        "preferredDuringSchedulingIgnoredDuringExecution": [
+                            {"weight": 30, "podAffinityTerm": {"topologyKey": ZONE, "labelSelector": {}}}
+                        ],
                     },
                     "podAffinity": {
                         "requiredDuringSchedulingIgnoredDuringExecution": [
@@ -298,6 +306,8 @@ def test_pod_from_k8s_reads_spread_and_pod_affinity() -> None:
     assert anti.topology_key == HOST and anti.namespaces == () and not anti.all_namespaces
     (aff,) = p.pod_affinity
     assert aff.all_namespaces and aff.selector == app("cache")
+    assert p.preferred_pod_anti_affinity == (PreferredPodTerm(30, PodAffinityTerm(ZONE, LabelSelector())),)
+    assert p.preferred_pod_affinity == ()
 
 
 SPREAD = "pod ml/p: spec.topologySpreadConstraints"

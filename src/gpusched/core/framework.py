@@ -6,8 +6,12 @@ Extension points, in the order ``schedule_one`` runs them:
 - **Filter** — a boolean mask over *all* nodes at once (vectorised); ``explain`` gives the
   per-node reason for failed nodes, only when a diagnosis is asked for.
 - **PostFilter** — runs when no node fits (preemption lives here).
+- **Prefer** — the pod's soft constraints (preferred node and pod affinity, ScheduleAnyway
+  spread, PreferNoSchedule taints): each plugin rates the feasible nodes 0–100, the weighted
+  sum is taken with kube-scheduler's default weights, and only the best-rated nodes go on.
+  Preferences come first, as in kube-scheduler where they outweigh resource scoring.
 - **Score** — a score per candidate node, with an optional device choice per node (which GPU
-  a share would take there); weighted and summed across score plugins.
+  a share would take there); weighted and summed across score plugins: the placement policy.
 - **Reserve/Unreserve** — side bookkeeping once a node is chosen (rolled back on failure).
 - **Permit** — allow, reject or make the pod wait (gang scheduling).
 - **Bind** — carries a decision out. Bind plugins are supplied by the front ends (the core
@@ -133,6 +137,22 @@ class WeightedScore:
     weight: float = 1.0
 
 
+@runtime_checkable
+class PreferPlugin(Protocol):
+    name: str
+
+    def prefer(self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64) -> F64 | None:
+        """0–100 per node of ``nodes`` (higher is preferred), or None when the pod has no such
+        preference there (cheap: most pods have none)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class WeightedPreference:
+    plugin: PreferPlugin
+    weight: float = 1.0
+
+
 @dataclass(frozen=True)
 class Profile:
     """One scheduler profile: the plugins enabled at each extension point."""
@@ -141,6 +161,7 @@ class Profile:
     pre_filters: Sequence[PreFilterPlugin] = ()
     filters: Sequence[FilterPlugin] = ()
     post_filters: Sequence[PostFilterPlugin] = ()
+    preferences: Sequence[WeightedPreference] = ()
     scores: Sequence[WeightedScore] = ()
     reserves: Sequence[ReservePlugin] = ()
     permits: Sequence[PermitPlugin] = ()

@@ -19,6 +19,8 @@ from gpusched.core.selectors import (
     LabelSelector,
     NodeSelectorTerm,
     PodAffinityTerm,
+    PreferredNodeTerm,
+    PreferredPodTerm,
     SpreadConstraint,
 )
 
@@ -31,6 +33,8 @@ __all__ = [
     "NodeSpec",
     "PodAffinityTerm",
     "PodSpec",
+    "PreferredNodeTerm",
+    "PreferredPodTerm",
     "SpreadConstraint",
     "Taint",
     "Toleration",
@@ -123,6 +127,9 @@ class PodSpec:
     spread: tuple[SpreadConstraint, ...] = ()  # topology spread constraints
     pod_affinity: tuple[PodAffinityTerm, ...] = ()  # required: every term holds
     pod_anti_affinity: tuple[PodAffinityTerm, ...] = ()  # required: no term holds
+    preferred_node_affinity: tuple[PreferredNodeTerm, ...] = ()
+    preferred_pod_affinity: tuple[PreferredPodTerm, ...] = ()
+    preferred_pod_anti_affinity: tuple[PreferredPodTerm, ...] = ()
     tolerations: tuple[Toleration, ...] = ()
     extended: Mapping[str, int] = field(default_factory=lambda: _NO_RESOURCES)  # other resources, by name
     gang: str = ""  # all-or-nothing group, empty = none
@@ -168,6 +175,9 @@ class PodSpec:
             ("spread", SpreadConstraint),
             ("pod_affinity", PodAffinityTerm),
             ("pod_anti_affinity", PodAffinityTerm),
+            ("preferred_node_affinity", PreferredNodeTerm),
+            ("preferred_pod_affinity", PreferredPodTerm),
+            ("preferred_pod_anti_affinity", PreferredPodTerm),
         ):
             v = getattr(self, fname)
             if not isinstance(v, tuple) or not all(isinstance(x, kind) for x in v):
@@ -209,6 +219,9 @@ class PodSpec:
             self.spread,
             self.pod_affinity,
             self.pod_anti_affinity,
+            self.preferred_node_affinity,
+            self.preferred_pod_affinity,
+            self.preferred_pod_anti_affinity,
         )
 
 

@@ -66,6 +66,20 @@ def diagnose(state: CycleState, profile: Profile, pod: PodSpec, snap: ClusterSta
     return Diagnosis(len(snap), tuple(failures))
 
 
+def most_preferred(state: CycleState, profile: Profile, pod: PodSpec, snap: ClusterState, nodes: I64) -> I64:
+    """The nodes of ``nodes`` that the pod's soft constraints rate best (all of them when it has
+    none): the weighted sum of the prefer plugins' 0–100 ratings, within a small tolerance."""
+    total: np.ndarray | None = None
+    for wp in profile.preferences:
+        r = wp.plugin.prefer(state, pod, snap, nodes)
+        if r is not None:
+            total = wp.weight * r if total is None else total + wp.weight * r
+    if total is None or len(nodes) <= 1:
+        return nodes
+    best: I64 = nodes[total >= total.max() - 1e-6]
+    return best
+
+
 def score_nodes(
     state: CycleState, profile: Profile, pod: PodSpec, snap: ClusterState, nodes: I64
 ) -> tuple[np.ndarray, I64 | None]:
@@ -126,9 +140,10 @@ def schedule_one(
                     pod, status, diagnosis=diag, nominated_node=r.nominated_node, victims=r.victims
                 )
         return ScheduleResult(pod, status, diagnosis=diag)
-    total, choice = score_nodes(state, profile, pod, snap, feasible)
-    k = select_host(total, feasible, tiebreak)
-    node = int(feasible[k])
+    candidates = most_preferred(state, profile, pod, snap, feasible)
+    total, choice = score_nodes(state, profile, pod, snap, candidates)
+    k = select_host(total, candidates, tiebreak)
+    node = int(candidates[k])
     hint = int(choice[k]) if choice is not None else -1
     gpus = pick_gpus(snap, pod, node, hint)
     reserved: list[ReservePlugin] = []

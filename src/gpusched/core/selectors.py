@@ -200,3 +200,30 @@ class PodAffinityTerm:
         if not self.all_namespaces and namespace not in (self.namespaces or (owner_namespace,)):
             return False
         return selects(self.selector, labels)
+
+
+def _check_weight(weight: object, what: str) -> None:
+    if not isinstance(weight, int) or isinstance(weight, bool) or not 1 <= weight <= 100:
+        raise InvalidSpec(f"{what}: weight must be an integer in 1..100, got {weight!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class PreferredNodeTerm:
+    """A preferred node affinity term: nodes it matches earn ``weight``."""
+
+    weight: int
+    term: NodeSelectorTerm
+
+    def __post_init__(self) -> None:
+        _check_weight(self.weight, "preferred node affinity term")
+
+
+@dataclass(frozen=True, slots=True)
+class PreferredPodTerm:
+    """A preferred pod (anti-)affinity term: ``weight`` per matching pod in the node's domain."""
+
+    weight: int
+    term: PodAffinityTerm
+
+    def __post_init__(self) -> None:
+        _check_weight(self.weight, "preferred pod affinity term")

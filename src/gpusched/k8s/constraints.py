@@ -1,8 +1,8 @@
 """Placement constraints of a v1.Pod → the core's selectors: required node affinity, topology
 spread constraints and required pod (anti-)affinity. Every error names the pod and the field.
 
-Preferred (soft) node and pod affinity are placement preferences that gpusched's scoring does
-not read. A pod affinity term's ``namespaceSelector`` is read when null (the listed namespaces,
+Preferred node and pod affinity weigh nodes before the placement policy does (see the core's
+Prefer extension point). A pod affinity term's ``namespaceSelector`` is read when null (the listed namespaces,
 else the pod's own) or empty (every namespace); one with labels is refused, since gpusched does
 not watch namespaces, rather than applied wrongly.
 """
@@ -17,12 +17,15 @@ from gpusched.core.selectors import (
     LabelSelector,
     NodeSelectorTerm,
     PodAffinityTerm,
+    PreferredNodeTerm,
+    PreferredPodTerm,
     SelectorRequirement,
     SpreadConstraint,
 )
 from gpusched.k8s.errors import InvalidRequest
 
 _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+_PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 
 
 def _obj(value: object, where: str) -> Mapping[str, Any]:
@@ -66,18 +69,18 @@ def node_affinity(spec: Mapping[str, Any], key: str) -> tuple[NodeSelectorTerm, 
     terms = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
     if not isinstance(terms, list) or not terms:
         raise InvalidRequest(f"pod {key}: {field}.nodeSelectorTerms must be a non-empty list")
-    out = []
-    for i, t in enumerate(terms):
-        where = f"pod {key}: {field}.nodeSelectorTerms[{i}]"
-        if not isinstance(t, Mapping):
-            raise InvalidRequest(f"{where}: must be an object")
-        exprs = _requirements(t.get("matchExpressions"), f"{where}.matchExpressions")
-        fields = _requirements(t.get("matchFields"), f"{where}.matchFields")
-        try:
-            out.append(NodeSelectorTerm(exprs, fields))
-        except InvalidSpec as e:
-            raise InvalidRequest(f"{where}: {e}") from None
-    return tuple(out)
+    return tuple(_node_term(t, f"pod {key}: {field}.nodeSelectorTerms[{i}]") for i, t in enumerate(terms))
+
+
+def _node_term(t: object, where: str) -> NodeSelectorTerm:
+    if not isinstance(t, Mapping):
+        raise InvalidRequest(f"{where}: must be an object")
+    exprs = _requirements(t.get("matchExpressions"), f"{where}.matchExpressions")
+    fields = _requirements(t.get("matchFields"), f"{where}.matchFields")
+    try:
+        return NodeSelectorTerm(exprs, fields)
+    except InvalidSpec as e:
+        raise InvalidRequest(f"{where}: {e}") from None
 
 
 def _keys(keys: object, where: str) -> list[str]:
@@ -153,48 +156,55 @@ def spread_constraints(
     return tuple(out)
 
 
-def _terms(required: object, where: str, labels: Mapping[str, str]) -> tuple[PodAffinityTerm, ...]:
-    if required is None:
-        return ()
-    if not isinstance(required, list):
-        raise InvalidRequest(f"{where}: must be a list")
-    out = []
-    for i, t in enumerate(required):
-        at = f"{where}[{i}]"
-        if not isinstance(t, Mapping):
-            raise InvalidRequest(f"{at}: must be an object")
-        selector = _label_selector(
-            t.get("labelSelector"),
-            f"{at}.labelSelector",
-            labels,
-            t.get("matchLabelKeys"),
-            t.get("mismatchLabelKeys"),
+def _pod_term(t: object, at: str, labels: Mapping[str, str]) -> PodAffinityTerm:
+    if not isinstance(t, Mapping):
+        raise InvalidRequest(f"{at}: must be an object")
+    selector = _label_selector(
+        t.get("labelSelector"),
+        f"{at}.labelSelector",
+        labels,
+        t.get("matchLabelKeys"),
+        t.get("mismatchLabelKeys"),
+    )
+    namespaces = t.get("namespaces") or []
+    if not isinstance(namespaces, list) or not all(isinstance(n, str) for n in namespaces):
+        raise InvalidRequest(f"{at}.namespaces: must be a list of namespace names")
+    ns_selector = t.get("namespaceSelector")
+    if ns_selector is not None and (
+        not isinstance(ns_selector, Mapping)
+        or ns_selector.get("matchLabels")
+        or ns_selector.get("matchExpressions")
+    ):
+        raise InvalidRequest(
+            f"{at}.namespaceSelector: only null (the listed namespaces) or {{}} (every namespace) "
+            "is supported; list the namespaces in 'namespaces' instead"
         )
-        namespaces = t.get("namespaces") or []
-        if not isinstance(namespaces, list) or not all(isinstance(n, str) for n in namespaces):
-            raise InvalidRequest(f"{at}.namespaces: must be a list of namespace names")
-        ns_selector = t.get("namespaceSelector")
-        if ns_selector is not None and (
-            not isinstance(ns_selector, Mapping)
-            or ns_selector.get("matchLabels")
-            or ns_selector.get("matchExpressions")
-        ):
-            raise InvalidRequest(
-                f"{at}.namespaceSelector: only null (the listed namespaces) or {{}} (every namespace) "
-                "is supported; list the namespaces in 'namespaces' instead"
-            )
-        try:
-            out.append(
-                PodAffinityTerm(
-                    topology_key=str(t.get("topologyKey") or ""),
-                    selector=selector,
-                    namespaces=tuple(namespaces),
-                    all_namespaces=ns_selector is not None,
-                )
-            )
-        except InvalidSpec as e:
-            raise InvalidRequest(f"{at}: {e}") from None
-    return tuple(out)
+    try:
+        return PodAffinityTerm(
+            topology_key=str(t.get("topologyKey") or ""),
+            selector=selector,
+            namespaces=tuple(namespaces),
+            all_namespaces=ns_selector is not None,
+        )
+    except InvalidSpec as e:
+        raise InvalidRequest(f"{at}: {e}") from None
+
+
+def _list(value: object, where: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InvalidRequest(f"{where}: must be a list")
+    return value
+
+
+def _weight(item: object, at: str) -> int:
+    if not isinstance(item, Mapping):
+        raise InvalidRequest(f"{at}: must be an object with weight")
+    w = item.get("weight")
+    if not isinstance(w, int) or isinstance(w, bool) or not 1 <= w <= 100:
+        raise InvalidRequest(f"{at}.weight: must be an integer in 1..100, got {w!r}")
+    return w
 
 
 def pod_affinity(
@@ -206,5 +216,33 @@ def pod_affinity(
     for kind in ("podAffinity", "podAntiAffinity"):
         section = _obj(affinity.get(kind), f"pod {key}: spec.affinity.{kind}")
         where = f"pod {key}: spec.affinity.{kind}.{_REQUIRED}"
-        out.append(_terms(section.get(_REQUIRED), where, labels))
+        items = _list(section.get(_REQUIRED), where)
+        out.append(tuple(_pod_term(t, f"{where}[{i}]", labels) for i, t in enumerate(items)))
     return out[0], out[1]
+
+
+def preferred_affinity(
+    spec: Mapping[str, Any], key: str, labels: Mapping[str, str]
+) -> tuple[tuple[PreferredNodeTerm, ...], tuple[PreferredPodTerm, ...], tuple[PreferredPodTerm, ...]]:
+    """The pod's preferred node affinity, pod affinity and pod anti-affinity terms."""
+    affinity = _obj(spec.get("affinity"), f"pod {key}: spec.affinity")
+    node = _obj(affinity.get("nodeAffinity"), f"pod {key}: spec.affinity.nodeAffinity")
+    where = f"pod {key}: spec.affinity.nodeAffinity.{_PREFERRED}"
+    nodes = []
+    for i, item in enumerate(_list(node.get(_PREFERRED), where)):
+        at = f"{where}[{i}]"
+        w = _weight(item, at)
+        nodes.append(PreferredNodeTerm(w, _node_term(item.get("preference"), f"{at}.preference")))
+    pods: list[tuple[PreferredPodTerm, ...]] = []
+    for kind in ("podAffinity", "podAntiAffinity"):
+        section = _obj(affinity.get(kind), f"pod {key}: spec.affinity.{kind}")
+        where = f"pod {key}: spec.affinity.{kind}.{_PREFERRED}"
+        terms = []
+        for i, item in enumerate(_list(section.get(_PREFERRED), where)):
+            at = f"{where}[{i}]"
+            w = _weight(item, at)
+            terms.append(
+                PreferredPodTerm(w, _pod_term(item.get("podAffinityTerm"), f"{at}.podAffinityTerm", labels))
+            )
+        pods.append(tuple(terms))
+    return tuple(nodes), pods[0], pods[1]

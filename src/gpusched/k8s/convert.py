@@ -44,8 +44,14 @@ from gpusched.core.model import (
     Taint,
     Toleration,
 )
-from gpusched.core.selectors import NodeSelectorTerm, PodAffinityTerm, SpreadConstraint
-from gpusched.k8s.constraints import node_affinity, pod_affinity, spread_constraints
+from gpusched.core.selectors import (
+    NodeSelectorTerm,
+    PodAffinityTerm,
+    PreferredNodeTerm,
+    PreferredPodTerm,
+    SpreadConstraint,
+)
+from gpusched.k8s.constraints import node_affinity, pod_affinity, preferred_affinity, spread_constraints
 from gpusched.k8s.errors import InvalidRequest as InvalidRequest
 
 RES_GPU = "nvidia.com/gpu"
@@ -181,15 +187,18 @@ def pod_from_k8s(pod: Mapping[str, Any], *, constraints: str = "enforce") -> Pod
     spread: tuple[SpreadConstraint, ...] = ()
     pod_aff: tuple[PodAffinityTerm, ...] = ()
     pod_anti: tuple[PodAffinityTerm, ...] = ()
+    prefs: tuple[tuple[PreferredNodeTerm, ...], tuple[PreferredPodTerm, ...], tuple[PreferredPodTerm, ...]]
+    prefs = ((), (), ())
     if constraints != "skip":
         try:
             affinity = node_affinity(spec, key)
             spread = spread_constraints(spec, key, labels)
             pod_aff, pod_anti = pod_affinity(spec, key, labels)
+            prefs = preferred_affinity(spec, key, labels)
         except InvalidRequest:
             if constraints == "enforce":
                 raise
-            affinity, spread, pod_aff, pod_anti = (), (), (), ()
+            affinity, spread, pod_aff, pod_anti, prefs = (), (), (), (), ((), (), ())
     try:
         return PodSpec(
             name=meta["name"],
@@ -209,6 +218,9 @@ def pod_from_k8s(pod: Mapping[str, Any], *, constraints: str = "enforce") -> Pod
             spread=spread,
             pod_affinity=pod_aff,
             pod_anti_affinity=pod_anti,
+            preferred_node_affinity=prefs[0],
+            preferred_pod_affinity=prefs[1],
+            preferred_pod_anti_affinity=prefs[2],
             extended={n: v for n, v in extended.items() if v},
             tolerations=tuple(
                 Toleration(

@@ -1,4 +1,5 @@
-"""InterPodAffinity: required pod affinity and anti-affinity (Filter), as kube-scheduler applies them.
+"""InterPodAffinity: required pod affinity and anti-affinity (Filter) and preferred ones (Prefer),
+as kube-scheduler applies them.
 
 - The pod's anti-affinity: a node fails when a pod matching any term runs in the node's domain
   of that term's topology key.
@@ -16,7 +17,7 @@ from collections import defaultdict
 import numpy as np
 
 from gpusched.core.cluster import I64, BoolArr, ClusterState
-from gpusched.core.framework import CycleState
+from gpusched.core.framework import F64, CycleState
 from gpusched.core.model import PodSpec
 from gpusched.core.status import Code
 
@@ -94,6 +95,34 @@ class InterPodAffinity:
             return snap.everywhere if nodes is None else snap.everywhere[nodes]
         ok: BoolArr = self._verdicts(state, pod, snap) == _OK
         return ok if nodes is None else ok[nodes]
+
+    def prefer(self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64) -> F64 | None:
+        """Preferred pod affinity and anti-affinity: each running pod a term selects adds (or, for
+        anti-affinity, takes away) the term's weight on every node of its domain; rescaled so the
+        best node rates 100 and the worst 0."""
+        terms = [(p.weight, p.term) for p in pod.preferred_pod_affinity]
+        terms += [(-p.weight, p.term) for p in pod.preferred_pod_anti_affinity]
+        if not terms:
+            return None
+        by_domain: defaultdict[tuple[str, str], float] = defaultdict(float)
+        for a in snap.allocations.values():
+            lab = snap.nodes[a.node].labels
+            for w, t in terms:
+                d = lab.get(t.topology_key)
+                if d is not None and t.covers(pod.namespace, a.pod.namespace, a.pod.labels):
+                    by_domain[(t.topology_key, d)] += w
+        keys = {t.topology_key for _, t in terms}
+        raw = np.array(
+            [
+                sum(
+                    by_domain.get((k, v), 0.0) for k in keys if (v := snap.nodes[n].labels.get(k)) is not None
+                )
+                for n in nodes.tolist()
+            ],
+            dtype=np.float64,
+        )
+        hi, lo = (float(raw.max()), float(raw.min())) if len(raw) else (0.0, 0.0)
+        return (raw - lo) * (100.0 / (hi - lo)) if hi > lo else np.zeros(len(nodes))
 
     def explain(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> tuple[str, Code]:
         kind = int(self._verdicts(state, pod, snap)[node])

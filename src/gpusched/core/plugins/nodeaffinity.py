@@ -1,4 +1,5 @@
-"""NodeAffinity: the pod's nodeSelector and required node affinity against node labels (Filter).
+"""NodeAffinity: the pod's nodeSelector and required node affinity against node labels (Filter),
+and its preferred node affinity (Prefer).
 
 Required node affinity is Kubernetes' ``requiredDuringSchedulingIgnoredDuringExecution``: the
 node must match at least one selector term, and a term matches when all its requirements do.
@@ -12,7 +13,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from gpusched.core.cluster import I64, BoolArr, ClusterState
-from gpusched.core.framework import CycleState
+from gpusched.core.framework import F64, CycleState
 from gpusched.core.model import PodSpec
 from gpusched.core.status import Code
 
@@ -41,6 +42,24 @@ class NodeAffinity:
             snap.score_cache[key] = cached
         assert isinstance(cached, np.ndarray)
         return cached if nodes is None else cached[nodes]
+
+    def prefer(self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64) -> F64 | None:
+        """Preferred node affinity: the weights of the terms each node matches, 100 for the most."""
+        if not pod.preferred_node_affinity:
+            return None
+        raw = np.array(
+            [
+                sum(
+                    p.weight
+                    for p in pod.preferred_node_affinity
+                    if p.term.matches(snap.names[n], snap.nodes[n].labels)
+                )
+                for n in nodes.tolist()
+            ],
+            dtype=np.float64,
+        )
+        top = float(raw.max()) if len(raw) else 0.0
+        return raw * (100.0 / top) if top > 0 else np.zeros(len(nodes))
 
     def explain(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> tuple[str, Code]:
         return "node(s) didn't match Pod's node affinity/selector", Code.UNSCHEDULABLE_AND_UNRESOLVABLE

@@ -1,11 +1,12 @@
-"""TaintToleration: NoSchedule/NoExecute taints the pod does not tolerate (Filter)."""
+"""TaintToleration: NoSchedule/NoExecute taints the pod does not tolerate (Filter), and
+PreferNoSchedule taints it does not tolerate (Prefer: fewer is better)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from gpusched.core.cluster import I64, BoolArr, ClusterState
-from gpusched.core.framework import CycleState
+from gpusched.core.framework import F64, CycleState
 from gpusched.core.model import NodeSpec, PodSpec, Taint
 from gpusched.core.status import Code
 
@@ -34,6 +35,29 @@ class TaintToleration:
             snap.score_cache[key] = cached
         assert isinstance(cached, np.ndarray)
         return cached if nodes is None else cached[nodes]
+
+    def prefer(self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64) -> F64 | None:
+        """Fewer untolerated PreferNoSchedule taints is better (100 for none); None when no node
+        among ``nodes`` has one the pod does not tolerate."""
+        soft = snap.score_cache.get(("TaintToleration.soft",))
+        if soft is None:
+            soft = any(t.effect == "PreferNoSchedule" for nd in snap.nodes for t in nd.taints)
+            snap.score_cache[("TaintToleration.soft",)] = soft
+        if not soft:
+            return None
+        raw = np.array(
+            [
+                sum(
+                    1
+                    for t in snap.nodes[n].taints
+                    if t.effect == "PreferNoSchedule" and not any(tol.tolerates(t) for tol in pod.tolerations)
+                )
+                for n in nodes.tolist()
+            ],
+            dtype=np.float64,
+        )
+        top = float(raw.max()) if len(raw) else 0.0
+        return (top - raw) * (100.0 / top) if top > 0 else None
 
     def explain(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> tuple[str, Code]:
         t = untolerated(pod, snap.nodes[node])

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpusched.core.fragmentation import TargetWorkload
-from gpusched.core.framework import FilterPlugin, Profile, ScorePlugin, WeightedScore
+from gpusched.core.framework import FilterPlugin, Profile, ScorePlugin, WeightedPreference, WeightedScore
 from gpusched.core.plugins.gpufit import GPUFit
 from gpusched.core.plugins.interpodaffinity import InterPodAffinity
 from gpusched.core.plugins.nodeaffinity import NodeAffinity
@@ -69,12 +69,28 @@ def standard_filters() -> tuple[FilterPlugin, ...]:
     )
 
 
+def standard_preferences() -> tuple[WeightedPreference, ...]:
+    """The soft constraints, with kube-scheduler's default weights of the same plugins."""
+    return (
+        WeightedPreference(TaintToleration(), 3.0),
+        WeightedPreference(NodeAffinity(), 2.0),
+        WeightedPreference(PodTopologySpread(), 2.0),
+        WeightedPreference(InterPodAffinity(), 2.0),
+    )
+
+
 def make_profile(policy: str, ctx: PolicyContext | None = None, *, preemption: bool = False) -> Profile:
-    """A profile with the standard filters and ``policy`` as its only score plugin; with
-    ``preemption``, DefaultPreemption as its PostFilter."""
+    """A profile with the standard filters and preferences and ``policy`` as its only score
+    plugin; with ``preemption``, DefaultPreemption as its PostFilter."""
     if policy not in _FACTORIES:
         raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     plugin = _FACTORIES[policy](ctx or PolicyContext())
     filters = standard_filters()
     post = (DefaultPreemption(filters),) if preemption else ()
-    return Profile(name=policy, filters=filters, post_filters=post, scores=(WeightedScore(plugin, 1.0),))
+    return Profile(
+        name=policy,
+        filters=filters,
+        post_filters=post,
+        preferences=standard_preferences(),
+        scores=(WeightedScore(plugin, 1.0),),
+    )
