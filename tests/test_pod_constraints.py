@@ -4,6 +4,7 @@ and against an independent oracle over random streams; conversion from Kubernete
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -207,35 +208,53 @@ def oracle_ok(snap: ClusterState, p: PodSpec, n: int) -> bool:
 
 
 @st.composite
-def streams(draw: st.DrawFn) -> tuple[list[NodeSpec], list[PodSpec]]:
+def streams(draw: st.DrawFn) -> tuple[list[NodeSpec], list[PodSpec | int]]:
     nodes = [
         node(f"n{i}", draw(st.sampled_from(["z1", "z2", "z3", None])), cpu=draw(st.sampled_from([300, 1000])))
         for i in range(draw(st.integers(1, 6)))
     ]
-    pods = []
+    pods: list[PodSpec | int] = []  # an int deletes a booked pod
     for i in range(draw(st.integers(1, 25))):
+        if i and draw(st.integers(0, 5)) == 0:
+            pods.append(draw(st.integers(0, 100)))
+            continue
         label = draw(st.sampled_from(["web", "db"]))
         other = draw(st.sampled_from(["web", "db"]))  # selectors need not pick the pod itself
+        # two labels: the index finds pods by the first; the second must still be checked
+        two = LabelSelector((("app", other), ("tier", "gold")))
         skew = draw(st.integers(1, 2))
         spread = draw(
-            st.sampled_from([(), (), (SpreadConstraint(ZONE, max_skew=skew, selector=app(other)),)])
-        )
-        anti = draw(
             st.sampled_from(
-                [(), (), (PodAffinityTerm(HOST, app(label)),), (PodAffinityTerm(ZONE, app(other)),)]
+                [
+                    (),
+                    (),
+                    (
+                        SpreadConstraint(
+                            ZONE, max_skew=skew, selector=draw(st.sampled_from([app(other), two]))
+                        ),
+                    ),
+                ]
             )
         )
+        anti = draw(
+            st.sampled_from([(), (), (PodAffinityTerm(HOST, app(label)),), (PodAffinityTerm(ZONE, two),)])
+        )
         ns = draw(st.sampled_from(["default", "default", "other"]))
-        pods.append(pod(f"p{i}", label, ns=ns, spread=spread, pod_anti_affinity=anti))
+        p = pod(f"p{i}", label, ns=ns, spread=spread, pod_anti_affinity=anti)
+        pods.append(replace(p, labels={**p.labels, "tier": draw(st.sampled_from(["gold", "iron"]))}))
     return nodes, pods
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(streams())
-def test_filters_agree_with_the_oracle(stream: tuple[list[NodeSpec], list[PodSpec]]) -> None:
+def test_filters_agree_with_the_oracle(stream: tuple[list[NodeSpec], list[PodSpec | int]]) -> None:
     nodes, pods = stream
     snap = ClusterState(nodes)
     for p in pods:
+        if isinstance(p, int):
+            if snap.allocations:
+                snap.forget(sorted(snap.allocations)[p % len(snap.allocations)])
+            continue
         want = {snap.names[n] for n in range(len(snap)) if oracle_ok(snap, p, n)}
         assert feasible(snap, p) == want, p
         r = run(snap, p)

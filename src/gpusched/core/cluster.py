@@ -8,17 +8,20 @@ resource is an integer numpy array so that filters and scores run over all nodes
   nodes with fewer than ``max_gpus`` GPUs hold 0 and ``gpu_mem_free`` 0, so they never fit.
 - ``gen[n]``: a generation counter bumped on every change of node ``n``. Score caches keyed
   by pod shape recompute only nodes whose generation moved (an equivalence-class cache).
+- ``pod_free``, ``ext_free``: pods and extended resources left; ``by_label`` and
+  ``anti_affinity`` index the booked pods for the pod-affinity and spread plugins.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from gpusched.core.model import GPU_MILLI, Allocation, InvalidSpec, NodeSpec, PodSpec
+from gpusched.core.selectors import LabelSelector
 
 I64 = npt.NDArray[np.int64]
 BoolArr = npt.NDArray[np.bool_]
@@ -102,6 +105,8 @@ class ClusterState:
         self.gen: I64 = np.zeros(n, dtype=np.int64)
         self.allocations: dict[str, Allocation] = {}
         self.anti_affinity: set[str] = set()
+        self.by_label: dict[tuple[str, str, str], set[str]] = {}
+        """(namespace, label key, value) -> keys of the booked pods with that label."""
         """Keys of booked pods with required pod anti-affinity (every placement must respect them)."""
         self.node_pods: list[set[str]] = [set() for _ in range(n)]
         self.score_cache = ScoreCache(score_cache_capacity)
@@ -117,6 +122,39 @@ class ClusterState:
         """Moves forward with every booking and release (the sum of node generations), so a
         value computed from the whole snapshot can be cached against it."""
         return int(self.gen.sum())
+
+    def selected(
+        self, selector: LabelSelector | None, namespaces: Collection[str] | None
+    ) -> list[Allocation]:
+        """The booked pods in ``namespaces`` (None: every namespace) that ``selector`` selects
+        (None selects none). With ``match_labels`` only the pods carrying those labels are read."""
+        if selector is None:
+            return []
+        if selector.match_labels and namespaces is not None:
+            k, v = selector.match_labels[0]
+            keys: Iterable[str] = [key for ns in namespaces for key in self.by_label.get((ns, k, v), ())]
+        else:
+            keys = self.allocations
+        out = []
+        for key in keys:
+            a = self.allocations[key]
+            if (namespaces is None or a.pod.namespace in namespaces) and selector.matches(a.pod.labels):
+                out.append(a)
+        return out
+
+    def domains(self, key: str) -> tuple[I64, tuple[str, ...]]:
+        """Per node, the index of its value of label ``key`` in the returned values (-1 where
+        the node lacks the label); node labels never change, so it is computed once."""
+        cached = self.score_cache.get(("domains", key))
+        if cached is None:
+            values = tuple(sorted({v for nd in self.nodes if (v := nd.labels.get(key)) is not None}))
+            at = {v: i for i, v in enumerate(values)}
+            codes = np.array(
+                [at.get(nd.labels[key], -1) if key in nd.labels else -1 for nd in self.nodes], dtype=np.int64
+            )
+            cached = (codes, values)
+            self.score_cache[("domains", key)] = cached
+        return cached  # type: ignore[return-value]
 
     def node_gpu_free(self, node: int) -> list[int]:
         return [int(v) for v in self.gpu_free[node, : int(self.gpu_count[node])]]
@@ -205,6 +243,16 @@ class ClusterState:
                 self.anti_affinity.add(p.key)
             else:
                 self.anti_affinity.discard(p.key)
+        for k, v in p.labels.items():
+            idx = (p.namespace, k, v)
+            if sign < 0:
+                self.by_label.setdefault(idx, set()).add(p.key)
+            else:
+                bucket = self.by_label.get(idx)
+                if bucket is not None:
+                    bucket.discard(p.key)
+                    if not bucket:
+                        del self.by_label[idx]
         for res, amount in p.extended.items():
             i = self.ext_index.get(res)  # None only when booked unchecked: skipped both ways
             if amount and i is not None:
@@ -228,6 +276,7 @@ class ClusterState:
         c.allocations = dict(self.allocations)
         c.node_pods = [set(s) for s in self.node_pods]
         c.anti_affinity = set(self.anti_affinity)
+        c.by_label = {k: set(v) for k, v in self.by_label.items()}
         c.score_cache = ScoreCache(self.score_cache.capacity)
         return c
 

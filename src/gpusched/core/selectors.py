@@ -195,6 +195,10 @@ class PodAffinityTerm:
         if not self.topology_key:
             raise InvalidSpec("pod affinity term: topologyKey is empty")
 
+    def namespaces_of(self, owner_namespace: str) -> tuple[str, ...] | None:
+        """The namespaces this term (of a pod in ``owner_namespace``) looks at; None: all."""
+        return None if self.all_namespaces else (self.namespaces or (owner_namespace,))
+
     def covers(self, owner_namespace: str, namespace: str, labels: Mapping[str, str]) -> bool:
         """Does this term (of a pod in ``owner_namespace``) select a pod in ``namespace`` with ``labels``?"""
         if not self.all_namespaces and namespace not in (self.namespaces or (owner_namespace,)):

@@ -37,54 +37,48 @@ class InterPodAffinity:
         cached = state.read(self.name)
         if isinstance(cached, tuple) and cached[0] == stamp:
             return cached[1]  # type: ignore[no-any-return]
-        labels = [nd.labels for nd in snap.nodes]
-        running = list(snap.allocations.values())
         verdict = np.full(len(snap), _OK, dtype=np.int8)
 
-        def fail(kind: int, key: str, domains: set[str]) -> None:
-            for i, lab in enumerate(labels):
-                if verdict[i] == _OK and lab.get(key) in domains:
-                    verdict[i] = kind
+        def fail(kind: int, key: str, domains: set[int]) -> None:
+            if domains:
+                codes, _ = snap.domains(key)
+                hit = np.isin(codes, np.fromiter(domains, dtype=np.int64, count=len(domains)))
+                verdict[hit & (verdict == _OK)] = kind
 
         # running pods' anti-affinity against this pod
-        if snap.anti_affinity:
-            blocked: defaultdict[str, set[str]] = defaultdict(set)
-            for a in (snap.allocations[k] for k in snap.anti_affinity):
-                for t in a.pod.pod_anti_affinity:
-                    d = labels[a.node].get(t.topology_key)
-                    if d is not None and t.covers(a.pod.namespace, pod.namespace, pod.labels):
-                        blocked[t.topology_key].add(d)
-            for key, domains in blocked.items():
-                fail(_EXISTING, key, domains)
+        blocked: defaultdict[str, set[int]] = defaultdict(set)
+        for a in (snap.allocations[k] for k in snap.anti_affinity):
+            for t in a.pod.pod_anti_affinity:
+                d = int(snap.domains(t.topology_key)[0][a.node])
+                if d >= 0 and t.covers(a.pod.namespace, pod.namespace, pod.labels):
+                    blocked[t.topology_key].add(d)
+        for key, domains in blocked.items():
+            fail(_EXISTING, key, domains)
         # this pod's anti-affinity
         for t in pod.pod_anti_affinity:
-            domains = {
-                d
-                for a in running
-                if (d := labels[a.node].get(t.topology_key)) is not None
-                and t.covers(pod.namespace, a.pod.namespace, a.pod.labels)
-            }
-            fail(_ANTI, t.topology_key, domains)
+            codes, _ = snap.domains(t.topology_key)
+            found = {int(codes[a.node]) for a in snap.selected(t.selector, t.namespaces_of(pod.namespace))}
+            fail(_ANTI, t.topology_key, found - {-1})
         # this pod's affinity
         terms = pod.pod_affinity
         if terms:
+            first = terms[0]
             matching = [
                 a
-                for a in running
-                if all(t.covers(pod.namespace, a.pod.namespace, a.pod.labels) for t in terms)
+                for a in snap.selected(first.selector, first.namespaces_of(pod.namespace))
+                if all(t.covers(pod.namespace, a.pod.namespace, a.pod.labels) for t in terms[1:])
             ]
-            keys = [t.topology_key for t in terms]
             starts_group = not matching and all(
                 t.covers(pod.namespace, pod.namespace, pod.labels) for t in terms
             )
-            present = [{labels[a.node].get(k) for a in matching} - {None} for k in keys]
-            for i, lab in enumerate(labels):
-                if verdict[i] != _OK:
-                    continue
-                if any(k not in lab for k in keys) or (
-                    not starts_group and not all(lab[k] in dom for k, dom in zip(keys, present, strict=True))
-                ):
-                    verdict[i] = _AFFINITY
+            ok = np.ones(len(snap), dtype=bool)
+            for t in terms:
+                codes, _ = snap.domains(t.topology_key)
+                ok &= codes >= 0  # every term's key must be on the node
+                if not starts_group:
+                    present = np.fromiter({int(codes[a.node]) for a in matching} - {-1}, dtype=np.int64)
+                    ok &= np.isin(codes, present)
+            verdict[~ok & (verdict == _OK)] = _AFFINITY
         state.write(self.name, (stamp, verdict))
         return verdict
 
@@ -104,23 +98,14 @@ class InterPodAffinity:
         terms += [(-p.weight, p.term) for p in pod.preferred_pod_anti_affinity]
         if not terms:
             return None
-        by_domain: defaultdict[tuple[str, str], float] = defaultdict(float)
-        for a in snap.allocations.values():
-            lab = snap.nodes[a.node].labels
-            for w, t in terms:
-                d = lab.get(t.topology_key)
-                if d is not None and t.covers(pod.namespace, a.pod.namespace, a.pod.labels):
-                    by_domain[(t.topology_key, d)] += w
-        keys = {t.topology_key for _, t in terms}
-        raw = np.array(
-            [
-                sum(
-                    by_domain.get((k, v), 0.0) for k in keys if (v := snap.nodes[n].labels.get(k)) is not None
-                )
-                for n in nodes.tolist()
-            ],
-            dtype=np.float64,
-        )
+        raw = np.zeros(len(nodes), dtype=np.float64)
+        for w, t in terms:
+            codes, values = snap.domains(t.topology_key)
+            per_domain = np.zeros(len(values) + 1, dtype=np.float64)  # the last slot: no label
+            for a in snap.selected(t.selector, t.namespaces_of(pod.namespace)):
+                if codes[a.node] >= 0:
+                    per_domain[codes[a.node]] += w
+            raw += per_domain[codes[nodes]]  # codes of -1 read the last slot, which stays 0
         hi, lo = (float(raw.max()), float(raw.min())) if len(raw) else (0.0, 0.0)
         return (raw - lo) * (100.0 / (hi - lo)) if hi > lo else np.zeros(len(nodes))
 

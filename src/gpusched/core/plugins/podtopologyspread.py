@@ -12,8 +12,6 @@ A node without the topology key fails, and no eviction would change that.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 
 from gpusched.core.cluster import I64, BoolArr, ClusterState
@@ -41,19 +39,18 @@ class PodTopologySpread:
         return admitted
 
     def _counts(
-        self,
-        pod: PodSpec,
-        snap: ClusterState,
-        c: SpreadConstraint,
-        domain: list[str | None],
-        counted: list[bool],
-    ) -> Counter[str | None]:
-        """Pods in the pod's namespace that ``c`` selects, per domain of the counted nodes."""
-        counts: Counter[str | None] = Counter()
-        for a in snap.allocations.values():
-            if counted[a.node] and a.pod.namespace == pod.namespace and selects(c.selector, a.pod.labels):
-                counts[domain[a.node]] += 1
-        return counts
+        self, state: CycleState, pod: PodSpec, snap: ClusterState, c: SpreadConstraint
+    ) -> tuple[I64, I64, BoolArr]:
+        """Per node its domain (-1: no topology key); per domain the pods in the pod's namespace
+        that ``c`` selects on counted nodes; and which domains have a counted node."""
+        codes, values = snap.domains(c.topology_key)
+        counted = self._admitted(state, pod, snap, c) & (codes >= 0)
+        on = np.fromiter((a.node for a in snap.selected(c.selector, (pod.namespace,))), dtype=np.int64)
+        on = on[counted[on]]
+        counts = np.bincount(codes[on], minlength=len(values)).astype(np.int64)
+        present = np.zeros(len(values), dtype=bool)
+        present[codes[counted]] = True
+        return codes, counts, present
 
     def _verdicts(self, state: CycleState, pod: PodSpec, snap: ClusterState) -> np.ndarray:
         """Per node: OK, SKEW (too many matching pods in its domain) or MISSING (no topology key),
@@ -66,20 +63,15 @@ class PodTopologySpread:
         for c in pod.spread:
             if not c.hard:
                 continue
-            admitted = self._admitted(state, pod, snap, c)
-            domain = [nd.labels.get(c.topology_key) for nd in snap.nodes]
-            counted = [d is not None and bool(admitted[i]) for i, d in enumerate(domain)]
-            counts = self._counts(pod, snap, c, domain, counted)
-            domains = {d for d, ok in zip(domain, counted, strict=True) if ok}
-            low = min((counts[d] for d in domains), default=0)
-            if c.min_domains and len(domains) < c.min_domains:
+            codes, counts, present = self._counts(state, pod, snap, c)
+            low = int(counts[present].min()) if present.any() else 0
+            if c.min_domains and int(present.sum()) < c.min_domains:
                 low = 0
             own = 1 if selects(c.selector, pod.labels) else 0
-            for i, d in enumerate(domain):
-                if d is None:
-                    verdict[i] = _MISSING
-                elif counts[d] + own - low > c.max_skew and verdict[i] == _OK:
-                    verdict[i] = _SKEW
+            missing = codes < 0
+            here = np.where(missing, 0, counts[np.maximum(codes, 0)]) if len(counts) else np.zeros(len(snap))
+            verdict[missing] = _MISSING
+            verdict[~missing & (here + own - low > c.max_skew) & (verdict == _OK)] = _SKEW
         state.write(self.name, (stamp, verdict))
         return verdict
 
@@ -100,15 +92,11 @@ class PodTopologySpread:
         raw = np.zeros(len(nodes), dtype=np.float64)
         missing = np.zeros(len(nodes), dtype=bool)
         for c in soft:
-            admitted = self._admitted(state, pod, snap, c)
-            domain = [nd.labels.get(c.topology_key) for nd in snap.nodes]
-            counted = [d is not None and bool(admitted[i]) for i, d in enumerate(domain)]
-            counts = self._counts(pod, snap, c, domain, counted)
-            for k, n in enumerate(nodes.tolist()):
-                if domain[n] is None:
-                    missing[k] = True
-                else:
-                    raw[k] += counts[domain[n]]
+            codes, counts, _ = self._counts(state, pod, snap, c)
+            mine = codes[nodes]
+            missing |= mine < 0
+            if len(counts):
+                raw += np.where(mine < 0, 0, counts[np.maximum(mine, 0)])
         out = np.zeros(len(nodes), dtype=np.float64)
         ok = ~missing
         if ok.any():
