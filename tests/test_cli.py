@@ -233,7 +233,21 @@ def test_bench_latency_json() -> None:
     (row,) = report["results"]  # type: ignore[misc]
     assert row["nodes"] == 50 and row["decisions"] == 50
     assert 0 < row["p50_ms"] <= row["p99_ms"]
-    assert row["pods_per_s"] > 0
+    assert row["pods_per_s"] > 0 and row["constraints"] is False
+
+
+def test_bench_latency_with_constraints() -> None:
+    from gpusched.bench.latency import synthetic_cluster, with_constraints
+
+    args = ["bench", "latency", "--nodes", "60", "--decisions", "60", "--constraints", "--json"]
+    res = runner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    (row,) = parse_json(res.stdout)["results"]  # type: ignore[misc]
+    assert row["constraints"] is True and row["scheduled"] > 0
+    snap, pods = with_constraints(*synthetic_cluster(30, 60, 0)[:2])
+    assert all("topology.kubernetes.io/zone" in n.labels for n in snap.nodes)
+    kinds = [bool(p.spread) + 2 * bool(p.preferred_pod_anti_affinity) for p in pods]
+    assert kinds[:6] == [1, 2, 0, 1, 2, 0]  # spread, preferred anti-affinity, plain, ...
 
 
 def test_bench_preemption_json() -> None:

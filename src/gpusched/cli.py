@@ -375,6 +375,9 @@ def bench_latency_cmd(
     policy: TimedPolicyOpt = "default",
     decisions: Annotated[int, typer.Option(help="Measured decisions per size.")] = 2000,
     load: Annotated[float, typer.Option(help="GPU allocation to hold the cluster at.")] = 0.7,
+    constraints: Annotated[
+        bool, typer.Option(help="Zone/hostname labels; pods with topology spread or preferred anti-affinity.")
+    ] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Per-decision latency of schedule_one on synthetic clusters."""
@@ -382,7 +385,9 @@ def bench_latency_cmd(
     from gpusched.sim.report import latency_table
 
     check_policies([policy])
-    run = functools.partial(bench_latency, policy=policy, decisions=decisions, load=load)
+    run = functools.partial(
+        bench_latency, policy=policy, decisions=decisions, load=load, constraints=constraints
+    )
     _per_size(nodes, decisions, run, latency_table, json_out)
 
 

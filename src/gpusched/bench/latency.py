@@ -3,10 +3,15 @@
 The cluster is first filled to ``load`` (fraction of GPU milli allocated); then each measured
 decision schedules one pod and, to hold the load steady, releases a random earlier pod
 (not timed). Reported: latency percentiles over the decisions and decisions per second.
+
+With ``constraints`` the nodes carry zone and hostname labels and every pod a label ``app``
+(20 apps); a third of the pods spread over the zones (DoNotSchedule, maxSkew 3) and a third
+prefer not to share a node with their app (preferred anti-affinity), as Deployments do.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -17,6 +22,7 @@ from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.model import PodSpec
 from gpusched.core.policies import PolicyContext, make_profile
 from gpusched.core.scheduler import schedule_one
+from gpusched.core.selectors import LabelSelector, PodAffinityTerm, PreferredPodTerm, SpreadConstraint
 from gpusched.sim.synthetic import SyntheticConfig, synthetic_workload
 
 
@@ -33,6 +39,28 @@ def synthetic_cluster(
     return snap, specs, ctx, np.random.default_rng(seed).permutation(len(snap))
 
 
+ZONE, HOST = "topology.kubernetes.io/zone", "kubernetes.io/hostname"
+
+
+def with_constraints(snap: ClusterState, pods: list[PodSpec]) -> tuple[ClusterState, list[PodSpec]]:
+    """The same cluster with zone and hostname labels, and the pods with apps and constraints."""
+    nodes = [
+        dataclasses.replace(n, labels={**n.labels, ZONE: f"zone-{i % 3}", HOST: n.name})
+        for i, n in enumerate(snap.nodes)
+    ]
+    out = []
+    for i, p in enumerate(pods):
+        name = f"app-{i % 20}"
+        mine = LabelSelector((("app", name),))
+        kw: dict[str, object] = {}
+        if i % 3 == 0:
+            kw["spread"] = (SpreadConstraint(ZONE, max_skew=3, selector=mine),)
+        elif i % 3 == 1:
+            kw["preferred_pod_anti_affinity"] = (PreferredPodTerm(100, PodAffinityTerm(HOST, mine)),)
+        out.append(dataclasses.replace(p, labels={"app": name}, **kw))  # type: ignore[arg-type]
+    return ClusterState(nodes), out
+
+
 def bench_latency(
     nodes: int,
     *,
@@ -40,6 +68,7 @@ def bench_latency(
     decisions: int = 2000,
     load: float = 0.7,
     seed: int = 0,
+    constraints: bool = False,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, object]:
     if nodes <= 0 or decisions <= 0:
@@ -47,6 +76,8 @@ def bench_latency(
     if not 0.0 <= load < 1.0:
         raise ValueError(f"load must be in [0, 1), got {load}")
     snap, pods, ctx, ranks = synthetic_cluster(nodes, max(8 * nodes, decisions * 2), seed)
+    if constraints:
+        snap, pods = with_constraints(snap, pods)
     profile = make_profile(policy, ctx)
     rng = np.random.default_rng(seed + 1)
     placed: list[str] = []
@@ -81,6 +112,7 @@ def bench_latency(
         "nodes": nodes,
         "gpus": int(snap.gpu_count.sum()),
         "policy": policy,
+        "constraints": constraints,
         "decisions": decisions,
         "scheduled": ok,
         "load": round(snap.gpu_allocation_ratio(), 3),
