@@ -142,6 +142,19 @@ class ClusterState:
                 out.append(a)
         return out
 
+    def selected_nodes(self, selector: LabelSelector | None, namespaces: Collection[str] | None) -> I64:
+        """The node of each pod ``selected`` returns (the index answers one-label selectors alone)."""
+        one_label = (
+            selector is not None and len(selector.match_labels) == 1 and not selector.match_expressions
+        )
+        if one_label and selector is not None and namespaces is not None:
+            k, v = selector.match_labels[0]
+            allocs = self.allocations
+            keys = [key for ns in namespaces for key in self.by_label.get((ns, k, v), ())]
+            return np.fromiter((allocs[key].node for key in keys), dtype=np.int64, count=len(keys))
+        chosen = self.selected(selector, namespaces)
+        return np.fromiter((a.node for a in chosen), dtype=np.int64, count=len(chosen))
+
     def domains(self, key: str) -> tuple[I64, tuple[str, ...]]:
         """Per node, the index of its value of label ``key`` in the returned values (-1 where
         the node lacks the label); node labels never change, so it is computed once."""

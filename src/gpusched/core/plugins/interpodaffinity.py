@@ -57,8 +57,8 @@ class InterPodAffinity:
         # this pod's anti-affinity
         for t in pod.pod_anti_affinity:
             codes, _ = snap.domains(t.topology_key)
-            found = {int(codes[a.node]) for a in snap.selected(t.selector, t.namespaces_of(pod.namespace))}
-            fail(_ANTI, t.topology_key, found - {-1})
+            found = np.unique(codes[snap.selected_nodes(t.selector, t.namespaces_of(pod.namespace))])
+            fail(_ANTI, t.topology_key, {int(d) for d in found} - {-1})
         # this pod's affinity
         terms = pod.pod_affinity
         if terms:
@@ -101,10 +101,9 @@ class InterPodAffinity:
         raw = np.zeros(len(nodes), dtype=np.float64)
         for w, t in terms:
             codes, values = snap.domains(t.topology_key)
+            on = codes[snap.selected_nodes(t.selector, t.namespaces_of(pod.namespace))]
             per_domain = np.zeros(len(values) + 1, dtype=np.float64)  # the last slot: no label
-            for a in snap.selected(t.selector, t.namespaces_of(pod.namespace)):
-                if codes[a.node] >= 0:
-                    per_domain[codes[a.node]] += w
+            per_domain[: len(values)] = w * np.bincount(on[on >= 0], minlength=len(values))
             raw += per_domain[codes[nodes]]  # codes of -1 read the last slot, which stays 0
         hi, lo = (float(raw.max()), float(raw.min())) if len(raw) else (0.0, 0.0)
         return (raw - lo) * (100.0 / (hi - lo)) if hi > lo else np.zeros(len(nodes))

@@ -45,7 +45,7 @@ class PodTopologySpread:
         that ``c`` selects on counted nodes; and which domains have a counted node."""
         codes, values = snap.domains(c.topology_key)
         counted = self._admitted(state, pod, snap, c) & (codes >= 0)
-        on = np.fromiter((a.node for a in snap.selected(c.selector, (pod.namespace,))), dtype=np.int64)
+        on = snap.selected_nodes(c.selector, (pod.namespace,))
         on = on[counted[on]]
         counts = np.bincount(codes[on], minlength=len(values)).astype(np.int64)
         present = np.zeros(len(values), dtype=bool)
