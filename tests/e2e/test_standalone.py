@@ -486,6 +486,41 @@ def test_pod_anti_affinity_and_topology_spread(env: Env) -> None:
     assert "4 node(s) didn't satisfy existing pods anti-affinity rules" in failed["message"]  # kube's order
 
 
+def test_preferred_anti_affinity_spreads_replicas_before_packing(env: Env) -> None:
+    from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
+
+    names = [f"{env.tag}-n{i}" for i in range(3)]
+    env.nodes(
+        [(n, 16000, 65536, 8, "T4") for n in names], labels={n: {"kubernetes.io/hostname": n} for n in names}
+    )
+    term = {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "inf"}}}
+    soft = {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]
+        }
+    }
+
+    def replica(i: int, spec: dict[str, Any]) -> dict[str, Any]:
+        body = env.pod(f"inf-{i}", {"cpu": "1", "gpusched.io/gpu-milli": "250"})
+        body["metadata"]["labels"] = {"app": "inf"}
+        body["spec"]["affinity"] = spec
+        return body
+
+    # four replicas that prefer apart: one per node, then the fourth still lands (soft)
+    env.create_pods([replica(i, soft) for i in range(4)])
+    sched = StandaloneScheduler(env.api, SchedulerConfig(scheduler_name=env.scheduler)).start()
+    try:
+        wait_until(
+            lambda: sum(1 for p in env.list_pods() if p["spec"].get("nodeName")) == 4,
+            timeout=60,
+            what="four replicas bound",
+        )
+    finally:
+        sched.stop()
+    per_node = Counter(p["spec"]["nodeName"] for p in env.list_pods())
+    assert sorted(per_node.values()) == [1, 1, 2]  # packing alone would put all four on one GPU
+
+
 def test_scheduling_gates_hold_a_pod_until_removed(env: Env) -> None:
     from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
 
