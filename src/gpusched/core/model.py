@@ -184,11 +184,6 @@ class PodSpec:
                 raise InvalidSpec(f"pod {self.key}: {fname} must be a tuple of {kind.__name__}")
 
     @property
-    def has_pod_constraints(self) -> bool:
-        """Does placing this pod depend on where other pods are (spread, pod (anti-)affinity)?"""
-        return bool(self.pod_affinity or self.pod_anti_affinity or any(c.hard for c in self.spread))
-
-    @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
 

@@ -38,12 +38,8 @@ def _obj(value: object, where: str) -> Mapping[str, Any]:
 
 
 def _requirements(items: object, where: str) -> tuple[SelectorRequirement, ...]:
-    if items is None:
-        return ()
-    if not isinstance(items, list):
-        raise InvalidRequest(f"{where}: must be a list")
     out = []
-    for i, r in enumerate(items):
+    for i, r in enumerate(_list(items, where)):
         at = f"{where}[{i}]"
         if not isinstance(r, Mapping):
             raise InvalidRequest(f"{at}: must be an object with key, operator and values")

@@ -194,15 +194,18 @@ def packing_bound(pods: Sequence[PodSpec], num_gpus: int) -> Bound:
     """The LP ceiling and the BFD packing for ``pods`` on ``num_gpus`` GPUs."""
     if num_gpus <= 0:
         raise ValueError(f"packing_bound: num_gpus must be positive, got {num_gpus}")
-    total = num_gpus * GPU_MILLI
     whole, shares = _split(pods)
+    lp_milli = _lp_milli(whole, shares, num_gpus)
+    return Bound(lp_milli=lp_milli, bfd_milli=_bfd(whole, shares, num_gpus), total_milli=num_gpus * GPU_MILLI)
+
+
+def _lp_milli(whole: list[int], shares: Counter[int], num_gpus: int) -> int:
+    """The LP ceiling in milli: whole-GPU pods on as many GPUs as they fill, the share LP's floor
+    on the rest, capped by the two trivial ceilings, cluster capacity and total demand."""
     whole_gpus = min(sum(whole), num_gpus)
     lp = _share_lp(shares, num_gpus - whole_gpus)
-    # Floor, then cap by the two trivial ceilings: cluster capacity and total demand.
     demand = sum(whole) * GPU_MILLI + sum(s * n for s, n in shares.items())
-    lp_milli = whole_gpus * GPU_MILLI + _floor(lp)
-    lp_milli = min(lp_milli, total, demand)
-    return Bound(lp_milli=lp_milli, bfd_milli=_bfd(whole, shares, num_gpus), total_milli=total)
+    return min(whole_gpus * GPU_MILLI + _floor(lp), num_gpus * GPU_MILLI, demand)
 
 
 def forced_shares(seq: Sequence[PodSpec], num_gpus: int) -> Counter[int]:
@@ -232,7 +235,7 @@ def arrival_bound(seq: Sequence[PodSpec], num_gpus: int) -> int:
         raise ValueError(f"arrival_bound: num_gpus must be positive, got {num_gpus}")
     whole, shares = _split(seq)
     lp = _share_lp(shares, num_gpus, whole=min(sum(whole), num_gpus), forced=forced_shares(seq, num_gpus))
-    return min(_floor(lp), packing_bound(seq, num_gpus).lp_milli)
+    return min(_floor(lp), _lp_milli(whole, shares, num_gpus))  # the LP without the BFD packing
 
 
 def _floor(lp: float) -> int:
