@@ -96,9 +96,20 @@ class Env:
             ready, timeout=240, what="kwok nodes Ready and untainted", control_plane=self.cp, interval=1
         )
 
-    def pod(self, name: str, res: dict[str, str], ann: dict[str, str] | None = None) -> dict[str, Any]:
+    def pod(
+        self,
+        name: str,
+        res: dict[str, str],
+        ann: dict[str, str] | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
         return {
-            "metadata": {"name": name, "namespace": self.ns, "annotations": ann or {}},
+            "metadata": {
+                "name": name,
+                "namespace": self.ns,
+                "annotations": ann or {},
+                "labels": labels or {},
+            },
             "spec": {
                 "schedulerName": self.scheduler,
                 "nodeSelector": {GROUP: self.tag},
@@ -107,6 +118,34 @@ class Env:
                 ],
             },
         }
+
+    def schedule_until(
+        self, bound: int, *, failed: bool = False, timeout: float = 60
+    ) -> dict[str, str | None]:
+        """Run a standalone scheduler until ``bound`` pods are bound (and, with ``failed``, a
+        FailedScheduling event exists), stop it; pod name -> node (None: not bound)."""
+        from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
+
+        def where() -> dict[str, str | None]:
+            return {p["metadata"]["name"]: p["spec"].get("nodeName") for p in self.list_pods()}
+
+        def settled() -> bool:
+            placed = sum(1 for n in where().values() if n)
+            return placed == bound and (not failed or bool(self.events("FailedScheduling")))
+
+        sched = StandaloneScheduler(self.api, SchedulerConfig(scheduler_name=self.scheduler)).start()
+        try:
+            wait_until(
+                settled, timeout=timeout, what=f"{bound} pods bound" + (" and a FailedScheduling" * failed)
+            )
+        finally:
+            sched.stop()
+        return where()
+
+    def failure(self, name: str) -> str:
+        """The message of the one FailedScheduling event of pod ``name``."""
+        (event,) = [e for e in self.events("FailedScheduling") if e["involvedObject"]["name"] == name]
+        return str(event["message"])
 
     def create_pods(self, bodies: list[dict[str, Any]], threads: int = 8) -> None:
         with ThreadPoolExecutor(threads) as ex:
@@ -393,7 +432,6 @@ def test_invalid_and_unschedulable_pods_get_events(env: Env) -> None:
 
 
 def test_required_node_affinity_on_the_driver_version(env: Env) -> None:
-    from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
 
     driver = "nvidia.com/cuda.driver-version.major"
     old, new = f"{env.tag}-old", f"{env.tag}-new"
@@ -414,26 +452,14 @@ def test_required_node_affinity_on_the_driver_version(env: Env) -> None:
     # Two pods need a driver newer than 534, and only the 1-GPU node has one: the second must wait
     # although the old node has 8 free GPUs.
     env.create_pods([pod("new-1", "Gt", "534"), pod("new-2", "Gt", "534"), pod("legacy", "Lt", "500")])
-    sched = StandaloneScheduler(env.api, SchedulerConfig(scheduler_name=env.scheduler)).start()
-    try:
-
-        def settled() -> bool:
-            bound = [p for p in env.list_pods() if p["spec"].get("nodeName")]
-            return len(bound) == 2 and bool(env.events("FailedScheduling"))
-
-        wait_until(settled, timeout=60, what="two pods bound and one FailedScheduling")
-    finally:
-        sched.stop()
-    where = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in env.list_pods()}
+    where = env.schedule_until(2, failed=True)
     assert where["legacy"] == old
     assert {where["new-1"], where["new-2"]} == {new, None}
     (waiting,) = [n for n in ("new-1", "new-2") if where[n] is None]
-    (failed,) = [e for e in env.events("FailedScheduling") if e["involvedObject"]["name"] == waiting]
-    assert "didn't match Pod's node affinity/selector" in failed["message"]
+    assert "didn't match Pod's node affinity/selector" in env.failure(waiting)
 
 
 def test_pod_anti_affinity_and_topology_spread(env: Env) -> None:
-    from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
 
     zone = "topology.kubernetes.io/zone"
     names = [f"{env.tag}-{z}{i}" for z in "ab" for i in range(2)]
@@ -443,8 +469,7 @@ def test_pod_anti_affinity_and_topology_spread(env: Env) -> None:
     )
 
     def replica(name: str, group: str, spec: dict[str, Any]) -> dict[str, Any]:
-        body = env.pod(name, {"cpu": "1", "gpusched.io/gpu-milli": "250"})
-        body["metadata"]["labels"] = {"app": group}
+        body = env.pod(name, {"cpu": "1", "gpusched.io/gpu-milli": "250"}, labels={"app": group})
         body["spec"].update(spec)
         return body
 
@@ -466,28 +491,19 @@ def test_pod_anti_affinity_and_topology_spread(env: Env) -> None:
         [replica(f"web-{i}", "web", anti) for i in range(5)]
         + [replica(f"inf-{i}", "inf", spread) for i in range(6)]
     )
-    sched = StandaloneScheduler(env.api, SchedulerConfig(scheduler_name=env.scheduler)).start()
-    try:
-
-        def settled() -> bool:
-            bound = [p for p in env.list_pods() if p["spec"].get("nodeName")]
-            return len(bound) == 10 and bool(env.events("FailedScheduling"))
-
-        wait_until(settled, timeout=90, what="ten pods bound and one FailedScheduling")
-    finally:
-        sched.stop()
+    env.schedule_until(10, failed=True, timeout=90)
     pods = env.list_pods()
     web = [p["spec"].get("nodeName") for p in pods if p["metadata"]["labels"]["app"] == "web"]
     assert sorted(n for n in web if n) == sorted(names) and web.count(None) == 1  # one per node
     zones = Counter(p["spec"]["nodeName"][-2] for p in pods if p["metadata"]["labels"]["app"] == "inf")
     assert zones == {"a": 3, "b": 3}
     (waiting,) = [p["metadata"]["name"] for p in pods if not p["spec"].get("nodeName")]
-    (failed,) = [e for e in env.events("FailedScheduling") if e["involvedObject"]["name"] == waiting]
-    assert "4 node(s) didn't satisfy existing pods anti-affinity rules" in failed["message"]  # kube's order
+    assert "4 node(s) didn't satisfy existing pods anti-affinity rules" in env.failure(
+        waiting
+    )  # kube's order
 
 
 def test_preferred_anti_affinity_spreads_replicas_before_packing(env: Env) -> None:
-    from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
 
     names = [f"{env.tag}-n{i}" for i in range(3)]
     env.nodes(
@@ -501,23 +517,13 @@ def test_preferred_anti_affinity_spreads_replicas_before_packing(env: Env) -> No
     }
 
     def replica(i: int, spec: dict[str, Any]) -> dict[str, Any]:
-        body = env.pod(f"inf-{i}", {"cpu": "1", "gpusched.io/gpu-milli": "250"})
-        body["metadata"]["labels"] = {"app": "inf"}
+        body = env.pod(f"inf-{i}", {"cpu": "1", "gpusched.io/gpu-milli": "250"}, labels={"app": "inf"})
         body["spec"]["affinity"] = spec
         return body
 
     # four replicas that prefer apart: one per node, then the fourth still lands (soft)
     env.create_pods([replica(i, soft) for i in range(4)])
-    sched = StandaloneScheduler(env.api, SchedulerConfig(scheduler_name=env.scheduler)).start()
-    try:
-        wait_until(
-            lambda: sum(1 for p in env.list_pods() if p["spec"].get("nodeName")) == 4,
-            timeout=60,
-            what="four replicas bound",
-        )
-    finally:
-        sched.stop()
-    per_node = Counter(p["spec"]["nodeName"] for p in env.list_pods())
+    per_node = Counter(env.schedule_until(4).values())
     assert sorted(per_node.values()) == [1, 1, 2]  # packing alone would put all four on one GPU
 
 
@@ -548,7 +554,6 @@ def test_scheduling_gates_hold_a_pod_until_removed(env: Env) -> None:
 
 
 def test_extended_resources_are_counted(env: Env) -> None:
-    from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
 
     nic, plain = f"{env.tag}-nic", f"{env.tag}-plain"
     env.nodes(
@@ -557,21 +562,10 @@ def test_extended_resources_are_counted(env: Env) -> None:
     )
     res = {"cpu": "1", "nvidia.com/gpu": "1", "example.com/nic": "1"}
     env.create_pods([env.pod("nic-1", res), env.pod("nic-2", res)])
-    sched = StandaloneScheduler(env.api, SchedulerConfig(scheduler_name=env.scheduler)).start()
-    try:
-
-        def settled() -> bool:
-            bound = [p for p in env.list_pods() if p["spec"].get("nodeName")]
-            return len(bound) == 1 and bool(env.events("FailedScheduling"))
-
-        wait_until(settled, timeout=60, what="one pod bound and one FailedScheduling")
-    finally:
-        sched.stop()
-    where = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in env.list_pods()}
+    where = env.schedule_until(1, failed=True)
     assert {where["nic-1"], where["nic-2"]} == {nic, None}  # never onto the node without the NIC
     (waiting,) = [n for n in ("nic-1", "nic-2") if where[n] is None]
-    (failed,) = [e for e in env.events("FailedScheduling") if e["involvedObject"]["name"] == waiting]
-    assert "Insufficient example.com/nic" in failed["message"]
+    assert "Insufficient example.com/nic" in env.failure(waiting)
 
 
 def test_high_priority_pod_preempts_the_fewest_lower_priority_pods(env: Env) -> None:
