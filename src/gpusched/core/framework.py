@@ -123,8 +123,9 @@ class PostFilterPlugin(Protocol):
 @runtime_checkable
 class BindPlugin(Protocol):
     """Carries out a decision. Answers SKIP to leave the pod to the next bind plugin;
-    UNSCHEDULABLE_AND_UNRESOLVABLE when retrying cannot help (the pod is gone or already
-    bound); ERROR for a failure worth retrying."""
+    UNSCHEDULABLE_AND_UNRESOLVABLE when the pod is gone; UNSCHEDULABLE when the binding was
+    refused and nothing was carried out (decide again later); ERROR when the outcome is unknown
+    (it may have been carried out: the front end keeps the decision booked until it knows)."""
 
     name: str
 

@@ -35,6 +35,26 @@ def describe(e: Exception) -> str:
     return f"{type(e).__name__}: {e}"
 
 
+REQUEST_TIMEOUT_S = 30.0
+"""Client-side limit on one binding or read-back call: an apiserver that hangs must not hold a
+binding thread forever (the outcome then counts as unknown)."""
+
+
+def read_pod(core: client.CoreV1Api, namespace: str, name: str) -> dict[str, Any] | None:
+    """The pod as the API has it now (a quorum read), None when it does not exist (404);
+    raises on any other failure."""
+    try:
+        resp: Any = core.read_namespaced_pod(
+            name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S
+        )
+    except Exception as e:
+        if getattr(e, "status", None) == 404:
+            return None
+        raise
+    obj: dict[str, Any] = orjson.loads(resp.data)
+    return obj
+
+
 def bind_pod(
     core: client.CoreV1Api,
     namespace: str,
@@ -55,24 +75,31 @@ def bind_pod(
         patch: dict[str, Any] = {"metadata": {"annotations": {ANN_ASSIGNMENT: assignment}}}
         if uid:
             patch["metadata"]["uid"] = uid  # a strategic-merge precondition: fails if the UID differs
-        core.patch_namespaced_pod(name, namespace, patch, _preload_content=False)
+        core.patch_namespaced_pod(
+            name, namespace, patch, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S
+        )
     body: Any = {
         "apiVersion": "v1",
         "kind": "Binding",
         "metadata": meta,
         "target": {"apiVersion": "v1", "kind": "Node", "name": node},
     }
-    core.create_namespaced_binding(namespace, body, _preload_content=False)
+    core.create_namespaced_binding(
+        namespace, body, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S
+    )
 
 
 class APIBinder:
     """The Bind plugin of the Kubernetes front ends (kube-scheduler's DefaultBinder plus the
     device assignment): a ``pods/binding`` call that carries the assignment annotation.
 
-    Answers SUCCESS, UNSCHEDULABLE_AND_UNRESOLVABLE when the API says the pod is gone (404)
-    or already bound / recreated under another UID (409: retrying cannot help), and ERROR
-    with the API's status for anything worth retrying. ``in_binding``: the assignment
-    annotation travels in the Binding (one call) or is patched onto the pod first.
+    Answers SUCCESS; UNSCHEDULABLE_AND_UNRESOLVABLE when the API says the pod is gone (404);
+    UNSCHEDULABLE when the API answered with a refusal that wrote nothing (4xx but 404, 409,
+    429); ERROR when **the outcome is unknown**: no answer (connection lost, timeout), 5xx, 429,
+    or 409 (already bound, perhaps by an earlier attempt whose answer was lost; or recreated
+    under another UID). ``k8s/binding.py`` settles those by reading the pod back.
+    ``in_binding``: the assignment annotation travels in the Binding (one call) or is patched
+    onto the pod first.
     """
 
     name = "APIBinder"
@@ -88,7 +115,14 @@ class APIBinder:
                 assignment_annotation(node_name, gpus, pod), in_binding=self.in_binding,
             )  # fmt: skip
         except Exception as e:
-            final = getattr(e, "status", None) in (404, 409)
-            code = Code.UNSCHEDULABLE_AND_UNRESOLVABLE if final else Code.ERROR
-            return Status(code, (describe(e),), self.name)
+            return Status(outcome_code(getattr(e, "status", None)), (describe(e),), self.name)
         return Status.success()
+
+
+def outcome_code(http_status: object) -> Code:
+    """The bind plugin's code for a failed API call with ``http_status`` (None: no answer)."""
+    if http_status == 404:
+        return Code.UNSCHEDULABLE_AND_UNRESOLVABLE
+    if isinstance(http_status, int) and 400 <= http_status < 500 and http_status not in (409, 429):
+        return Code.UNSCHEDULABLE
+    return Code.ERROR

@@ -38,8 +38,8 @@ from gpusched.core.model import PodSpec
 from gpusched.core.policies import POLICIES, PolicyContext, make_profile
 from gpusched.core.scheduler import schedule_one
 from gpusched.core.statement import schedule_with_nominated
-from gpusched.core.status import Code
-from gpusched.k8s.binder import APIBinder, describe
+from gpusched.k8s.binder import APIBinder, describe, read_pod
+from gpusched.k8s.binding import Result, Settler, bind_until_settled
 from gpusched.k8s.convert import InvalidRequest, pod_from_k8s
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.informer import Reflector
@@ -78,6 +78,7 @@ class StandaloneScheduler:
         self.core = client.CoreV1Api(api)
         self._binder = APIBinder(self.core)
         self.cluster = LiveCluster()
+        self._settler = Settler(self.cluster, lambda ns, name: read_pod(self.core, ns, name))
         self.queue = SchedulingQueue(flush_s=cfg.flush_s)
         self.events = EventRecorder(self.core, cfg.scheduler_name, cfg.identity)
         self.metrics = metrics or SchedulerMetrics()
@@ -140,6 +141,7 @@ class StandaloneScheduler:
         if self._thread is not None:
             self._thread.join(timeout)
         self._pool.shutdown(wait=True, cancel_futures=False)
+        self._settler.stop()
         self.events.flush(timeout)
         self.events.stop()
 
@@ -252,19 +254,28 @@ class StandaloneScheduler:
         self._pool.submit(self._bind, profile, qp, pod, r.node_name, r.gpus)
 
     def _bind(self, profile: Profile, qp: QueuedPod, pod: PodSpec, node: str, gpus: tuple[int, ...]) -> None:
+        """Bind the booked decision until the API says what happened (``k8s/binding.py``): the
+        GPUs stay booked while the outcome is unknown, so nothing else is placed on them."""
         t0 = time.perf_counter()
-        st = run_bind(profile, pod, node, gpus)
-        if not st.ok:
-            self.bind_errors += 1
-            self.metrics.binding_duration.labels("error").observe(time.perf_counter() - t0)
-            self.cluster.forget(qp.key)
-            log.warning("binding %s to %s failed: %s", qp.key, node, st.message())
-            if st.code == Code.ERROR:  # worth retrying; a pod gone or already bound is left to the informer
-                self.queue.add_or_update(qp.obj, qp.key, backoff=True)
+        out = bind_until_settled(
+            lambda: run_bind(profile, pod, node, gpus),
+            pod,
+            self._settler,
+            keep_trying=lambda: self.leading.is_set() and not self._stop.is_set(),
+        )
+        if out.result is Result.BOUND and (out.status.ok or out.node == node):
+            self.scheduled += 1
+            self.metrics.binding_duration.labels("ok").observe(time.perf_counter() - t0)
+            self.events.scheduled(qp.obj, node)
             return
-        self.scheduled += 1
-        self.metrics.binding_duration.labels("ok").observe(time.perf_counter() - t0)
-        self.events.scheduled(qp.obj, node)
+        self.bind_errors += 1
+        self.metrics.binding_duration.labels("error").observe(time.perf_counter() - t0)
+        log.warning(
+            "binding %s to %s: %s after %d attempt(s): %s",
+            qp.key, node, out.result.value, out.attempts, out.status.message(),
+        )  # fmt: skip
+        if out.result is Result.REFUSED:  # nothing was written: decide again after backoff
+            self.queue.add_or_update(qp.obj, qp.key, backoff=True)
 
     # ------------------------------------------------------------ preemption
     def _may_preempt(self, key: str, snap: Any) -> bool:

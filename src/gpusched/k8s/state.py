@@ -12,6 +12,7 @@ millisecond), never across API calls.
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -37,6 +38,17 @@ def holds_resources(obj: Mapping[str, Any]) -> bool:
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     return bool(spec.get("nodeName")) and status.get("phase") not in TERMINAL
+
+
+class Verdict(enum.Enum):
+    """What the API says of a pod whose binding outcome was unknown (``LiveCluster.settle``)."""
+
+    BOUND = "bound"
+    """The API shows the pod bound; the books hold it where the API says."""
+    GONE = "gone"
+    """The pod no longer exists (or was recreated under another UID); its booking is released."""
+    PENDING = "pending"
+    """The API shows the pod unbound; the booking is still held."""
 
 
 class LiveCluster:
@@ -149,6 +161,34 @@ class LiveCluster:
             was_assumed = self._assumed.pop(key, None) is not None
             if was_assumed and st is not None and key not in self._bound and key in st.allocations:
                 st.forget(key)
+
+    def settle(self, key: str, uid: str, obj: Mapping[str, Any] | None) -> Verdict:
+        """Make the books agree with ``obj``, the pod ``key`` (UID ``uid``) as just read from
+        the API (None: it does not exist), after a binding whose outcome was unknown. Bound:
+        booked where the API says (as the informer would); gone or recreated: the decision's
+        booking is released; still pending: the booking is kept."""
+        meta = (obj or {}).get("metadata") or {}
+        if obj is None or (uid and meta.get("uid") and meta["uid"] != uid):
+            self.forget(key)
+            return Verdict.GONE
+        if (obj.get("spec") or {}).get("nodeName"):
+            self.upsert_pod(obj)
+            return Verdict.BOUND
+        if meta.get("deletionTimestamp") or (obj.get("status") or {}).get("phase") in TERMINAL:
+            self.forget(key)
+            return Verdict.GONE
+        return Verdict.PENDING
+
+    def assumed(self) -> list[str]:
+        """Keys of the decisions booked here and not yet seen bound by the informer."""
+        with self.lock:
+            return sorted(self._assumed)
+
+    def bound_node(self, key: str) -> str:
+        """The node the API shows ``key`` bound to ("" if not seen bound)."""
+        with self.lock:
+            held = self._bound.get(key)
+            return held[1] if held is not None else ""
 
     def is_bound_or_assumed(self, key: str) -> bool:
         with self.lock:
