@@ -60,7 +60,8 @@ def pod(
 
 
 class FakeBinder:
-    def __init__(self, fail: bool = False, delay: float = 0.0) -> None:
+    def __init__(self, fail: Status | None = None, delay: float = 0.0) -> None:
+        """``fail``: the answer to every bind (none: bind and record)."""
         self.calls: list[tuple[str, str, str, str, str]] = []
         self.fail, self.delay = fail, delay
         self.lock = threading.Lock()
@@ -71,8 +72,8 @@ class FakeBinder:
         """A Bind plugin that records what APIBinder would send: namespace, name, UID, node, annotation."""
         if self.delay:
             time.sleep(self.delay)
-        if self.fail:
-            return Status(Code.ERROR, ("409 Conflict",), self.name)
+        if self.fail is not None:
+            return self.fail
         with self.lock:
             ann = assignment_annotation(node, gpus, pod)
             self.calls.append((pod.namespace, pod.name, pod.uid, node, ann))
@@ -80,11 +81,11 @@ class FakeBinder:
 
 
 def make(nodes: list[dict[str, Any]], bound: list[dict[str, Any]] = (), policy: str = "bestfit",  # type: ignore[assignment]
-         binder: FakeBinder | None = None) -> Extender:  # fmt: skip
+         binder: FakeBinder | None = None, **kw: Any) -> Extender:  # fmt: skip
     live = LiveCluster()
     for n in nodes:
         live.upsert_node(n)
-    ext = Extender(live, build_profile(policy), binder=binder or FakeBinder())
+    ext = Extender(live, build_profile(policy), binder=binder or FakeBinder(), **kw)
     for p in bound:
         live.upsert_pod(p)
         ext.observe_pod(p, False)
@@ -219,13 +220,42 @@ def test_bind_picks_gpu_and_annotates(ext: Extender) -> None:
         assert snap.node_gpu_free(snap.index["n1"]) == [100, 1000]
 
 
-def test_bind_failure_forgets() -> None:
-    e = make([node("n1", gpus=1)], binder=FakeBinder(fail=True))
+BIND_ARGS = {"PodName": "p", "PodNamespace": "default", "PodUID": "uid-p", "Node": "n1"}
+
+
+@pytest.mark.parametrize(
+    ("answer", "api_pod", "error", "held"),
+    [
+        # the API refused and wrote nothing: released
+        (Status(Code.UNSCHEDULABLE, ("403 Forbidden",)), pod("p", gpus=1), "403 Forbidden", False),
+        # the pod is gone: released
+        (Status(Code.UNSCHEDULABLE_AND_UNRESOLVABLE, ("404 Not Found",)), None, "404", False),
+        # outcome unknown and the pod still pending: the GPU stays booked (the budget is 0: no retry)
+        (Status(Code.ERROR, ("ProtocolError",)), pod("p", gpus=1), "ProtocolError", True),
+        # 409: an earlier attempt committed; the API shows the pod bound here: bound, booked
+        (Status(Code.ERROR, ("409 Conflict",)), pod("p", gpus=1, node_name="n1"), "", True),
+        # 409 and the pod recreated under another UID: released
+        (Status(Code.ERROR, ("409 Conflict",)), pod("p", gpus=1, uid="other"), "409", False),
+    ],
+)
+def test_bind_failure_keeps_the_booking_until_the_api_settles_it(
+    answer: Status, api_pod: dict[str, Any] | None, error: str, held: bool
+) -> None:
+    e = make([node("n1", gpus=1)], binder=FakeBinder(fail=answer), bind_budget_s=0.0)
+    e.pod_getter = lambda ns, name: api_pod if api_pod is not None else _raise_404()
     e.filter({"Pod": pod("p", gpus=1), "NodeNames": ["n1"]})
-    r = e.bind({"PodName": "p", "PodNamespace": "default", "PodUID": "uid-p", "Node": "n1"})
-    assert "409 Conflict" in r["Error"]
+    r = e.bind(BIND_ARGS)
+    assert (error in r["Error"]) if error else r["Error"] == ""
     with e.cluster.snapshot() as snap:
-        assert not snap.allocations and snap.node_gpu_free(0) == [1000]
+        assert ("default/p" in snap.allocations) is held
+        assert snap.node_gpu_free(0) == ([0] if held else [1000])
+    assert e.settler.held() == (["default/p"] if held and error else [])
+
+
+def _raise_404() -> dict[str, Any]:
+    err = RuntimeError("not found")
+    err.status = 404  # type: ignore[attr-defined]
+    raise err
 
 
 def test_bind_errors(ext: Extender) -> None:

@@ -8,7 +8,9 @@
 - ``bind``: the node is kube-scheduler's decision; the GPUs on it are ours: the score plugin's
   device choice there, else ``core.devices.pick_gpus`` (best fit). Booked with
   ``LiveCluster.assume`` under its lock (so concurrent binds never double-book a GPU), then the
-  annotation + binding go through ``binder`` without the lock; a failed bind is forgotten.
+  annotation + binding go through ``binder`` without the lock; a booking is released only when
+  the API refused the binding or the pod is gone, never while the outcome is unknown
+  (``k8s/binding.py``).
 - ``preempt``: kube-scheduler's proposed victims are kept on the nodes where, once they are
   gone (in a copy of the books), the pod passes the filters; other nodes are dropped.
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -46,6 +49,7 @@ from gpusched.extender.protocol import (
     uid_of,
 )
 from gpusched.k8s.binder import describe
+from gpusched.k8s.binding import Result, Settler, bind_until_settled
 from gpusched.k8s.convert import InvalidRequest, pod_from_k8s
 from gpusched.k8s.state import LiveCluster, pod_key
 
@@ -70,8 +74,13 @@ class Extender:
         binder: BindPlugin | None = None,
         pod_getter: PodGetter | None = None,
         pod_cache: int = 16384,
+        bind_budget_s: float = 6.0,
     ) -> None:
         self.cluster = cluster
+        self.bind_budget_s = bind_budget_s
+        """How long ``/bind`` retries a binding whose outcome is unknown (kube-scheduler's
+        extender ``httpTimeout`` is 10 s in deploy/extender/scheduler-config.yaml)."""
+        self.settler = Settler(cluster, self._read_pod)
         self.profile = dataclasses.replace(profile, binds=(binder,)) if binder is not None else profile
         self.pod_getter = pod_getter
         self._plock = threading.Lock()
@@ -279,17 +288,40 @@ class Extender:
         return BindPlan(pod, uid, node, gpus)
 
     def complete(self, plan: BindPlan, error: str | None) -> dict[str, str]:
-        """After the API calls: forget the booking if they failed. → ExtenderBindingResult."""
+        """After the API calls (``call_binder`` has settled the booking) → ExtenderBindingResult."""
         if error is not None:
-            self.cluster.forget(plan.pod.key)
             return {"Error": f"binding {plan.pod.key} to {plan.node} failed: {error}"}
         return {"Error": ""}
 
     def call_binder(self, plan: BindPlan) -> str | None:
-        """Run the profile's bind plugins (blocking); the error text, or None on success."""
+        """Run the profile's bind plugins (blocking) until the API says what happened, for at
+        most ``bind_budget_s`` (``k8s/binding.py``): the error text, or None once the pod is
+        bound to ``plan.node`` (by this call, or by an earlier attempt whose answer was lost).
+        A booking whose outcome is still unknown stays held until the API settles it."""
         pod = dataclasses.replace(plan.pod, uid=plan.uid) if plan.uid else plan.pod
-        st = run_bind(self.profile, pod, plan.node, plan.gpus)
-        return None if st.ok else st.message()
+        deadline = time.monotonic() + self.bind_budget_s
+        out = bind_until_settled(
+            lambda: run_bind(self.profile, pod, plan.node, plan.gpus),
+            pod,
+            self.settler,
+            keep_trying=lambda: time.monotonic() < deadline,
+        )
+        if out.result is Result.BOUND and (out.status.ok or out.node == plan.node):
+            return None
+        if out.result is Result.BOUND:
+            return f"the API shows it bound to {out.node or 'another node'}"
+        return f"{out.status.message()} ({out.result.value} after {out.attempts} attempt(s))"
+
+    def _read_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The pod from the API for the settler: None when it does not exist."""
+        if self.pod_getter is None:
+            raise RuntimeError("no API getter is set to read pods back")
+        try:
+            return self.pod_getter(namespace, name)
+        except Exception as e:
+            if getattr(e, "status", None) == 404:
+                return None
+            raise
 
     def bind(self, args: Mapping[str, Any]) -> dict[str, str]:
         """ExtenderBindingArgs → ExtenderBindingResult, all in the calling thread."""
