@@ -231,3 +231,32 @@ class BindingOutcomes(RuleBasedStateMachine):
 
 TestBindingOutcomes = BindingOutcomes.TestCase
 TestBindingOutcomes.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
+
+
+def test_a_held_booking_is_released_only_after_the_grace_period_and_handed_back() -> None:
+    api, cluster, now = FakeAPI(), LiveCluster(), [0.0]
+    cluster.upsert_node(node_obj("n0"))
+    api.create("p", {"nvidia.com/gpu": "1"})
+    pod = pod_from_k8s(api.pods["default/p"])
+    released: list[str] = []
+    settler = Settler(
+        cluster, api.read, grace_s=GRACE_S, interval_s=0, clock=lambda: now[0],
+        on_released=lambda obj: released.append(pod_key(obj)),
+    )  # fmt: skip
+    with cluster.snapshot() as snap:
+        cluster.assume(pod, snap.index["n0"], (0,))
+    settler.hold(pod)
+    api.read_fails = True
+    now[0] = 2 * GRACE_S
+    settler.run_once()  # the API cannot say: kept, however long
+    assert cluster.assumed() == ["default/p"] and settler.held() == ["default/p"] and not released
+    api.read_fails, now[0] = False, 0.0
+    settler.hold(pod)
+    now[0] = GRACE_S - 1
+    settler.run_once()  # pending, but a late commit is still possible: kept
+    assert cluster.assumed() == ["default/p"] and not released
+    now[0] = GRACE_S
+    settler.run_once()
+    assert cluster.assumed() == [] and settler.held() == [] and released == ["default/p"]
+    with cluster.snapshot() as snap:
+        assert snap.node_gpu_free(0) == [1000, 1000]

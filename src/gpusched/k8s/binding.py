@@ -82,9 +82,13 @@ class Settler:
         grace_s: float = 60.0,
         interval_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        on_released: Callable[[Mapping[str, Any]], None] | None = None,
     ) -> None:
         self.cluster = cluster
         self.read_pod = read_pod
+        self.on_released = on_released
+        """Called with the pod (as last read) whose held booking was released after ``grace_s``:
+        it is still pending and needs a new decision (the standalone scheduler requeues it)."""
         self.grace_s = grace_s
         self.interval_s = interval_s
         self.clock = clock
@@ -96,12 +100,15 @@ class Settler:
     def settle(self, pod: PodSpec) -> Verdict | None:
         """Read ``pod`` back and make the books agree with the API; None if the API could not
         be asked (the booking stays)."""
+        return self._settle(pod)[0]
+
+    def _settle(self, pod: PodSpec) -> tuple[Verdict | None, Mapping[str, Any] | None]:
         try:
             obj = self.read_pod(pod.namespace, pod.name)
         except Exception as e:
             log.warning("cannot read back %s to settle its binding: %s", pod.key, e)
-            return None
-        return self.cluster.settle(pod.key, pod.uid, obj)
+            return None, None
+        return self.cluster.settle(pod.key, pod.uid, obj), obj
 
     def hold(self, pod: PodSpec) -> None:
         """Keep ``pod``'s booking until the API shows it bound or gone, or it has stayed pending
@@ -122,10 +129,12 @@ class Settler:
         with self._lock:
             items = list(self._held.items())
         for key, (pod, since) in items:
-            verdict = self.settle(pod)
-            if verdict is Verdict.PENDING and self.clock() - since >= self.grace_s:
+            verdict, obj = self._settle(pod)
+            if verdict is Verdict.PENDING and obj is not None and self.clock() - since >= self.grace_s:
                 self.cluster.forget(key)
                 log.info("released %s: unbound %.0f s after its last binding attempt", key, self.grace_s)
+                if self.on_released is not None:
+                    self.on_released(obj)
             elif verdict is Verdict.PENDING or verdict is None:
                 continue
             with self._lock:

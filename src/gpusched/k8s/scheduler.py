@@ -78,7 +78,11 @@ class StandaloneScheduler:
         self.core = client.CoreV1Api(api)
         self._binder = APIBinder(self.core)
         self.cluster = LiveCluster()
-        self._settler = Settler(self.cluster, lambda ns, name: read_pod(self.core, ns, name))
+        self._settler = Settler(
+            self.cluster,
+            lambda ns, name: read_pod(self.core, ns, name),
+            on_released=lambda obj: self.queue.add_or_update(obj, pod_key(obj), backoff=True),
+        )
         self.queue = SchedulingQueue(flush_s=cfg.flush_s)
         self.events = EventRecorder(self.core, cfg.scheduler_name, cfg.identity)
         self.metrics = metrics or SchedulerMetrics()
