@@ -124,8 +124,12 @@ class StandaloneScheduler:
         return True
 
     def start_leading(self) -> None:
-        """Rebuild the books from the API, then decide."""
-        self.wait_synced()
+        """Rebuild the books from the API, then decide: never before the informers have
+        listed every node and pod (empty books would give away GPUs that are taken)."""
+        while not self.wait_synced(30.0):
+            if self._stop.is_set():
+                return
+            log.warning("leading, but the informers have not synced yet: waiting to decide")
         self.cluster.rebuild()
         self.queue.move_all_to_active()
         self._profile = None
