@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -66,8 +67,37 @@ def test_whole_gpus_and_shares() -> None:
     assert (p.num_gpu, p.gpu_milli) == (1, 300) and p.is_share
     p = pod_from_k8s(pod("m", {"gpusched.io/gpu-memory": "4096"}))
     assert (p.num_gpu, p.gpu_milli, p.gpu_memory_mib) == (1, 0, 4096)
-    p = pod_from_k8s(pod("wm", {"nvidia.com/gpu": "2", "gpusched.io/gpu-memory": "8192"}))
-    assert (p.num_gpu, p.gpu_memory_mib) == (2, 8192)
+    p = pod_from_k8s(pod("ms", {"gpusched.io/gpu-milli": "300", "gpusched.io/gpu-memory": "4096"}))
+    assert (p.num_gpu, p.gpu_milli, p.gpu_memory_mib) == (1, 300, 4096) and p.is_share
+
+
+@pytest.mark.parametrize("num", [1, 2, 8])
+def test_whole_gpus_with_a_memory_figure_are_whole_gpus(num: int) -> None:
+    """nvidia.com/gpu: N + gpu-memory is N whole GPUs of at least that much memory (NVIDIA's device
+    plugin hands out whole devices): 1000 milli each, never a share by memory."""
+    p = pod_from_k8s(pod("wm", {"nvidia.com/gpu": str(num), "gpusched.io/gpu-memory": "10000"}))
+    assert (p.num_gpu, p.gpu_milli, p.gpu_memory_mib) == (num, 1000, 10000)
+    assert p.is_whole and not p.is_share and p.gpu_demand_milli == 1000 * num
+    assert p.gpu_memory_booked(15360) == 15360  # books the whole GPU's memory, not 10000
+    # with gpu-milli 1000 it says the same; limits stand in for requests as for every resource
+    both = pod(
+        "wmm",
+        {"nvidia.com/gpu": str(num), "gpusched.io/gpu-milli": "1000", "gpusched.io/gpu-memory": "10000"},
+    )
+    assert pod_from_k8s(both).shape() == replace(p, name="wmm").shape()
+    obj = pod("l")
+    obj["spec"]["containers"][0]["resources"] = {
+        "limits": {"nvidia.com/gpu": "1", "gpusched.io/gpu-memory": "10000"}
+    }
+    assert (pod_from_k8s(obj).num_gpu, pod_from_k8s(obj).gpu_milli) == (1, 1000)
+
+
+def test_assignment_of_a_whole_gpu_with_memory_says_1000_milli() -> None:
+    core = pod_from_k8s(pod("wm", {"nvidia.com/gpu": "1", "gpusched.io/gpu-memory": "10000"}))
+    raw = assignment_annotation("n1", (0,), core)
+    assert json.loads(raw) == {"node": "n1", "gpus": [0], "milli": 1000, "memoryMiB": 10000}
+    obj = pod("wm", {"nvidia.com/gpu": "1", "gpusched.io/gpu-memory": "10000"}, ann={ANN_ASSIGNMENT: raw})
+    assert parse_assignment(obj) == ("n1", (0,))
 
 
 def test_limits_stand_in_for_requests() -> None:
@@ -94,12 +124,48 @@ def test_models_annotation() -> None:
         ({"nvidia.com/gpu": "1.5"}, r"pod default/x containers\[0\] nvidia.com/gpu|must be a whole number"),
         ({"cpu": "lots"}, r"pod default/x containers\[0\] cpu: 'lots' is not a Kubernetes quantity"),
         ({"nvidia.com/gpu": "2", "gpusched.io/gpu-milli": "500"}, r"pod default/x: a GPU share .* needs"),
+        (
+            {"nvidia.com/gpu": "1", "gpusched.io/gpu-milli": "300"},
+            r"pod default/x: a GPU share \(gpusched.io/gpu-milli 300\) needs no nvidia.com/gpu: "
+            r"nvidia.com/gpu 1 is 1 whole GPU",
+        ),
+        ({"gpusched.io/gpu-milli": "0"}, r"pod default/x: gpusched.io/gpu-milli must be 1–1000, got 0"),
+        (
+            {"gpusched.io/gpu-milli": "0", "gpusched.io/gpu-memory": "4096"},
+            r"pod default/x: gpusched.io/gpu-milli must be 1–1000, got 0",
+        ),
+        (
+            {"nvidia.com/gpu": "1", "gpusched.io/gpu-milli": "0"},
+            r"pod default/x: gpusched.io/gpu-milli must be 1–1000, got 0",
+        ),
+        (
+            {"gpusched.io/gpu-memory": "0"},
+            r"pod default/x: gpusched.io/gpu-memory must be at least 1 \(MiB\), got 0",
+        ),
         ({"nvidia.com/gpu": "-1"}, r"pod default/x containers\[0\] nvidia.com/gpu: '-1' is negative"),
     ],
 )
 def test_invalid_requests_name_pod_and_field(res: dict[str, str], match: str) -> None:
     with pytest.raises(InvalidRequest, match=match):
         pod_from_k8s(pod("x", res))
+
+
+def test_running_pods_are_booked_as_the_kubelet_admitted_them() -> None:
+    """What the scheduler refuses to place, it still books in full once the API shows it bound
+    (an older gpusched placed it, or another scheduler): never less than the kubelet hands out."""
+    running = {"metadata": {"name": "r", "namespace": "default"}, "spec": {"nodeName": "n1"}}
+
+    def bound(res: dict[str, str]) -> PodSpec:
+        obj = json.loads(json.dumps(running))
+        obj["spec"]["containers"] = [{"name": "c", "resources": {"requests": res}}]
+        return pod_from_k8s(obj, constraints="lenient")
+
+    p = bound({"nvidia.com/gpu": "1", "gpusched.io/gpu-milli": "300"})
+    assert (p.num_gpu, p.gpu_milli) == (1, 1000)  # the kubelet gave it a whole GPU
+    p = bound({"cpu": "1", "gpusched.io/gpu-milli": "0"})
+    assert (p.num_gpu, p.gpu_milli, p.cpu_milli) == (0, 0, 1000)
+    p = bound({"nvidia.com/gpu": "1", "gpusched.io/gpu-memory": "10000"})
+    assert (p.num_gpu, p.gpu_milli, p.gpu_memory_mib) == (1, 1000, 10000)
 
 
 def test_init_containers_and_overhead() -> None:

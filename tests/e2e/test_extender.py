@@ -287,3 +287,72 @@ def test_malformed_requests_get_clean_answers(env: Env) -> None:
     status, text = env.get("/metrics")
     assert status == 200 and 'gpusched_extender_request_duration_seconds_count{verb="filter"}' in text
     assert "Traceback" not in env.log.read_text()
+
+
+def test_whole_gpu_with_a_memory_figure_never_shares_a_gpu_through_the_extender(
+    env: Env, unique_name: Callable[[str], str]
+) -> None:
+    """Issue 9 in extender mode: kube-scheduler counts nvidia.com/gpu, so on the node holding a 600-milli
+    share (0 of 1 nvidia.com/gpu requested) only the extender can keep ``nvidia.com/gpu: 1`` +
+    ``gpusched.io/gpu-memory`` off the shared GPU. One such pod takes the other node's GPU whole; the
+    second waits, refused by the extender on the share's node ("Insufficient GPU")."""
+    core = env.core
+    group = unique_name("g")
+    nodes = [unique_name("gpu1") for _ in range(2)]
+    for n in nodes:
+        body = gpu_node(n)
+        body["status"]["allocatable"] = body["status"]["capacity"] = {
+            **body["status"]["capacity"],
+            "nvidia.com/gpu": "1",
+        }
+        body["metadata"]["labels"]["gpusched.io/e2e-group"] = group
+        core.create_node(body)
+    wait_until(
+        lambda: json.loads(env.get("/state")[1])["nodes"] >= 2,
+        timeout=60,
+        what="the extender to see the nodes",
+    )
+
+    def pod(name: str, res: dict[str, str]) -> dict[str, Any]:
+        res = {"cpu": "100m", "memory": "128Mi", **res}
+        container = {"name": "main", "image": "registry.k8s.io/pause:3.10",
+                     "resources": {"requests": res, "limits": res}}  # fmt: skip
+        spec = {"schedulerName": "gpusched", "terminationGracePeriodSeconds": 0,
+                "nodeSelector": {"gpusched.io/e2e-group": group}, "containers": [container]}  # fmt: skip
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+    def node_of(name: str) -> str | None:
+        node: str | None = core.read_namespaced_pod(name, NAMESPACE).spec.node_name
+        return node
+
+    share = unique_name("share")
+    core.create_namespaced_pod(NAMESPACE, pod(share, {"gpusched.io/gpu-milli": "600"}))
+    share_node = wait_until(lambda: node_of(share), timeout=90, what=f"{share} bound", control_plane=env.cp)
+    whole = [unique_name("whole") for _ in range(2)]
+    for p in whole:
+        core.create_namespaced_pod(
+            NAMESPACE, pod(p, {"nvidia.com/gpu": "1", "gpusched.io/gpu-memory": "10000"})
+        )
+
+    def refused(name: str) -> str | None:
+        events = core.list_namespaced_event(NAMESPACE, field_selector=f"involvedObject.name={name}").items
+        return next((e.message for e in events if e.reason == "FailedScheduling" and e.message), None)
+
+    def settled() -> tuple[str, str, str] | None:
+        placed = [p for p in whole if node_of(p)]
+        waiting = [p for p in whole if not node_of(p) and refused(p)]
+        if len(placed) == 1 and len(waiting) == 1:
+            return placed[0], waiting[0], str(refused(waiting[0]))
+        assert len(placed) < 2, f"both whole-GPU pods bound: {[node_of(p) for p in whole]}"
+        return None
+
+    placed, waiting, msg = wait_until(settled, timeout=120, what="one whole-GPU pod bound, one refused")
+    assert node_of(placed) in nodes and node_of(placed) != share_node and node_of(waiting) is None
+    assert "Insufficient GPU" in msg, msg  # the extender's reason for the share's node
+    ann = json.loads(core.read_namespaced_pod(placed, NAMESPACE).metadata.annotations[ANN_ASSIGNMENT])
+    assert ann == {"node": node_of(placed), "gpus": [0], "milli": 1000, "memoryMiB": 10000}
+    assert node_of(share) == share_node
+    for p in [share, *whole]:
+        core.delete_namespaced_pod(p, NAMESPACE, grace_period_seconds=0)
+    for n in nodes:
+        core.delete_node(n)

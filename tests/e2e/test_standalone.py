@@ -622,3 +622,32 @@ def test_high_priority_pod_preempts_the_fewest_lower_priority_pods(env: Env) -> 
     assert ev["message"] == f"Preempted by {env.ns}/urgent on node {env.tag}-n0"
     live = [p for p in pods.values() if not p["metadata"].get("deletionTimestamp")]
     assert check_no_overcommit(env.list_nodes(), live) == 1000 + 500 + 400
+
+
+def test_whole_gpu_with_a_memory_figure_never_shares_a_gpu(env: Env) -> None:
+    """Issue 9: ``nvidia.com/gpu: 1`` + ``gpusched.io/gpu-memory`` is one whole GPU of at least that much
+    memory, not a share by memory. With a 600-milli share on one 1-GPU node, the first such pod takes the
+    other node's GPU whole and the second waits: nothing joins the share, and no node is asked for more
+    nvidia.com/gpu than it has (a real kubelet refuses that at admission)."""
+    env.nodes([(f"{env.tag}-n{i}", 16000, 65536, 1, "T4") for i in range(2)])  # 15360 MiB each
+    env.create_pods([env.pod("share", {"cpu": "1", "gpusched.io/gpu-milli": "600"})])
+    share_node = env.schedule_until(1)["share"]
+    assert share_node is not None
+    whole = {"cpu": "1", "nvidia.com/gpu": "1", "gpusched.io/gpu-memory": "10000"}
+    env.create_pods([env.pod(f"whole-{i}", whole) for i in range(2)], threads=1)
+    where = env.schedule_until(2, failed=True)  # a fresh scheduler: it rebuilds its books from the API
+    (placed,) = [n for n in ("whole-0", "whole-1") if where[n]]
+    (waiting,) = [n for n in ("whole-0", "whole-1") if not where[n]]
+    assert where[placed] not in (None, share_node)
+    assert "Insufficient GPU" in env.failure(waiting)
+    pods = {p["metadata"]["name"]: p for p in env.list_pods()}
+    assignment = json.loads(pods[placed]["metadata"]["annotations"][ANN_ASSIGNMENT])
+    assert assignment == {"node": where[placed], "gpus": [0], "milli": 1000, "memoryMiB": 10000}
+    asked: Counter[str] = Counter()
+    for p in pods.values():
+        if p["spec"].get("nodeName"):
+            asked[p["spec"]["nodeName"]] += int(
+                p["spec"]["containers"][0]["resources"]["limits"].get("nvidia.com/gpu", 0)
+            )
+    assert all(n <= 1 for n in asked.values()), asked
+    assert check_no_overcommit(env.list_nodes(), list(pods.values())) == 600 + 1000

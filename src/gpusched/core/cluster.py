@@ -6,6 +6,9 @@ resource is an integer numpy array so that filters and scores run over all nodes
 - ``cpu_free[n]``, ``mem_free[n]``: milli-CPU and MiB left on node ``n``.
 - ``gpu_free[n, i]``: milli-GPU left on GPU ``i`` of node ``n`` (0..1000); padding GPUs of
   nodes with fewer than ``max_gpus`` GPUs hold 0 and ``gpu_mem_free`` 0, so they never fit.
+  A whole-GPU pod books 1000 milli and all of the GPU's memory (``gpu_mem_free`` 0), so no
+  share, by milli or by memory, joins it; it takes only a GPU with all its milli and memory
+  free (``gpu_room``).
 - ``gen[n]``: a generation counter bumped on every change of node ``n``. Score caches keyed
   by pod shape recompute only nodes whose generation moved (an equivalence-class cache).
 - ``pod_free``, ``ext_free``: pods and extended resources left; ``by_label`` and
@@ -112,6 +115,9 @@ class ClusterState:
         self.score_cache = ScoreCache(score_cache_capacity)
         """Per-snapshot caches of plugins (label masks, scores by pod shape); a copy starts empty."""
         self.total_gpu_milli = int(self.gpu_cap.sum())
+        self.memory_shares = 0
+        """Booked pods with GPUs but no milli (shares by memory alone): only they leave a GPU
+        with all its milli free and some memory taken, which a whole GPU must then avoid."""
 
     # ----------------------------------------------------------------- views
     def __len__(self) -> int:
@@ -172,6 +178,19 @@ class ClusterState:
     def node_gpu_free(self, node: int) -> list[int]:
         return [int(v) for v in self.gpu_free[node, : int(self.gpu_count[node])]]
 
+    def gpu_room(self, pod: PodSpec, nodes: I64 | slice) -> BoolArr:
+        """(k, G): GPU j of each of ``nodes`` can take one of ``pod``'s GPUs now. A share needs
+        its milli and memory free there; a whole GPU needs the GPU entirely free (1000 milli and
+        all its memory: nothing, not even a share by memory alone, on it) and at least
+        ``gpu_memory_mib`` of memory. Padding GPUs never qualify for a pod that asks for GPU memory
+        or milli (they have neither)."""
+        ok: BoolArr = self.gpu_free[nodes] >= pod.gpu_milli
+        if pod.gpu_memory_mib:
+            ok &= self.gpu_mem_free[nodes] >= pod.gpu_memory_mib
+        if self.memory_shares and pod.gpu_milli >= GPU_MILLI:
+            ok &= self.gpu_mem_free[nodes] >= self.gpu_mem_cap[nodes]
+        return ok
+
     def allocated_gpu_milli(self) -> int:
         return self.total_gpu_milli - int(self.gpu_free.sum())
 
@@ -216,6 +235,9 @@ class ClusterState:
                 return f"node {name} GPU {g}: {self.gpu_free[node, g]} milli free < {pod.gpu_milli}"
             if self.gpu_mem_free[node, g] < pod.gpu_memory_mib:
                 return f"node {name} GPU {g}: {self.gpu_mem_free[node, g]} MiB free < {pod.gpu_memory_mib}"
+            held = int(self.gpu_mem_cap[node, g] - self.gpu_mem_free[node, g])
+            if pod.is_whole and held > 0:
+                return f"node {name} GPU {g}: a share holds {held} MiB of it; pod {pod.key} takes it whole"
         return None
 
     def assume(self, pod: PodSpec, node: int, gpus: Sequence[int], *, check: bool = True) -> Allocation:
@@ -271,7 +293,10 @@ class ClusterState:
             if amount and i is not None:
                 self.ext_free[n, i] += sign * amount
         if a.gpus:  # scalar updates: a fancy-indexed update costs several times more for 1-8 GPUs
-            milli, mem = sign * p.gpu_milli, sign * p.gpu_memory_mib
+            milli = sign * p.gpu_milli
+            mem = sign * p.gpu_memory_booked(self.nodes[n].gpu_memory_mib)
+            if not p.gpu_milli:
+                self.memory_shares -= sign
             free, mem_free = self.gpu_free[n], self.gpu_mem_free[n]
             for g in a.gpus:
                 free[g] += milli
@@ -309,10 +334,14 @@ class ClusterState:
                 i = self.ext_index.get(res)
                 if amount and i is not None:
                     ext[a.node, i] -= amount
+            mem_booked = a.pod.gpu_memory_booked(self.nodes[a.node].gpu_memory_mib)
             for g in a.gpus:
                 gpu[a.node, g] -= a.pod.gpu_milli
-                gmem[a.node, g] -= a.pod.gpu_memory_mib
+                gmem[a.node, g] -= mem_booked
         errs = []
+        shares = sum(1 for a in self.allocations.values() if a.gpus and not a.pod.gpu_milli)
+        if shares != self.memory_shares:
+            errs.append(f"{self.memory_shares} shares by memory alone counted, {shares} booked")
         for name, want, have in (
             ("cpu", cpu, self.cpu_free),
             ("memory", mem, self.mem_free),

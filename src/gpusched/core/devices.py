@@ -9,8 +9,9 @@ from gpusched.core.model import PodSpec
 
 
 def fitting_gpus(snap: ClusterState, pod: PodSpec, node: int) -> BoolArr:
-    """GPUs of ``node`` with room for one unit of ``pod``'s per-GPU request."""
-    ok: BoolArr = (snap.gpu_free[node] >= pod.gpu_milli) & (snap.gpu_mem_free[node] >= pod.gpu_memory_mib)
+    """GPUs of ``node`` with room for one unit of ``pod``'s per-GPU request (``gpu_room``: a
+    whole GPU only where the GPU is entirely free and has at least ``gpu_memory_mib``)."""
+    ok: BoolArr = snap.gpu_room(pod, slice(node, node + 1))[0]
     ok &= snap.gpu_exists[node]
     return ok
 

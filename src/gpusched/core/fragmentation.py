@@ -169,10 +169,8 @@ def frag_after_whole(
 
 
 def share_candidates(snap: ClusterState, pod: PodSpec, nodes: I64) -> BoolArr:
-    """(k, G): GPU j of node k can take one unit of ``pod``."""
-    ok: BoolArr = (snap.gpu_free[nodes] >= pod.gpu_milli) & snap.gpu_exists[nodes]
-    if pod.gpu_memory_mib:
-        ok &= snap.gpu_mem_free[nodes] >= pod.gpu_memory_mib
+    """(k, G): GPU j of node k can take one unit of ``pod`` (``ClusterState.gpu_room``)."""
+    ok: BoolArr = snap.gpu_room(pod, nodes) & snap.gpu_exists[nodes]
     return ok
 
 

@@ -1,8 +1,15 @@
 """Specs of nodes and pods in integer units: milli-CPU, MiB, milli-GPU. Never floats.
 
 A GPU is 1000 milli-GPU. A pod asks for ``num_gpu`` GPUs with ``gpu_milli`` of each
-(``gpu_milli < 1000`` is a share of one GPU) and optionally ``gpu_memory_mib`` of each
-GPU's memory. Node placement constraints follow Kubernetes: a node selector, required node
+and optionally ``gpu_memory_mib`` MiB of GPU memory:
+
+- whole GPUs (``gpu_milli == 1000``) are booked whole, 1000 milli and all of each GPU's memory,
+  so nothing else shares them; ``gpu_memory_mib`` only says which GPUs qualify (at least that
+  much memory), as with ``nvidia.com/gpu: N`` and a memory figure in Kubernetes;
+- a share (``gpu_milli < 1000``, one GPU) books ``gpu_milli`` and ``gpu_memory_mib`` of its GPU;
+  ``gpu_milli == 0`` is a share by memory alone (the front ends make it with ``num_gpu`` 1).
+
+Node placement constraints follow Kubernetes: a node selector, required node
 affinity (selector terms with In/NotIn/Exists/DoesNotExist/Gt/Lt, e.g. on the GPU driver
 version labels), taints and tolerations. Room is left for what later front ends bring
 (priority, gang groups, queues); the core treats them as plain data.
@@ -115,8 +122,8 @@ class PodSpec:
     cpu_milli: int = 0
     memory_mib: int = 0
     num_gpu: int = 0
-    gpu_milli: int = 0  # per GPU; GPU_MILLI for whole GPUs
-    gpu_memory_mib: int = 0  # per GPU; 0 = no GPU-memory constraint
+    gpu_milli: int = 0  # per GPU; GPU_MILLI for whole GPUs, 0 for a share by memory alone
+    gpu_memory_mib: int = 0  # per GPU: booked by a share, the minimum GPU memory of whole GPUs; 0 = none
     gpu_models: frozenset[str] = frozenset()  # empty = any model
     namespace: str = "default"
     priority: int = 0
@@ -190,6 +197,16 @@ class PodSpec:
     @property
     def is_share(self) -> bool:
         return self.num_gpu == 1 and self.gpu_milli < GPU_MILLI
+
+    @property
+    def is_whole(self) -> bool:
+        """Whole GPUs: each booked whole (1000 milli and all its memory), shared with nothing."""
+        return self.num_gpu > 0 and self.gpu_milli >= GPU_MILLI
+
+    def gpu_memory_booked(self, gpu_memory_mib: int) -> int:
+        """MiB booked on each of this pod's GPUs when one GPU has ``gpu_memory_mib``: all of it
+        for whole GPUs (``self.gpu_memory_mib`` only selected the GPU), else the pod's figure."""
+        return gpu_memory_mib if self.is_whole else self.gpu_memory_mib
 
     @property
     def gpu_demand_milli(self) -> int:

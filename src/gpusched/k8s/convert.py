@@ -2,10 +2,16 @@
 
 How a pod asks for GPUs (documented in README, "Requesting GPUs"):
 
-- ``nvidia.com/gpu: N`` in a container's limits — N whole GPUs.
-- ``gpusched.io/gpu-milli: M`` (1–1000) — M milli-GPU of one GPU (a share; M = 1000 is one whole GPU).
-- ``gpusched.io/gpu-memory: MiB`` — that much memory of each GPU (a share by memory; with
-  ``nvidia.com/gpu: N`` it applies to each of the N GPUs; alone it means one GPU).
+- ``nvidia.com/gpu: N`` in a container's limits — N whole GPUs, booked whole (1000 milli and all
+  their memory: the kubelet hands the pod whole devices, so nothing shares them). With
+  ``gpusched.io/gpu-memory`` it is N whole GPUs of at least that much memory each, as with
+  NVIDIA's device plugin; with ``gpusched.io/gpu-milli`` it must be 1000 (a share is refused).
+- ``gpusched.io/gpu-milli: M`` (1–1000) without ``nvidia.com/gpu`` — M milli-GPU of one GPU (a
+  share; M = 1000 is one whole GPU); with ``gpusched.io/gpu-memory`` also that much of its memory.
+- ``gpusched.io/gpu-memory: MiB`` alone — a share of one GPU by memory: that much of its memory
+  and no milli, beside other shares but never on a GPU a whole-GPU pod holds.
+- A 0 for ``gpusched.io/gpu-milli`` or ``gpusched.io/gpu-memory`` is refused (it would ask for
+  no GPU at all); a running pod is booked as the kubelet admitted it whatever its request says.
 - annotation ``gpusched.io/gpu-models: "A100-SXM4-80GB|H100-80GB-HBM3"`` — allowed GPU models
   (the node label ``nvidia.com/gpu.product``).
 - other resources in the requests — device plugins' extended resources (``rdma/hca``, MIG slices
@@ -146,6 +152,35 @@ def parse_models(text: str, where: str) -> frozenset[str]:
     return models
 
 
+def _gpu_request(req: Mapping[str, Decimal], key: str, *, running: bool) -> tuple[int, int, int]:
+    """(num_gpu, gpu_milli, gpu_memory_mib) of the core model. Never less than the kubelet hands
+    out: ``nvidia.com/gpu: N`` is N whole GPUs (1000 milli each; a memory figure only picks GPUs
+    with at least that much). A ``running`` pod's conflicting request is booked as the kubelet
+    admitted it instead of refused: whole GPUs for ``nvidia.com/gpu``, nothing for a 0."""
+    num = _count(req[RES_GPU], f"pod {key} {RES_GPU}") if RES_GPU in req else 0
+    milli = _count(req[RES_MILLI], f"pod {key} {RES_MILLI}") if RES_MILLI in req else 0
+    gmem = _count(req[RES_MEMORY], f"pod {key} {RES_MEMORY}") if RES_MEMORY in req else 0
+    if milli > GPU_MILLI:
+        raise InvalidRequest(
+            f"pod {key}: {RES_MILLI} {milli} is more than one GPU ({GPU_MILLI}); use {RES_GPU}"
+        )
+    if not running:
+        if RES_MILLI in req and milli == 0:
+            raise InvalidRequest(f"pod {key}: {RES_MILLI} must be 1–{GPU_MILLI}, got 0")
+        if RES_MEMORY in req and gmem == 0:
+            raise InvalidRequest(f"pod {key}: {RES_MEMORY} must be at least 1 (MiB), got 0")
+        if num and 0 < milli < GPU_MILLI:
+            raise InvalidRequest(
+                f"pod {key}: a GPU share ({RES_MILLI} {milli}) needs no {RES_GPU}: {RES_GPU} {num} "
+                f"is {num} whole GPU(s), which the kubelet hands out whole; drop one of the two"
+            )
+    if num:
+        return num, GPU_MILLI, gmem  # whole GPUs; gmem: the least memory a GPU must have
+    if milli or gmem:
+        return 1, milli, gmem  # a share of one GPU, by milli, by memory (milli 0) or both
+    return 0, 0, 0
+
+
 def pod_from_k8s(pod: Mapping[str, Any], *, constraints: str = "enforce") -> PodSpec:
     """The core's view of a pod. Raises InvalidRequest (naming pod and field) for a request
     that cannot be scheduled as written.
@@ -162,19 +197,7 @@ def pod_from_k8s(pod: Mapping[str, Any], *, constraints: str = "enforce") -> Pod
     req = pod_requests(pod)
     cpu = req.get("cpu", Decimal(0))
     mem = req.get("memory", Decimal(0))
-    num = _count(req[RES_GPU], f"pod {key} {RES_GPU}") if RES_GPU in req else 0
-    milli = _count(req[RES_MILLI], f"pod {key} {RES_MILLI}") if RES_MILLI in req else 0
-    gmem = _count(req[RES_MEMORY], f"pod {key} {RES_MEMORY}") if RES_MEMORY in req else 0
-    if milli > GPU_MILLI:
-        raise InvalidRequest(
-            f"pod {key}: {RES_MILLI} {milli} is more than one GPU ({GPU_MILLI}); use {RES_GPU}"
-        )
-    if (milli or gmem) and num == 0:
-        num = 1
-    if num and not milli:
-        milli = 0 if gmem else GPU_MILLI
-    if num > 1 and 0 < milli < GPU_MILLI:
-        raise InvalidRequest(f"pod {key}: a GPU share ({RES_MILLI} {milli}) needs {RES_GPU} 1, got {num}")
+    num, milli, gmem = _gpu_request(req, key, running=constraints == "lenient")
     extended = {n: _amount(n, q, f"pod {key} {n}", request=True) for n, q in req.items() if is_extended(n)}
     ann = meta.get("annotations") or {}
     models = parse_models(ann.get(ANN_MODELS, ""), f"pod {key} annotation {ANN_MODELS}")
@@ -288,6 +311,8 @@ def node_from_k8s(node: Mapping[str, Any]) -> NodeSpec:
 
 
 def assignment_annotation(node: str, gpus: tuple[int, ...], pod: PodSpec) -> str:
+    """``milli`` is 1000 for whole GPUs (the pod holds them whole; ``memoryMiB`` is then the
+    least memory it asked of each), else the share's milli and memory."""
     return json.dumps(
         {"node": node, "gpus": list(gpus), "milli": pod.gpu_milli, "memoryMiB": pod.gpu_memory_mib},
         separators=(",", ":"),

@@ -1,4 +1,7 @@
-"""GPUFit: GPU count, share, GPU memory and GPU model constraints (Filter)."""
+"""GPUFit: GPU count, share, GPU memory and GPU model constraints (Filter).
+
+Whole GPUs take only GPUs with nothing on them and at least the pod's ``gpu_memory_mib``;
+shares take a GPU with their milli and memory free (``ClusterState.gpu_room``)."""
 
 from __future__ import annotations
 
@@ -27,10 +30,7 @@ class GPUFit:
         if pod.num_gpu == 0:
             return snap.everywhere if nodes is None else snap.everywhere[nodes]
         sel = slice(None) if nodes is None else nodes
-        ok = snap.gpu_free[sel] >= pod.gpu_milli
-        if pod.gpu_memory_mib:
-            ok &= snap.gpu_mem_free[sel] >= pod.gpu_memory_mib
-        mask: BoolArr = np.count_nonzero(ok, axis=1) >= pod.num_gpu
+        mask: BoolArr = np.count_nonzero(snap.gpu_room(pod, sel), axis=1) >= pod.num_gpu
         if pod.gpu_models:
             mask &= model_mask(snap, pod.gpu_models)[sel]
         return mask
@@ -44,9 +44,8 @@ class GPUFit:
             return "Insufficient GPU count", unres
         if pod.gpu_memory_mib and nd.gpu_memory_mib < pod.gpu_memory_mib:
             return "Insufficient GPU memory", unres
-        g = snap.gpu_free[node]
-        if np.count_nonzero(g >= pod.gpu_milli) < pod.num_gpu:
-            return (
-                "Insufficient GPU" if pod.gpu_milli >= 1000 else "Insufficient GPU share"
-            ), Code.UNSCHEDULABLE
+        if pod.is_whole:  # too few GPUs with nothing on them (no share by milli or by memory)
+            return "Insufficient GPU", Code.UNSCHEDULABLE
+        if np.count_nonzero(snap.gpu_free[node] >= pod.gpu_milli) < pod.num_gpu:
+            return "Insufficient GPU share", Code.UNSCHEDULABLE
         return "Insufficient GPU memory", Code.UNSCHEDULABLE
