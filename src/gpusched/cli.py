@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from gpusched.agent.cli import agent_app
 from gpusched.core.model import InvalidSpec
 from gpusched.core.policies import POLICIES
 from gpusched.sim.traces import TraceError
@@ -442,6 +443,7 @@ def extender(
 
 testenv_app = typer.Typer(no_args_is_help=True, help="A throw-away real control plane with kwok GPU nodes.")
 app.add_typer(testenv_app, name="testenv")
+app.add_typer(agent_app, name="agent")
 
 
 @testenv_app.command("up")

@@ -1,0 +1,179 @@
+"""Which pod an ``Allocate`` call is for, and what its container gets.
+
+**Matching a call to its pod.** The kubelet's ``Allocate`` names devices, not the pod. As gpushare and HAMi do,
+the agent looks at the pods bound to this node that are still Pending, and takes the oldest (creation time, then
+namespace/name) that has a container requesting this resource in exactly the number of devices asked for and
+not yet allocated. "Allocated" is remembered in the pod annotation ``gpusched.io/allocated`` (JSON: container
+name -> resource -> device IDs handed out), written before ``Allocate`` answers, and in memory for when the API
+is unreachable; so a restarted agent never hands one container two allocations, and a second container of the
+same pod gets the next slice. The kubelet admits one pod at a time on a node, so among pods of equal request
+the oldest is the one being admitted. (The PodResources API would name the pod only after ``Allocate``, so it
+cannot be used here.)
+
+**What the container gets.** For ``nvidia.com/gpu`` and GPU shares: the GPUs of the scheduler's
+``gpusched.io/assignment`` (``{"node","gpus","milli","memoryMiB"}``), whatever device IDs the kubelet picked —
+``NVIDIA_VISIBLE_DEVICES`` with their UUIDs (and CDI names ``nvidia.com/gpu=<UUID>`` when CDI is on). A share
+also gets its limits as env: HAMi-core's ``CUDA_DEVICE_MEMORY_LIMIT_0`` (``<MiB>m``) and
+``CUDA_DEVICE_SM_LIMIT`` (percent), MPS's ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and
+``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``, and ``GPUSCHED_GPU_MILLI`` / ``GPUSCHED_GPU_MEMORY_MIB``. These are
+enforced only where HAMi-core's library or an MPS daemon runs in the container; otherwise they are scheduled,
+not enforced. For MIG slices (``nvidia.com/mig-<profile>``) the kubelet's choice of MIG devices stands: the
+scheduler books them as counts.
+
+The scheduler's GPU indices are the positions of this node's non-MIG GPUs in NVML order (what the agent
+advertises as ``nvidia.com/gpu``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpusched.k8s.convert import ANN_ASSIGNMENT, RES_GPU
+
+RES_SHARE = "gpusched.io/gpu-share"
+ANN_ALLOCATED = "gpusched.io/allocated"
+
+
+class AllocationError(Exception):
+    """An Allocate that must fail; the message names the pod and the field."""
+
+
+@dataclass(frozen=True)
+class Assignment:
+    node: str
+    gpus: tuple[int, ...]
+    milli: int
+    memory_mib: int
+
+
+def pod_key(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace', 'default')}/{meta.get('name', '?')}"
+
+
+def parse_assignment(pod: Mapping[str, Any]) -> Assignment:
+    """The pod's assignment. Raises AllocationError naming the pod and the field when it is missing or bad."""
+    key = pod_key(pod)
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANN_ASSIGNMENT)
+    where = f"pod {key}: annotation {ANN_ASSIGNMENT}"
+    if raw is None:
+        raise AllocationError(f"{where} is missing (the pod was not placed by gpusched)")
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise AllocationError(f"{where} is not JSON: {raw!r}") from None
+    if not isinstance(data, dict):
+        raise AllocationError(f"{where} is not a JSON object: {raw!r}")
+    node = data.get("node")
+    if not isinstance(node, str) or not node:
+        raise AllocationError(f"{where}: field node is missing or not a string: {raw!r}")
+    gpus = data.get("gpus")
+    if not isinstance(gpus, list) or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0
+                                             for g in gpus):  # fmt: skip
+        raise AllocationError(f"{where}: field gpus is not a list of GPU indices: {raw!r}")
+    if len(set(gpus)) != len(gpus):
+        raise AllocationError(f"{where}: field gpus names a GPU twice: {raw!r}")
+    out = []
+    for f in ("milli", "memoryMiB"):
+        v = data.get(f, 0)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise AllocationError(f"{where}: field {f} is not a non-negative integer: {raw!r}")
+        out.append(v)
+    return Assignment(node, tuple(gpus), out[0], out[1])
+
+
+def _count(value: object) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return -1
+
+
+def container_requests(pod: Mapping[str, Any], resource: str) -> list[tuple[str, int]]:
+    """(container name, amount of ``resource``) for the pod's init containers then containers that ask for it."""
+    spec = pod.get("spec") or {}
+    out = []
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        res = c.get("resources") or {}
+        v = (res.get("limits") or {}).get(resource, (res.get("requests") or {}).get(resource))
+        if v is not None and _count(v) > 0:
+            out.append((str(c.get("name", "")), _count(v)))
+    return out
+
+
+def allocated_of(pod: Mapping[str, Any]) -> dict[str, dict[str, list[str]]]:
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANN_ALLOCATED)
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def match_pod(pods: Sequence[Mapping[str, Any]], node: str, resource: str, n_devices: int,
+              allocated: Mapping[str, set[tuple[str, str]]]) -> tuple[Mapping[str, Any], str] | None:  # fmt: skip
+    """The (pod, container name) an ``Allocate`` of ``n_devices`` of ``resource`` is for: the oldest Pending pod on
+    ``node`` with a container asking for exactly that many and not yet allocated (``allocated``: pod UID ->
+    {(container, resource)} known in memory, besides the pod's annotation)."""
+
+    def order(p: Mapping[str, Any]) -> tuple[str, str]:
+        m = p.get("metadata") or {}
+        return str(m.get("creationTimestamp") or ""), pod_key(p)
+
+    for pod in sorted(pods, key=order):
+        if (pod.get("spec") or {}).get("nodeName") != node:
+            continue
+        if (pod.get("status") or {}).get("phase", "Pending") != "Pending":
+            continue
+        uid = str((pod.get("metadata") or {}).get("uid", pod_key(pod)))
+        done = allocated.get(uid, set())
+        ann = allocated_of(pod)
+        for name, amount in container_requests(pod, resource):
+            if amount != n_devices:
+                continue
+            if (name, resource) in done or resource in (ann.get(name) or {}):
+                continue
+            return pod, name
+    return None
+
+
+def container_gpus(
+    pod: Mapping[str, Any], container: str, resource: str, assignment: Assignment
+) -> tuple[int, ...]:
+    """The assignment's GPUs that belong to ``container``: for whole GPUs, the containers asking for
+    ``nvidia.com/gpu`` take the assignment's GPUs in order (init containers the first ones); a share's containers
+    all get its one GPU."""
+    if resource != RES_GPU:
+        return assignment.gpus
+    spec = pod.get("spec") or {}
+    inits = {str(c.get("name", "")) for c in spec.get("initContainers") or []}
+    reqs = container_requests(pod, resource)
+    amount = dict(reqs)[container]
+    if container in inits:
+        return assignment.gpus[:amount]
+    offset = 0
+    for name, n in reqs:
+        if name in inits:
+            continue
+        if name == container:
+            break
+        offset += n
+    return assignment.gpus[offset : offset + amount]
+
+
+def share_env(assignment: Assignment) -> dict[str, str]:
+    env = {"GPUSCHED_GPU_MILLI": str(assignment.milli), "GPUSCHED_GPU_MEMORY_MIB": str(assignment.memory_mib)}
+    if assignment.memory_mib:
+        env["CUDA_DEVICE_MEMORY_LIMIT_0"] = f"{assignment.memory_mib}m"
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={assignment.memory_mib}M"
+    if 0 < assignment.milli < 1000:
+        pct = str(max(1, math.ceil(assignment.milli / 10)))
+        env["CUDA_DEVICE_SM_LIMIT"] = pct
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = pct
+    return env

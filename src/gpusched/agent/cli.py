@@ -1,0 +1,145 @@
+"""``gpusched agent ...``: the node agent's commands (imports are lazy: the CLI starts fast everywhere)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+agent_app = typer.Typer(no_args_is_help=True, help="The node agent: GPU discovery, labels, device plugin, metrics.")
+
+FakeOpt = Annotated[
+    Path | None,
+    typer.Option("--fake", help="Fake GPUs from this YAML/JSON file (default: $GPUSCHED_FAKE_GPUS, else NVML)."),
+]
+
+
+def backend_from(fake: Path | None):  # type: ignore[no-untyped-def]
+    """The fake backend when a file is given or $GPUSCHED_FAKE_GPUS is set, else real NVML."""
+    from gpusched.agent.fake import ENV_VAR, FakeBackend, FakeConfigError
+    from gpusched.agent.nvml import NvmlBackend, NvmlUnavailable
+
+    try:
+        if fake is not None:
+            return FakeBackend.from_file(fake)
+        if os.environ.get(ENV_VAR):
+            return FakeBackend.from_env()
+        return NvmlBackend(os.environ.get("NODE_NAME"))
+    except (FakeConfigError, NvmlUnavailable) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+
+
+@agent_app.command("discover")
+def discover_cmd(fake: FakeOpt = None, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Print the node's GPU inventory."""
+    b = backend_from(fake)
+    inv = b.inventory()
+    if as_json:
+        doc = inv.to_json()
+        doc["readings"] = {str(d.index): b.readings(d.index).__dict__ for d in inv.devices}
+        typer.echo(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        typer.echo(f"{inv.hostname}: driver {inv.driver_version}, CUDA {inv.cuda_driver_version[0]}."
+                   f"{inv.cuda_driver_version[1]}, {len(inv.devices)} GPU(s)")  # fmt: skip
+        for d in inv.devices:
+            mig = f", MIG {[m.profile for m in d.mig_instances]}" if d.mig_enabled else ""
+            typer.echo(f"  {d.index}: {d.name} {d.memory_mib} MiB {d.uuid} {d.pci_bus_id} "
+                       f"cc {d.compute_major}.{d.compute_minor} numa {d.numa_node} nvlink {list(d.nvlink_peers)}{mig}")
+    b.close()
+
+
+@agent_app.command("labels")
+def labels_cmd(
+    fake: FakeOpt = None,
+    mig_strategy: Annotated[str | None, typer.Option(help="none or mixed (default: mixed if MIG is on).")] = None,
+) -> None:
+    """Print the node labels (GFD's names and values) and gpusched's topology annotation."""
+    from gpusched.agent import labels
+
+    b = backend_from(fake)
+    inv = b.inventory()
+    try:
+        lab = labels.gfd_labels(inv, mig_strategy)
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    for k in sorted(lab):
+        typer.echo(f"{k}={lab[k]}")
+    typer.echo(f"{labels.ANN_TOPOLOGY}={labels.topology_annotation(inv)}")
+    b.close()
+
+
+@agent_app.command("run")
+def run_cmd(
+    fake: FakeOpt = None,
+    node: Annotated[str | None, typer.Option(help="This node's name (default: $NODE_NAME).")] = None,
+    kubeconfig: Annotated[str | None, typer.Option(help="Default: $KUBECONFIG, else in-cluster.")] = None,
+    plugin_dir: Annotated[Path, typer.Option(help="The kubelet's device-plugin directory.")] = Path(
+        "/var/lib/kubelet/device-plugins"
+    ),
+    kubelet_socket: Annotated[Path | None, typer.Option(help="Default: <plugin-dir>/kubelet.sock.")] = None,
+    slots: Annotated[int, typer.Option(help="gpusched.io/gpu-share slots per GPU.")] = 16,
+    cdi: Annotated[bool, typer.Option(help="Also return CDI device names nvidia.com/gpu=<UUID>.")] = False,
+    mig_strategy: Annotated[str | None, typer.Option(help="none or mixed.")] = None,
+    gfd_labels: Annotated[bool, typer.Option(help="Write GFD's labels (same values as GFD).")] = True,
+    metrics_port: Annotated[int, typer.Option(help="Prometheus port (dcgm-exporter's is 9400).")] = 9400,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning.")] = "info",
+    no_api: Annotated[
+        bool, typer.Option(help="No Kubernetes API (measurements): no pods, node updates kept in memory.")
+    ] = False,
+) -> None:
+    """Run the device plugin, the node labeller, GPU health on the Node and the metrics exporter."""
+    from gpusched.agent.pods import KubePods, MemoryPods
+    from gpusched.agent.run import Agent, AgentConfig
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    name = node or os.environ.get("NODE_NAME")
+    if not name:
+        typer.echo("error: --node or $NODE_NAME is required", err=True)
+        raise typer.Exit(2)
+    kube = MemoryPods() if no_api else KubePods(kubeconfig)
+    cfg = AgentConfig(node=name, plugin_dir=plugin_dir, kubelet_socket=kubelet_socket, slots=slots, cdi=cdi,
+                      mig_strategy=mig_strategy, write_gfd_labels=gfd_labels, metrics_port=metrics_port)  # fmt: skip
+    agent = Agent(cfg, backend_from(fake), kube, kube)
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    agent.start()
+    done.wait()
+    agent.stop()
+
+
+@agent_app.command("bench")
+def bench_cmd(
+    gpus: Annotated[int, typer.Option(help="Fake GPUs on the node.")] = 8,
+    calls: Annotated[int, typer.Option(help="Allocate calls to time.")] = 2000,
+    pending: Annotated[int, typer.Option(help="Other Pending pods on the node while matching.")] = 20,
+) -> None:
+    """Allocate latency (gRPC over a unix socket, fake GPUs and pods) and the agent's idle CPU and RSS."""
+    from gpusched.agent.bench import bench_allocate, bench_idle
+
+    typer.echo(json.dumps(bench_allocate(gpus, calls, pending), indent=2))
+    typer.echo(json.dumps(bench_idle(gpus), indent=2))
+
+
+@agent_app.command("compare-smi")
+def compare_cmd(
+    discover_json: Annotated[Path, typer.Argument(help="Output of `gpusched agent discover --json`.")],
+    smi_xml: Annotated[Path, typer.Argument(help="Output of `nvidia-smi -q -x`.")],
+) -> None:
+    """Compare the agent's inventory with nvidia-smi's; exit 1 on a difference."""
+    from gpusched.agent.smi import compare
+
+    diffs = compare(json.loads(discover_json.read_text()), smi_xml.read_text())
+    for d in diffs:
+        typer.echo(d)
+    typer.echo("agent and nvidia-smi agree" if not diffs else f"{len(diffs)} difference(s)")
+    sys.exit(1 if diffs else 0)

@@ -1,0 +1,308 @@
+"""A fake GPU backend, configured from a YAML or JSON file (or the env var ``GPUSCHED_FAKE_GPUS``: a path, or the
+document itself). CI and the kubelet e2e use it. Format::
+
+    hostname: gpu-node-1            # default: $NODE_NAME, else the host name
+    driverVersion: "550.107.02"
+    cudaVersion: "12.4"             # the CUDA version the driver supports
+    machine: DGX-A100               # GFD's nvidia.com/gpu.machine (default "unknown")
+    xidFile: /run/fake-xids         # optional: lines "<gpu index> <xid>" appended here are XID events
+    gpus:
+      - model: NVIDIA A100-SXM4-80GB  # NVML's name; memoryMiB and computeCapability default from a small table
+        count: 4                      # optional: this entry stands for 4 GPUs (indices run on)
+        memoryMiB: 81920
+        uuid: GPU-...                 # default: derived from hostname and index
+        pciBusId: "00000000:07:00.0"  # default: derived from the index
+        computeCapability: "8.0"
+        numaNode: 0
+        nvlinkPeers: [1, 2, 3]
+        migMode: true
+        mig: [{profile: 3g.40gb, start: 4}, {profile: 1g.10gb, start: 0, uuid: MIG-...}]
+        xids: [79]                    # injected once, at start
+        readings: {utilization: 35, memoryUsedMiB: 1024, temperature: 41, power: 250.5}
+
+Errors name the file, the GPU (list position and index) and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import uuid as uuidlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpusched.agent import migprofiles
+from gpusched.agent.inventory import GpuDevice, Inventory, MigInstance, Readings, XidEvent
+
+ENV_VAR = "GPUSCHED_FAKE_GPUS"
+
+# NVML name -> (memory MiB, compute capability) as the driver reports them.
+KNOWN_MODELS: dict[str, tuple[int, tuple[int, int]]] = {
+    "NVIDIA A100-SXM4-80GB": (81920, (8, 0)),
+    "NVIDIA A100-SXM4-40GB": (40960, (8, 0)),
+    "NVIDIA A100 80GB PCIe": (81920, (8, 0)),
+    "NVIDIA A100-PCIE-40GB": (40960, (8, 0)),
+    "NVIDIA A30": (24576, (8, 0)),
+    "NVIDIA A10": (23028, (8, 6)),
+    "NVIDIA L4": (23034, (8, 9)),
+    "NVIDIA H100 80GB HBM3": (81559, (9, 0)),
+    "NVIDIA H100 PCIe": (81559, (9, 0)),
+    "NVIDIA H100 NVL": (95830, (9, 0)),
+    "NVIDIA H200": (143771, (9, 0)),
+    "Tesla T4": (15360, (7, 5)),
+    "Tesla V100-SXM2-32GB": (32768, (7, 0)),
+}
+
+
+class FakeConfigError(ValueError):
+    pass
+
+
+def _uuid(seed: str) -> str:
+    return str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"gpusched-fake/{seed}"))
+
+
+def _version(text: object, where: str, parts: tuple[int, ...]) -> tuple[int, ...]:
+    s = str(text)
+    bits = s.split(".")
+    if len(bits) not in parts or not all(b.isdigit() for b in bits):
+        raise FakeConfigError(f"{where}: {text!r} is not a version like {'.'.join(['X'] * max(parts))}")
+    return tuple(int(b) for b in bits)
+
+
+class FakeBackend:
+    def __init__(self, inventory: Inventory, readings: Mapping[int, Readings] | None = None,
+                 xids: list[XidEvent] | None = None, xid_file: Path | None = None) -> None:  # fmt: skip
+        self._inv = inventory
+        self._readings = dict(readings or {})
+        self._pending: list[XidEvent] = list(xids or [])
+        self._cond = threading.Condition()
+        self._xid_file = xid_file
+        self._xid_offset = 0
+
+    # -------------------------------------------------------------------------------- construction
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> FakeBackend:
+        env = os.environ if env is None else env
+        raw = env.get(ENV_VAR)
+        if not raw:
+            raise FakeConfigError(f"{ENV_VAR} is not set (a path to a fake GPU file, or the document itself)")
+        if raw.lstrip().startswith(("{", "gpus:", "hostname:", "driverVersion:")) or "\n" in raw:
+            return cls.from_text(raw, f"${ENV_VAR}", env)
+        return cls.from_file(Path(raw), env)
+
+    @classmethod
+    def from_file(cls, path: Path, env: Mapping[str, str] | None = None) -> FakeBackend:
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise FakeConfigError(f"{path}: cannot read: {e.strerror}") from None
+        return cls.from_text(text, str(path), env)
+
+    @classmethod
+    def from_text(cls, text: str, source: str, env: Mapping[str, str] | None = None) -> FakeBackend:
+        try:
+            doc = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
+        except (ValueError, yaml.YAMLError) as e:
+            raise FakeConfigError(f"{source}: not valid YAML or JSON: {e}") from None
+        return cls.from_dict(doc, source, env)
+
+    @classmethod
+    def from_dict(cls, doc: Any, source: str, env: Mapping[str, str] | None = None) -> FakeBackend:
+        env = os.environ if env is None else env
+        if not isinstance(doc, dict):
+            raise FakeConfigError(f"{source}: the document must be a mapping with a 'gpus' list")
+        unknown = set(doc) - {"hostname", "driverVersion", "cudaVersion", "machine", "xidFile", "gpus"}
+        if unknown:
+            raise FakeConfigError(f"{source}: unknown field(s) {sorted(unknown)}")
+        hostname = str(doc.get("hostname") or env.get("NODE_NAME") or socket.gethostname())
+        driver = str(doc.get("driverVersion", "550.107.02"))
+        _version(driver, f"{source}: field driverVersion", (2, 3))
+        cuda = _version(doc.get("cudaVersion", "12.4"), f"{source}: field cudaVersion", (2,))
+        gpus = doc.get("gpus")
+        if not isinstance(gpus, list) or not gpus:
+            raise FakeConfigError(f"{source}: field gpus must be a non-empty list")
+        devices: list[GpuDevice] = []
+        readings: dict[int, Readings] = {}
+        xids: list[XidEvent] = []
+        for pos, entry in enumerate(gpus):
+            if not isinstance(entry, dict):
+                raise FakeConfigError(f"{source}: gpus[{pos}] must be a mapping")
+            count = entry.get("count", 1)
+            if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+                raise FakeConfigError(
+                    f"{source}: gpus[{pos}]: field count must be a positive integer, not {count!r}"
+                )
+            for k in range(count):
+                index = len(devices)
+                where = f"{source}: gpus[{pos}] (GPU index {index})"
+                dev, rd, xs = _gpu(entry, index, hostname, where, single=count == 1, copy=k)
+                devices.append(dev)
+                readings[index] = rd
+                xids += xs
+        _check_unique(devices, source)
+        for d in devices:
+            bad = [p for p in d.nvlink_peers if p == d.index or p >= len(devices)]
+            if bad:
+                raise FakeConfigError(
+                    f"{source}: GPU index {d.index}: field nvlinkPeers names no other GPU: {bad}"
+                )
+        inv = Inventory(hostname=hostname, driver_version=driver, cuda_driver_version=(cuda[0], cuda[1]),
+                        devices=tuple(devices), machine=str(doc.get("machine", "unknown")))  # fmt: skip
+        xid_file = Path(doc["xidFile"]) if doc.get("xidFile") else None
+        return cls(inv, readings, xids, xid_file)
+
+    # ------------------------------------------------------------------------------------- backend
+    def inventory(self) -> Inventory:
+        return self._inv
+
+    def readings(self, index: int) -> Readings:
+        r = self._readings.get(index, Readings())
+        d = self._inv.by_index(index)
+        if d is not None and r.memory_used_mib is not None and r.memory_free_mib is None:
+            r = Readings(r.gpu_util_percent, r.memory_used_mib, d.memory_mib - r.memory_used_mib,
+                         r.temperature_c, r.power_w)  # fmt: skip
+        return r
+
+    def set_readings(self, index: int, readings: Readings) -> None:
+        self._readings[index] = readings
+
+    def inject_xid(self, index: int, xid: int) -> None:
+        with self._cond:
+            self._pending.append(XidEvent(index, xid))
+            self._cond.notify_all()
+
+    def poll_xids(self, timeout_s: float) -> list[XidEvent]:
+        with self._cond:
+            self._read_xid_file()
+            if not self._pending and timeout_s > 0:
+                self._cond.wait(timeout_s)
+                self._read_xid_file()
+            out, self._pending = self._pending, []
+        return out
+
+    def _read_xid_file(self) -> None:
+        if self._xid_file is None or not self._xid_file.exists():
+            return
+        with self._xid_file.open() as f:
+            f.seek(self._xid_offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind("\n") + 1]
+        self._xid_offset += len(complete.encode())
+        for line in complete.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+                self._pending.append(XidEvent(int(parts[0]), int(parts[1])))
+
+    def close(self) -> None:
+        pass
+
+
+_GPU_FIELDS = {"model", "count", "memoryMiB", "uuid", "pciBusId", "computeCapability", "numaNode", "nvlinkPeers",
+               "migMode", "mig", "xids", "readings"}  # fmt: skip
+
+
+def _int(entry: Mapping[str, Any], name: str, where: str, default: int | None = None) -> int | None:
+    v = entry.get(name, default)
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise FakeConfigError(f"{where}: field {name} must be a non-negative integer, not {v!r}")
+    return v
+
+
+def _gpu(entry: Mapping[str, Any], index: int, hostname: str, where: str, *, single: bool,
+         copy: int) -> tuple[GpuDevice, Readings, list[XidEvent]]:  # fmt: skip
+    unknown = set(entry) - _GPU_FIELDS
+    if unknown:
+        raise FakeConfigError(f"{where}: unknown field(s) {sorted(unknown)}")
+    model = entry.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise FakeConfigError(f"{where}: field model is required (NVML's name, e.g. 'NVIDIA A100-SXM4-80GB')")
+    known = KNOWN_MODELS.get(model)
+    mem = _int(entry, "memoryMiB", where, known[0] if known else None)
+    if not mem:
+        raise FakeConfigError(
+            f"{where}: field memoryMiB is required for a model not in the built-in table ({model})"
+        )
+    cc_raw = entry.get("computeCapability", f"{known[1][0]}.{known[1][1]}" if known else None)
+    if cc_raw is None:
+        raise FakeConfigError(f"{where}: field computeCapability is required for {model}")
+    cc = _version(cc_raw, f"{where}: field computeCapability", (2,))
+    uuid = entry.get("uuid") if single else None
+    uuid = str(uuid) if uuid else f"GPU-{_uuid(f'{hostname}/{index}')}"
+    if not uuid.startswith("GPU-"):
+        raise FakeConfigError(f"{where}: field uuid must start with 'GPU-', not {uuid!r}")
+    pci = entry.get("pciBusId") if single else None
+    pci = str(pci) if pci else f"00000000:{0x07 + index * 0x08 & 0xFF:02X}:00.0"
+    numa = _int(entry, "numaNode", where)
+    peers_raw = entry.get("nvlinkPeers", [])
+    if not isinstance(peers_raw, list) or not all(isinstance(p, int) and p >= 0 for p in peers_raw):
+        raise FakeConfigError(f"{where}: field nvlinkPeers must be a list of GPU indices, not {peers_raw!r}")
+    mig_mode = entry.get("migMode", False)
+    if not isinstance(mig_mode, bool):
+        raise FakeConfigError(f"{where}: field migMode must be true or false, not {mig_mode!r}")
+    capable = bool(migprofiles.profiles(model, mem))
+    if mig_mode and not capable:
+        raise FakeConfigError(f"{where}: field migMode: {model} has no MIG")
+    mig_raw = entry.get("mig", [])
+    if not isinstance(mig_raw, list):
+        raise FakeConfigError(f"{where}: field mig must be a list of {{profile, start}}")
+    if mig_raw and not mig_mode:
+        raise FakeConfigError(f"{where}: field mig lists instances but migMode is false")
+    instances: list[MigInstance] = []
+    for j, m in enumerate(mig_raw):
+        mw = f"{where}: field mig[{j}]"
+        if not isinstance(m, dict) or "profile" not in m or "start" not in m:
+            raise FakeConfigError(f"{mw}: each instance needs profile and start, got {m!r}")
+        start = m["start"]
+        if not isinstance(start, int) or isinstance(start, bool):
+            raise FakeConfigError(f"{mw}: start must be an integer slice, not {start!r}")
+        muuid = str(m.get("uuid") or f"MIG-{_uuid(f'{hostname}/{index}/{j}/{copy}')}")
+        try:
+            instances.append(migprofiles.instance(model, mem, str(m["profile"]), start, muuid, gi_id=j + 1))
+        except migprofiles.MigError as e:
+            raise FakeConfigError(f"{mw}: {e}") from None
+    try:
+        migprofiles.validate(model, mem, instances)
+    except migprofiles.MigError as e:
+        raise FakeConfigError(f"{where}: field mig: {e}") from None
+    xids_raw = entry.get("xids", [])
+    if not isinstance(xids_raw, list) or not all(isinstance(x, int) and x > 0 for x in xids_raw):
+        raise FakeConfigError(f"{where}: field xids must be a list of positive integers, not {xids_raw!r}")
+    rd = entry.get("readings", {}) or {}
+    if not isinstance(rd, dict):
+        raise FakeConfigError(f"{where}: field readings must be a mapping")
+    bad = set(rd) - {"utilization", "memoryUsedMiB", "temperature", "power"}
+    if bad:
+        raise FakeConfigError(f"{where}: field readings: unknown {sorted(bad)}")
+    for k, v in rd.items():
+        if not isinstance(v, int | float) or isinstance(v, bool) or v < 0:
+            raise FakeConfigError(f"{where}: field readings.{k} must be a non-negative number, not {v!r}")
+    used = rd.get("memoryUsedMiB")
+    if used is not None and used > mem:
+        raise FakeConfigError(f"{where}: field readings.memoryUsedMiB {used} is more than memoryMiB {mem}")
+    dev = GpuDevice(
+        index=index, uuid=uuid, name=model, memory_mib=mem, pci_bus_id=pci, compute_major=cc[0],
+        compute_minor=cc[1], mig_capable=capable, mig_enabled=mig_mode, mig_instances=tuple(instances),
+        nvlink_peers=tuple(peers_raw), numa_node=numa,
+    )  # fmt: skip
+    readings = Readings(
+        gpu_util_percent=rd.get("utilization"), memory_used_mib=int(used) if used is not None else None,
+        temperature_c=rd.get("temperature"), power_w=rd.get("power"),
+    )  # fmt: skip
+    return dev, readings, [XidEvent(index, x) for x in xids_raw]
+
+
+def _check_unique(devices: list[GpuDevice], source: str) -> None:
+    seen: dict[str, int] = {}
+    for d in devices:
+        for key in (d.uuid, d.pci_bus_id, *(m.uuid for m in d.mig_instances)):
+            if key in seen and seen[key] != d.index:
+                raise FakeConfigError(f"{source}: GPU index {d.index}: {key} is also GPU index {seen[key]}'s")
+            seen[key] = d.index

@@ -1,0 +1,427 @@
+"""The kubelet device plugin (API v1beta1 over gRPC): one server per resource, registration, health.
+
+Resources (see ``docs/agent-design.md``):
+
+- ``nvidia.com/gpu``: one device per non-MIG GPU, ID = its UUID.
+- ``gpusched.io/gpu-share``: ``slots`` virtual devices per non-MIG GPU, ID = ``<UUID>::<k>``. A share pod
+  (``gpusched.io/gpu-milli`` and/or ``gpusched.io/gpu-memory``) carries ``gpusched.io/gpu-share: 1`` in its
+  limits (added by gpusched's mutating webhook, or written by the user) so that the kubelet calls ``Allocate``.
+- ``nvidia.com/mig-<profile>``: one device per MIG device (mixed strategy), ID = its MIG UUID.
+
+``Allocate`` and ``GetPreferredAllocation`` follow the scheduler's ``gpusched.io/assignment`` (see
+:mod:`gpusched.agent.allocation` for how a call is matched to its pod). A critical XID marks the GPU (and its
+share slots and MIG devices) Unhealthy, and every ``ListAndWatch`` stream sends the new list.
+
+Registration: each server listens on ``<plugin dir>/gpusched-<resource>.sock`` and calls
+``Registration.Register`` on ``<plugin dir>/kubelet.sock``. The kubelet empties the directory when it restarts;
+a watcher notices the socket gone (or the kubelet socket replaced), serves again and registers again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from gpusched.agent.allocation import (
+    ANN_ALLOCATED,
+    RES_SHARE,
+    AllocationError,
+    Assignment,
+    allocated_of,
+    container_gpus,
+    container_requests,
+    match_pod,
+    parse_assignment,
+    pod_key,
+    share_env,
+)
+from gpusched.agent.inventory import GpuDevice, Inventory
+from gpusched.agent.pods import PodSource
+from gpusched.agent.v1beta1 import api_pb2 as pb
+from gpusched.agent.v1beta1 import api_pb2_grpc as pbg
+from gpusched.k8s.convert import RES_GPU
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
+DEFAULT_SLOTS = 16
+
+
+def socket_name(resource: str) -> str:
+    return "gpusched-" + re.sub(r"[^A-Za-z0-9.-]", "-", resource.split("/", 1)[-1]) + ".sock"
+
+
+@dataclass
+class NodeDevices:
+    """The node's GPUs as the plugin serves them, with health; shared by every resource server."""
+
+    node: str
+    inventory: Inventory
+    slots: int = DEFAULT_SLOTS
+    unhealthy: set[str] = field(default_factory=set)  # GPU UUIDs
+    version: int = 0
+    cond: threading.Condition = field(default_factory=threading.Condition)
+
+    @property
+    def whole_gpus(self) -> list[GpuDevice]:
+        """The GPUs advertised as ``nvidia.com/gpu``, in the scheduler's index order."""
+        return [d for d in self.inventory.devices if not d.mig_enabled]
+
+    def gpu_by_sched_index(self, i: int) -> GpuDevice | None:
+        g = self.whole_gpus
+        return g[i] if 0 <= i < len(g) else None
+
+    def sched_index(self, uuid: str) -> int | None:
+        return next((i for i, d in enumerate(self.whole_gpus) if d.uuid == uuid), None)
+
+    def resources(self) -> list[str]:
+        from gpusched.agent.labels import mig_resources
+
+        out = []
+        if self.whole_gpus:
+            out += [RES_GPU, RES_SHARE]
+        return out + sorted(mig_resources(self.inventory))
+
+    def devices(self, resource: str) -> list[tuple[str, GpuDevice]]:
+        """(device ID, the physical GPU it lives on) of ``resource``."""
+        if resource == RES_GPU:
+            return [(d.uuid, d) for d in self.whole_gpus]
+        if resource == RES_SHARE:
+            return [(f"{d.uuid}::{k}", d) for d in self.whole_gpus for k in range(self.slots)]
+        if resource.startswith("nvidia.com/mig-"):
+            profile = resource.removeprefix("nvidia.com/mig-")
+            return [(m.uuid, d) for d in self.inventory.devices if d.mig_enabled for m in d.mig_instances
+                    if m.resource_profile == profile and m.slices_ci == m.slices_gi]  # fmt: skip
+        return []
+
+    def list_response(self, resource: str) -> pb.ListAndWatchResponse:
+        with self.cond:
+            bad = set(self.unhealthy)
+        out = []
+        for dev_id, d in self.devices(resource):
+            topo = pb.TopologyInfo(nodes=[pb.NUMANode(ID=d.numa_node)]) if d.numa_node is not None else None
+            out.append(pb.Device(ID=dev_id, health=UNHEALTHY if d.uuid in bad else HEALTHY, topology=topo))
+        return pb.ListAndWatchResponse(devices=out)
+
+    def set_health(self, uuid: str, healthy: bool) -> bool:
+        """Changes a GPU's health; True (and wakes every ListAndWatch) when it changed."""
+        with self.cond:
+            changed = (uuid in self.unhealthy) == healthy
+            if changed:
+                (self.unhealthy.discard if healthy else self.unhealthy.add)(uuid)
+                self.version += 1
+                self.cond.notify_all()
+            return changed
+
+    def unhealthy_sched_indices(self) -> list[int]:
+        with self.cond:
+            bad = set(self.unhealthy)
+        return [i for i, d in enumerate(self.whole_gpus) if d.uuid in bad]
+
+
+class Allocator:
+    """Allocate and GetPreferredAllocation logic, independent of gRPC."""
+
+    def __init__(self, devices: NodeDevices, pods: PodSource, *, cdi: bool = False) -> None:
+        self.devices = devices
+        self.pods = pods
+        self.cdi = cdi
+        self._allocated: dict[str, set[tuple[str, str]]] = {}
+        self._lock = threading.Lock()
+
+    def _find(self, resource: str, n: int) -> tuple[Mapping[str, Any], str]:
+        pods = self.pods.pods_on_node(self.devices.node)
+        m = match_pod(pods, self.devices.node, resource, n, self._allocated)
+        if m is None:
+            raise AllocationError(
+                f"no Pending pod on node {self.devices.node} has a container asking for {n} {resource} "
+                "that is not yet allocated"
+            )
+        return m
+
+    def _gpus_for(
+        self, pod: Mapping[str, Any], container: str, resource: str
+    ) -> tuple[Assignment, list[GpuDevice]]:
+        a = parse_assignment(pod)
+        key = pod_key(pod)
+        if a.node != self.devices.node:
+            raise AllocationError(f"pod {key}: annotation gpusched.io/assignment field node is {a.node!r}, "
+                                  f"but this is node {self.devices.node!r}")  # fmt: skip
+        gpus = container_gpus(pod, container, resource, a)
+        out = []
+        for i in gpus:
+            d = self.devices.gpu_by_sched_index(i)
+            if d is None:
+                raise AllocationError(
+                    f"pod {key}: annotation gpusched.io/assignment field gpus names GPU {i}, which is not on "
+                    f"node {self.devices.node} (it has {len(self.devices.whole_gpus)} GPUs: 0.."
+                    f"{len(self.devices.whole_gpus) - 1})"
+                )
+            out.append(d)
+        if resource == RES_SHARE and len(out) != 1:
+            raise AllocationError(f"pod {key}: annotation gpusched.io/assignment field gpus must name one GPU "
+                                  f"for a share, not {list(gpus)}")  # fmt: skip
+        if resource == RES_GPU:
+            need = dict(container_requests(pod, resource))[container]
+            if len(out) != need:
+                raise AllocationError(f"pod {key}: annotation gpusched.io/assignment field gpus has "
+                                      f"{len(a.gpus)} GPU(s) for containers asking for more")  # fmt: skip
+        return a, out
+
+    def allocate_container(self, resource: str, device_ids: list[str]) -> pb.ContainerAllocateResponse:
+        known = {dev_id for dev_id, _ in self.devices.devices(resource)}
+        unknown = [d for d in device_ids if d not in known]
+        if unknown:
+            raise AllocationError(f"{resource}: device(s) {unknown} are not on node {self.devices.node}")
+        if resource.startswith("nvidia.com/mig-"):
+            return self._response(device_ids, {})
+        with self._lock:
+            pod, container = self._find(resource, len(device_ids))
+            try:
+                a, gpus = self._gpus_for(pod, container, resource)
+            except AllocationError as e:
+                self.pods.warn(pod, "GPUAllocationFailed", str(e))
+                raise
+            uuids = [d.uuid for d in gpus]
+            env = share_env(a) if resource == RES_SHARE else {}
+            resp = self._response(uuids, env)
+            uid = str((pod.get("metadata") or {}).get("uid", pod_key(pod)))
+            self._allocated.setdefault(uid, set()).add((container, resource))
+            done = allocated_of(pod)
+            done.setdefault(container, {})[resource] = uuids
+            meta = pod.get("metadata") or {}
+            try:
+                self.pods.annotate_pod(
+                    str(meta.get("namespace", "default")),
+                    str(meta.get("name")),
+                    {ANN_ALLOCATED: json.dumps(done, separators=(",", ":"), sort_keys=True)},
+                )
+            except Exception as e:  # the API may be down: memory remembers, the kubelet is still served
+                log.warning("could not annotate %s as allocated: %s", pod_key(pod), e)
+            log.info("Allocate %s %s -> pod %s container %s: %s", resource, device_ids, pod_key(pod),
+                     container, uuids)  # fmt: skip
+            return resp
+
+    def _response(self, uuids: list[str], env: dict[str, str]) -> pb.ContainerAllocateResponse:
+        envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(uuids), "GPUSCHED_GPU_UUIDS": ",".join(uuids), **env}
+        cdi = [pb.CDIDevice(name=f"nvidia.com/gpu={u}") for u in uuids] if self.cdi else []
+        return pb.ContainerAllocateResponse(envs=envs, cdi_devices=cdi)
+
+    def preferred(self, resource: str, available: list[str], must: list[str], size: int) -> list[str]:
+        """The assigned GPUs' device IDs when the pod is found; else the kubelet's own order."""
+        chosen = list(must)
+        try:
+            if resource in (RES_GPU, RES_SHARE):
+                pod, container = self._find(resource, size)
+                _a, gpus = self._gpus_for(pod, container, resource)
+                want = {d.uuid for d in gpus}
+                for dev_id in available:
+                    if len(chosen) >= size:
+                        break
+                    if dev_id.split("::")[0] in want and dev_id not in chosen:
+                        chosen.append(dev_id)
+                        if resource == RES_SHARE:
+                            break  # one slot of the assigned GPU
+        except AllocationError:
+            pass
+        for dev_id in available:
+            if len(chosen) >= size:
+                break
+            if dev_id not in chosen:
+                chosen.append(dev_id)
+        return chosen[:size]
+
+
+class DevicePluginServicer(pbg.DevicePluginServicer):
+    def __init__(self, resource: str, devices: NodeDevices, allocator: Allocator,
+                 stop: threading.Event) -> None:  # fmt: skip
+        self.resource = resource
+        self.devices = devices
+        self.allocator = allocator
+        self.stop = stop
+
+    def GetDevicePluginOptions(self, request: pb.Empty, context: Any) -> pb.DevicePluginOptions:
+        return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+    def ListAndWatch(self, request: pb.Empty, context: Any) -> Iterator[pb.ListAndWatchResponse]:
+        seen = -1
+        while not self.stop.is_set() and context.is_active():
+            with self.devices.cond:
+                if self.devices.version == seen:
+                    self.devices.cond.wait(0.5)
+                    if self.devices.version == seen:
+                        continue
+                seen = self.devices.version
+            yield self.devices.list_response(self.resource)
+
+    def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest,
+                               context: Any) -> pb.PreferredAllocationResponse:  # fmt: skip
+        out = []
+        for r in request.container_requests:
+            ids = self.allocator.preferred(self.resource, list(r.available_deviceIDs),
+                                           list(r.must_include_deviceIDs), r.allocation_size)  # fmt: skip
+            out.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
+        return pb.PreferredAllocationResponse(container_responses=out)
+
+    def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
+        out = []
+        for r in request.container_requests:
+            try:
+                out.append(self.allocator.allocate_container(self.resource, list(r.devices_ids)))
+            except AllocationError as e:
+                log.warning("Allocate %s failed: %s", self.resource, e)
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        return pb.AllocateResponse(container_responses=out)
+
+    def PreStartContainer(self, request: pb.PreStartContainerRequest,
+                          context: Any) -> pb.PreStartContainerResponse:  # fmt: skip
+        return pb.PreStartContainerResponse()
+
+
+class ResourceServer:
+    """One resource's gRPC server on its socket, registered with the kubelet."""
+
+    def __init__(self, resource: str, devices: NodeDevices, allocator: Allocator, plugin_dir: Path,
+                 kubelet_socket: Path) -> None:  # fmt: skip
+        self.resource = resource
+        self.socket = plugin_dir / socket_name(resource)
+        self.kubelet_socket = kubelet_socket
+        self._devices = devices
+        self._allocator = allocator
+        self._server: grpc.Server | None = None
+        self._stop = threading.Event()
+        self.registrations = 0
+
+    def serve(self) -> None:
+        self.stop_serving()
+        self._stop = threading.Event()
+        self.socket.parent.mkdir(parents=True, exist_ok=True)
+        if self.socket.exists():
+            self.socket.unlink()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        pbg.add_DevicePluginServicer_to_server(
+            DevicePluginServicer(self.resource, self._devices, self._allocator, self._stop), server
+        )
+        server.add_insecure_port(f"unix://{self.socket}")
+        server.start()
+        self._server = server
+
+    def register(self, timeout_s: float = 5.0) -> None:
+        with grpc.insecure_channel(f"unix://{self.kubelet_socket}") as ch:
+            pbg.RegistrationStub(ch).Register(
+                pb.RegisterRequest(
+                    version=API_VERSION, endpoint=self.socket.name, resource_name=self.resource,
+                    options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
+                ),
+                timeout=timeout_s,
+            )  # fmt: skip
+        self.registrations += 1
+        log.info("registered %s with the kubelet (%s)", self.resource, self.socket)
+
+    def stop_serving(self) -> None:
+        self._stop.set()
+        if self._server is not None:
+            self._server.stop(grace=0.5).wait()
+            self._server = None
+
+
+def _inode(p: Path) -> int | None:
+    try:
+        return os.stat(p).st_ino
+    except OSError:
+        return None
+
+
+class DevicePlugin:
+    """All resource servers of a node, kept registered across kubelet restarts."""
+
+    def __init__(self, devices: NodeDevices, pods: PodSource, *, plugin_dir: Path = DEFAULT_PLUGIN_DIR,
+                 kubelet_socket: Path | None = None, cdi: bool = False,
+                 on_health: Callable[[], None] | None = None) -> None:  # fmt: skip
+        self.devices = devices
+        self.allocator = Allocator(devices, pods, cdi=cdi)
+        self.plugin_dir = plugin_dir
+        self.kubelet_socket = kubelet_socket or plugin_dir / "kubelet.sock"
+        self.servers = [ResourceServer(r, devices, self.allocator, plugin_dir, self.kubelet_socket)
+                        for r in devices.resources()]  # fmt: skip
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._kubelet_inode: int | None = None
+        self.on_health = on_health
+
+    def start(self, *, watch_interval_s: float = 1.0) -> None:
+        for s in self.servers:
+            s.serve()
+        self._register_all()
+        self._thread = threading.Thread(target=self._watch, args=(watch_interval_s,), daemon=True,
+                                        name="gpusched-plugin-watch")  # fmt: skip
+        self._thread.start()
+
+    def _register_all(self) -> bool:
+        self._kubelet_inode = _inode(self.kubelet_socket)
+        ok = True
+        for s in self.servers:
+            try:
+                s.register()
+            except grpc.RpcError as e:
+                ok = False
+                log.warning("registering %s with the kubelet at %s failed: %s", s.resource, self.kubelet_socket,
+                            e.details() if hasattr(e, "details") else e)  # fmt: skip
+        return ok
+
+    def _watch(self, interval_s: float) -> None:
+        pending = False
+        while not self._stop.wait(interval_s):
+            gone = [s for s in self.servers if not s.socket.exists()]
+            kubelet_changed = _inode(self.kubelet_socket) not in (None, self._kubelet_inode)
+            if gone or kubelet_changed or (pending and self.kubelet_socket.exists()):
+                log.info("kubelet restarted (sockets gone: %s): serving and registering again",
+                         [s.socket.name for s in gone])  # fmt: skip
+                for s in gone:
+                    s.serve()
+                if not self.kubelet_socket.exists():
+                    pending = True
+                    continue
+                pending = not self._register_all()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        for s in self.servers:
+            s.stop_serving()
+            try:
+                s.socket.unlink()
+            except OSError:
+                pass
+
+    def mark(self, gpu_index: int, healthy: bool) -> bool:
+        d = self.devices.inventory.by_index(gpu_index)
+        if d is None:
+            return False
+        changed = self.devices.set_health(d.uuid, healthy)
+        if changed and self.on_health is not None:
+            self.on_health()
+        return changed
+
+
+def wait_until(pred: Callable[[], bool], timeout_s: float = 10.0, step_s: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(step_s)
+    return pred()

@@ -1,0 +1,118 @@
+"""The agent's access to Kubernetes, behind small interfaces so that tests give fakes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+
+class PodSource(Protocol):
+    def pods_on_node(self, node: str) -> list[dict[str, Any]]:
+        """The pods bound to ``node`` (any phase), as v1.Pod dicts."""
+        ...
+
+    def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None: ...
+
+    def warn(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
+        """Record a Warning event on the pod."""
+        ...
+
+
+class NodeWriter(Protocol):
+    def get_node(self, name: str) -> dict[str, Any]: ...
+
+    def patch_node(self, name: str, patch: Mapping[str, Any]) -> None: ...
+
+
+class MemoryPods:
+    """An in-memory PodSource and NodeWriter (tests, benchmarks, ``gpusched agent run --fake-pods``)."""
+
+    def __init__(
+        self, pods: list[dict[str, Any]] | None = None, nodes: dict[str, dict[str, Any]] | None = None
+    ):
+        self.pods = list(pods or [])
+        self.nodes = dict(nodes or {})
+        self.events: list[tuple[str, str, str]] = []
+        self.node_patches: list[tuple[str, dict[str, Any]]] = []
+        self._lock = threading.Lock()
+
+    def pods_on_node(self, node: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [p for p in self.pods if (p.get("spec") or {}).get("nodeName") == node]
+
+    def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        with self._lock:
+            for p in self.pods:
+                m = p.setdefault("metadata", {})
+                if m.get("namespace", "default") == namespace and m.get("name") == name:
+                    m.setdefault("annotations", {}).update(annotations)
+
+    def warn(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
+        m = pod.get("metadata") or {}
+        self.events.append((f"{m.get('namespace', 'default')}/{m.get('name')}", reason, message))
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        return self.nodes.setdefault(name, {"metadata": {"name": name}})
+
+    def patch_node(self, name: str, patch: Mapping[str, Any]) -> None:
+        node = self.get_node(name)
+        self.node_patches.append((name, json.loads(json.dumps(patch))))
+        _merge(node, patch)
+
+
+def _merge(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
+    for k, v in patch.items():
+        if v is None:
+            target.pop(k, None)
+        elif isinstance(v, Mapping) and isinstance(target.get(k), dict):
+            _merge(target[k], v)
+        else:
+            target[k] = json.loads(json.dumps(v))
+
+
+class KubePods:
+    """PodSource and NodeWriter over the Kubernetes API (kubeconfig or in-cluster)."""
+
+    def __init__(self, kubeconfig: str | None = None) -> None:
+        from kubernetes import client
+
+        from gpusched.k8s.client import api_client
+
+        self._api = api_client(kubeconfig, qps_pool=4)
+        self._core = client.CoreV1Api(self._api)
+
+    def pods_on_node(self, node: str) -> list[dict[str, Any]]:
+        resp = self._core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}",
+                                                      _preload_content=False)  # fmt: skip
+        return list(json.loads(resp.data).get("items") or [])
+
+    def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        self._core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": dict(annotations)}})
+
+    def warn(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
+        from kubernetes import client
+
+        m = pod.get("metadata") or {}
+        ns = m.get("namespace", "default")
+        body = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{m.get('name')}.", namespace=ns),
+            involved_object=client.V1ObjectReference(kind="Pod", namespace=ns, name=m.get("name"), uid=m.get("uid")),
+            reason=reason, message=message[:1024], type="Warning",
+            source=client.V1EventSource(component="gpusched-agent"),
+        )  # fmt: skip
+        try:
+            self._core.create_namespaced_event(ns, body)
+        except Exception as e:  # an event is best effort
+            log.warning("could not record event on %s/%s: %s", ns, m.get("name"), e)
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        resp = self._core.read_node(name, _preload_content=False)
+        return dict(json.loads(resp.data))
+
+    def patch_node(self, name: str, patch: Mapping[str, Any]) -> None:
+        self._core.patch_node(name, dict(patch))

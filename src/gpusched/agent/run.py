@@ -1,0 +1,117 @@
+"""``gpusched agent run``: the device plugin, the node labeller, health on the Node and the metrics exporter."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from gpusched.agent import health, labels
+from gpusched.agent.inventory import GpuBackend, XidEvent
+from gpusched.agent.metrics import GpuCollector, Owners, owners_from_pods
+from gpusched.agent.plugin import DEFAULT_PLUGIN_DIR, DEFAULT_SLOTS, DevicePlugin, NodeDevices
+from gpusched.agent.pods import NodeWriter, PodSource
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AgentConfig:
+    node: str
+    plugin_dir: Path = DEFAULT_PLUGIN_DIR
+    kubelet_socket: Path | None = None
+    slots: int = DEFAULT_SLOTS
+    cdi: bool = False
+    mig_strategy: str | None = None
+    write_gfd_labels: bool = True
+    metrics_port: int = 9400  # dcgm-exporter's port
+    metrics_addr: str = "0.0.0.0"
+    resync_s: float = 30.0
+
+
+@dataclass
+class Agent:
+    config: AgentConfig
+    backend: GpuBackend
+    pods: PodSource
+    nodes: NodeWriter
+    last_xid: dict[int, int] = field(default_factory=dict)
+    _owners: Owners = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _health_dirty: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        inv = self.backend.inventory()
+        self.devices = NodeDevices(self.config.node, inv, slots=self.config.slots)
+        self.plugin = DevicePlugin(self.devices, self.pods, plugin_dir=self.config.plugin_dir,
+                                   kubelet_socket=self.config.kubelet_socket, cdi=self.config.cdi,
+                                   on_health=self._health_dirty.set)  # fmt: skip
+        self.registry = CollectorRegistry()
+        self.registry.register(GpuCollector(self.backend, lambda: self._owners, self.last_xid))
+
+    def handle_xids(self, events: list[XidEvent]) -> None:
+        for e in events:
+            self.last_xid[e.gpu_index] = e.xid
+            if e.critical:
+                log.warning("XID %d on GPU %d: marking it Unhealthy", e.xid, e.gpu_index)
+                self.plugin.mark(e.gpu_index, healthy=False)
+            else:
+                log.info("XID %d on GPU %d (not critical)", e.xid, e.gpu_index)
+
+    def sync_node(self) -> None:
+        """Labels, topology annotation, unhealthy GPUs and taint on the Node; errors are logged, retried later."""
+        try:
+            node = self.nodes.get_node(self.config.node)
+            inv = self.devices.inventory
+            want = labels.gfd_labels(inv, self.config.mig_strategy) if self.config.write_gfd_labels else {}
+            p = health.labels_patch(node, want, {labels.ANN_TOPOLOGY: labels.topology_annotation(inv)})
+            if p:
+                self.nodes.patch_node(self.config.node, p)
+                node = self.nodes.get_node(self.config.node)
+            hp = health.health_patch(node, self.devices.unhealthy_sched_indices(), len(self.devices.whole_gpus))
+            if hp:
+                self.nodes.patch_node(self.config.node, hp)
+        except Exception as e:  # the API may be unreachable: keep serving the kubelet, catch up later
+            log.warning("could not update node %s: %s", self.config.node, e)
+            self._health_dirty.set()
+
+    def refresh_owners(self) -> None:
+        try:
+            pods = self.pods.pods_on_node(self.config.node)
+        except Exception as e:
+            log.warning("could not list pods on %s: %s", self.config.node, e)
+            return
+        self._owners = owners_from_pods(pods, self.config.node, [d.uuid for d in self.devices.whole_gpus])
+
+    def start(self, *, serve_metrics: bool = True) -> None:
+        self.plugin.start()
+        if serve_metrics:
+            start_http_server(self.config.metrics_port, self.config.metrics_addr, registry=self.registry)
+        self.sync_node()
+        self.refresh_owners()
+        threading.Thread(target=self._xid_loop, daemon=True, name="gpusched-xids").start()
+        threading.Thread(target=self._sync_loop, daemon=True, name="gpusched-sync").start()
+
+    def _xid_loop(self) -> None:
+        while not self._stop.is_set():
+            self.handle_xids(self.backend.poll_xids(1.0))
+
+    def _sync_loop(self) -> None:
+        waited = 0.0
+        while not self._stop.is_set():
+            if self._health_dirty.wait(1.0):
+                self._health_dirty.clear()
+                self.sync_node()
+            waited += 1.0
+            if waited >= self.config.resync_s:
+                waited = 0.0
+                self.sync_node()
+                self.refresh_owners()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.plugin.stop()
+        self.backend.close()
