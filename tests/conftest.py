@@ -1,9 +1,12 @@
-"""Shared fixtures: where the real Alibaba trace lives (skipping cleanly when it is absent)."""
+"""Shared fixtures: where the real Alibaba trace lives (skipping cleanly when it is absent), and the real
+control plane's binaries (skipping without Go, failing under CI)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -28,3 +31,43 @@ def trace_csv() -> Path:
             "set GPUSCHED_TRACES to the folder that holds alibaba-gpu-2023/"
         )
     return d
+
+
+# ------------------------------------------------------------------ the real control plane (e2e, chaos)
+def unavailable(reason: str) -> NoReturn:
+    """Skip locally; fail under CI (``$CI`` set), where the control-plane tests must run."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (failing rather than skipping because $CI is set)", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def control_plane_bin() -> Path:
+    """The control plane binaries (``hack/build-control-plane.sh``); skips without Go, fails under CI."""
+    from gpusched.k8s.testenv import BinariesUnavailableError, find_binaries
+
+    try:
+        return find_binaries()
+    except BinariesUnavailableError as exc:
+        if exc.go_missing:
+            unavailable(f"the e2e control plane cannot be built: Go is not installed. {exc}")
+        pytest.fail(f"the e2e control plane could not be built: {exc}", pytrace=False)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The numbers of every chaos run (tests/chaos), one line each, from the reports' user properties."""
+    rows = []
+    for reports in terminalreporter.stats.values():
+        for rep in reports:
+            for key, value in getattr(rep, "user_properties", ()) or ():
+                if key == "chaos" and getattr(rep, "when", "") == "call":
+                    rows.append(json.loads(value))
+    if not rows:
+        return
+    cols = ("scenario", "front_end", "seed", "pods_created", "pods_bound", "pods_deleted", "pods_pending",
+            "gpus_over_milli", "gpus_over_memory", "nodes_over_count", "bound_without_assignment",
+            "pending_that_fit", "duration_s")  # fmt: skip
+    terminalreporter.section("chaos runs")
+    terminalreporter.write_line(" | ".join(cols))
+    for r in sorted(rows, key=lambda r: (r["scenario"], r["front_end"], r["seed"])):
+        terminalreporter.write_line(" | ".join(str(r.get(c, "")) for c in cols))

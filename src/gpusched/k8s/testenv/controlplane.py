@@ -51,6 +51,12 @@ class _Process:
     popen: subprocess.Popen[bytes]
     log_path: Path
     log_file: IO[bytes]
+    cmd: list[str]
+    env: dict[str, str]
+    probe: Callable[[], bool] | None = None
+    """Its health check (set once it has passed); ``restart`` waits on it again."""
+    down: bool = False
+    """Killed on purpose by ``kill``: ``check_alive`` does not count it until ``restart``."""
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -284,8 +290,44 @@ class ControlPlane:
         """Raise ``ControlPlaneError`` (with the log tail) if a process has exited."""
         for proc in self._processes:
             code = proc.popen.poll()
-            if code is not None:
+            if code is not None and not proc.down:
                 raise ControlPlaneError(f"{proc.name} exited with {code}; log tail:\n{proc.log_tail()}")
+
+    def kill(self, name: str, sig: int = signal.SIGKILL, timeout: float = 30.0) -> None:
+        """Send ``sig`` (default SIGKILL, as a crash) to process ``name`` (``"kube-apiserver"``, ``"etcd"``,
+        ...) and its children, and wait until it has exited. Its data stays; ``restart(name)`` brings it back,
+        and until then ``check_alive`` does not count it as dead."""
+        proc = self._process(name)
+        proc.down = True
+        if proc.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.popen.pid, sig)
+            try:
+                proc.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.popen.pid, signal.SIGKILL)
+                proc.popen.wait()
+
+    def restart(self, name: str) -> None:
+        """Start process ``name`` again with the same command line, environment, port and data (SIGKILLing it
+        first if it still runs) and wait until it is healthy again."""
+        proc = self._process(name)
+        if proc.popen.poll() is None:
+            self.kill(name)
+        proc.log_file.write(f"$ (restart) {' '.join(proc.cmd)}\n".encode())
+        proc.log_file.flush()
+        proc.popen = self._popen(proc.cmd, proc.env, proc.log_file)
+        proc.down = False
+        if proc.probe is not None:
+            self._wait(name, proc.probe)
+
+    def restart_apiserver(self, down_s: float = 0.0) -> None:
+        """Crash kube-apiserver (SIGKILL), leave it down ``down_s`` seconds, start it again with the same
+        flags, port and etcd data, and wait until it is ready. Clients reconnect to the same URL."""
+        self.kill("kube-apiserver")
+        time.sleep(down_s)
+        self.restart("kube-apiserver")
 
     # -- components ------------------------------------------------------------------------------------
 
@@ -451,16 +493,27 @@ class ControlPlane:
         cmd = [str(self.bin_dir / name), *args, *self._extra_args.get(name, [])]
         log_file.write(f"$ {' '.join(cmd)}\n".encode())
         log_file.flush()
-        popen = subprocess.Popen(
+        full_env = {**os.environ, **(env or {})}
+        popen = self._popen(cmd, full_env, log_file)
+        self._processes.append(_Process(name, popen, log_path, log_file, cmd, full_env))
+
+    def _popen(self, cmd: list[str], env: dict[str, str], log_file: IO[bytes]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             cwd=self.workdir,
-            env={**os.environ, **(env or {})},
+            env=env,
             start_new_session=True,  # own process group: killpg reaches its children, Ctrl-C does not
         )
-        self._processes.append(_Process(name, popen, log_path, log_file))
+
+    def _process(self, name: str) -> _Process:
+        for proc in self._processes:
+            if proc.name == name:
+                return proc
+        names = ", ".join(p.name for p in self._processes)
+        raise ControlPlaneError(f"no process {name!r} (running: {names})")
 
     def _wait(self, name: str, probe: Callable[[], bool]) -> None:
         deadline = time.monotonic() + self._startup_timeout
@@ -468,6 +521,9 @@ class ControlPlane:
             self.check_alive()
             try:
                 if probe():
+                    for proc in self._processes:
+                        if proc.name == name:
+                            proc.probe = probe
                     return
             except (OSError, ValueError, http.client.HTTPException):
                 pass
