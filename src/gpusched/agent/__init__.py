@@ -1,5 +1,6 @@
 """The node agent (``gpusched agent``, a DaemonSet): discovery through NVML or a fake backend
-(``inventory``, ``nvml``, ``fake``, ``migprofiles``), GFD-compatible node labels (``labels``), the kubelet device
+(``inventory``, ``nvml``, ``fake``, ``migprofiles``), GFD-compatible node labels (``labels``), the kubelet
+device
 plugin that carries out the scheduler's ``gpusched.io/assignment`` (``plugin``, ``allocation``), GPU health on
 the Node (``health``), dcgm-exporter-compatible metrics (``metrics``) and the commands (``cli``, ``run``).
 

@@ -1,10 +1,13 @@
 """Which pod an ``Allocate`` call is for, and what its container gets.
 
-**Matching a call to its pod.** The kubelet's ``Allocate`` names devices, not the pod. As gpushare and HAMi do,
-the agent looks at the pods bound to this node that are still Pending, and takes the oldest (creation time, then
+**Matching a call to its pod.** The kubelet's ``Allocate`` names devices, not the pod. As gpushare and HAMi
+do,
+the agent looks at the pods bound to this node that are still Pending, and takes the oldest (creation time,
+then
 namespace/name) that has a container requesting this resource in exactly the number of devices asked for and
 not yet allocated. "Allocated" is remembered in the pod annotation ``gpusched.io/allocated`` (JSON: container
-name -> resource -> device IDs handed out), written before ``Allocate`` answers, and in memory for when the API
+name -> resource -> device IDs handed out), written before ``Allocate`` answers, and in memory for when the
+API
 is unreachable; so a restarted agent never hands one container two allocations, and a second container of the
 same pod gets the next slice. The kubelet admits one pod at a time on a node, so among pods of equal request
 the oldest is the one being admitted. (The PodResources API would name the pod only after ``Allocate``, so it
@@ -72,8 +75,9 @@ def parse_assignment(pod: Mapping[str, Any]) -> Assignment:
     if not isinstance(node, str) or not node:
         raise AllocationError(f"{where}: field node is missing or not a string: {raw!r}")
     gpus = data.get("gpus")
-    if not isinstance(gpus, list) or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0
-                                             for g in gpus):  # fmt: skip
+    if not isinstance(gpus, list) or not all(
+        isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus
+    ):
         raise AllocationError(f"{where}: field gpus is not a list of GPU indices: {raw!r}")
     if len(set(gpus)) != len(gpus):
         raise AllocationError(f"{where}: field gpus names a GPU twice: {raw!r}")
@@ -94,7 +98,7 @@ def _count(value: object) -> int:
 
 
 def container_requests(pod: Mapping[str, Any], resource: str) -> list[tuple[str, int]]:
-    """(container name, amount of ``resource``) for the pod's init containers then containers that ask for it."""
+    """(container, amount of ``resource``) for the init containers then the containers asking for it."""
     spec = pod.get("spec") or {}
     out = []
     for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
@@ -116,9 +120,15 @@ def allocated_of(pod: Mapping[str, Any]) -> dict[str, dict[str, list[str]]]:
     return data if isinstance(data, dict) else {}
 
 
-def match_pod(pods: Sequence[Mapping[str, Any]], node: str, resource: str, n_devices: int,
-              allocated: Mapping[str, set[tuple[str, str]]]) -> tuple[Mapping[str, Any], str] | None:  # fmt: skip
-    """The (pod, container name) an ``Allocate`` of ``n_devices`` of ``resource`` is for: the oldest Pending pod on
+def match_pod(
+    pods: Sequence[Mapping[str, Any]],
+    node: str,
+    resource: str,
+    n_devices: int,
+    allocated: Mapping[str, set[tuple[str, str]]],
+) -> tuple[Mapping[str, Any], str] | None:
+    """The (pod, container name) an ``Allocate`` of ``n_devices`` of ``resource`` is for: the oldest Pending
+    pod on
     ``node`` with a container asking for exactly that many and not yet allocated (``allocated``: pod UID ->
     {(container, resource)} known in memory, besides the pod's annotation)."""
 
@@ -147,7 +157,8 @@ def container_gpus(
     pod: Mapping[str, Any], container: str, resource: str, assignment: Assignment
 ) -> tuple[int, ...]:
     """The assignment's GPUs that belong to ``container``: for whole GPUs, the containers asking for
-    ``nvidia.com/gpu`` take the assignment's GPUs in order (init containers the first ones); a share's containers
+    ``nvidia.com/gpu`` take the assignment's GPUs in order (init containers the first ones); a share's
+    containers
     all get its one GPU."""
     if resource != RES_GPU:
         return assignment.gpus

@@ -29,13 +29,18 @@ def fake_doc(gpus: int) -> dict[str, Any]:
 
 def _pod(i: int, gpu: int) -> dict[str, Any]:
     return {
-        "metadata": {"name": f"p{i}", "namespace": "bench", "uid": f"uid-{i}",
-                     "creationTimestamp": f"2026-01-01T00:{i // 60 % 60:02d}:{i % 60:02d}Z",
-                     "annotations": {ANN_ASSIGNMENT: json.dumps({"node": NODE, "gpus": [gpu], "milli": 1000,
-                                                                 "memoryMiB": 0})}},
+        "metadata": {
+            "name": f"p{i}",
+            "namespace": "bench",
+            "uid": f"uid-{i}",
+            "creationTimestamp": f"2026-01-01T00:{i // 60 % 60:02d}:{i % 60:02d}Z",
+            "annotations": {
+                ANN_ASSIGNMENT: json.dumps({"node": NODE, "gpus": [gpu], "milli": 1000, "memoryMiB": 0})
+            },
+        },
         "spec": {"nodeName": NODE, "containers": [{"name": "c", "resources": {"limits": {RES_GPU: "1"}}}]},
         "status": {"phase": "Pending"},
-    }  # fmt: skip
+    }
 
 
 class _RollingPods(MemoryPods):
@@ -65,7 +70,9 @@ def bench_allocate(gpus: int = 8, calls: int = 2000, pending: int = 20) -> dict[
             uuids = [d.uuid for d in devices.whole_gpus]
             lat = []
             for i in range(calls):
-                req = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=[uuids[i % gpus]])])
+                req = pb.AllocateRequest(
+                    container_requests=[pb.ContainerAllocateRequest(devices_ids=[uuids[i % gpus]])]
+                )
                 t0 = time.perf_counter()
                 stub.Allocate(req, timeout=10)
                 lat.append((time.perf_counter() - t0) * 1000)
@@ -75,7 +82,8 @@ def bench_allocate(gpus: int = 8, calls: int = 2000, pending: int = 20) -> dict[
             kubelet.stop()
     lat.sort()
     return {
-        "what": f"Allocate of 1 nvidia.com/gpu over gRPC (unix socket), {gpus} fake GPUs, {pending} Pending pods",
+        "what": f"Allocate of 1 nvidia.com/gpu over gRPC (unix socket), {gpus} fake GPUs, "
+        f"{pending} Pending pods",
         "calls": calls,
         "p50_ms": round(statistics.median(lat), 3),
         "p99_ms": round(lat[int(0.99 * (len(lat) - 1))], 3),
@@ -96,21 +104,39 @@ def _rss_mib(pid: int) -> float:
 
 
 def bench_idle(gpus: int = 8, settle_s: float = 5.0, measure_s: float = 20.0) -> dict[str, Any]:
-    """Starts ``gpusched agent run --no-api`` with ``gpus`` fake GPUs against a fake kubelet and measures its CPU
+    """Starts ``gpusched agent run --no-api`` with ``gpus`` fake GPUs against a fake kubelet and measures its
+    CPU
     use and RSS while nothing happens."""
     with tempfile.TemporaryDirectory() as tmp:
         fake = Path(tmp) / "gpus.json"
         fake.write_text(json.dumps(fake_doc(gpus)))
         kubelet = FakeKubelet(Path(tmp) / "dp").start()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gpusched.agent", "run", "--fake", str(fake),
-             "--no-api", "--node", NODE, "--plugin-dir", str(Path(tmp) / "dp"), "--metrics-port", "0",
-             "--log-level", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "gpusched.agent",
+                "run",
+                "--fake",
+                str(fake),
+                "--no-api",
+                "--node",
+                NODE,
+                "--plugin-dir",
+                str(Path(tmp) / "dp"),
+                "--metrics-port",
+                "0",
+                "--log-level",
+                "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         try:
             regs = kubelet.wait_registrations(2, timeout_s=60)
-            watchers = [Watcher(kubelet, r.endpoint) for r in regs]  # the kubelet keeps one stream per resource
+            watchers = [
+                Watcher(kubelet, r.endpoint) for r in regs
+            ]  # the kubelet keeps one stream per resource
             time.sleep(settle_s)
             c0, t0 = _cpu_s(proc.pid), time.monotonic()
             time.sleep(measure_s)

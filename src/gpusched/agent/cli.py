@@ -13,11 +13,15 @@ from typing import Annotated
 
 import typer
 
-agent_app = typer.Typer(no_args_is_help=True, help="The node agent: GPU discovery, labels, device plugin, metrics.")
+agent_app = typer.Typer(
+    no_args_is_help=True, help="The node agent: GPU discovery, labels, device plugin, metrics."
+)
 
 FakeOpt = Annotated[
     Path | None,
-    typer.Option("--fake", help="Fake GPUs from this YAML/JSON file (default: $GPUSCHED_FAKE_GPUS, else NVML)."),
+    typer.Option(
+        "--fake", help="Fake GPUs from this YAML/JSON file (default: $GPUSCHED_FAKE_GPUS, else NVML)."
+    ),
 ]
 
 
@@ -47,19 +51,26 @@ def discover_cmd(fake: FakeOpt = None, as_json: Annotated[bool, typer.Option("--
         doc["readings"] = {str(d.index): b.readings(d.index).__dict__ for d in inv.devices}
         typer.echo(json.dumps(doc, indent=2, sort_keys=True))
     else:
-        typer.echo(f"{inv.hostname}: driver {inv.driver_version}, CUDA {inv.cuda_driver_version[0]}."
-                   f"{inv.cuda_driver_version[1]}, {len(inv.devices)} GPU(s)")  # fmt: skip
+        typer.echo(
+            f"{inv.hostname}: driver {inv.driver_version}, CUDA {inv.cuda_driver_version[0]}."
+            f"{inv.cuda_driver_version[1]}, {len(inv.devices)} GPU(s)"
+        )
         for d in inv.devices:
             mig = f", MIG {[m.profile for m in d.mig_instances]}" if d.mig_enabled else ""
-            typer.echo(f"  {d.index}: {d.name} {d.memory_mib} MiB {d.uuid} {d.pci_bus_id} "
-                       f"cc {d.compute_major}.{d.compute_minor} numa {d.numa_node} nvlink {list(d.nvlink_peers)}{mig}")
+            typer.echo(
+                f"  {d.index}: {d.name} {d.memory_mib} MiB {d.uuid} {d.pci_bus_id} "
+                f"cc {d.compute_major}.{d.compute_minor} numa {d.numa_node} "
+                f"nvlink {list(d.nvlink_peers)}{mig}"
+            )
     b.close()
 
 
 @agent_app.command("labels")
 def labels_cmd(
     fake: FakeOpt = None,
-    mig_strategy: Annotated[str | None, typer.Option(help="none or mixed (default: mixed if MIG is on).")] = None,
+    mig_strategy: Annotated[
+        str | None, typer.Option(help="none or mixed (default: mixed if MIG is on).")
+    ] = None,
 ) -> None:
     """Print the node labels (GFD's names and values) and gpusched's topology annotation."""
     from gpusched.agent import labels
@@ -106,8 +117,16 @@ def run_cmd(
         typer.echo("error: --node or $NODE_NAME is required", err=True)
         raise typer.Exit(2)
     kube = MemoryPods() if no_api else KubePods(kubeconfig)
-    cfg = AgentConfig(node=name, plugin_dir=plugin_dir, kubelet_socket=kubelet_socket, slots=slots, cdi=cdi,
-                      mig_strategy=mig_strategy, write_gfd_labels=gfd_labels, metrics_port=metrics_port)  # fmt: skip
+    cfg = AgentConfig(
+        node=name,
+        plugin_dir=plugin_dir,
+        kubelet_socket=kubelet_socket,
+        slots=slots,
+        cdi=cdi,
+        mig_strategy=mig_strategy,
+        write_gfd_labels=gfd_labels,
+        metrics_port=metrics_port,
+    )
     agent = Agent(cfg, backend_from(fake), kube, kube)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -1,4 +1,5 @@
-"""A fake GPU backend, configured from a YAML or JSON file (or the env var ``GPUSCHED_FAKE_GPUS``: a path, or the
+"""A fake GPU backend, configured from a YAML or JSON file (or the env var ``GPUSCHED_FAKE_GPUS``: a path, or
+the
 document itself). CI and the kubelet e2e use it. Format::
 
     hostname: gpu-node-1            # default: $NODE_NAME, else the host name
@@ -7,7 +8,8 @@ document itself). CI and the kubelet e2e use it. Format::
     machine: DGX-A100               # GFD's nvidia.com/gpu.machine (default "unknown")
     xidFile: /run/fake-xids         # optional: lines "<gpu index> <xid>" appended here are XID events
     gpus:
-      - model: NVIDIA A100-SXM4-80GB  # NVML's name; memoryMiB and computeCapability default from a small table
+      - model: NVIDIA A100-SXM4-80GB  # NVML's name; memoryMiB and computeCapability default from a small
+      table
         count: 4                      # optional: this entry stands for 4 GPUs (indices run on)
         memoryMiB: 81920
         uuid: GPU-...                 # default: derived from hostname and index
@@ -76,8 +78,13 @@ def _version(text: object, where: str, parts: tuple[int, ...]) -> tuple[int, ...
 
 
 class FakeBackend:
-    def __init__(self, inventory: Inventory, readings: Mapping[int, Readings] | None = None,
-                 xids: list[XidEvent] | None = None, xid_file: Path | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        inventory: Inventory,
+        readings: Mapping[int, Readings] | None = None,
+        xids: list[XidEvent] | None = None,
+        xid_file: Path | None = None,
+    ) -> None:
         self._inv = inventory
         self._readings = dict(readings or {})
         self._pending: list[XidEvent] = list(xids or [])
@@ -152,8 +159,13 @@ class FakeBackend:
                 raise FakeConfigError(
                     f"{source}: GPU index {d.index}: field nvlinkPeers names no other GPU: {bad}"
                 )
-        inv = Inventory(hostname=hostname, driver_version=driver, cuda_driver_version=(cuda[0], cuda[1]),
-                        devices=tuple(devices), machine=str(doc.get("machine", "unknown")))  # fmt: skip
+        inv = Inventory(
+            hostname=hostname,
+            driver_version=driver,
+            cuda_driver_version=(cuda[0], cuda[1]),
+            devices=tuple(devices),
+            machine=str(doc.get("machine", "unknown")),
+        )
         xid_file = Path(doc["xidFile"]) if doc.get("xidFile") else None
         return cls(inv, readings, xids, xid_file)
 
@@ -165,8 +177,13 @@ class FakeBackend:
         r = self._readings.get(index, Readings())
         d = self._inv.by_index(index)
         if d is not None and r.memory_used_mib is not None and r.memory_free_mib is None:
-            r = Readings(r.gpu_util_percent, r.memory_used_mib, d.memory_mib - r.memory_used_mib,
-                         r.temperature_c, r.power_w)  # fmt: skip
+            r = Readings(
+                r.gpu_util_percent,
+                r.memory_used_mib,
+                d.memory_mib - r.memory_used_mib,
+                r.temperature_c,
+                r.power_w,
+            )
         return r
 
     def set_readings(self, index: int, readings: Readings) -> None:
@@ -203,8 +220,20 @@ class FakeBackend:
         pass
 
 
-_GPU_FIELDS = {"model", "count", "memoryMiB", "uuid", "pciBusId", "computeCapability", "numaNode", "nvlinkPeers",
-               "migMode", "mig", "xids", "readings"}  # fmt: skip
+_GPU_FIELDS = {
+    "model",
+    "count",
+    "memoryMiB",
+    "uuid",
+    "pciBusId",
+    "computeCapability",
+    "numaNode",
+    "nvlinkPeers",
+    "migMode",
+    "mig",
+    "xids",
+    "readings",
+}
 
 
 def _int(entry: Mapping[str, Any], name: str, where: str, default: int | None = None) -> int | None:
@@ -216,8 +245,9 @@ def _int(entry: Mapping[str, Any], name: str, where: str, default: int | None = 
     return v
 
 
-def _gpu(entry: Mapping[str, Any], index: int, hostname: str, where: str, *, single: bool,
-         copy: int) -> tuple[GpuDevice, Readings, list[XidEvent]]:  # fmt: skip
+def _gpu(
+    entry: Mapping[str, Any], index: int, hostname: str, where: str, *, single: bool, copy: int
+) -> tuple[GpuDevice, Readings, list[XidEvent]]:
     unknown = set(entry) - _GPU_FIELDS
     if unknown:
         raise FakeConfigError(f"{where}: unknown field(s) {sorted(unknown)}")
@@ -288,14 +318,25 @@ def _gpu(entry: Mapping[str, Any], index: int, hostname: str, where: str, *, sin
     if used is not None and used > mem:
         raise FakeConfigError(f"{where}: field readings.memoryUsedMiB {used} is more than memoryMiB {mem}")
     dev = GpuDevice(
-        index=index, uuid=uuid, name=model, memory_mib=mem, pci_bus_id=pci, compute_major=cc[0],
-        compute_minor=cc[1], mig_capable=capable, mig_enabled=mig_mode, mig_instances=tuple(instances),
-        nvlink_peers=tuple(peers_raw), numa_node=numa,
-    )  # fmt: skip
+        index=index,
+        uuid=uuid,
+        name=model,
+        memory_mib=mem,
+        pci_bus_id=pci,
+        compute_major=cc[0],
+        compute_minor=cc[1],
+        mig_capable=capable,
+        mig_enabled=mig_mode,
+        mig_instances=tuple(instances),
+        nvlink_peers=tuple(peers_raw),
+        numa_node=numa,
+    )
     readings = Readings(
-        gpu_util_percent=rd.get("utilization"), memory_used_mib=int(used) if used is not None else None,
-        temperature_c=rd.get("temperature"), power_w=rd.get("power"),
-    )  # fmt: skip
+        gpu_util_percent=rd.get("utilization"),
+        memory_used_mib=int(used) if used is not None else None,
+        temperature_c=rd.get("temperature"),
+        power_w=rd.get("power"),
+    )
     return dev, readings, [XidEvent(index, x) for x in xids_raw]
 
 

@@ -1,11 +1,13 @@
 """GPU health on the Node object, for the scheduler's books.
 
 The agent writes the annotation ``gpusched.io/unhealthy-gpus`` on its Node: the scheduler's GPU indices (the
-``gpus`` of ``gpusched.io/assignment``) of the GPUs that failed, comma-separated in ascending order ("0,3"); absent
+``gpus`` of ``gpusched.io/assignment``) of the GPUs that failed, comma-separated in ascending order ("0,3");
+absent
 or "" when all are healthy. When every GPU of the node has failed it also adds the taint
 ``gpusched.io/gpu-unhealthy=true:NoSchedule``; recovery removes both.
 
-The scheduler side (``gpusched.k8s.convert.node_from_k8s``) calls :func:`parse_unhealthy_gpus` on the annotation
+The scheduler side (``gpusched.k8s.convert.node_from_k8s``) calls :func:`parse_unhealthy_gpus` on the
+annotation
 and keeps those GPUs out of its books. It must take the GPU count from ``status.capacity["nvidia.com/gpu"]``:
 the kubelet leaves unhealthy devices out of ``allocatable``, which would renumber the GPUs.
 
@@ -26,7 +28,8 @@ def format_unhealthy_gpus(indices: Iterable[int]) -> str:
 
 
 def parse_unhealthy_gpus(value: str | None, where: str = "node") -> frozenset[int]:
-    """The GPU indices named by the annotation's value (None or "" -> none). Raises ValueError naming ``where``
+    """The GPU indices named by the annotation's value (None or "" -> none). Raises ValueError naming
+    ``where``
     and the annotation for anything but comma-separated non-negative integers."""
     if value is None or not value.strip():
         return frozenset()
@@ -49,7 +52,8 @@ def unhealthy_gpus_of_node(node: Mapping[str, Any]) -> frozenset[int]:
 
 
 def health_patch(node: Mapping[str, Any], unhealthy: Iterable[int], gpu_count: int) -> dict[str, Any] | None:
-    """A JSON merge patch that brings the node's annotation and taint in line with ``unhealthy`` (None when the
+    """A JSON merge patch that brings the node's annotation and taint in line with ``unhealthy`` (None when
+    the
     node already agrees). ``spec.taints`` is replaced whole, keeping every taint but ours."""
     bad = sorted(set(unhealthy))
     meta = node.get("metadata") or {}
@@ -69,9 +73,11 @@ def health_patch(node: Mapping[str, Any], unhealthy: Iterable[int], gpu_count: i
     return patch or None
 
 
-def labels_patch(node: Mapping[str, Any], labels: Mapping[str, str],
-                 annotations: Mapping[str, str]) -> dict[str, Any] | None:  # fmt: skip
-    """A merge patch for only the labels and annotations whose values differ (so that where GFD writes the same
+def labels_patch(
+    node: Mapping[str, Any], labels: Mapping[str, str], annotations: Mapping[str, str]
+) -> dict[str, Any] | None:
+    """A merge patch for only the labels and annotations whose values differ (so that where GFD writes the
+    same
     labels, neither writer changes anything)."""
     meta = node.get("metadata") or {}
     have_l = meta.get("labels") or {}

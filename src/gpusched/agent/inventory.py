@@ -1,7 +1,8 @@
 """What the agent knows about a node's GPUs: a typed inventory, the readings, and the backend protocol.
 
 Two backends implement :class:`GpuBackend`: :mod:`gpusched.agent.nvml` (the NVIDIA driver through
-``nvidia-ml-py``, imported lazily) and :mod:`gpusched.agent.fake` (a file or env var, for CI and the kubelet e2e).
+``nvidia-ml-py``, imported lazily) and :mod:`gpusched.agent.fake` (a file or env var, for CI and the kubelet
+e2e).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def is_critical_xid(xid: int) -> bool:
 
 @dataclass(frozen=True)
 class MigInstance:
-    """One MIG device (a compute instance spanning its GPU instance), as NVIDIA's mixed strategy exposes it."""
+    """One MIG device (a compute instance spanning its GPU instance), as the mixed strategy exposes it."""
 
     profile: str  # e.g. "1g.10gb", "1g.10gb+me"
     placement_start: int

@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gpusched.agent.allocation import RES_SHARE, allocated_of, parse_assignment, AllocationError
+from gpusched.agent.allocation import RES_SHARE, AllocationError, allocated_of, parse_assignment
 from gpusched.agent.inventory import GpuBackend, Readings
 from gpusched.k8s.convert import RES_GPU, RES_MEMORY, RES_MILLI
 
@@ -34,13 +34,19 @@ Owners = Mapping[str, Sequence[tuple[str, str, str]]]
 """GPU UUID -> [(namespace, pod, container)]."""
 
 
-def owners_from_pods(pods: Sequence[Mapping[str, Any]], node: str, whole_gpu_uuids: Sequence[str]) -> dict[str, list[tuple[str, str, str]]]:
-    """Which running containers hold which GPUs: the ``gpusched.io/allocated`` annotation where the agent wrote
+def owners_from_pods(
+    pods: Sequence[Mapping[str, Any]], node: str, whole_gpu_uuids: Sequence[str]
+) -> dict[str, list[tuple[str, str, str]]]:
+    """Which running containers hold which GPUs: the ``gpusched.io/allocated`` annotation where the agent
+    wrote
     it, else the assignment's GPUs for each container that asks for a GPU resource."""
     out: dict[str, list[tuple[str, str, str]]] = {}
     for pod in pods:
         spec = pod.get("spec") or {}
-        if spec.get("nodeName") != node or (pod.get("status") or {}).get("phase") not in ("Running", "Pending"):
+        if spec.get("nodeName") != node or (pod.get("status") or {}).get("phase") not in (
+            "Running",
+            "Pending",
+        ):
             continue
         meta = pod.get("metadata") or {}
         ns, name = str(meta.get("namespace", "default")), str(meta.get("name", ""))
@@ -58,7 +64,10 @@ def owners_from_pods(pods: Sequence[Mapping[str, Any]], node: str, whole_gpu_uui
         if a.node != node:
             continue
         for c in spec.get("containers") or []:
-            lim = {**((c.get("resources") or {}).get("requests") or {}), **((c.get("resources") or {}).get("limits") or {})}
+            lim = {
+                **((c.get("resources") or {}).get("requests") or {}),
+                **((c.get("resources") or {}).get("limits") or {}),
+            }
             if not any(k in lim for k in (RES_GPU, RES_SHARE, RES_MILLI, RES_MEMORY)):
                 continue
             for g in a.gpus:
@@ -68,7 +77,9 @@ def owners_from_pods(pods: Sequence[Mapping[str, Any]], node: str, whole_gpu_uui
 
 
 class GpuCollector(Collector):
-    def __init__(self, backend: GpuBackend, owners: Callable[[], Owners] = dict, xids: Mapping[int, int] | None = None):
+    def __init__(
+        self, backend: GpuBackend, owners: Callable[[], Owners] = dict, xids: Mapping[int, int] | None = None
+    ):
         self.backend = backend
         self.owners = owners
         self.last_xid: Mapping[int, int] = xids if xids is not None else {}
@@ -77,10 +88,14 @@ class GpuCollector(Collector):
         inv = self.backend.inventory()
         owners = self.owners()
         families = {
-            name: GaugeMetricFamily(name, help_, labels=[*BASE_LABELS, *POD_LABELS]) for name, help_, _ in FIELDS
+            name: GaugeMetricFamily(name, help_, labels=[*BASE_LABELS, *POD_LABELS])
+            for name, help_, _ in FIELDS
         }
-        xid = GaugeMetricFamily("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.",
-                                labels=[*BASE_LABELS, *POD_LABELS])  # fmt: skip
+        xid = GaugeMetricFamily(
+            "DCGM_FI_DEV_XID_ERRORS",
+            "Value of the last XID error encountered.",
+            labels=[*BASE_LABELS, *POD_LABELS],
+        )
         for d in inv.devices:
             base = [str(d.index), d.uuid, d.pci_bus_id, f"nvidia{d.index}", d.name, inv.hostname]
             who = owners.get(d.uuid) or [("", "", "")]

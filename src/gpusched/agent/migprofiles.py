@@ -1,10 +1,12 @@
 """MIG GPU-instance profiles per GPU model: names, slices, allowed placements, and the attributes GFD labels.
 
 From ../shared/reference/mig.md §2 (NVIDIA's MIG user guide tables): every 8-memory-slice GPU (A100, H100,
-H200, B200) shares one layout; only the profile names and per-slice numbers differ. A30 uses quarters. Real NVML
+H200, B200) shares one layout; only the profile names and per-slice numbers differ. A30 uses quarters. Real
+NVML
 reports each MIG device's attributes itself (``nvmlDeviceGetAttributes``); this table fills them for the fake
 backend, and checks that a fake (or any) instance names a profile the model has, at a start it allows, without
-overlap. Memory per profile is approximate (the driver reports slightly less than the name), SM and engine counts
+overlap. Memory per profile is approximate (the driver reports slightly less than the name), SM and engine
+counts
 are the lgip listings' for A100 and H100 and the Hopper values for later parts.
 """
 
@@ -47,22 +49,71 @@ A30_LAYOUT = (
 
 # Profile name per kind, per model class (mig.md §2b, §2c).
 _NAMES: dict[str, dict[str, str]] = {
-    "a100-40gb": {"1g": "1g.5gb", "1g+me": "1g.5gb+me", "1g2": "1g.10gb", "2g": "2g.10gb", "3g": "3g.20gb",
-                  "4g": "4g.20gb", "7g": "7g.40gb"},
-    "a100-80gb": {"1g": "1g.10gb", "1g+me": "1g.10gb+me", "1g2": "1g.20gb", "2g": "2g.20gb", "3g": "3g.40gb",
-                  "4g": "4g.40gb", "7g": "7g.80gb"},
-    "h100-80gb": {"1g": "1g.10gb", "1g+me": "1g.10gb+me", "1g2": "1g.20gb", "2g": "2g.20gb", "3g": "3g.40gb",
-                  "4g": "4g.40gb", "7g": "7g.80gb"},
-    "h100-94gb": {"1g": "1g.12gb", "1g+me": "1g.12gb+me", "1g2": "1g.24gb", "2g": "2g.24gb", "3g": "3g.47gb",
-                  "4g": "4g.47gb", "7g": "7g.94gb"},
-    "h100-96gb": {"1g": "1g.12gb", "1g+me": "1g.12gb+me", "1g2": "1g.24gb", "2g": "2g.24gb", "3g": "3g.48gb",
-                  "4g": "4g.48gb", "7g": "7g.96gb"},
-    "h200-141gb": {"1g": "1g.18gb", "1g+me": "1g.18gb+me", "1g2": "1g.35gb", "2g": "2g.35gb", "3g": "3g.71gb",
-                   "4g": "4g.71gb", "7g": "7g.141gb"},
-    "b200": {"1g": "1g.23gb", "1g+me": "1g.23gb+me", "1g2": "1g.45gb", "2g": "2g.45gb", "3g": "3g.90gb",
-             "4g": "4g.90gb", "7g": "7g.180gb"},
+    "a100-40gb": {
+        "1g": "1g.5gb",
+        "1g+me": "1g.5gb+me",
+        "1g2": "1g.10gb",
+        "2g": "2g.10gb",
+        "3g": "3g.20gb",
+        "4g": "4g.20gb",
+        "7g": "7g.40gb",
+    },
+    "a100-80gb": {
+        "1g": "1g.10gb",
+        "1g+me": "1g.10gb+me",
+        "1g2": "1g.20gb",
+        "2g": "2g.20gb",
+        "3g": "3g.40gb",
+        "4g": "4g.40gb",
+        "7g": "7g.80gb",
+    },
+    "h100-80gb": {
+        "1g": "1g.10gb",
+        "1g+me": "1g.10gb+me",
+        "1g2": "1g.20gb",
+        "2g": "2g.20gb",
+        "3g": "3g.40gb",
+        "4g": "4g.40gb",
+        "7g": "7g.80gb",
+    },
+    "h100-94gb": {
+        "1g": "1g.12gb",
+        "1g+me": "1g.12gb+me",
+        "1g2": "1g.24gb",
+        "2g": "2g.24gb",
+        "3g": "3g.47gb",
+        "4g": "4g.47gb",
+        "7g": "7g.94gb",
+    },
+    "h100-96gb": {
+        "1g": "1g.12gb",
+        "1g+me": "1g.12gb+me",
+        "1g2": "1g.24gb",
+        "2g": "2g.24gb",
+        "3g": "3g.48gb",
+        "4g": "4g.48gb",
+        "7g": "7g.96gb",
+    },
+    "h200-141gb": {
+        "1g": "1g.18gb",
+        "1g+me": "1g.18gb+me",
+        "1g2": "1g.35gb",
+        "2g": "2g.35gb",
+        "3g": "3g.71gb",
+        "4g": "4g.71gb",
+        "7g": "7g.141gb",
+    },
+    "b200": {
+        "1g": "1g.23gb",
+        "1g+me": "1g.23gb+me",
+        "1g2": "1g.45gb",
+        "2g": "2g.45gb",
+        "3g": "3g.90gb",
+        "4g": "4g.90gb",
+        "7g": "7g.180gb",
+    },
     "a30": {"1g": "1g.6gb", "1g+me": "1g.6gb+me", "2g": "2g.12gb", "4g": "4g.24gb"},
-}  # fmt: skip
+}
 
 # SMs per kind (mig.md §2e) and (copy, decoder, encoder, jpeg, ofa) engines (lgip listings).
 _AMPERE_SMS = {"1g": 14, "1g+me": 14, "1g2": 14, "2g": 28, "3g": 42, "4g": 56, "7g": 98}
@@ -78,8 +129,15 @@ _AMPERE_ENGINES = {
     "4g": (4, 2, 0, 0, 0),
     "7g": (7, 5, 0, 1, 1),
 }
-_HOPPER_ENGINES = {"1g": (1, 1, 0, 1, 0), "1g+me": (1, 1, 0, 1, 1), "1g2": (1, 1, 0, 1, 0), "2g": (2, 2, 0, 2, 0),
-                   "3g": (3, 3, 0, 3, 0), "4g": (4, 4, 0, 4, 0), "7g": (8, 7, 0, 7, 1)}  # fmt: skip
+_HOPPER_ENGINES = {
+    "1g": (1, 1, 0, 1, 0),
+    "1g+me": (1, 1, 0, 1, 1),
+    "1g2": (1, 1, 0, 1, 0),
+    "2g": (2, 2, 0, 2, 0),
+    "3g": (3, 3, 0, 3, 0),
+    "4g": (4, 4, 0, 4, 0),
+    "7g": (8, 7, 0, 7, 1),
+}
 
 
 def model_class(name: str, memory_mib: int) -> str | None:
@@ -143,11 +201,21 @@ def instance(
         raise MigError(f"unknown MIG profile {profile!r} for {gpu_name} (known: {known})")
     c, d, e, j, o = p.engines
     return MigInstance(
-        profile=profile, placement_start=start, placement_size=p.kind.mem_slices, uuid=uuid, gi_id=gi_id,
-        memory_mib=p.memory_mib, multiprocessors=p.multiprocessors, slices_gi=p.kind.sm_slices,
-        slices_ci=p.kind.sm_slices, engines_copy=c, engines_decoder=d, engines_encoder=e, engines_jpeg=j,
+        profile=profile,
+        placement_start=start,
+        placement_size=p.kind.mem_slices,
+        uuid=uuid,
+        gi_id=gi_id,
+        memory_mib=p.memory_mib,
+        multiprocessors=p.multiprocessors,
+        slices_gi=p.kind.sm_slices,
+        slices_ci=p.kind.sm_slices,
+        engines_copy=c,
+        engines_decoder=d,
+        engines_encoder=e,
+        engines_jpeg=j,
         engines_ofa=o,
-    )  # fmt: skip
+    )
 
 
 def validate(
@@ -164,8 +232,10 @@ def validate(
             known = ", ".join(table) or "none: this GPU has no MIG"
             raise MigError(f"unknown MIG profile {m.profile!r} for {gpu_name} (known: {known})")
         if m.placement_start not in p.kind.starts:
-            raise MigError(f"MIG profile {m.profile} cannot start at slice {m.placement_start} "
-                           f"(allowed starts: {list(p.kind.starts)})")  # fmt: skip
+            raise MigError(
+                f"MIG profile {m.profile} cannot start at slice {m.placement_start} "
+                f"(allowed starts: {list(p.kind.starts)})"
+            )
         for s in range(m.placement_start, m.placement_start + p.kind.mem_slices):
             if s in used:
                 raise MigError(f"MIG {m.profile} at slice {m.placement_start} overlaps {used[s]} (slice {s})")

@@ -1,4 +1,5 @@
-"""The real backend: the NVIDIA driver through NVML (``nvidia-ml-py``, module ``pynvml``), imported lazily so that
+"""The real backend: the NVIDIA driver through NVML (``nvidia-ml-py``, module ``pynvml``), imported lazily so
+that
 machines without a driver can import the agent and use the fake backend."""
 
 from __future__ import annotations
@@ -65,16 +66,20 @@ class NvmlBackend:
                     mig_instances=self._mig_instances(h) if enabled else (),
                     nvlink_peers=self._nvlink_peers(h),
                     numa_node=numa if isinstance(numa, int) else None,
-                )  # fmt: skip
+                )
             )
         cuda = int(n.nvmlSystemGetCudaDriverVersion())
         try:
             machine = DMI_PRODUCT.read_text().strip() or "unknown"
         except OSError:
             machine = "unknown"
-        return Inventory(hostname=self._hostname, driver_version=_str(n.nvmlSystemGetDriverVersion()),
-                         cuda_driver_version=(cuda // 1000, cuda % 1000 // 10), devices=tuple(devices),
-                         machine=machine)  # fmt: skip
+        return Inventory(
+            hostname=self._hostname,
+            driver_version=_str(n.nvmlSystemGetDriverVersion()),
+            cuda_driver_version=(cuda // 1000, cuda % 1000 // 10),
+            devices=tuple(devices),
+            machine=machine,
+        )
 
     def _mig_instances(self, h: Any) -> tuple[MigInstance, ...]:
         n = self._n
@@ -94,14 +99,25 @@ class NvmlBackend:
             profile = f"{int(a.gpuInstanceSliceCount)}g.{mem_gb}gb"
             if int(a.computeInstanceSliceCount) != int(a.gpuInstanceSliceCount):
                 profile = f"{int(a.computeInstanceSliceCount)}c.{profile}"
-            out.append(MigInstance(
-                profile=profile, placement_start=start, placement_size=size, uuid=_str(n.nvmlDeviceGetUUID(m)),
-                gi_id=gi_id, ci_id=int(n.nvmlDeviceGetComputeInstanceId(m)), memory_mib=int(a.memorySizeMB),
-                multiprocessors=int(a.multiprocessorCount), slices_gi=int(a.gpuInstanceSliceCount),
-                slices_ci=int(a.computeInstanceSliceCount), engines_copy=int(a.sharedCopyEngineCount),
-                engines_decoder=int(a.sharedDecoderCount), engines_encoder=int(a.sharedEncoderCount),
-                engines_jpeg=int(a.sharedJpegCount), engines_ofa=int(a.sharedOfaCount),
-            ))  # fmt: skip
+            out.append(
+                MigInstance(
+                    profile=profile,
+                    placement_start=start,
+                    placement_size=size,
+                    uuid=_str(n.nvmlDeviceGetUUID(m)),
+                    gi_id=gi_id,
+                    ci_id=int(n.nvmlDeviceGetComputeInstanceId(m)),
+                    memory_mib=int(a.memorySizeMB),
+                    multiprocessors=int(a.multiprocessorCount),
+                    slices_gi=int(a.gpuInstanceSliceCount),
+                    slices_ci=int(a.computeInstanceSliceCount),
+                    engines_copy=int(a.sharedCopyEngineCount),
+                    engines_decoder=int(a.sharedDecoderCount),
+                    engines_encoder=int(a.sharedEncoderCount),
+                    engines_jpeg=int(a.sharedJpegCount),
+                    engines_ofa=int(a.sharedOfaCount),
+                )
+            )
         return tuple(out)
 
     def _nvlink_peers(self, h: Any) -> tuple[int, ...]:

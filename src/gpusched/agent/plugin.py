@@ -5,7 +5,8 @@ Resources (see ``docs/agent-design.md``):
 - ``nvidia.com/gpu``: one device per non-MIG GPU, ID = its UUID.
 - ``gpusched.io/gpu-share``: ``slots`` virtual devices per non-MIG GPU, ID = ``<UUID>::<k>``. A share pod
   (``gpusched.io/gpu-milli`` and/or ``gpusched.io/gpu-memory``) carries ``gpusched.io/gpu-share: 1`` in its
-  limits (added by gpusched's mutating webhook, or written by the user) so that the kubelet calls ``Allocate``.
+  limits (added by gpusched's mutating webhook, or written by the user) so that the kubelet calls
+  ``Allocate``.
 - ``nvidia.com/mig-<profile>``: one device per MIG device (mixed strategy), ID = its MIG UUID.
 
 ``Allocate`` and ``GetPreferredAllocation`` follow the scheduler's ``gpusched.io/assignment`` (see
@@ -13,12 +14,14 @@ Resources (see ``docs/agent-design.md``):
 share slots and MIG devices) Unhealthy, and every ``ListAndWatch`` stream sends the new list.
 
 Registration: each server listens on ``<plugin dir>/gpusched-<resource>.sock`` and calls
-``Registration.Register`` on ``<plugin dir>/kubelet.sock``. The kubelet empties the directory when it restarts;
+``Registration.Register`` on ``<plugin dir>/kubelet.sock``. The kubelet empties the directory when it
+restarts;
 a watcher notices the socket gone (or the kubelet socket replaced), serves again and registers again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -103,8 +106,13 @@ class NodeDevices:
             return [(f"{d.uuid}::{k}", d) for d in self.whole_gpus for k in range(self.slots)]
         if resource.startswith("nvidia.com/mig-"):
             profile = resource.removeprefix("nvidia.com/mig-")
-            return [(m.uuid, d) for d in self.inventory.devices if d.mig_enabled for m in d.mig_instances
-                    if m.resource_profile == profile and m.slices_ci == m.slices_gi]  # fmt: skip
+            return [
+                (m.uuid, d)
+                for d in self.inventory.devices
+                if d.mig_enabled
+                for m in d.mig_instances
+                if m.resource_profile == profile and m.slices_ci == m.slices_gi
+            ]
         return []
 
     def list_response(self, resource: str) -> pb.ListAndWatchResponse:
@@ -158,8 +166,10 @@ class Allocator:
         a = parse_assignment(pod)
         key = pod_key(pod)
         if a.node != self.devices.node:
-            raise AllocationError(f"pod {key}: annotation gpusched.io/assignment field node is {a.node!r}, "
-                                  f"but this is node {self.devices.node!r}")  # fmt: skip
+            raise AllocationError(
+                f"pod {key}: annotation gpusched.io/assignment field node is {a.node!r}, "
+                f"but this is node {self.devices.node!r}"
+            )
         gpus = container_gpus(pod, container, resource, a)
         out = []
         for i in gpus:
@@ -172,13 +182,17 @@ class Allocator:
                 )
             out.append(d)
         if resource == RES_SHARE and len(out) != 1:
-            raise AllocationError(f"pod {key}: annotation gpusched.io/assignment field gpus must name one GPU "
-                                  f"for a share, not {list(gpus)}")  # fmt: skip
+            raise AllocationError(
+                f"pod {key}: annotation gpusched.io/assignment field gpus must name one GPU "
+                f"for a share, not {list(gpus)}"
+            )
         if resource == RES_GPU:
             need = dict(container_requests(pod, resource))[container]
             if len(out) != need:
-                raise AllocationError(f"pod {key}: annotation gpusched.io/assignment field gpus has "
-                                      f"{len(a.gpus)} GPU(s) for containers asking for more")  # fmt: skip
+                raise AllocationError(
+                    f"pod {key}: annotation gpusched.io/assignment field gpus has "
+                    f"{len(a.gpus)} GPU(s) for containers asking for more"
+                )
         return a, out
 
     def allocate_container(self, resource: str, device_ids: list[str]) -> pb.ContainerAllocateResponse:
@@ -211,8 +225,14 @@ class Allocator:
                 )
             except Exception as e:  # the API may be down: memory remembers, the kubelet is still served
                 log.warning("could not annotate %s as allocated: %s", pod_key(pod), e)
-            log.info("Allocate %s %s -> pod %s container %s: %s", resource, device_ids, pod_key(pod),
-                     container, uuids)  # fmt: skip
+            log.info(
+                "Allocate %s %s -> pod %s container %s: %s",
+                resource,
+                device_ids,
+                pod_key(pod),
+                container,
+                uuids,
+            )
             return resp
 
     def _response(self, uuids: list[str], env: dict[str, str]) -> pb.ContainerAllocateResponse:
@@ -246,8 +266,9 @@ class Allocator:
 
 
 class DevicePluginServicer(pbg.DevicePluginServicer):
-    def __init__(self, resource: str, devices: NodeDevices, allocator: Allocator,
-                 stop: threading.Event) -> None:  # fmt: skip
+    def __init__(
+        self, resource: str, devices: NodeDevices, allocator: Allocator, stop: threading.Event
+    ) -> None:
         self.resource = resource
         self.devices = devices
         self.allocator = allocator
@@ -267,12 +288,14 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
                 seen = self.devices.version
             yield self.devices.list_response(self.resource)
 
-    def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest,
-                               context: Any) -> pb.PreferredAllocationResponse:  # fmt: skip
+    def GetPreferredAllocation(
+        self, request: pb.PreferredAllocationRequest, context: Any
+    ) -> pb.PreferredAllocationResponse:
         out = []
         for r in request.container_requests:
-            ids = self.allocator.preferred(self.resource, list(r.available_deviceIDs),
-                                           list(r.must_include_deviceIDs), r.allocation_size)  # fmt: skip
+            ids = self.allocator.preferred(
+                self.resource, list(r.available_deviceIDs), list(r.must_include_deviceIDs), r.allocation_size
+            )
             out.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return pb.PreferredAllocationResponse(container_responses=out)
 
@@ -286,16 +309,23 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         return pb.AllocateResponse(container_responses=out)
 
-    def PreStartContainer(self, request: pb.PreStartContainerRequest,
-                          context: Any) -> pb.PreStartContainerResponse:  # fmt: skip
+    def PreStartContainer(
+        self, request: pb.PreStartContainerRequest, context: Any
+    ) -> pb.PreStartContainerResponse:
         return pb.PreStartContainerResponse()
 
 
 class ResourceServer:
     """One resource's gRPC server on its socket, registered with the kubelet."""
 
-    def __init__(self, resource: str, devices: NodeDevices, allocator: Allocator, plugin_dir: Path,
-                 kubelet_socket: Path) -> None:  # fmt: skip
+    def __init__(
+        self,
+        resource: str,
+        devices: NodeDevices,
+        allocator: Allocator,
+        plugin_dir: Path,
+        kubelet_socket: Path,
+    ) -> None:
         self.resource = resource
         self.socket = plugin_dir / socket_name(resource)
         self.kubelet_socket = kubelet_socket
@@ -312,7 +342,7 @@ class ResourceServer:
         if self.socket.exists():
             self.socket.unlink()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-        pbg.add_DevicePluginServicer_to_server(
+        pbg.add_DevicePluginServicer_to_server(  # type: ignore[no-untyped-call]
             DevicePluginServicer(self.resource, self._devices, self._allocator, self._stop), server
         )
         server.add_insecure_port(f"unix://{self.socket}")
@@ -321,13 +351,15 @@ class ResourceServer:
 
     def register(self, timeout_s: float = 5.0) -> None:
         with grpc.insecure_channel(f"unix://{self.kubelet_socket}") as ch:
-            pbg.RegistrationStub(ch).Register(
+            pbg.RegistrationStub(ch).Register(  # type: ignore[no-untyped-call]
                 pb.RegisterRequest(
-                    version=API_VERSION, endpoint=self.socket.name, resource_name=self.resource,
+                    version=API_VERSION,
+                    endpoint=self.socket.name,
+                    resource_name=self.resource,
                     options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
                 ),
                 timeout=timeout_s,
-            )  # fmt: skip
+            )
         self.registrations += 1
         log.info("registered %s with the kubelet (%s)", self.resource, self.socket)
 
@@ -348,15 +380,24 @@ def _inode(p: Path) -> int | None:
 class DevicePlugin:
     """All resource servers of a node, kept registered across kubelet restarts."""
 
-    def __init__(self, devices: NodeDevices, pods: PodSource, *, plugin_dir: Path = DEFAULT_PLUGIN_DIR,
-                 kubelet_socket: Path | None = None, cdi: bool = False,
-                 on_health: Callable[[], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        devices: NodeDevices,
+        pods: PodSource,
+        *,
+        plugin_dir: Path = DEFAULT_PLUGIN_DIR,
+        kubelet_socket: Path | None = None,
+        cdi: bool = False,
+        on_health: Callable[[], None] | None = None,
+    ) -> None:
         self.devices = devices
         self.allocator = Allocator(devices, pods, cdi=cdi)
         self.plugin_dir = plugin_dir
         self.kubelet_socket = kubelet_socket or plugin_dir / "kubelet.sock"
-        self.servers = [ResourceServer(r, devices, self.allocator, plugin_dir, self.kubelet_socket)
-                        for r in devices.resources()]  # fmt: skip
+        self.servers = [
+            ResourceServer(r, devices, self.allocator, plugin_dir, self.kubelet_socket)
+            for r in devices.resources()
+        ]
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._kubelet_inode: int | None = None
@@ -366,8 +407,9 @@ class DevicePlugin:
         for s in self.servers:
             s.serve()
         self._register_all()
-        self._thread = threading.Thread(target=self._watch, args=(watch_interval_s,), daemon=True,
-                                        name="gpusched-plugin-watch")  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._watch, args=(watch_interval_s,), daemon=True, name="gpusched-plugin-watch"
+        )
         self._thread.start()
 
     def _register_all(self) -> bool:
@@ -378,8 +420,12 @@ class DevicePlugin:
                 s.register()
             except grpc.RpcError as e:
                 ok = False
-                log.warning("registering %s with the kubelet at %s failed: %s", s.resource, self.kubelet_socket,
-                            e.details() if hasattr(e, "details") else e)  # fmt: skip
+                log.warning(
+                    "registering %s with the kubelet at %s failed: %s",
+                    s.resource,
+                    self.kubelet_socket,
+                    e.details() if hasattr(e, "details") else e,
+                )
         return ok
 
     def _watch(self, interval_s: float) -> None:
@@ -388,8 +434,10 @@ class DevicePlugin:
             gone = [s for s in self.servers if not s.socket.exists()]
             kubelet_changed = _inode(self.kubelet_socket) not in (None, self._kubelet_inode)
             if gone or kubelet_changed or (pending and self.kubelet_socket.exists()):
-                log.info("kubelet restarted (sockets gone: %s): serving and registering again",
-                         [s.socket.name for s in gone])  # fmt: skip
+                log.info(
+                    "kubelet restarted (sockets gone: %s): serving and registering again",
+                    [s.socket.name for s in gone],
+                )
                 for s in gone:
                     s.serve()
                 if not self.kubelet_socket.exists():
@@ -403,10 +451,8 @@ class DevicePlugin:
             self._thread.join(timeout=5)
         for s in self.servers:
             s.stop_serving()
-            try:
+            with contextlib.suppress(OSError):
                 s.socket.unlink()
-            except OSError:
-                pass
 
     def mark(self, gpu_index: int, healthy: bool) -> bool:
         d = self.devices.inventory.by_index(gpu_index)

@@ -87,9 +87,10 @@ class KubePods:
         self._core = client.CoreV1Api(self._api)
 
     def pods_on_node(self, node: str) -> list[dict[str, Any]]:
-        resp = self._core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}",
-                                                      _preload_content=False)  # fmt: skip
-        return list(json.loads(resp.data).get("items") or [])
+        resp = self._core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node}", _preload_content=False
+        )
+        return list(json.loads(resp.data).get("items") or [])  # type: ignore[attr-defined]
 
     def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
         self._core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": dict(annotations)}})
@@ -101,10 +102,14 @@ class KubePods:
         ns = m.get("namespace", "default")
         body = client.CoreV1Event(
             metadata=client.V1ObjectMeta(generate_name=f"{m.get('name')}.", namespace=ns),
-            involved_object=client.V1ObjectReference(kind="Pod", namespace=ns, name=m.get("name"), uid=m.get("uid")),
-            reason=reason, message=message[:1024], type="Warning",
+            involved_object=client.V1ObjectReference(
+                kind="Pod", namespace=ns, name=m.get("name"), uid=m.get("uid")
+            ),
+            reason=reason,
+            message=message[:1024],
+            type="Warning",
             source=client.V1EventSource(component="gpusched-agent"),
-        )  # fmt: skip
+        )
         try:
             self._core.create_namespaced_event(ns, body)
         except Exception as e:  # an event is best effort
@@ -112,7 +117,7 @@ class KubePods:
 
     def get_node(self, name: str) -> dict[str, Any]:
         resp = self._core.read_node(name, _preload_content=False)
-        return dict(json.loads(resp.data))
+        return dict(json.loads(resp.data))  # type: ignore[attr-defined]
 
     def patch_node(self, name: str, patch: Mapping[str, Any]) -> None:
         self._core.patch_node(name, dict(patch))

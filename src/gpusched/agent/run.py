@@ -1,4 +1,4 @@
-"""``gpusched agent run``: the device plugin, the node labeller, health on the Node and the metrics exporter."""
+"""``gpusched agent run``: the device plugin, the labeller, health on the Node and the metrics exporter."""
 
 from __future__ import annotations
 
@@ -46,9 +46,14 @@ class Agent:
     def __post_init__(self) -> None:
         inv = self.backend.inventory()
         self.devices = NodeDevices(self.config.node, inv, slots=self.config.slots)
-        self.plugin = DevicePlugin(self.devices, self.pods, plugin_dir=self.config.plugin_dir,
-                                   kubelet_socket=self.config.kubelet_socket, cdi=self.config.cdi,
-                                   on_health=self._health_dirty.set)  # fmt: skip
+        self.plugin = DevicePlugin(
+            self.devices,
+            self.pods,
+            plugin_dir=self.config.plugin_dir,
+            kubelet_socket=self.config.kubelet_socket,
+            cdi=self.config.cdi,
+            on_health=self._health_dirty.set,
+        )
         self.registry = CollectorRegistry()
         self.registry.register(GpuCollector(self.backend, lambda: self._owners, self.last_xid))
 
@@ -62,7 +67,7 @@ class Agent:
                 log.info("XID %d on GPU %d (not critical)", e.xid, e.gpu_index)
 
     def sync_node(self) -> None:
-        """Labels, topology annotation, unhealthy GPUs and taint on the Node; errors are logged, retried later."""
+        """Labels, topology annotation, unhealthy GPUs and taint on the Node; errors logged, retried."""
         try:
             node = self.nodes.get_node(self.config.node)
             inv = self.devices.inventory
@@ -71,7 +76,9 @@ class Agent:
             if p:
                 self.nodes.patch_node(self.config.node, p)
                 node = self.nodes.get_node(self.config.node)
-            hp = health.health_patch(node, self.devices.unhealthy_sched_indices(), len(self.devices.whole_gpus))
+            hp = health.health_patch(
+                node, self.devices.unhealthy_sched_indices(), len(self.devices.whole_gpus)
+            )
             if hp:
                 self.nodes.patch_node(self.config.node, hp)
         except Exception as e:  # the API may be unreachable: keep serving the kubelet, catch up later

@@ -1,4 +1,4 @@
-"""Compare ``gpusched agent discover --json`` with ``nvidia-smi -q -x`` (hack/gpu-check.sh, on a GPU machine)."""
+"""Compare ``gpusched agent discover --json`` with ``nvidia-smi -q -x`` (hack/gpu-check.sh, GPU machines)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,10 @@ def compare(agent: dict[str, Any], smi_xml: str) -> list[str]:
     root = ET.fromstring(smi_xml)
     diffs: list[str] = []
     if _text(root, "driver_version") != agent.get("driver_version"):
-        diffs.append(f"driver version: agent {agent.get('driver_version')!r}, nvidia-smi {_text(root, 'driver_version')!r}")
+        diffs.append(
+            f"driver version: agent {agent.get('driver_version')!r}, "
+            f"nvidia-smi {_text(root, 'driver_version')!r}"
+        )
     cuda = _text(root, "cuda_version")
     if cuda and cuda != agent.get("cuda_driver_version"):
         diffs.append(f"CUDA version: agent {agent.get('cuda_driver_version')!r}, nvidia-smi {cuda!r}")
@@ -37,7 +40,10 @@ def compare(agent: dict[str, Any], smi_xml: str) -> list[str]:
             "uuid": (d.get("uuid"), _text(g, "uuid")),
             "name": (d.get("name"), _text(g, "product_name")),
             "memory MiB": (d.get("memory_mib"), _mib(_text(g, "fb_memory_usage/total"))),
-            "PCI bus id": (str(d.get("pci_bus_id", "")).upper(), _text(g, "pci/pci_bus_id").upper() or g.get("id", "").upper()),
+            "PCI bus id": (
+                str(d.get("pci_bus_id", "")).upper(),
+                _text(g, "pci/pci_bus_id").upper() or g.get("id", "").upper(),
+            ),
         }
         mig = _text(g, "mig_mode/current_mig")
         if mig:

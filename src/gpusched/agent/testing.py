@@ -1,4 +1,5 @@
-"""A fake kubelet for tests and benchmarks: the ``Registration`` service on ``kubelet.sock``, and a client of the
+"""A fake kubelet for tests and benchmarks: the ``Registration`` service on ``kubelet.sock``, and a client of
+the
 plugins' ``DevicePlugin`` service."""
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ class _Registration(pbg.RegistrationServicer):
 
 
 class FakeKubelet:
-    """Serves Registration on ``<plugin_dir>/kubelet.sock``. ``restart()`` does what a restarting kubelet does:
+    """Serves Registration on ``<plugin_dir>/kubelet.sock``. ``restart()`` does what a restarting kubelet
+    does:
     empties the directory (removing the plugins' sockets) and serves a new socket."""
 
     def __init__(self, plugin_dir: Path) -> None:
@@ -39,7 +41,7 @@ class FakeKubelet:
     def start(self) -> FakeKubelet:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        pbg.add_RegistrationServicer_to_server(_Registration(self), server)
+        pbg.add_RegistrationServicer_to_server(_Registration(self), server)  # type: ignore[no-untyped-call]
         server.add_insecure_port(f"unix://{self.socket}")
         server.start()
         self._server = server
@@ -63,7 +65,7 @@ class FakeKubelet:
 
     def plugin(self, endpoint: str) -> tuple[grpc.Channel, pbg.DevicePluginStub]:
         ch = grpc.insecure_channel(f"unix://{self.plugin_dir / endpoint}")
-        return ch, pbg.DevicePluginStub(ch)
+        return ch, pbg.DevicePluginStub(ch)  # type: ignore[no-untyped-call]
 
 
 class Watcher:

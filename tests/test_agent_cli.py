@@ -1,0 +1,76 @@
+"""``gpusched agent discover / labels / compare-smi`` on a fake node."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from gpusched.agent.smi import compare
+from gpusched.cli import app
+
+FAKE = """
+hostname: cli-node
+driverVersion: "550.107.02"
+cudaVersion: "12.4"
+gpus:
+  - {model: NVIDIA A100-SXM4-80GB, count: 2, numaNode: 0}
+  - {model: NVIDIA A100-SXM4-80GB, migMode: true, mig: [{profile: 7g.80gb, start: 0}]}
+"""
+
+
+def test_discover_json_and_labels(tmp_path: Path) -> None:
+    f = tmp_path / "gpus.yaml"
+    f.write_text(FAKE)
+    r = CliRunner().invoke(app, ["agent", "discover", "--json", "--fake", str(f)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["hostname"] == "cli-node" and len(doc["devices"]) == 3
+    assert doc["devices"][2]["mig_instances"][0]["profile"] == "7g.80gb"
+    r = CliRunner().invoke(app, ["agent", "labels", "--fake", str(f)])
+    assert r.exit_code == 0, r.output
+    assert "nvidia.com/gpu.count=3" in r.output.splitlines()
+    assert "nvidia.com/mig-7g.80gb.count=1" in r.output.splitlines()
+
+
+def test_a_bad_fake_file_is_a_clear_error(tmp_path: Path) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(
+        "gpus:\n  - {model: NVIDIA A100-SXM4-80GB, migMode: true, mig: [{profile: 9g.99gb, start: 0}]}\n"
+    )
+    r = CliRunner().invoke(app, ["agent", "discover", "--fake", str(f)])
+    assert r.exit_code == 2
+    assert f"{f}: gpus[0] (GPU index 0): field mig[0]: unknown MIG profile '9g.99gb'" in r.output
+
+
+SMI = """<?xml version="1.0" ?>
+<nvidia_smi_log><driver_version>550.107.02</driver_version><cuda_version>12.4</cuda_version>
+<gpu id="00000000:07:00.0"><product_name>NVIDIA A100-SXM4-80GB</product_name><uuid>GPU-a</uuid>
+<pci><pci_bus_id>00000000:07:00.0</pci_bus_id></pci><fb_memory_usage><total>81920
+MiB</total></fb_memory_usage>
+<mig_mode><current_mig>Disabled</current_mig></mig_mode></gpu></nvidia_smi_log>"""
+
+
+def test_compare_with_nvidia_smi() -> None:
+    agent = {
+        "driver_version": "550.107.02",
+        "cuda_driver_version": "12.4",
+        "devices": [
+            {
+                "uuid": "GPU-a",
+                "name": "NVIDIA A100-SXM4-80GB",
+                "memory_mib": 81920,
+                "pci_bus_id": "00000000:07:00.0",
+                "mig_enabled": False,
+                "mig_instances": [],
+            }
+        ],
+    }
+    assert compare(agent, SMI) == []
+    agent["devices"][0]["memory_mib"] = 40960
+    agent["devices"][0]["mig_enabled"] = True
+    assert compare(agent, SMI) == [
+        "GPU 0 memory MiB: agent 40960, nvidia-smi 81920",
+        "GPU 0 MIG enabled: agent True, nvidia-smi False",
+    ]
