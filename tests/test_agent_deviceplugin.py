@@ -126,8 +126,7 @@ def allocate_error(stub: Any, *ids: str) -> str:
     return str(e.value.details())
 
 
-# ------------------------------------------------------------------------------------------------
-# registration
+# ---------------------------------------------------------------------------------------- registration
 def test_registers_every_resource_and_again_after_the_kubelet_restarts(env: dict[str, Any]) -> None:
     kubelet: FakeKubelet = env["kubelet"]
     regs = kubelet.wait_registrations(4)
@@ -161,8 +160,7 @@ def test_registration_is_retried_until_the_kubelet_is_there(tmp_path: Path) -> N
         shutil.rmtree(d, ignore_errors=True)
 
 
-# ------------------------------------------------------------------------------------------ devices and
-# health
+# ---------------------------------------------------------------------------------- devices and health
 def test_list_and_watch_sends_devices_then_a_new_list_when_an_xid_marks_a_gpu_unhealthy(
     env: dict[str, Any],
 ) -> None:
@@ -229,8 +227,7 @@ def test_node_gets_gfd_labels_and_the_topology_annotation(env: dict[str, Any]) -
     assert len(env["pods"].node_patches) == n
 
 
-# -----------------------------------------------------------------------------------------------------
-# Allocate
+# -------------------------------------------------------------------------------------------- Allocate
 def test_whole_gpu_allocate_gives_the_assigned_gpu_whatever_device_the_kubelet_picked(
     env: dict[str, Any],
 ) -> None:
@@ -368,8 +365,12 @@ def test_a_restarted_agent_does_not_allocate_a_container_twice(env: dict[str, An
 
 
 class _ApiDown(MemoryPods):
+    down = True
+
     def annotate_pod(self, namespace: str, name: str, annotations: Any) -> None:
-        raise ConnectionError("API unreachable")
+        if self.down:
+            raise ConnectionError("API unreachable")
+        super().annotate_pod(namespace, name, annotations)
 
 
 def test_with_the_api_down_allocate_still_answers_and_remembers(tmp_path: Path) -> None:
@@ -379,10 +380,18 @@ def test_with_the_api_down_allocate_still_answers_and_remembers(tmp_path: Path) 
     assert alloc.allocate_container(RES_GPU, ["GPU-0000"]).envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-2222"
     with pytest.raises(Exception, match="no Pending pod"):
         alloc.allocate_container(RES_GPU, ["GPU-0000"])
+    assert ANN_ALLOCATED not in pods.pods[0]["metadata"]["annotations"]
+    assert not alloc.flush_annotations()  # still down: kept for later
+    pods.down = False
+    assert alloc.flush_annotations()  # the API is back: caught up
+    assert json.loads(pods.pods[0]["metadata"]["annotations"][ANN_ALLOCATED]) == {
+        "main": {RES_GPU: ["GPU-2222"]}
+    }
+    with pytest.raises(Exception, match="no Pending pod"):  # and a restarted agent knows it too
+        DevicePlugin(devices, pods).allocator.allocate_container(RES_GPU, ["GPU-0000"])
 
 
-# ------------------------------------------------------------------------------------------ preferred
-# allocation
+# ---------------------------------------------------------------------------------- preferred allocation
 def test_preferred_allocation_names_the_assigned_devices(env: dict[str, Any]) -> None:
     env["pods"].pods += [pod("p", gpus=[2, 1])]
     st = env["stub"](RES_GPU)
@@ -428,8 +437,7 @@ def test_options() -> None:
     assert o.get_preferred_allocation_available and not o.pre_start_required
 
 
-# ---------------------------------------------------------------------------------------------- generated
-# stubs
+# ------------------------------------------------------------------------------------- generated stubs
 PROTO = Path.home() / "go/pkg/mod/k8s.io/kubelet@v0.37.2/pkg/apis/deviceplugin/v1beta1/api.proto"
 
 

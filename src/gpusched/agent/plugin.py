@@ -149,6 +149,20 @@ class Allocator:
         self.cdi = cdi
         self._allocated: dict[str, set[tuple[str, str]]] = {}
         self._lock = threading.Lock()
+        self._unwritten: dict[tuple[str, str], str] = {}  # (namespace, pod) -> gpusched.io/allocated
+
+    def flush_annotations(self) -> bool:
+        """Writes the ``gpusched.io/allocated`` annotations not yet written (the API may have been down:
+        memory remembered them and the kubelet was served meanwhile). True when none is left."""
+        for (ns, name), value in list(self._unwritten.items()):
+            try:
+                self.pods.annotate_pod(ns, name, {ANN_ALLOCATED: value})
+            except Exception as e:
+                log.warning("could not annotate %s/%s as allocated (will retry): %s", ns, name, e)
+                return False
+            if self._unwritten.get((ns, name)) == value:
+                del self._unwritten[(ns, name)]
+        return True
 
     def _find(self, resource: str, n: int) -> tuple[Mapping[str, Any], str]:
         pods = self.pods.pods_on_node(self.devices.node)
@@ -217,14 +231,9 @@ class Allocator:
             done = allocated_of(pod)
             done.setdefault(container, {})[resource] = uuids
             meta = pod.get("metadata") or {}
-            try:
-                self.pods.annotate_pod(
-                    str(meta.get("namespace", "default")),
-                    str(meta.get("name")),
-                    {ANN_ALLOCATED: json.dumps(done, separators=(",", ":"), sort_keys=True)},
-                )
-            except Exception as e:  # the API may be down: memory remembers, the kubelet is still served
-                log.warning("could not annotate %s as allocated: %s", pod_key(pod), e)
+            ns, name = str(meta.get("namespace", "default")), str(meta.get("name"))
+            self._unwritten[(ns, name)] = json.dumps(done, separators=(",", ":"), sort_keys=True)
+            self.flush_annotations()
             log.info(
                 "Allocate %s %s -> pod %s container %s: %s",
                 resource,

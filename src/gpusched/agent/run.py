@@ -113,6 +113,8 @@ class Agent:
                 self._health_dirty.clear()
                 self.sync_node()
             waited += 1.0
+            if self.plugin.allocator._unwritten:
+                self.plugin.allocator.flush_annotations()
             if waited >= self.config.resync_s:
                 waited = 0.0
                 self.sync_node()
