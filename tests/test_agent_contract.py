@@ -27,9 +27,22 @@ def test_the_agent_contract_breaks_when_a_source_imports_the_agent(tmp_path: Pat
         'forbidden_modules = ["gpusched.agent"]\nallow_indirect_imports = true\n'
     )
     script = Path(sys.executable).with_name("lint-imports")
-    cmd = [str(script)] if script.exists() else [sys.executable, "-c",
-           "from importlinter.cli import lint_imports_command; lint_imports_command()"]  # fmt: skip
-    r = subprocess.run([*cmd, "--no-logo", "--no-cache", str(cfg)], cwd=REPO, capture_output=True, text=True,
-                       timeout=120, check=False)  # fmt: skip
+    cmd = (
+        [str(script)]
+        if script.exists()
+        else [
+            sys.executable,
+            "-c",
+            "from importlinter.cli import lint_imports_command; lint_imports_command()",
+        ]
+    )
+    r = subprocess.run(
+        [*cmd, "--no-logo", "--no-cache", str(cfg)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     assert "gpusched.cli -> gpusched.agent.cli" in r.stdout

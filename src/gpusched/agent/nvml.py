@@ -4,6 +4,7 @@ machines without a driver can import the agent and use the fake backend."""
 
 from __future__ import annotations
 
+import math
 import socket
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,20 @@ from typing import Any
 from gpusched.agent.inventory import GpuDevice, Inventory, MigInstance, Readings, XidEvent
 
 DMI_PRODUCT = Path("/sys/class/dmi/id/product_name")
+
+
+ME_PROFILE_INDEX = 7  # NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1: the 1g profile with media engines
+
+
+def mig_profile_name(gi_slices: int, ci_slices: int, mig_mib: int, total_bytes: int, suffix: str = "") -> str:
+    """The MIG profile name as go-nvlib writes it (``MigProfileInfo.String``, ``getMigMemorySizeGB``): the
+    memory share rounded up to eighths, times the GPU's memory in whole GiB rounded up; ``<c>c.`` only when
+    the compute instance is smaller than its GPU instance."""
+    frac = math.ceil(mig_mib * 1024 * 1024 / total_bytes * 8) / 8
+    total_gb = -(-total_bytes // (1024**3))
+    gb = math.floor(frac * total_gb + 0.5)
+    name = f"{gi_slices}g.{gb}gb{suffix}"
+    return name if ci_slices == gi_slices else f"{ci_slices}c.{name}"
 
 
 class NvmlUnavailable(RuntimeError):
@@ -90,15 +105,20 @@ class NvmlBackend:
                 continue  # an empty index: skip it, don't stop
             a = n.nvmlDeviceGetAttributes(m)
             gi_id = int(n.nvmlDeviceGetGpuInstanceId(m))
-            start, size, profile = 0, int(a.gpuInstanceSliceCount), ""
+            start, size, suffix = 0, int(a.gpuInstanceSliceCount), ""
             gi = self._try(n.nvmlDeviceGetGpuInstanceById, h, gi_id)
             if gi is not None:
                 info = n.nvmlGpuInstanceGetInfo(gi)
                 start, size = int(info.placement.start), int(info.placement.size)
-            mem_gb = round(int(a.memorySizeMB) / 1024)
-            profile = f"{int(a.gpuInstanceSliceCount)}g.{mem_gb}gb"
-            if int(a.computeInstanceSliceCount) != int(a.gpuInstanceSliceCount):
-                profile = f"{int(a.computeInstanceSliceCount)}c.{profile}"
+                if int(info.profileId) in self._me_profile_ids(h):
+                    suffix = "+me"
+            profile = mig_profile_name(
+                int(a.gpuInstanceSliceCount),
+                int(a.computeInstanceSliceCount),
+                int(a.memorySizeMB),
+                int(n.nvmlDeviceGetMemoryInfo(h).total),
+                suffix,
+            )
             out.append(
                 MigInstance(
                     profile=profile,
@@ -119,6 +139,11 @@ class NvmlBackend:
                 )
             )
         return tuple(out)
+
+    def _me_profile_ids(self, h: Any) -> set[int]:
+        """GI profile IDs of the ``+me`` profile (NVML index constant 1_SLICE_REV1 = 7) on this GPU."""
+        info = self._try(self._n.nvmlDeviceGetGpuInstanceProfileInfo, h, ME_PROFILE_INDEX)
+        return {int(info.id)} if info is not None else set()
 
     def _nvlink_peers(self, h: Any) -> tuple[int, ...]:
         n = self._n
