@@ -120,4 +120,5 @@ class KubePods:
         return dict(json.loads(resp.data))  # type: ignore[attr-defined]
 
     def patch_node(self, name: str, patch: Mapping[str, Any]) -> None:
-        self._core.patch_node(name, dict(patch))
+        # a JSON merge patch: null removes an annotation, and spec.taints is replaced whole
+        self._core.patch_node(name, dict(patch), _content_type="application/merge-patch+json")
