@@ -28,6 +28,8 @@ DOC = {
             "readings": {"utilization": 10, "memoryUsedMiB": 100, "temperature": 35, "power": 90},
         },
         {"model": "NVIDIA H100 80GB HBM3", "uuid": "GPU-cccc", "pciBusId": "00000000:3A:00.0"},
+        {"model": "NVIDIA H100 80GB HBM3", "uuid": "GPU-dddd", "readings": {"utilization": 5}},
+        {"model": "NVIDIA H100 80GB HBM3", "uuid": "GPU-eeee", "readings": {"utilization": 6}},
     ],
 }
 
@@ -52,19 +54,22 @@ def p(
 
 
 def scrape() -> dict[str, list[tuple[dict[str, str], float]]]:
+    pair = p("pair", [4, 3], {RES_GPU: "1"})  # two containers of one GPU each: each gets its own
+    pair["spec"]["containers"][0]["resources"] = {"limits": {RES_GPU: "1"}}
     backend = FakeBackend.from_dict(json.loads(json.dumps(DOC)), "m")
     pods = [
         p("trainer", [0], {RES_GPU: "1"}),
         p("share-a", [1], {RES_MILLI: "300"}),
-        p(
+        p(  # the annotation records what the container got; it wins over a stale assignment
             "share-b",
-            [1],
+            [0],
             {RES_MILLI: "500"},
             allocated=json.dumps({"train": {"gpusched.io/gpu-share": ["GPU-bbbb"]}}),
         ),
         p("done", [2], {RES_GPU: "1"}, phase="Succeeded"),
+        pair,
     ]
-    owners = owners_from_pods(pods, "node-m", ["GPU-aaaa", "GPU-bbbb", "GPU-cccc"])
+    owners = owners_from_pods(pods, "node-m", ["GPU-aaaa", "GPU-bbbb", "GPU-cccc", "GPU-dddd", "GPU-eeee"])
     reg = CollectorRegistry()
     reg.register(GpuCollector(backend, lambda: owners, {1: 79}))
     server, _thread = start_http_server(0, "127.0.0.1", registry=reg)
@@ -99,6 +104,8 @@ def test_series_have_dcgm_exporter_names_labels_and_pods() -> None:
         ("0", "trainer", "train"): 87.0,
         ("1", "share-a", "train"): 10.0,
         ("1", "share-b", "train"): 10.0,
+        ("4", "pair", "side"): 6.0,
+        ("3", "pair", "train"): 5.0,
     }
     labels0 = next(s for s, _ in m["DCGM_FI_DEV_GPU_UTIL"] if s["gpu"] == "0")
     assert labels0 == {

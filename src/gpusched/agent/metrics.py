@@ -15,7 +15,13 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gpusched.agent.allocation import RES_SHARE, AllocationError, allocated_of, parse_assignment
+from gpusched.agent.allocation import (
+    RES_SHARE,
+    AllocationError,
+    allocated_of,
+    container_gpus,
+    parse_assignment,
+)
 from gpusched.agent.inventory import GpuBackend, Readings
 from gpusched.k8s.convert import RES_GPU, RES_MEMORY, RES_MILLI
 
@@ -64,15 +70,18 @@ def owners_from_pods(
         if a.node != node:
             continue
         for c in spec.get("containers") or []:
-            lim = {
-                **((c.get("resources") or {}).get("requests") or {}),
-                **((c.get("resources") or {}).get("limits") or {}),
-            }
-            if not any(k in lim for k in (RES_GPU, RES_SHARE, RES_MILLI, RES_MEMORY)):
+            res = c.get("resources") or {}
+            lim = {**(res.get("requests") or {}), **(res.get("limits") or {})}
+            cname = str(c.get("name", ""))
+            if RES_GPU in lim:
+                gpus = container_gpus(pod, cname, RES_GPU, a)  # each container its slice, as Allocate gives
+            elif any(k in lim for k in (RES_SHARE, RES_MILLI, RES_MEMORY)):
+                gpus = a.gpus
+            else:
                 continue
-            for g in a.gpus:
+            for g in gpus:
                 if 0 <= g < len(whole_gpu_uuids):
-                    out.setdefault(whole_gpu_uuids[g], []).append((ns, name, str(c.get("name", ""))))
+                    out.setdefault(whole_gpu_uuids[g], []).append((ns, name, cname))
     return out
 
 
