@@ -408,6 +408,39 @@ def bench_preemption_cmd(
     _per_size(nodes, preemptors, run, preemption_table, json_out)
 
 
+@bench_app.command("extender-attack")
+def bench_extender_attack_cmd(
+    nodes: Annotated[int, typer.Option(help="Nodes in the books and in each valid filter.")] = 200,
+    requests: Annotated[int, typer.Option(help="Valid filters per phase (at most).")] = 300,
+    seconds: Annotated[float, typer.Option(help="Seconds per phase (at most).")] = 30.0,
+    node_names: Annotated[
+        bool, typer.Option(help="Send NodeNames (nodeCacheCapable true) instead of node objects.")
+    ] = False,
+    max_body_bytes: Annotated[
+        int | None, typer.Option(help="The extender's body limit (default: its own default).")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Valid /filter p50/p99 alone and under adversarial requests, and the extender's memory (loopback)."""
+    from gpusched.bench.extender_attack import bench_extender_attack, report_table
+
+    def go() -> None:
+        report = bench_extender_attack(
+            nodes=nodes,
+            requests=requests,
+            seconds=seconds,
+            names_only=node_names,
+            max_body_bytes=max_body_bytes,
+            on_progress=lambda msg: err_console.print(msg),
+        )
+        if json_out:
+            emit_json(report)
+        else:
+            out_console.print(report_table(report))
+
+    run_cli(go)
+
+
 def _register_scheduler() -> None:
     from gpusched.k8s.cli_scheduler import scheduler_command
 
@@ -431,13 +464,30 @@ def extender(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
     bind_threads: Annotated[int, typer.Option(help="Concurrent binding API calls.")] = 32,
     log_level: Annotated[str, typer.Option(help="debug, info, warning.")] = "info",
+    max_body_bytes: Annotated[
+        int, typer.Option(help="Largest request body, HTTP 413 above (nodeCacheCapable false: all nodes).")
+    ] = 32 * 1024 * 1024,
+    sync_wait_seconds: Annotated[
+        float, typer.Option(help="How long a verb waits for the informers to sync before refusing.")
+    ] = 2.0,
 ) -> None:
     """Serve the kube-scheduler extender (see deploy/extender/scheduler-config.yaml)."""
     from gpusched.extender.cli_extender import extender_command
 
     check_policies([policy])
     run_cli(
-        lambda: extender_command(kubeconfig, port, policy, tls_cert, tls_key, host, bind_threads, log_level)
+        lambda: extender_command(
+            kubeconfig,
+            port,
+            policy,
+            tls_cert,
+            tls_key,
+            host,
+            bind_threads,
+            log_level,
+            max_body_bytes=max_body_bytes,
+            sync_wait_s=sync_wait_seconds,
+        )
     )
 
 

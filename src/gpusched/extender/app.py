@@ -8,6 +8,33 @@
 - ``GET /healthz`` (the process is up), ``/readyz`` (the informers have synced: 503 before),
   ``/metrics`` (Prometheus), ``/state`` (a JSON summary of the books, for operators and tests).
 
+Before answering, each verb waits (without blocking the loop) for the books to be whole: until
+``ready()`` (the informers have listed every node and pod) or ``sync_wait_s``; then it refuses
+with an ``Error`` saying so, as ``protocol`` describes. Without that, an extender restarted
+under a running kube-scheduler would book GPUs from empty books, on GPUs already taken.
+
+Bodies: over ``max_body_bytes`` → HTTP 413 (from ``Content-Length`` before anything is read, or
+as soon as a chunked body passes it). A body of more than ``LARGE_BODY_BYTES`` is read, parsed,
+answered and written holding one of ``LARGE_BODIES`` slots, within ``body_timeout_s`` for the
+slot and the read (HTTP 408 after) and as long again for the write (the connection is closed
+after): so however many clients send big bodies at once, at most ``LARGE_BODIES`` of them are
+in memory, each in one buffer of its declared length; after the last one the freed memory is
+handed back to the system (glibc's ``malloc_trim``), which it otherwise keeps.
+
+Malformed HTTP never reaches a handler: aiohttp 3.14's parser (llhttp, C) answers
+``HTTP/1.0 400 Bad Request`` in text/plain, naming the fault, and closes: garbage bytes, a bad
+request line, method or version, a header without a colon or with a control character, a bad,
+duplicate or negative Content-Length, Content-Length with Transfer-Encoding, a bad chunk size,
+a line or header over 8190 bytes, too many headers, bare LF line ends, TLS on the HTTP port.
+It answers nothing, by design, to: empty lines before a request line (RFC 9112 §2.2: ignored,
+it waits for the request); an incomplete request line or headers (it waits for the rest:
+aiohttp has no timeout of its own for headers); ``GET /`` with no version, taken as
+HTTP/0.9 (served, with an ``HTTP/0.9`` status line). A valid request followed by garbage in the
+same packet loses the valid request's answer: the parse error replaces the whole batch. A body
+that stops coming, or a malformed chunk once the handler reads (aiohttp then leaves the body
+unfinished), is answered HTTP 408 here after ``body_timeout_s``; a client gone mid-body gets
+nothing (logged as nothing: nobody reads the answer).
+
 Answers are JSON (orjson). A body that is not a JSON object gets HTTP 400 ``{"Error": ...}``;
 see ``gpusched.extender.protocol`` for the other error answers. An unexpected exception is
 logged here and answered with HTTP 500 ``{"Error": "internal error: ..."}``, never a traceback.
@@ -16,22 +43,47 @@ logged here and answered with HTTP 500 ``{"Error": "internal error: ..."}``, nev
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
+import ctypes.util
 import logging
 import time
-from collections.abc import Awaitable, Callable
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from prometheus_client import Counter
 
 from gpusched.extender.handlers import Extender
-from gpusched.extender.protocol import BadRequest, dumps, parse_json
+from gpusched.extender.protocol import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_SYNC_WAIT_S,
+    BadRequest,
+    LimitExceeded,
+    dumps,
+    parse_json,
+)
 from gpusched.metrics.scheduling import CONTENT_TYPE, SchedulerMetrics
 
 log = logging.getLogger(__name__)
 
-MAX_BODY = 256 * 1024 * 1024
-"""Largest request accepted: a filter with ``nodeCacheCapable: false`` carries every node object."""
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_SYNC_WAIT_S", "limit_heap_growth", "make_app"]
+
+LARGE_BODY_BYTES = 1024 * 1024
+"""A body over this (or of unknown length) takes one of ``LARGE_BODIES`` slots. A filter with
+``nodeCacheCapable: true`` is a pod and names: about 30 bytes a node, 150 KB at 5000 nodes."""
+LARGE_BODIES = 2
+"""Large bodies read, parsed and answered at once. kube-scheduler sends one filter at a time."""
+DEFAULT_BODY_TIMEOUT_S = 5.0
+"""Time for a large body to get its slot and be read, and again for its answer to be written."""
+_POLL_S = 0.02
+
+_VERB_ERRORS = {"filter": 200, "bind": 200, "prioritize": 503, "preempt": 503}
+"""HTTP status of the answer refusing a verb while the informers have not synced: kube-scheduler
+reads the ``Error`` of a 200 on /filter and /bind into its event; the other two have no such field."""
 
 EXTENDER_KEY: web.AppKey[Extender] = web.AppKey("extender", Extender)
 METRICS_KEY: web.AppKey[SchedulerMetrics] = web.AppKey("metrics", SchedulerMetrics)
@@ -43,17 +95,139 @@ def _json(obj: object, status: int = 200) -> web.Response:
     return web.Response(body=dumps(obj), status=status, content_type="application/json")
 
 
+class GuardMetrics:
+    """``gpusched_extender_sync_waits_total{verb,result}`` (a verb that found the informers not
+    synced: ``served`` once they were, ``refused`` after the wait) and
+    ``gpusched_extender_rejected_requests_total{verb,reason}`` (over a limit, too slow)."""
+
+    def __init__(self, m: SchedulerMetrics) -> None:
+        self.sync_waits = Counter(
+            "gpusched_extender_sync_waits",
+            "Extender requests that arrived before the informers had synced, by verb and result.",
+            ["verb", "result"],
+            registry=m.registry,
+        )
+        self.rejected = Counter(
+            "gpusched_extender_rejected_requests",
+            "Extender requests refused for their size or shape, by verb and reason.",
+            ["verb", "reason"],
+            registry=m.registry,
+        )
+
+
+_GUARD_METRICS: weakref.WeakKeyDictionary[SchedulerMetrics, GuardMetrics] = weakref.WeakKeyDictionary()
+
+
+def _guard_metrics(m: SchedulerMetrics) -> GuardMetrics:
+    if m not in _GUARD_METRICS:
+        _GUARD_METRICS[m] = GuardMetrics(m)
+    return _GUARD_METRICS[m]
+
+
+def _malloc_trim() -> Callable[[], None]:
+    """glibc's ``malloc_trim(0)``: hand freed heap memory back to the system. glibc raises its
+    mmap threshold after a large buffer is freed, so the next ones come from the heap, which
+    it keeps: without a trim the process stays at its peak. A no-op elsewhere."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return lambda: None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+
+    def release() -> None:
+        trim(0)
+
+    return release
+
+
+def limit_heap_growth(threshold: int = LARGE_BODY_BYTES) -> bool:
+    """Fix glibc's mmap threshold (``mallopt(M_MMAP_THRESHOLD)``) at ``threshold`` bytes: buffers
+    of that size or more (request bodies, answers) are then always mapped apart and unmapped when
+    freed, instead of landing on the heap once glibc has raised its dynamic threshold. For a
+    server process (the CLI calls it at start): 32 clients sending 5 MB filters at once peak
+    about 100 MB lower. Returns whether it was set (False where libc is not glibc)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(-3, threshold))  # M_MMAP_THRESHOLD
+
+
 def make_app(
     extender: Extender,
     *,
     metrics: SchedulerMetrics | None = None,
     ready: Callable[[], bool] = lambda: True,
     executor: ThreadPoolExecutor | None = None,
+    sync_wait_s: float = DEFAULT_SYNC_WAIT_S,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> web.Application:
-    """The aiohttp application serving ``extender``. ``ready`` answers ``/readyz``; binding API
-    calls run in ``executor`` (default: a pool of 32 threads, shut down with the app)."""
+    """The aiohttp application serving ``extender``. ``ready`` answers ``/readyz`` and gates the
+    verbs (each waits up to ``sync_wait_s`` for it); binding API calls run in ``executor``
+    (default: a pool of 32 threads, shut down with the app). Bodies over ``max_body_bytes`` get
+    HTTP 413; large ones share ``LARGE_BODIES`` slots (see the module doc)."""
+    if sync_wait_s < 0 or body_timeout_s <= 0 or max_body_bytes <= 0:
+        raise ValueError("sync_wait_s must be >= 0, body_timeout_s and max_body_bytes > 0")
     m = metrics or SchedulerMetrics()
+    g = _guard_metrics(m)
     pool = executor or ThreadPoolExecutor(max_workers=32, thread_name_prefix="gpusched-bind")
+    large = asyncio.Semaphore(LARGE_BODIES)
+    trim = _malloc_trim()
+    in_flight = 0  # large bodies
+
+    async def synced(verb: str) -> bool:
+        """Whether the books are whole, waiting up to ``sync_wait_s`` for them (polling: the
+        informers are threads, ``ready`` reads their events)."""
+        if ready():
+            return True
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < sync_wait_s:
+            await asyncio.sleep(min(_POLL_S, max(0.0, sync_wait_s - (time.monotonic() - t0))))
+            if ready():
+                g.sync_waits.labels(verb, "served").inc()
+                log.info("extender %s waited %.2f s for the informers to sync", verb, time.monotonic() - t0)
+                return True
+        g.sync_waits.labels(verb, "refused").inc()
+        log.warning("extender %s refused: the informers have not synced after %.1f s", verb, sync_wait_s)
+        return False
+
+    def refusal(verb: str) -> web.Response:
+        msg = (
+            f"gpusched extender: the node and pod informers have not synced yet (waited {sync_wait_s:g} s): "
+            "its GPU books are not whole, so it decides nothing; kube-scheduler retries the pod"
+        )
+        if verb == "filter":
+            answer: dict[str, Any] = {"Nodes": None, "NodeNames": None, "FailedNodes": {},
+                                      "FailedAndUnresolvableNodes": {}, "Error": msg}  # fmt: skip
+        else:
+            answer = {"Error": msg}
+        return _json(answer, _VERB_ERRORS[verb])
+
+    @contextlib.asynccontextmanager
+    async def slot(request: web.Request) -> AsyncIterator[bool]:
+        """A large-body slot when the body is large (yields whether it is); trims after the last."""
+        nonlocal in_flight
+        n = request.content_length
+        if not request.body_exists or (n is not None and n <= LARGE_BODY_BYTES):
+            yield False
+            return
+        try:
+            async with asyncio.timeout(body_timeout_s):
+                await large.acquire()
+        except TimeoutError:
+            raise BadRequest(f"no slot for a large request body within {body_timeout_s:g} s", 503) from None
+        in_flight += 1
+        try:
+            yield True
+        finally:
+            in_flight -= 1
+            large.release()
+            if in_flight == 0:
+                trim()
 
     def timed(verb: str, fn: Callable[[web.Request], Awaitable[web.Response]]) -> Handler:
         hist = m.extender_duration.labels(verb)
@@ -61,10 +235,28 @@ def make_app(
         async def handle(request: web.Request) -> web.StreamResponse:
             t0 = time.perf_counter()
             try:
-                return await fn(request)
+                n = request.content_length
+                if n is not None and n > max_body_bytes:
+                    raise LimitExceeded(too_large(n), 413)
+                if not await synced(verb):
+                    return refusal(verb)
+                async with slot(request) as big:
+                    resp = await fn(request)
+                    if big:  # write it holding the slot: its body is as large as the request's
+                        try:
+                            async with asyncio.timeout(body_timeout_s):
+                                await resp.prepare(request)
+                                await resp.write_eof()
+                        except TimeoutError:
+                            if request.transport is not None:
+                                request.transport.close()
+                    return resp
             except BadRequest as e:
+                reason = {413: "body_too_large", 408: "body_timeout", 503: "busy"}.get(e.status, "invalid")
+                if isinstance(e, LimitExceeded) or e.status != 400:
+                    g.rejected.labels(verb, reason if e.status != 400 else "limit").inc()
                 return _json({"Error": str(e)}, e.status)
-            except web.HTTPException as e:  # e.g. 413 for a body over MAX_BODY
+            except web.HTTPException as e:
                 return _json({"Error": e.reason}, e.status)
             except Exception as e:  # a bug: log it here, answer without a traceback
                 log.exception("extender %s failed", verb)
@@ -74,8 +266,45 @@ def make_app(
 
         return handle
 
+    def too_large(n: int | None) -> str:
+        size = f"{n} bytes" if n is not None else "more bytes"
+        return (
+            f"request body of {size} is over the limit of {max_body_bytes} bytes (--max-body-bytes); with "
+            "nodeCacheCapable: false every node object is sent: raise the limit or set nodeCacheCapable: true"
+        )
+
+    async def read_body(request: web.Request) -> bytearray:
+        """The body, in one buffer of its declared length (chunked: grown up to the limit)."""
+        n = request.content_length
+        if n is not None:
+            buf = bytearray(n)
+            view, pos = memoryview(buf), 0
+            while pos < n:
+                chunk = await request.content.readany()
+                if not chunk:
+                    raise BadRequest(f"request body ended after {pos} of {n} bytes")
+                view[pos : pos + len(chunk)] = chunk
+                pos += len(chunk)
+            view.release()
+            return buf
+        out = bytearray()
+        while chunk := await request.content.readany():
+            out += chunk
+            if len(out) > max_body_bytes:
+                raise LimitExceeded(too_large(None), 413)
+        return out
+
     async def body(request: web.Request) -> dict[str, Any]:
-        return parse_json(await request.read())
+        try:
+            async with asyncio.timeout(body_timeout_s):
+                data = await read_body(request)
+        except TimeoutError:
+            raise BadRequest(f"request body not received within {body_timeout_s:g} s", 408) from None
+        except HttpProcessingError as e:  # a malformed chunk, a body cut short
+            raise BadRequest(f"request body is malformed: {e.message}") from None
+        except ConnectionError:  # the client went away: nobody reads the answer
+            raise BadRequest("connection lost while reading the request body") from None
+        return parse_json(data)
 
     async def filter_(request: web.Request) -> web.Response:
         return _json(extender.filter(await body(request)))
@@ -130,7 +359,7 @@ def make_app(
         if executor is None:
             pool.shutdown(wait=False, cancel_futures=True)
 
-    app = web.Application(client_max_size=MAX_BODY)
+    app = web.Application(client_max_size=max_body_bytes)
     app[EXTENDER_KEY] = extender
     app[METRICS_KEY] = m
     app.router.add_post("/filter", timed("filter", filter_))

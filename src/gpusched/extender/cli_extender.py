@@ -17,7 +17,7 @@ import orjson
 
 from gpusched.core.framework import Profile
 from gpusched.core.policies import POLICIES, PolicyContext, make_profile
-from gpusched.extender.protocol import typical_workload
+from gpusched.extender.protocol import DEFAULT_MAX_BODY_BYTES, DEFAULT_SYNC_WAIT_S, typical_workload
 
 log = logging.getLogger("gpusched.extender")
 
@@ -39,6 +39,8 @@ def extender_command(
     host: str = "0.0.0.0",
     bind_threads: int = 32,
     log_level: str = "info",
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    sync_wait_s: float = DEFAULT_SYNC_WAIT_S,
 ) -> None:
     """Serve the gpusched kube-scheduler extender until interrupted.
 
@@ -48,11 +50,13 @@ def extender_command(
     given), with ``/healthz``, ``/readyz`` (informers synced) and ``/metrics``. ``policy`` is a
     placement policy of ``gpusched policies``; binding API calls use up to ``bind_threads``
     threads. Point kube-scheduler at it with ``deploy/extender/scheduler-config.yaml``.
+    Request bodies over ``max_body_bytes`` get HTTP 413; until the informers have synced each
+    verb waits up to ``sync_wait_s`` seconds, then refuses (kube-scheduler retries the pod).
     """
     from aiohttp import web
     from kubernetes import client
 
-    from gpusched.extender.app import make_app
+    from gpusched.extender.app import limit_heap_growth, make_app
     from gpusched.extender.handlers import Extender
     from gpusched.k8s.binder import APIBinder
     from gpusched.k8s.client import api_client
@@ -63,6 +67,12 @@ def extender_command(
         raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     if bool(tls_cert) != bool(tls_key):
         raise ValueError("--tls-cert and --tls-key go together")
+    if max_body_bytes < 4096:
+        raise ValueError(f"--max-body-bytes must be at least 4096, got {max_body_bytes}")
+    if not 0 <= sync_wait_s <= 60:
+        raise ValueError(
+            f"--sync-wait-seconds must be 0-60 (under kube-scheduler's httpTimeout), got {sync_wait_s}"
+        )
     ssl_ctx = None
     if tls_cert and tls_key:
         ssl_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -80,7 +90,14 @@ def extender_command(
     )
     reflectors = start_informers(core, cluster, pod_handler=extender.observe_pod)
     pool = ThreadPoolExecutor(max_workers=bind_threads, thread_name_prefix="gpusched-bind")
-    app = make_app(extender, ready=lambda: all(r.synced.is_set() for r in reflectors), executor=pool)
+    limit_heap_growth()
+    app = make_app(
+        extender,
+        ready=lambda: all(r.synced.is_set() for r in reflectors),
+        executor=pool,
+        sync_wait_s=sync_wait_s,
+        max_body_bytes=max_body_bytes,
+    )
     log.info(
         "gpusched extender: policy %s, listening on %s:%d (%s)",
         policy,
@@ -106,9 +123,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--tls-key", default=None)
     p.add_argument("--bind-threads", type=int, default=32)
     p.add_argument("--log-level", default="info")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    p.add_argument("--sync-wait-seconds", type=float, default=DEFAULT_SYNC_WAIT_S)
     a = p.parse_args(argv)
     extender_command(
-        a.kubeconfig, a.port, a.policy, a.tls_cert, a.tls_key, a.host, a.bind_threads, a.log_level
+        a.kubeconfig,
+        a.port,
+        a.policy,
+        a.tls_cert,
+        a.tls_key,
+        a.host,
+        a.bind_threads,
+        a.log_level,
+        a.max_body_bytes,
+        a.sync_wait_seconds,
     )
 
 

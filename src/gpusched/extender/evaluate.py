@@ -25,6 +25,8 @@ from gpusched.k8s.convert import InvalidRequest, node_from_k8s
 from gpusched.k8s.state import LiveCluster
 
 UNKNOWN_NODE = "node not (yet) known to gpusched"
+CACHED_NAMES = 100_000
+"""Node names kept in the name-list cache, all lists together (the oldest lists go first)."""
 UNRES = Code.UNSCHEDULABLE_AND_UNRESOLVABLE
 Failure = tuple[int, str, Code]  # position in the request, reason, code
 F64 = npt.NDArray[np.float64]
@@ -89,10 +91,11 @@ class Evaluator:
         self.profile = profile
         self._snap: ClusterState | None = None
         self._cache: dict[tuple[str, ...], NodeList] = {}
+        self._cached = 0  # names in _cache
 
     def _by_name(self, snap: ClusterState, names: list[str]) -> NodeList:
         if snap is not self._snap:
-            self._snap, self._cache = snap, {}
+            self._snap, self._cache, self._cached = snap, {}, 0
         try:
             key = tuple(names)
             hit = self._cache.get(key)
@@ -101,9 +104,13 @@ class Evaluator:
         if hit is None:
             check_names(names)
             hit = index_names(snap, names)
-            if len(self._cache) >= 64:
-                self._cache.clear()
-            self._cache[key] = hit
+            while self._cache and (len(self._cache) >= 64 or self._cached + len(key) > CACHED_NAMES):
+                oldest = next(iter(self._cache))
+                del self._cache[oldest]
+                self._cached -= len(oldest)
+            if len(key) <= CACHED_NAMES:
+                self._cache[key] = hit
+                self._cached += len(key)
         return hit
 
     def evaluate(

@@ -39,7 +39,13 @@ from gpusched.core.scheduler import score_nodes
 from gpusched.core.statement import Statement
 from gpusched.extender.evaluate import UNKNOWN_NODE, UNRES, Evaluator, NodeList, run_filters
 from gpusched.extender.protocol import (
+    MAX_NODES,
+    MAX_VICTIMS_PER_NODE,
     BadRequest,
+    LimitExceeded,
+    check_count,
+    check_name,
+    check_quantities,
     dumps,
     field,
     name_of,
@@ -116,11 +122,12 @@ class Extender:
             hit = self._specs.get(uid) if uid and rv else None
         if hit is not None and hit[0] == rv:
             return hit[1]
+        check_quantities(obj)
         try:
             spec = pod_from_k8s(obj, constraints="skip")
         except InvalidRequest as e:
             raise BadRequest(str(e)) from None
-        except (TypeError, AttributeError, ValueError, KeyError) as e:  # fields of the wrong JSON type
+        except (TypeError, AttributeError, ValueError, KeyError, ArithmeticError) as e:  # wrong JSON types
             raise BadRequest(f"field 'Pod' is not a valid v1.Pod: {type(e).__name__}: {e}") from None
         ref = uid or spec.key
         with self._plock:
@@ -134,19 +141,24 @@ class Extender:
     def _request_nodes(args: Mapping[str, Any]) -> tuple[list[str], list[dict[str, Any]] | None]:
         items = node_items(args)
         if items is not None:
-            return [name_of(o) for o in items], items
-        names = node_names(args)
-        if names is None:
+            names = [name_of(o) for o in items]
+            check_name("Nodes.items.metadata.name", max(names, key=len, default=""))
+            return names, items
+        sent = node_names(args)
+        if sent is None:
             raise BadRequest("neither 'Nodes' nor 'NodeNames' was sent")
-        return names, None
+        return sent, None
 
     # ------------------------------------------------------------------ verbs
     def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        """ExtenderArgs → ExtenderFilterResult (``Error`` set for a request that cannot be served)."""
+        """ExtenderArgs → ExtenderFilterResult (``Error`` set for a request that cannot be served).
+        Raises LimitExceeded for a request over a limit."""
         try:
             pod = self._pod(args)
             names, objs = self._request_nodes(args)
             ev = self.evaluator.evaluate(pod, names, objs, score=False, explain=True)
+        except LimitExceeded:
+            raise  # HTTP 400
         except BadRequest as e:
             return {
                 "Nodes": None,
@@ -197,9 +209,13 @@ class Extender:
         victims: dict[str, tuple[list[str], int]] = {}
         keys: dict[str, str] = {}
         for source, is_full in ((full, True), (meta, False)):
+            what = "NodeNameToVictims" if is_full else "NodeNameToMetaVictims"
+            check_count(what, len(source), MAX_NODES)
             for node, v in source.items():
+                check_name(what, node)
                 if not isinstance(v, dict) or not isinstance(v.get("Pods") or [], list):
                     raise BadRequest(f"victims of node {node!r} must be an object with a 'Pods' list")
+                check_count(f"{what}[{node}].Pods", len(v.get("Pods") or []), MAX_VICTIMS_PER_NODE)
                 uids = []
                 for p in v.get("Pods") or []:
                     uid = (uid_of(p) if is_full else str(p.get("UID") or "")) if isinstance(p, dict) else ""

@@ -269,30 +269,72 @@ def wants_gpu(pod: Mapping[str, Any]) -> bool:
     return False
 
 
+MAX_GPUS_PER_NODE = 128
+"""The most GPUs a node may claim (allocatable ``nvidia.com/gpu``). Real nodes have 16 at most;
+MIG slices (8 × 7) and time-slicing replicas advertise more, but the books are as wide as the
+widest node and a node's cost grows with its GPU count: a node claiming more is refused."""
+MAX_NODE_AMOUNT = 10**15
+"""The largest other amount a node may claim (cores, bytes, pods, units of an extended
+resource; ``nvidia.com/gpu.memory`` in MiB): far above any machine, far below int64."""
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def _node_amount(value: object, where: str, limit: int = MAX_NODE_AMOUNT, *, mib: bool = False) -> Decimal:
+    """A node's quantity, checked against ``limit`` (in MiB when ``mib``) before any integer is
+    built from it: ``int(Decimal("1e999999999"))`` would never return."""
+    try:
+        q = _quantity(value, where)
+        over = q > limit * _MIB if mib else q > limit  # exact: no Decimal context, no overflow
+    except ArithmeticError:  # NaN
+        raise InvalidRequest(f"{where}: {_shown(value)} is not a Kubernetes quantity") from None
+    if over:
+        raise InvalidRequest(f"{where}: {_shown(value)} is more than {limit}, the most gpusched accepts")
+    return q
+
+
+def _node_count(value: object, where: str, limit: int = MAX_NODE_AMOUNT) -> int:
+    q = _node_amount(value, where, limit)
+    if q != q.to_integral_value():
+        raise InvalidRequest(f"{where}: {_shown(value)} must be a whole number")
+    return int(q)
+
+
 def node_from_k8s(node: Mapping[str, Any]) -> NodeSpec:
+    """The core's view of a node. Raises InvalidRequest (naming node and field) for a node that
+    cannot be booked: an unreadable quantity, more than ``MAX_GPUS_PER_NODE`` GPUs, an amount
+    over ``MAX_NODE_AMOUNT``."""
     meta = node.get("metadata") or {}
     name = meta.get("name") or ""
     status = node.get("status") or {}
     alloc = status.get("allocatable") or status.get("capacity") or {}
     labels = dict(meta.get("labels") or {})
     where = f"node {name}"
-    cpu = _quantity(alloc.get("cpu", 0), f"{where} allocatable cpu")
-    mem = _quantity(alloc.get("memory", 0), f"{where} allocatable memory")
-    gpus = _count(alloc.get(RES_GPU, 0), f"{where} allocatable {RES_GPU}")
+    cpu = _node_amount(alloc.get("cpu", 0), f"{where} allocatable cpu")
+    mem = _node_amount(alloc.get("memory", 0), f"{where} allocatable memory", mib=True)
+    gpus = _node_count(alloc.get(RES_GPU, 0), f"{where} allocatable {RES_GPU}")
+    if gpus > MAX_GPUS_PER_NODE:
+        raise InvalidRequest(
+            f"{where}: allocatable {RES_GPU} {gpus} is more than {MAX_GPUS_PER_NODE}, "
+            "the most GPUs gpusched accepts on one node"
+        )
     model = labels.get(LABEL_PRODUCT, "") or ("unknown-gpu" if gpus else "")
-    gmem = _count(labels[LABEL_MEMORY], f"{where} label {LABEL_MEMORY}") if LABEL_MEMORY in labels else 0
+    gmem = _node_count(labels[LABEL_MEMORY], f"{where} label {LABEL_MEMORY}") if LABEL_MEMORY in labels else 0
     taints = tuple(
         Taint(t.get("key", ""), t.get("value", ""), t.get("effect", "NoSchedule"))
         for t in (node.get("spec") or {}).get("taints") or []
     )
     if (node.get("spec") or {}).get("unschedulable"):
         taints += (Taint("node.kubernetes.io/unschedulable", "", "NoSchedule"),)
-    max_pods = _count(alloc["pods"], f"{where} allocatable pods") if "pods" in alloc else 0
-    extended = {
-        n: _amount(n, v, f"{where} allocatable {n}", request=False)
-        for n, v in alloc.items()
-        if is_extended(n)
-    }
+    max_pods = _node_count(alloc["pods"], f"{where} allocatable pods") if "pods" in alloc else 0
+    extended = {}
+    for n, v in alloc.items():
+        if is_extended(n):
+            at = f"{where} allocatable {n}"
+            extended[n] = _amount(n, _node_amount(v, at, mib=in_mib(n)), at, request=False)
     try:
         return NodeSpec(
             name=name,
