@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -120,6 +121,8 @@ class Books:
     pending_fit: list[str] = field(default_factory=list)
     """pending GPU pods that fit on some node of the books as they are."""
     pending_names: list[str] = field(default_factory=list)
+    holders: dict[str, list[str]] = field(default_factory=dict)
+    """``node/gpu`` → the pods booked on it (name, milli, MiB), for the GPUs over milli or memory."""
 
     @property
     def broken(self) -> bool:
@@ -134,7 +137,8 @@ class Books:
             f"pods {self.pods}: bound {self.bound}, pending {self.pending}, terminal {self.terminal}; "
             f"GPUs over milli {some(self.gpus_over_milli)}; GPUs over memory {some(self.gpus_over_memory)}; "
             f"nodes over count {some(self.nodes_over_count)}; bound without a valid assignment "
-            f"{some(self.unassigned)}; pending that fit {some(self.pending_fit)}"
+            f"{some(self.unassigned)}; pending that fit {some(self.pending_fit)}; "
+            f"holders of the overbooked GPUs {some(self.holders)}"
         )
 
 
@@ -153,6 +157,7 @@ def read_books(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> Books
     whole: dict[str, int] = defaultdict(int)
     npods: dict[str, int] = defaultdict(int)
     pending: list[dict[str, Any]] = []
+    held: dict[tuple[str, int], list[str]] = defaultdict(list)
     for p in pods:
         b.pods += 1
         meta = p["metadata"]
@@ -196,13 +201,16 @@ def read_books(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> Books
         whole[node] += num
         for g in gpus:
             milli[node, g] += 1000 if num else share
+            held[node, g].append(f"{meta['name']}({1000 if num else share}m,{gm}Mi)")
             mem[node, g] += gm
     for (node, g), m in milli.items():
         if m > 1000:
             b.gpus_over_milli[f"{node}/{g}"] = m
+            b.holders[f"{node}/{g}"] = held[node, g]
     for (node, g), m in mem.items():
         if gmem.get(node) and m > gmem[node]:
             b.gpus_over_memory[f"{node}/{g}"] = m
+            b.holders[f"{node}/{g}"] = held[node, g]
     for node, w in whole.items():
         if w > count.get(node, 0):
             b.nodes_over_count[node] = w
@@ -274,6 +282,16 @@ class FrontEnd:
         if self.proc is not None and self.proc.poll() is not None:
             raise AssertionError(f"the {self.kind} exited ({self.proc.returncode}): {self.log_tail()}")
         return _http_status(f"http://127.0.0.1:{self.port}/readyz") == 200
+
+    def wait_serving(self, timeout: float = 60.0) -> None:
+        """Until the process answers ``/healthz`` (it listens; its books may still be syncing)."""
+
+        def serving() -> bool:
+            if self.proc is None or self.proc.poll() is not None:
+                raise AssertionError(f"the {self.kind} is not running: {self.log_tail()}")
+            return _http_status(f"http://127.0.0.1:{self.port}/healthz") == 200
+
+        wait_until(serving, timeout=timeout, what=f"the {self.kind} to serve", interval=0.05)
 
     def kill(self) -> None:
         """SIGKILL, as a crash or an OOM kill."""
@@ -596,6 +614,7 @@ class Run:
             "nodes_over_count": len(books.nodes_over_count),
             "bound_without_assignment": len(books.unassigned),
             "front_end_kills": self.front.kills,
+            "pending_pods": sorted(books.pending_names)[:10],
             "duration_s": round(time.monotonic() - self.t0, 1),
             **self.extra,
         }
@@ -604,6 +623,15 @@ class Run:
         if self.on_report is not None:
             self.on_report(report)
         return report
+
+    def keep_logs(self) -> Path:
+        """Copy the control plane's logs beside the front end's (the control plane's workdir goes away)."""
+        dest = self.front.log.parent / f"controlplane-logs-{self.tag}"
+        dest.mkdir(exist_ok=True)
+        for name, path in self.cp.log_paths.items():
+            with contextlib.suppress(OSError):
+                shutil.copy(path, dest / f"{name}.log")
+        return dest
 
     def check(self) -> None:
         """Assert the promise: no GPU booked twice, each bound GPU pod assigned, each pod that fits bound."""
@@ -614,6 +642,8 @@ class Run:
             f"errors: {self.errors}\ntimeline:\n  " + "\n  ".join(self.events) + f"\n{self.front.kind} log: "
             f"{self.front.log}\ncontrol plane logs: {self.cp.log_paths.get('kube-apiserver', '')}"
         )
+        if self.errors or books.broken or books.pending_fit or self.created != self.wl.pods:
+            detail += f"\nlogs kept in {self.keep_logs()}"
         assert not self.errors, detail
         assert self.created == self.wl.pods, f"only {self.created} of {self.wl.pods} pods created" + detail
         assert not books.gpus_over_milli, "GPUs booked over 1000 milli" + detail

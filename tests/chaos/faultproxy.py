@@ -8,6 +8,11 @@ response back (watches included, chunk by chunk), and, for requests that match a
   then drop the client's connection without returning it. The client sees ``Connection aborted`` / a
   remote disconnect although the API did what it asked: an ambiguous outcome.
 * ``BEFORE``: drop the client's connection without forwarding anything: nothing is committed.
+* ``DELAY``: hold the request ``delay_s`` seconds, then forward it (e.g. an informer's list that takes
+  seconds, as in a big cluster).
+
+A rule may also break every watch stream open through the proxy when it faults (``sever_watches``), as a
+broken connection to the apiserver does.
 
 Which matching requests fault is decided in the order they arrive, by their 1-based index (``nth``,
 ``every``) or a seeded coin (``probability``, ``seed``), so a run is reproducible up to request order.
@@ -57,6 +62,8 @@ class Fault(enum.Enum):
     """Forward, let the apiserver answer, then drop the client's connection (committed; the client errs)."""
     BEFORE = "before"
     """Drop the client's connection without forwarding (not committed)."""
+    DELAY = "delay"
+    """Hold the request ``Rule.delay_s`` seconds, then forward it (a slow apiserver, a big list)."""
 
 
 @dataclass
@@ -74,6 +81,10 @@ class Rule:
     probability: float = 0.0
     seed: int = 0
     limit: int | None = None
+    watch: bool | None = None
+    """Match only watches (True), only other requests (False: e.g. the list of an informer), or both."""
+    delay_s: float = 0.0
+    """How long a ``DELAY`` fault holds the request."""
     sever_watches: bool = False
     """On a fault, first break every watch stream open through the proxy, as when the connection to the
     apiserver breaks: the client learns what the faulted request did only after it re-watches (client-go
@@ -87,8 +98,12 @@ class Rule:
         self._rng = random.Random(self.seed)
         self._re = re.compile(self.path)
 
-    def matches(self, method: str, path: str) -> bool:
-        return method.upper() == self.method.upper() and self._re.fullmatch(path) is not None
+    def matches(self, method: str, path: str, watch: bool = False) -> bool:
+        return (
+            method.upper() == self.method.upper()
+            and self._re.fullmatch(path) is not None
+            and (self.watch is None or self.watch == watch)
+        )
 
     def roll(self) -> bool:
         """Count one more matching request and say whether this rule would fault it."""
@@ -237,6 +252,7 @@ class FaultProxy:
                 "requests": self.requests,
                 "faults_after": sum(1 for f in self.faults if f.mode == Fault.AFTER),
                 "faults_before": sum(1 for f in self.faults if f.mode == Fault.BEFORE),
+                "faults_delay": sum(1 for f in self.faults if f.mode == Fault.DELAY),
                 "upstream_errors": self.upstream_errors,
                 "watches_severed": self.watches_severed,
             }
@@ -306,14 +322,14 @@ class FaultProxy:
         asyncio.get_running_loop().call_soon(asyncio.get_running_loop().stop)
 
     # ------------------------------------------------------------------- serving
-    def _decide(self, method: str, path: str) -> Rule | None:
+    def _decide(self, method: str, path: str, watch: bool) -> Rule | None:
         with self._lock:
             self.requests += 1
             if not self.enabled:
                 return None
             chosen: Rule | None = None
             for rule in self.rules:  # every matching rule counts the request; the first that hits wins
-                if rule.matches(method, path) and rule.roll() and chosen is None:
+                if rule.matches(method, path, watch) and rule.roll() and chosen is None:
                     chosen = rule
             if chosen is None:
                 return None
@@ -338,15 +354,20 @@ class FaultProxy:
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
         body = await request.read()
-        rule = self._decide(request.method, request.path)
+        is_watch = request.query.get("watch") in ("true", "1")
+        rule = self._decide(request.method, request.path, is_watch)
         fault = rule.mode if rule is not None else None
         pod = _pod_of(request.path, body) if rule is not None else ""
         if rule is not None and rule.sever_watches:
             self._sever_watches()
         if fault == Fault.BEFORE:
             self._drop(request, FaultRecord(Fault.BEFORE, request.method, request.path, None, pod))
+        if rule is not None and fault == Fault.DELAY:
+            with self._lock:
+                self.faults.append(FaultRecord(Fault.DELAY, request.method, request.path, None, pod))
+            await asyncio.sleep(rule.delay_s)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
-        watch = request.transport if request.query.get("watch") in ("true", "1") else None
+        watch = request.transport if is_watch else None
         if watch is not None:
             self._watches.add(watch)
         try:

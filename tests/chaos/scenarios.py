@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from chaoslib import Run
-from faultproxy import Fault, FaultProxy, binding_rule
+from faultproxy import Fault, FaultProxy, Rule, binding_rule
 
 READY_S = 90.0
 
@@ -35,22 +35,38 @@ def apiserver_killed(run: Run, kills: tuple[float, ...] = (0.3, 0.65)) -> None:
 
 
 def front_end_killed(
-    run: Run, delay_s: tuple[float, float], kills: tuple[float, ...] = (0.25, 0.5, 0.75)
+    run: Run,
+    workdir: Path,
+    delay_s: tuple[float, float],
+    kills: tuple[float, ...] = (0.25, 0.5, 0.75),
+    list_delay_s: float = 2.0,
 ) -> None:
     """The front end SIGKILLed while pods arrive, and started again ``delay_s`` (a seeded uniform range)
-    later; the new process rebuilds its books from the API while kube-scheduler (extender) or the pods'
-    arrival (standalone) keep going."""
-    run.front.start(wait_ready=READY_S)
-    creator = run.start_creating()
-    for at in kills:
-        run.wait_created(at)
-        run.front.kill()
-        delay = run.rng.uniform(*delay_s)
-        run.note(f"SIGKILL {run.front.kind} with {run.created} pods created; restart in {delay:.1f}s")
-        time.sleep(delay)
-        run.front.start()
-    run.join(creator)
-    run.finish()
+    later, while kube-scheduler (extender) and the pods' arrival keep going. It reaches the apiserver
+    through ``FaultProxy``, which holds each list of all pods ``list_delay_s`` seconds (as a list of
+    thousands of pods takes): a restarted front end knows the nodes well before the pods that hold their
+    GPUs, and must not decide or answer from those empty books."""
+    rules = [Rule(Fault.DELAY, "GET", r"/api/v1/pods", watch=False, every=1, delay_s=list_delay_s)]
+    proxy = FaultProxy.for_control_plane(run.cp, workdir, rules=rules).start()
+    try:
+        run.front.kubeconfig = proxy.write_kubeconfig(workdir / f"proxy-{run.tag}.kubeconfig")
+        run.front.start(wait_ready=READY_S)
+        creator = run.start_creating()
+        for at in kills:
+            run.wait_created(at)
+            run.front.wait_serving()  # each kill hits a process that serves (books synced or not)
+            time.sleep(run.rng.uniform(0.1, 1.0))
+            run.front.kill()
+            delay = run.rng.uniform(*delay_s)
+            run.note(f"SIGKILL {run.front.kind} with {run.created} pods created; restart in {delay:.1f}s")
+            time.sleep(delay)
+            run.front.start()
+        run.join(creator)
+        run.extra.update(proxy.stats())
+        run.finish()
+    finally:
+        run.front.stop()  # before the proxy it talks through
+        proxy.stop()
     run.check()
 
 

@@ -44,9 +44,15 @@ def test_apiserver_killed(
 def test_extender_killed(
     cp: tuple[ControlPlane, int], chaos_run: RunFactory, tmp_path: Path, seed: int
 ) -> None:
-    """Restarted 1–2 s after the SIGKILL, while kube-scheduler keeps calling it."""
+    """Restarted 1–2 s after the SIGKILL, while kube-scheduler keeps calling it (two kills: a restart
+    takes about 5 s here, and pods arrive for 12 s)."""
     s = "front-end-killed"
-    scenarios.front_end_killed(chaos_run(cp[0], s, seed, front(cp, tmp_path, s, seed)), delay_s=(1.0, 2.0))
+    scenarios.front_end_killed(
+        chaos_run(cp[0], s, seed, front(cp, tmp_path, s, seed)),
+        tmp_path,
+        delay_s=(1.0, 2.0),
+        kills=(0.15, 0.55),
+    )
 
 
 def test_pods_deleted(cp: tuple[ControlPlane, int], chaos_run: RunFactory, tmp_path: Path, seed: int) -> None:

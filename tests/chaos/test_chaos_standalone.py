@@ -35,7 +35,9 @@ def test_apiserver_killed(cp: ControlPlane, chaos_run: RunFactory, tmp_path: Pat
 
 def test_scheduler_killed(cp: ControlPlane, chaos_run: RunFactory, tmp_path: Path, seed: int) -> None:
     s = "front-end-killed"
-    scenarios.front_end_killed(chaos_run(cp, s, seed, front(cp, tmp_path, s, seed)), delay_s=(0.0, 0.5))
+    scenarios.front_end_killed(
+        chaos_run(cp, s, seed, front(cp, tmp_path, s, seed)), tmp_path, delay_s=(0.0, 0.5)
+    )
 
 
 def test_pods_deleted(cp: ControlPlane, chaos_run: RunFactory, tmp_path: Path, seed: int) -> None:

@@ -3,6 +3,7 @@ really drops the answer of a committed binding, a BEFORE fault commits nothing, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -152,3 +153,40 @@ def test_watches_stream_through_the_proxy(setup: Setup) -> None:
     at, ev = seen[0]
     assert ev["type"] == "ADDED" and ev["object"]["metadata"]["name"] == "w"
     assert at - created < 10  # streamed as it happened, not when the watch ended (30 s)
+
+
+@pytest.mark.parametrize(
+    "setup",
+    [[binding_rule(Fault.BEFORE, nth=frozenset({1}), sever_watches=True),
+      Rule(Fault.DELAY, "GET", r"/api/v1/namespaces/[^/]+/pods", watch=False, every=1, delay_s=1.5)]],
+    indirect=True,
+)  # fmt: skip
+def test_a_fault_can_sever_watches_and_lists_can_be_held(setup: Setup) -> None:
+    from urllib3.exceptions import ProtocolError
+
+    t0 = time.monotonic()
+    listed = json.loads(setup.via.list_namespaced_pod(setup.ns, _preload_content=False).data)
+    assert time.monotonic() - t0 >= 1.5  # the list was held
+    resp = setup.via.list_namespaced_pod(
+        setup.ns, watch=True, resource_version=listed["metadata"]["resourceVersion"], timeout_seconds=30,
+        _preload_content=False,
+    )  # fmt: skip
+    t1 = time.monotonic()  # the watch was not held (watch=False in the rule)
+    ended: list[float] = []
+
+    def read() -> None:
+        with contextlib.suppress(Exception):
+            for _ in resp.stream(amt=65536):
+                pass
+        ended.append(time.monotonic())
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    time.sleep(0.5)
+    assert not ended and time.monotonic() - t1 < 1.5
+    setup.pod("s")
+    with pytest.raises(ProtocolError):
+        setup.bind("s", "node-a")
+    t.join(10)
+    assert ended, "the watch stream was not severed by the fault"
+    assert setup.proxy.stats()["watches_severed"] == 1
