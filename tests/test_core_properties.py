@@ -236,7 +236,10 @@ def bf_fits(snap: ClusterState, pod: PodSpec, n: int, *, empty: bool = False) ->
     for g in range(node.gpu_count):
         milli = GPU_MILLI if empty else int(snap.gpu_free[n, g])
         gmem = node.gpu_memory_mib if empty else int(snap.gpu_mem_free[n, g])
-        fitting += milli >= pod.gpu_milli and gmem >= pod.gpu_memory_mib
+        if pod.gpu_milli == GPU_MILLI:  # whole: nothing on the GPU (all its memory free), enough memory
+            fitting += milli == GPU_MILLI and gmem == node.gpu_memory_mib >= pod.gpu_memory_mib
+        else:
+            fitting += milli >= pod.gpu_milli and gmem >= pod.gpu_memory_mib
     return fitting >= pod.num_gpu
 
 
@@ -327,7 +330,9 @@ def test_stream_invariants_placement_validity_soundness_and_completeness(policy:
         want["cpu_free"][n] -= pod.cpu_milli
         want["mem_free"][n] -= pod.memory_mib
         want["gpu_free"][n, gpus] -= pod.gpu_milli
-        want["gpu_mem_free"][n, gpus] -= pod.gpu_memory_mib
+        # whole GPUs are booked whole: all their memory; a share books its own figure
+        whole = pod.gpu_milli == GPU_MILLI
+        want["gpu_mem_free"][n, gpus] -= sc.nodes[n].gpu_memory_mib if whole else pod.gpu_memory_mib
         assert_arrays_equal(snap, want, "after assume")
         assert snap.allocations[pod.key].node == n and snap.allocations[pod.key].gpus == tuple(r.gpus)
 

@@ -474,8 +474,12 @@ def test_pick_gpus_breaks_milli_ties_by_least_free_memory_then_index() -> None:
     snap.assume(PodSpec("m", num_gpu=1, gpu_memory_mib=8192), 0, [2])  # GPU 2: 1000 milli, 8192 MiB left
     assert pick_gpus(snap, share("p", 100, gpu_memory_mib=4096), 0) == (2,)
     assert pick_gpus(snap, share("q", 100, gpu_memory_mib=10_000), 0) == (0,)  # GPU 2 lacks memory
-    # whole GPUs: all have 1000 milli; least free memory first (GPU 2), then the lowest index (GPU 0)
-    assert pick_gpus(snap, whole("w", 2), 0) == (0, 2)
+    # whole GPUs: never GPU 2, which a share by memory holds (a whole GPU shares with nothing)
+    assert pick_gpus(snap, whole("w", 2), 0) == (0, 1)
+    snap.assume(share("s", 300, gpu_memory_mib=8192), 0, [0])  # GPU 0: 700 milli, 8192 MiB left
+    # shares: the least free milli first (GPU 0), then the least free memory (GPU 2 before GPU 1)
+    assert pick_gpus(snap, share("t", 700), 0) == (0,)
+    assert pick_gpus(snap, share("u", 800), 0) == (2,)
 
 
 # --------------------------------------------------------------------------------------- policies

@@ -212,7 +212,7 @@ def test_api_binder_maps_api_answers_to_status_codes() -> None:
 
     pod = PodSpec("a", 100, 100, 1, 300, namespace="ml", uid="u-1")
     results = {}
-    for code in (None, 404, 409, 500, 429):
+    for code in (None, 403, 404, 409, 422, 500, 429):
         core = Core(code)
         results[code] = APIBinder(core).bind(pod, "n3", (2,))  # type: ignore[arg-type]
         (body,) = core.bodies
@@ -220,8 +220,10 @@ def test_api_binder_maps_api_answers_to_status_codes() -> None:
         assert isinstance(meta, dict) and meta["uid"] == "u-1" and meta["namespace"] == "ml"
         assert "gpusched.io/assignment" in meta["annotations"]
     assert results[None].ok
-    assert results[404].code == results[409].code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE
-    assert results[500].code == results[429].code == Code.ERROR
+    assert results[404].code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE  # gone: release the booking
+    assert results[403].code == results[422].code == Code.UNSCHEDULABLE  # refused, nothing written
+    # the outcome is unknown: 409 may be an earlier attempt of ours that committed (k8s/binding.py)
+    assert results[409].code == results[500].code == results[429].code == Code.ERROR
     assert results[500].message() == "500 test"  # the API's status and reason, for the caller's log line
 
 
