@@ -381,3 +381,28 @@ def test_preemption_policy_is_read() -> None:
     assert pod_from_k8s(pod("q", {"nvidia.com/gpu": "1"})).preemption_policy == "PreemptLowerPriority"
     with pytest.raises(InvalidRequest, match="preemptionPolicy 'Always' is not one of"):
         pod_from_k8s(pod("r", {"nvidia.com/gpu": "1"}, preemptionPolicy="Always"))
+
+
+@pytest.mark.parametrize("value", ["1e999999999", "Infinity", "1e19", "NaN"])
+@pytest.mark.parametrize(
+    "resource", ["cpu", "memory", "nvidia.com/gpu", "gpusched.io/gpu-memory", "rdma/hca"]
+)
+def test_absurd_pod_quantities_are_refused_at_once(resource: str, value: str) -> None:
+    """``int(Decimal("1e999999999"))`` never returns: a pod carrying it would hang the informer
+    thread of either front end. It is refused, naming the field, before any integer is built."""
+    import threading
+
+    outcome: list[str] = []
+
+    def convert() -> None:
+        try:
+            pod_from_k8s(pod("p", {resource: value}))
+            outcome.append("accepted")
+        except InvalidRequest as e:
+            outcome.append(str(e))
+
+    t = threading.Thread(target=convert, daemon=True)
+    t.start()
+    t.join(20.0)
+    assert outcome, f"converting {resource}: {value} did not return"
+    assert f"containers[0] {resource}" in outcome[0] and value in outcome[0]

@@ -97,13 +97,21 @@ _MODEL_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62}[A-Za-z0-9])?$")
 _MIB = 1024 * 1024
 
 
+MAX_QUANTITY = 10**18
+"""The largest quantity read from any pod or node, in its own unit (bytes, cores, units): far
+above any machine, below int64; ``int(Decimal("1e999999999"))`` would never return."""
+
+
 def _quantity(value: object, where: str) -> Decimal:
     try:
         q = parse_quantity(value)  # type: ignore[no-untyped-call]
+        negative, over = q < 0, q > MAX_QUANTITY  # exact Decimal comparisons; NaN raises here
     except (ValueError, TypeError, ArithmeticError):
-        raise InvalidRequest(f"{where}: {value!r} is not a Kubernetes quantity") from None
-    if q < 0:
-        raise InvalidRequest(f"{where}: {value!r} is negative")
+        raise InvalidRequest(f"{where}: {_shown(value)} is not a Kubernetes quantity") from None
+    if negative:
+        raise InvalidRequest(f"{where}: {_shown(value)} is negative")
+    if over:
+        raise InvalidRequest(f"{where}: {_shown(value)} is more than {MAX_QUANTITY}, the most accepted")
     return Decimal(q)
 
 
