@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import NoReturn
 
 import pytest
+
+from realparts import unavailable
 
 _DEFAULT_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 
@@ -34,13 +35,6 @@ def trace_csv() -> Path:
 
 
 # ------------------------------------------------------------------ the real control plane (e2e, chaos)
-def unavailable(reason: str) -> NoReturn:
-    """Skip locally; fail under CI (``$CI`` set), where the control-plane tests must run."""
-    if os.environ.get("CI"):
-        pytest.fail(f"{reason} (failing rather than skipping because $CI is set)", pytrace=False)
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="session")
 def control_plane_bin() -> Path:
     """The control plane binaries (``hack/build-control-plane.sh``); skips without Go, fails under CI."""

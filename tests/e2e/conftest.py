@@ -8,38 +8,21 @@ fail, so that CI can never pass by skipping them.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 
-from gpusched.k8s.testenv import BinariesUnavailableError, ControlPlane, ControlPlaneError, find_binaries
+from gpusched.k8s.testenv import ControlPlane, ControlPlaneError
+from realparts import unavailable
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "e2e: runs against a real Kubernetes control plane (needs Go once, to build it)"
     )
-
-
-def unavailable(reason: str) -> NoReturn:
-    """Skip locally; fail under CI (``$CI`` set), where the e2e tests must run."""
-    if os.environ.get("CI"):
-        pytest.fail(f"{reason} (failing rather than skipping because $CI is set)", pytrace=False)
-    pytest.skip(reason)
-
-
-@pytest.fixture(scope="session")
-def control_plane_bin() -> Path:
-    try:
-        return find_binaries()
-    except BinariesUnavailableError as exc:
-        if exc.go_missing:
-            unavailable(f"the e2e control plane cannot be built: Go is not installed. {exc}")
-        pytest.fail(f"the e2e control plane could not be built: {exc}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -21,13 +21,14 @@ import textwrap
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 import yaml
 
 from gpusched.k8s import cli_testenv
 from gpusched.k8s.testenv import ControlPlane, ControlPlaneError, free_port, wait_until
+from realparts import unavailable
 
 pytestmark = pytest.mark.e2e
 
@@ -39,13 +40,6 @@ CHART = DEPLOY / "helm" / "gpusched"
 REFERENCE_SCHEDULER_CONFIG = DEPLOY / "extender" / "scheduler-config.yaml"
 NAMESPACE = "gpusched-system"
 MODES = ("standalone", "extender")
-
-
-def unavailable(reason: str) -> NoReturn:
-    """Skip locally; fail under CI (``$CI`` set), as tests/e2e/conftest.py does."""
-    if os.environ.get("CI"):
-        pytest.fail(f"{reason} (failing rather than skipping because $CI is set)", pytrace=False)
-    pytest.skip(reason)
 
 
 def load_docs(text: str) -> list[dict[str, Any]]:
