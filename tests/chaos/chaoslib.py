@@ -385,6 +385,8 @@ class Run:
         self.api = api_client(str(cp.kubeconfig_path), qps_pool=32)
         self.v1: Any = client.CoreV1Api(self.api)  # raw dict bodies and _preload_content=False
         self.created = 0
+        self.expected = self.wl.pods
+        self._created_lock = threading.Lock()
         self.deleted: list[str] = []
         self.events: list[str] = []
         self.extra: dict[str, Any] = {}
@@ -465,16 +467,28 @@ class Run:
         return sum(1 for p in self.list_pods() if (p.get("spec") or {}).get("nodeName"))
 
     # --- workload
-    def pod_bodies(self) -> list[dict[str, Any]]:
-        rng = random.Random(f"pods/{self.seed}")  # the same pods for both front ends and every scenario
+    def pod_bodies(
+        self, n: int | None = None, prefix: str = "c", shares_only: bool = False
+    ) -> list[dict[str, Any]]:
+        # the same pods for both front ends and every scenario
+        rng = random.Random(f"pods/{self.seed}" if prefix == "c" else f"pods/{prefix}/{self.seed}")
+        wl = (
+            Workload(self.wl.nodes, self.wl.gpus_per_node, self.wl.pods, self.wl.rate, 0.0)
+            if shares_only
+            else self.wl
+        )
         bodies = []
-        for i in range(self.wl.pods):
-            res = pod_requests(rng, self.wl)
+        for i in range(self.wl.pods if n is None else n):
+            res = pod_requests(rng, wl)
             bodies.append(
                 {
                     "apiVersion": "v1",
                     "kind": "Pod",
-                    "metadata": {"name": f"c-{i:04d}", "namespace": self.ns, "labels": {"app": "chaos"}},
+                    "metadata": {
+                        "name": f"{prefix}-{i:04d}",
+                        "namespace": self.ns,
+                        "labels": {"app": "chaos"},
+                    },
                     "spec": {
                         "schedulerName": self.front.scheduler_name,
                         "nodeSelector": {GROUP: self.tag},
@@ -511,21 +525,34 @@ class Run:
                 delay = start + i / self.wl.rate - time.monotonic()
                 if delay > 0 and self._stop.wait(delay):
                     return
-                deadline = time.monotonic() + 90
-                while True:
-                    try:
-                        self.v1.create_namespaced_pod(self.ns, body, _preload_content=False)
-                        break
-                    except Exception as e:
-                        if _api_error(e) == 409:
-                            break
-                        if time.monotonic() > deadline or self._stop.is_set():
-                            raise
-                        time.sleep(0.2)
-                self.created += 1
-            self.note(f"all {self.created} pods created")
+                self._create(body)
+            self.note(f"all {len(bodies)} steady pods created")
 
         return self._spawn("creator", create)
+
+    def _create(self, body: dict[str, Any]) -> None:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                self.v1.create_namespaced_pod(self.ns, body, _preload_content=False)
+                break
+            except Exception as e:
+                if _api_error(e) == 409:
+                    break
+                if time.monotonic() > deadline or self._stop.is_set():
+                    raise
+                time.sleep(0.2)
+        with self._created_lock:
+            self.created += 1
+
+    def burst(self, n: int, name: str) -> None:
+        """Create ``n`` more pods (GPU shares) at once, 8 at a time, and return when they exist: the front
+        end then has many bindings in flight for a moment."""
+        bodies = self.pod_bodies(n, prefix=name, shares_only=True)
+        with self._created_lock:
+            self.expected += n
+        with ThreadPoolExecutor(8) as ex:
+            list(ex.map(self._create, bodies))
 
     def wait_created(self, fraction: float, timeout: float = 120.0) -> None:
         want = int(fraction * self.wl.pods)
@@ -615,6 +642,7 @@ class Run:
             "bound_without_assignment": len(books.unassigned),
             "front_end_kills": self.front.kills,
             "pending_pods": sorted(books.pending_names)[:10],
+            "timeline": list(self.events),
             "duration_s": round(time.monotonic() - self.t0, 1),
             **self.extra,
         }
@@ -642,10 +670,10 @@ class Run:
             f"errors: {self.errors}\ntimeline:\n  " + "\n  ".join(self.events) + f"\n{self.front.kind} log: "
             f"{self.front.log}\ncontrol plane logs: {self.cp.log_paths.get('kube-apiserver', '')}"
         )
-        if self.errors or books.broken or books.pending_fit or self.created != self.wl.pods:
+        if self.errors or books.broken or books.pending_fit or self.created != self.expected:
             detail += f"\nlogs kept in {self.keep_logs()}"
         assert not self.errors, detail
-        assert self.created == self.wl.pods, f"only {self.created} of {self.wl.pods} pods created" + detail
+        assert self.created == self.expected, f"only {self.created} of {self.expected} pods created" + detail
         assert not books.gpus_over_milli, "GPUs booked over 1000 milli" + detail
         assert not books.gpus_over_memory, "GPUs booked over their memory" + detail
         assert not books.nodes_over_count, "nodes booked over their nvidia.com/gpu count" + detail

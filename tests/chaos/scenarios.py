@@ -16,14 +16,16 @@ from faultproxy import Fault, FaultProxy, Rule, binding_rule
 READY_S = 90.0
 
 
-def apiserver_killed(run: Run, kills: tuple[float, ...] = (0.3, 0.65)) -> None:
-    """kube-apiserver SIGKILLed while pods arrive and bindings are in flight, down 0.5–2.5 s, then
-    restarted with the same flags, port and etcd data (so some bindings fail after the API committed
-    them, some before it did)."""
+def apiserver_killed(run: Run, kills: tuple[float, ...] = (0.25, 0.5, 0.75), burst: int = 30) -> None:
+    """kube-apiserver SIGKILLed while pods arrive, down 0.5–2.5 s, then restarted with the same flags,
+    port and etcd data. Each kill lands 50–300 ms after a burst of ``burst`` GPU shares was created, while
+    the front end has many bindings in flight: some fail after the API committed them, some before."""
     run.front.start(wait_ready=READY_S)
     creator = run.start_creating()
-    for at in kills:
+    for k, at in enumerate(kills):
         run.wait_created(at)
+        run.burst(burst, f"b{k}")
+        time.sleep(run.rng.uniform(0.05, 0.3))
         down = run.rng.uniform(0.5, 2.5)
         run.note(f"kill -9 kube-apiserver (down {down:.1f}s) with {run.created} pods created")
         run.cp.restart_apiserver(down_s=down)
