@@ -86,7 +86,7 @@ def extender_command(
 
     cluster = LiveCluster()
     extender = Extender(
-        cluster, build_profile(policy), binder=APIBinder(core, in_binding=False), pod_getter=get_pod
+        cluster, build_profile(policy), binder=APIBinder(core, in_binding=True), pod_getter=get_pod
     )
     reflectors = start_informers(core, cluster, pod_handler=extender.observe_pod)
     pool = ThreadPoolExecutor(max_workers=bind_threads, thread_name_prefix="gpusched-bind")
