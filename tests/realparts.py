@@ -1,12 +1,18 @@
-"""What every test of real parts (the control plane, helm, later the kubelet) does when a part is
-missing: skip on a developer's machine, fail under CI (``$CI`` set), where they must run."""
+"""What every test of real parts (the control plane, helm, later the kubelet) shares: skip on a
+developer's machine when a part is missing, fail under CI (``$CI`` set), where they must run; and a
+control plane that is always stopped, its processes with it, however the tests end."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import NoReturn
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NoReturn
 
 import pytest
+
+from gpusched.k8s.testenv import ControlPlane, ControlPlaneError
 
 
 def unavailable(reason: str) -> NoReturn:
@@ -14,3 +20,18 @@ def unavailable(reason: str) -> NoReturn:
     if os.environ.get("CI"):
         pytest.fail(f"{reason} (failing rather than skipping because $CI is set)", pytrace=False)
     pytest.skip(reason)
+
+
+@contextlib.contextmanager
+def started(bin_dir: Path, **kwargs: Any) -> Iterator[ControlPlane]:
+    """A ``ControlPlane(bin_dir, **kwargs)``, started (failing the test if it does not start) and always
+    stopped, its processes with it, however the tests end."""
+    cp = ControlPlane(bin_dir=bin_dir, **kwargs)
+    try:
+        cp.start()
+    except ControlPlaneError as exc:
+        pytest.fail(f"the control plane did not start: {exc}", pytrace=False)
+    try:
+        yield cp
+    finally:
+        cp.stop()

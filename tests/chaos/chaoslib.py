@@ -23,17 +23,15 @@ import urllib.error
 import urllib.request
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from gpusched.k8s.convert import ANN_ASSIGNMENT, LABEL_MEMORY, RES_GPU, RES_MEMORY, RES_MILLI
 from gpusched.k8s.kwoknodes import kwok_gpu_node
-from gpusched.k8s.testenv import ControlPlane, ControlPlaneError, free_port, wait_until
+from gpusched.k8s.testenv import ControlPlane, free_port, wait_until
 
 GROUP = "gpusched.io/chaos-group"
 MODEL = "NVIDIA-A100-SXM4-80GB"
@@ -698,20 +696,5 @@ def emit_report(report: dict[str, Any]) -> None:
 
 
 # ----------------------------------------------------------------------------------------- fixtures
-@contextlib.contextmanager
-def started(bin_dir: Path, **kwargs: Any) -> Iterator[ControlPlane]:
-    """A ``ControlPlane(bin_dir, **kwargs)``, started (failing the test if it does not start) and always
-    stopped, its processes with it, however the tests end."""
-    cp = ControlPlane(bin_dir=bin_dir, **kwargs)
-    try:
-        cp.start()
-    except ControlPlaneError as exc:
-        pytest.fail(f"the chaos control plane did not start: {exc}", pytrace=False)
-    try:
-        yield cp
-    finally:
-        cp.stop()
-
-
 RunFactory = Callable[[ControlPlane, str, int, FrontEnd], Run]
 """``chaos_run(cp, scenario, seed, front)``: a ``Run`` set up (namespace, Ready kwok nodes)."""

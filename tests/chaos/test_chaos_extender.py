@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import scenarios
 import yaml
-from chaoslib import Extender, RunFactory, started
+from chaoslib import Extender, RunFactory
 
 from gpusched.k8s.testenv import ControlPlane, free_port
+from realparts import started
 
 pytestmark = pytest.mark.chaos
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 import scenarios
-from chaoslib import RunFactory, Standalone, started
+from chaoslib import RunFactory, Standalone
 
 from gpusched.k8s.testenv import ControlPlane
+from realparts import started
 
 pytestmark = pytest.mark.chaos
 

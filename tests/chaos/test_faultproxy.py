@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chaoslib import started
 from faultproxy import Fault, FaultProxy, Rule, binding_rule
 
 from gpusched.k8s.testenv import ControlPlane
+from realparts import started
 
 pytestmark = pytest.mark.chaos
 

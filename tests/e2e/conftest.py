@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from gpusched.k8s.testenv import ControlPlane, ControlPlaneError
-from realparts import unavailable
+from gpusched.k8s.testenv import ControlPlane
+from realparts import started, unavailable
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -31,15 +31,8 @@ def control_plane(control_plane_bin: Path) -> Iterator[ControlPlane]:
         import kubernetes  # noqa: F401
     except ImportError:
         unavailable("the 'kubernetes' Python client is not installed (pip install kubernetes==37.0.2)")
-    cp = ControlPlane(bin_dir=control_plane_bin, scheduler=True, controller_manager=True, kwok=True)
-    try:
-        cp.start()
-    except ControlPlaneError as exc:
-        pytest.fail(f"the e2e control plane did not start: {exc}", pytrace=False)
-    try:
+    with started(control_plane_bin, scheduler=True, controller_manager=True, kwok=True) as cp:
         yield cp
-    finally:
-        cp.stop()
 
 
 @pytest.fixture(scope="session")
