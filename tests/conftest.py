@@ -38,7 +38,7 @@ def trace_csv() -> Path:
 @pytest.fixture(scope="session")
 def control_plane_bin() -> Path:
     """The control plane binaries (``hack/build-control-plane.sh``); skips without Go, fails under CI."""
-    from gpusched.k8s.testenv import BinariesUnavailableError, find_binaries
+    from gpusched.testenv import BinariesUnavailableError, find_binaries
 
     try:
         return find_binaries()

@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-from gpusched.k8s.testenv import ControlPlane, ControlPlaneError
+from gpusched.testenv import ControlPlane, ControlPlaneError
 
 
 def unavailable(reason: str) -> NoReturn:

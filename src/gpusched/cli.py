@@ -317,7 +317,7 @@ def bench_k8s_cmd(
 ) -> None:
     """Standalone pods/s through a real kube-apiserver, and extender latency (real control plane)."""
     from gpusched.bench.k8s import bench_k8s
-    from gpusched.k8s.testenv import ControlPlaneError
+    from gpusched.testenv import ControlPlaneError
 
     check_policies([policy])
 
@@ -504,15 +504,14 @@ def testenv_up_cmd(
     state_dir: Annotated[Path | None, typer.Option(help="Where the state and logs go.")] = None,
 ) -> None:
     """Start etcd, kube-apiserver and kwok in the background (built by hack/build-control-plane.sh)."""
-    from gpusched.k8s import cli_testenv
-    from gpusched.k8s.testenv import ControlPlaneError
+    from gpusched.testenv import ControlPlaneError, session
 
     def go() -> None:
         try:
-            cli_testenv.testenv_up(
-                state_dir or cli_testenv.DEFAULT_STATE_DIR, nodes, gpus_per_node, with_scheduler
+            session.testenv_up(
+                state_dir or session.DEFAULT_STATE_DIR, nodes, gpus_per_node, with_scheduler
             )
-        except (cli_testenv.TestEnvError, ControlPlaneError) as e:
+        except (session.TestEnvError, ControlPlaneError) as e:
             raise ValueError(str(e)) from None
 
     run_cli(go)
@@ -523,12 +522,12 @@ def testenv_down_cmd(
     state_dir: Annotated[Path | None, typer.Option(help="The state folder given to 'up'.")] = None,
 ) -> None:
     """Stop the background control plane and remove its state."""
-    from gpusched.k8s import cli_testenv
+    from gpusched.testenv import session
 
     def go() -> None:
         try:
-            cli_testenv.testenv_down(state_dir or cli_testenv.DEFAULT_STATE_DIR)
-        except cli_testenv.TestEnvError as e:
+            session.testenv_down(state_dir or session.DEFAULT_STATE_DIR)
+        except session.TestEnvError as e:
             raise ValueError(str(e)) from None
 
     run_cli(go)

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from gpusched.k8s.convert import ANN_ASSIGNMENT, LABEL_MEMORY, RES_GPU, RES_MEMORY, RES_MILLI
-from gpusched.k8s.kwoknodes import kwok_gpu_node
-from gpusched.k8s.testenv import ControlPlane, free_port, wait_until
+from gpusched.testenv import ControlPlane, free_port, wait_until
+from gpusched.testenv.kwoknodes import kwok_gpu_node
 
 GROUP = "gpusched.io/chaos-group"
 MODEL = "NVIDIA-A100-SXM4-80GB"

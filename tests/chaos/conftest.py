@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 from chaoslib import ENV_SEEDS, FrontEnd, Run, RunFactory, Workload, parse_seeds
 
-from gpusched.k8s.testenv import ControlPlane
+from gpusched.testenv import ControlPlane
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

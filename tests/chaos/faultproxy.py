@@ -44,7 +44,7 @@ from typing import Any
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 from yarl import URL
 
-from gpusched.k8s.testenv import ControlPlane, generate_pki
+from gpusched.testenv import ControlPlane, generate_pki
 
 #: ``POST`` here binds a pod: ``.../bindings`` (the pod named in the Binding) or ``.../pods/<name>/binding``.
 BINDING_PATH = r"/api/v1/namespaces/[^/]+/(?:bindings|pods/[^/]+/binding)"

@@ -13,7 +13,7 @@ import scenarios
 import yaml
 from chaoslib import Extender, RunFactory
 
-from gpusched.k8s.testenv import ControlPlane, free_port
+from gpusched.testenv import ControlPlane, free_port
 from realparts import started
 
 pytestmark = pytest.mark.chaos

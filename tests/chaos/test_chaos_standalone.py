@@ -12,7 +12,7 @@ import pytest
 import scenarios
 from chaoslib import RunFactory, Standalone
 
-from gpusched.k8s.testenv import ControlPlane
+from gpusched.testenv import ControlPlane
 from realparts import started
 
 pytestmark = pytest.mark.chaos

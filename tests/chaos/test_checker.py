@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from chaoslib import GPU_MEMORY_MIB, Workload, parse_seeds, read_books
 
-from gpusched.k8s.kwoknodes import kwok_gpu_node
+from gpusched.testenv.kwoknodes import kwok_gpu_node
 
 pytestmark = pytest.mark.chaos
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from faultproxy import Fault, FaultProxy, Rule, binding_rule
 
-from gpusched.k8s.testenv import ControlPlane
+from gpusched.testenv import ControlPlane
 from realparts import started
 
 pytestmark = pytest.mark.chaos

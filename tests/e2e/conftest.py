@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gpusched.k8s.testenv import ControlPlane
+from gpusched.testenv import ControlPlane
 from realparts import started, unavailable
 
 

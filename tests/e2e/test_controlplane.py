@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpusched.k8s.testenv import ControlPlane, wait_until
+from gpusched.testenv import ControlPlane, wait_until
 
 pytestmark = pytest.mark.e2e
 

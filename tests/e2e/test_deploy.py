@@ -26,8 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpusched.k8s import cli_testenv
-from gpusched.k8s.testenv import ControlPlane, ControlPlaneError, free_port, wait_until
+from gpusched.testenv import ControlPlane, ControlPlaneError, free_port, session, wait_until
 from realparts import unavailable
 
 pytestmark = pytest.mark.e2e
@@ -463,7 +462,7 @@ def test_testenv_up_down_round_trip(control_plane_bin: Path, tmp_path: Path) -> 
     script = textwrap.dedent(
         f"""
         from pathlib import Path
-        from gpusched.k8s.cli_testenv import testenv_up
+        from gpusched.testenv.session import testenv_up
         testenv_up(Path({str(state_dir)!r}), 2, 4, True, bin_dir=Path({str(control_plane_bin)!r}))
         """
     )
@@ -471,7 +470,7 @@ def test_testenv_up_down_round_trip(control_plane_bin: Path, tmp_path: Path) -> 
         # In a child process: the control plane must outlive the command that started it.
         proc = run([sys.executable, "-c", script])
         assert proc.returncode == 0, proc.stderr
-        state = cli_testenv.read_state(state_dir)
+        state = session.read_state(state_dir)
         assert state is not None
         assert f"export KUBECONFIG={state.kubeconfig}" in proc.stdout
         assert {p.name for p in state.processes} == {
@@ -481,7 +480,7 @@ def test_testenv_up_down_round_trip(control_plane_bin: Path, tmp_path: Path) -> 
             "kube-scheduler",
             "kwok",
         }
-        assert all(cli_testenv._alive(p) for p in state.processes)
+        assert all(session._alive(p) for p in state.processes)
 
         kubectl = [str(control_plane_bin / "kubectl"), "--kubeconfig", state.kubeconfig]
         out = run([*kubectl, "get", "nodes", "-o", "json"])
@@ -498,13 +497,13 @@ def test_testenv_up_down_round_trip(control_plane_bin: Path, tmp_path: Path) -> 
             assert alloc["gpusched.io/gpu-milli"] in ("4000", "4k")
             assert alloc["gpusched.io/gpu-memory"] == str(4 * 81920)
 
-        with pytest.raises(cli_testenv.TestEnvError, match="already up"):
-            cli_testenv.testenv_up(state_dir, 1, 1, False, bin_dir=control_plane_bin)
+        with pytest.raises(session.TestEnvError, match="already up"):
+            session.testenv_up(state_dir, 1, 1, False, bin_dir=control_plane_bin)
 
-        assert cli_testenv.testenv_down(state_dir) is True
-        assert not any(cli_testenv._alive(p) for p in state.processes)
+        assert session.testenv_down(state_dir) is True
+        assert not any(session._alive(p) for p in state.processes)
         assert not state_dir.exists()
-        assert cli_testenv.testenv_down(state_dir) is False
+        assert session.testenv_down(state_dir) is False
     finally:
-        if (state_dir / cli_testenv.STATE_FILE).exists():
-            cli_testenv.testenv_down(state_dir, quiet=True)
+        if (state_dir / session.STATE_FILE).exists():
+            session.testenv_down(state_dir, quiet=True)

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from gpusched.k8s.convert import ANN_ASSIGNMENT
-from gpusched.k8s.testenv import ControlPlane, ControlPlaneError, free_port, wait_until
+from gpusched.testenv import ControlPlane, ControlPlaneError, free_port, wait_until
 
 pytestmark = pytest.mark.e2e
 

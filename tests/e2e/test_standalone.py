@@ -29,7 +29,7 @@ from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.policies import PolicyContext, make_profile
 from gpusched.core.scheduler import schedule_one
 from gpusched.k8s.convert import ANN_ASSIGNMENT, ANN_MODELS, node_from_k8s, pod_from_k8s
-from gpusched.k8s.testenv import ControlPlane, free_port, wait_until
+from gpusched.testenv import ControlPlane, free_port, wait_until
 
 pytestmark = pytest.mark.e2e
 

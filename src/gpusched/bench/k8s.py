@@ -13,7 +13,7 @@ from typing import Any
 
 from gpusched.bench.k8s_extender import bench_extender
 from gpusched.bench.k8s_standalone import bench_standalone
-from gpusched.k8s.testenv import ControlPlane
+from gpusched.testenv import ControlPlane
 
 
 def bench_k8s(

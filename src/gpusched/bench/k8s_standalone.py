@@ -20,9 +20,9 @@ from kubernetes import client
 
 from gpusched.k8s.client import api_client
 from gpusched.k8s.convert import RES_GPU, RES_MILLI
-from gpusched.k8s.kwoknodes import kwok_gpu_node
 from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
-from gpusched.k8s.testenv import ControlPlane, wait_until
+from gpusched.testenv import ControlPlane, wait_until
+from gpusched.testenv.kwoknodes import kwok_gpu_node
 
 _MODELS = (("A100-SXM4-80GB", 81920), ("V100-SXM2-32GB", 32768), ("T4", 15360))
 

@@ -1,5 +1,5 @@
-"""Kubernetes front ends of gpusched, and the real control plane its e2e tests and benchmarks run against.
+"""Kubernetes front ends of gpusched: the standalone scheduler, and the parts the extender shares with it.
 
-``gpusched.k8s.testenv`` is imported explicitly (``from gpusched.k8s.testenv import ControlPlane``): it is
-test infrastructure, not needed to run the scheduler.
+The real control plane that the e2e tests and benchmarks run against is test infrastructure, and lives in
+``gpusched.testenv``; nothing here imports it.
 """

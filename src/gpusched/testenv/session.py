@@ -1,8 +1,8 @@
 """``gpusched testenv up|down``: a throw-away local Kubernetes cluster with fake GPU nodes.
 
 ``up`` starts the e2e control plane (etcd, kube-apiserver, kube-controller-manager, optionally
-kube-scheduler, and kwok playing the kubelets; see ``gpusched.k8s.testenv``) in the background, so that it
-outlives the command, registers ``nodes`` kwok nodes with ``gpus_per_node`` NVIDIA A100-SXM4-80GB GPUs each
+kube-scheduler, and kwok playing the kubelets; see ``gpusched.testenv.controlplane``) in the background,
+so that it outlives the command, registers ``nodes`` kwok nodes with ``gpus_per_node`` NVIDIA A100-SXM4-80GB GPUs each
 (labels as NVIDIA's gpu-feature-discovery sets them; allocatable ``nvidia.com/gpu``,
 ``gpusched.io/gpu-milli`` and ``gpusched.io/gpu-memory``), waits until they are Ready and prints the admin
 kubeconfig. ``down`` stops it all.
@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gpusched.k8s.kwoknodes import kwok_gpu_node
-from gpusched.k8s.testenv import ControlPlane, ControlPlaneError, wait_until
+from gpusched.testenv import ControlPlane, ControlPlaneError, wait_until
+from gpusched.testenv.kwoknodes import kwok_gpu_node
 
 __all__ = [
     "DEFAULT_STATE_DIR",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from gpusched.k8s.testenv.binaries import ControlPlaneError
+from gpusched.testenv.binaries import ControlPlaneError
 
 CertBackend = Literal["auto", "cryptography", "openssl"]
 #: The Service network of the test cluster; its first address goes into the serving certificate.

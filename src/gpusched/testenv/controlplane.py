@@ -24,13 +24,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, TypeVar
 
-from gpusched.k8s.testenv.binaries import (
+from gpusched.testenv.binaries import (
     ENV_KEEP_WORKDIR,
     KWOK_STAGES_RELPATH,
     ControlPlaneError,
     find_binaries,
 )
-from gpusched.k8s.testenv.pki import SERVICE_CIDR, CertBackend, Pki, _Identity, generate_pki
+from gpusched.testenv.pki import SERVICE_CIDR, CertBackend, Pki, _Identity, generate_pki
 
 _POD_CIDR = "10.244.0.0/16"
 _T = TypeVar("_T")

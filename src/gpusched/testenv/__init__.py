@@ -19,7 +19,7 @@ Nothing here is used by the scheduler itself: it is test infrastructure, kept in
 benchmarks can use it too.
 """
 
-from gpusched.k8s.testenv.binaries import (
+from gpusched.testenv.binaries import (
     BINARIES,
     ENV_BIN_DIR,
     ENV_KEEP_WORKDIR,
@@ -28,8 +28,8 @@ from gpusched.k8s.testenv.binaries import (
     find_binaries,
     find_build_script,
 )
-from gpusched.k8s.testenv.controlplane import ControlPlane, free_port, wait_until
-from gpusched.k8s.testenv.pki import Pki, generate_pki
+from gpusched.testenv.controlplane import ControlPlane, free_port, wait_until
+from gpusched.testenv.pki import Pki, generate_pki
 
 __all__ = [
     "BINARIES",
