@@ -4,6 +4,7 @@
 #   etcd                                                              (hack/etcd, go.etcd.io/etcd/server/v3)
 #   kwok                                                              (hack/kwok, sigs.k8s.io/kwok)
 #   helm                                                              (hack/helm, helm.sh/helm/v3)
+#   kubelet                                                           (hack/controlplane, k8s.io/kubernetes)
 # plus kwok's default Stage objects (node-initialize, node heartbeat with lease, pod ready/complete/delete,
 # copied from the pinned kwok module) as share/kwok-stages.yaml next to bin/,
 # from the official Go modules (through the Go module proxy), into a cache outside the repository keyed by
@@ -13,6 +14,10 @@
 # helm (for the deploy tests: `helm lint`, `helm template`) is an add-on that does not enter the cache key: it is
 # built into the same bin/ and stamped with its version (share/helm.version). A cache made before helm was added,
 # or with another helm version, gets just helm (re)built; without Go such a cache is still used, without helm.
+#
+# kubelet (for the real-node tests, tests/kubelet) is an add-on too, built from the same module and version as
+# kube-apiserver (so it needs no key of its own): a cache made before it was added gets just the kubelet built into
+# it; without Go such a cache is still used, without the kubelet.
 #
 # Idempotent: if every binary is already there, nothing is built (and Go is not needed).
 # The last line on stdout is always the bin directory; everything else goes to stderr.
@@ -73,8 +78,12 @@ helm_built() {
   [[ -x "${BIN_DIR}/helm" && "$(cat "${OUT_DIR}/${HELM_STAMP}" 2>/dev/null)" == "${HELM_VERSION}" ]]
 }
 
+kubelet_built() {
+  [[ -x "${BIN_DIR}/kubelet" ]]
+}
+
 all_built() {
-  core_built && helm_built
+  core_built && helm_built && kubelet_built
 }
 
 if all_built; then
@@ -85,7 +94,8 @@ fi
 
 if ! command -v go >/dev/null 2>&1; then
   if core_built; then
-    log "WARNING: Go is not installed: helm ${HELM_VERSION} cannot be built; tests that need helm cannot run"
+    helm_built || log "WARNING: Go is not installed: helm ${HELM_VERSION} cannot be built; tests that need helm cannot run"
+    kubelet_built || log "WARNING: Go is not installed: the kubelet cannot be built; tests that need it cannot run"
     echo "${BIN_DIR}"
     exit 0
   fi
@@ -137,19 +147,32 @@ build_helm() {
   echo "${HELM_VERSION}" >"$1/${HELM_STAMP}"
 }
 
+# build_kubelet DIR: builds the kubelet (same module, version and ldflags as kube-apiserver) into DIR/bin/kubelet.
+build_kubelet() {
+  log "kubelet (k8s.io/kubernetes ${K8S_VERSION})"
+  (cd "${HACK_DIR}/controlplane" && "${NICE[@]}" go build -trimpath -ldflags="${K8S_LDFLAGS}" -o "$1/bin/kubelet" \
+    k8s.io/kubernetes/cmd/kubelet) >&2
+}
+
 if core_built; then
-  # Only helm is missing or stale: build it alone and move it into the complete cache directory.
+  # Only add-ons (helm, kubelet) are missing or stale: build them alone and move them into the complete cache.
   start=${SECONDS}
-  build_helm "${STAGE}"
-  mv -f "${STAGE}/bin/helm" "${BIN_DIR}/helm"
-  mv -f "${STAGE}/${HELM_STAMP}" "${OUT_DIR}/${HELM_STAMP}"
-  log "helm done in $((SECONDS - start))s"
+  if ! helm_built; then
+    build_helm "${STAGE}"
+    mv -f "${STAGE}/bin/helm" "${BIN_DIR}/helm"
+    mv -f "${STAGE}/${HELM_STAMP}" "${OUT_DIR}/${HELM_STAMP}"
+  fi
+  if ! kubelet_built; then
+    build_kubelet "${STAGE}"
+    mv -f "${STAGE}/bin/kubelet" "${BIN_DIR}/kubelet"
+  fi
+  log "add-ons done in $((SECONDS - start))s"
   echo "${BIN_DIR}"
   exit 0
 fi
 
 start=${SECONDS}
-log "building k8s ${K8S_VERSION}, etcd ${ETCD_VERSION}, kwok ${KWOK_VERSION}, helm ${HELM_VERSION} into ${BIN_DIR} (takes a while)"
+log "building k8s ${K8S_VERSION} (with the kubelet), etcd ${ETCD_VERSION}, kwok ${KWOK_VERSION}, helm ${HELM_VERSION} into ${BIN_DIR} (takes a while)"
 
 log "kube-apiserver kube-scheduler kube-controller-manager kubectl (k8s.io/kubernetes ${K8S_VERSION})"
 (cd "${HACK_DIR}/controlplane" && "${NICE[@]}" go build -trimpath -ldflags="${K8S_LDFLAGS}" -o "${STAGE}/bin/" \
@@ -166,6 +189,7 @@ log "kwok (sigs.k8s.io/kwok ${KWOK_VERSION})"
   sigs.k8s.io/kwok/cmd/kwok) >&2
 
 build_helm "${STAGE}"
+build_kubelet "${STAGE}"
 
 kwok_src="$(cd "${HACK_DIR}/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
 for f in "${KWOK_STAGES[@]}"; do
@@ -174,7 +198,7 @@ for f in "${KWOK_STAGES[@]}"; do
   cat "${kwok_src}/${f}"
 done >"${STAGE}/${STAGES_FILE}"
 
-for b in "${BINARIES[@]}" helm; do
+for b in "${BINARIES[@]}" helm kubelet; do
   if [[ ! -x "${STAGE}/bin/${b}" ]]; then
     log "ERROR: ${b} was not produced"
     exit 1
