@@ -85,10 +85,16 @@ class ClusterState:
         self.model_id: I64 = np.array(
             [self.model_index.get(nd.gpu_model, -1) for nd in nodes], dtype=np.int64
         )
-        self.gpu_exists: BoolArr = np.arange(self.max_gpus)[None, :] < self.gpu_count[:, None]
-        self.gpu_cap: I64 = np.where(self.gpu_exists, GPU_MILLI, 0).astype(np.int64)
+        present: BoolArr = np.arange(self.max_gpus)[None, :] < self.gpu_count[:, None]
+        self.gpu_cap: I64 = np.where(present, GPU_MILLI, 0).astype(np.int64)
         gmem = np.array([nd.gpu_memory_mib for nd in nodes], dtype=np.int64)
-        self.gpu_mem_cap: I64 = np.where(self.gpu_exists, gmem[:, None], 0).astype(np.int64)
+        self.gpu_mem_cap: I64 = np.where(present, gmem[:, None], 0).astype(np.int64)
+        self.gpu_exists: BoolArr = present.copy()
+        """GPUs that can take a pod: present and not unhealthy (``NodeSpec.unhealthy_gpus``). An
+        unhealthy GPU keeps its capacity, so the pods still on it are booked as usual."""
+        for i, nd in enumerate(nodes):
+            self.gpu_exists[i, list(nd.unhealthy_gpus)] = False
+        self.any_unhealthy = any(nd.unhealthy_gpus for nd in nodes)
         self.pod_cap: I64 = np.array([nd.max_pods or NO_POD_LIMIT for nd in nodes], dtype=np.int64)
         self.ext_names: tuple[str, ...] = tuple(sorted({k for nd in nodes for k in nd.extended}))
         self.ext_index: dict[str, int] = {k: i for i, k in enumerate(self.ext_names)}
@@ -182,13 +188,15 @@ class ClusterState:
         """(k, G): GPU j of each of ``nodes`` can take one of ``pod``'s GPUs now. A share needs
         its milli and memory free there; a whole GPU needs the GPU entirely free (1000 milli and
         all its memory: nothing, not even a share by memory alone, on it) and at least
-        ``gpu_memory_mib`` of memory. Padding GPUs never qualify for a pod that asks for GPU memory
-        or milli (they have neither)."""
+        ``gpu_memory_mib`` of memory. Unhealthy GPUs never qualify; padding GPUs never qualify for
+        a pod that asks for GPU memory or milli (they have neither)."""
         ok: BoolArr = self.gpu_free[nodes] >= pod.gpu_milli
         if pod.gpu_memory_mib:
             ok &= self.gpu_mem_free[nodes] >= pod.gpu_memory_mib
         if self.memory_shares and pod.gpu_milli >= GPU_MILLI:
             ok &= self.gpu_mem_free[nodes] >= self.gpu_mem_cap[nodes]
+        if self.any_unhealthy:
+            ok &= self.gpu_exists[nodes]
         return ok
 
     def allocated_gpu_milli(self) -> int:

@@ -101,6 +101,9 @@ class NodeSpec:
     extended: Mapping[str, int] = field(default_factory=lambda: _NO_RESOURCES)
     """Other allocatable resources, counted in whole units by name (e.g. ``rdma/hca``,
     ``nvidia.com/mig-1g.10gb``)."""
+    unhealthy_gpus: frozenset[int] = frozenset()
+    """Indices (0..gpu_count-1) of GPUs that failed: they take no new pod; pods already on them
+    stay booked there until they leave."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -112,6 +115,9 @@ class NodeSpec:
         _check_extended(self.extended, f"node {self.name}")
         if self.gpu_count and not self.gpu_model:
             raise InvalidSpec(f"node {self.name}: has {self.gpu_count} GPUs but no gpu_model")
+        bad = sorted(g for g in self.unhealthy_gpus if not isinstance(g, int) or not 0 <= g < self.gpu_count)
+        if bad:
+            raise InvalidSpec(f"node {self.name}: unhealthy GPU(s) {bad} not among its {self.gpu_count} GPUs")
 
 
 @dataclass(frozen=True, slots=True)

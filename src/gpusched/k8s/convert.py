@@ -21,9 +21,14 @@ How a pod asks for GPUs (documented in README, "Requesting GPUs"):
   DoesNotExist, Gt, Lt) on any node label, e.g. a minimum driver with
   ``nvidia.com/cuda.driver-version.major`` Gt 534; an invalid term is rejected with an Event.
 
-A node's GPUs come from ``status.allocatable["nvidia.com/gpu"]`` (or capacity), its model from
+A node's GPUs are counted from ``status.capacity["nvidia.com/gpu"]`` (allocatable when the
+node reports no capacity): the kubelet leaves a device plugin's unhealthy devices out of
+allocatable, and counting those would renumber the GPUs after a failed one. Its model comes from
 the label ``nvidia.com/gpu.product`` and the memory of one GPU from ``nvidia.com/gpu.memory``
-(MiB), as NVIDIA's gpu-feature-discovery labels them.
+(MiB), as NVIDIA's gpu-feature-discovery labels them. The GPUs that gpusched's node agent
+names in the annotation ``gpusched.io/unhealthy-gpus`` ("0,3": scheduler indices) take no new
+pod; the pods already on them stay booked there. A malformed value makes the node invalid
+(``InvalidRequest`` naming the node and the annotation), as any other unreadable node field.
 
 The scheduler writes the device assignment to the annotation ``gpusched.io/assignment``
 (JSON ``{"node", "gpus", "milli", "memoryMiB"}``) before binding; the node side exposes exactly
@@ -41,6 +46,7 @@ from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 
+from gpusched.agent.health import ANN_UNHEALTHY_GPUS, unhealthy_gpus_of_node
 from gpusched.core.model import (
     GPU_MILLI,
     Allocation,
@@ -318,17 +324,23 @@ def node_from_k8s(node: Mapping[str, Any]) -> NodeSpec:
     meta = node.get("metadata") or {}
     name = meta.get("name") or ""
     status = node.get("status") or {}
-    alloc = status.get("allocatable") or status.get("capacity") or {}
+    capacity = status.get("capacity") or {}
+    alloc = status.get("allocatable") or capacity or {}
     labels = dict(meta.get("labels") or {})
     where = f"node {name}"
     cpu = _node_amount(alloc.get("cpu", 0), f"{where} allocatable cpu")
     mem = _node_amount(alloc.get("memory", 0), f"{where} allocatable memory", mib=True)
-    gpus = _node_count(alloc.get(RES_GPU, 0), f"{where} allocatable {RES_GPU}")
+    # GPUs by capacity: allocatable leaves out the devices the kubelet was told are unhealthy
+    gpu_field, gpu_value = (
+        ("capacity", capacity[RES_GPU]) if RES_GPU in capacity else ("allocatable", alloc.get(RES_GPU, 0))
+    )
+    gpus = _node_count(gpu_value, f"{where} {gpu_field} {RES_GPU}")
     if gpus > MAX_GPUS_PER_NODE:
         raise InvalidRequest(
-            f"{where}: allocatable {RES_GPU} {gpus} is more than {MAX_GPUS_PER_NODE}, "
+            f"{where}: {gpu_field} {RES_GPU} {gpus} is more than {MAX_GPUS_PER_NODE}, "
             "the most GPUs gpusched accepts on one node"
         )
+    unhealthy = unhealthy_gpus(node, gpus)
     model = labels.get(LABEL_PRODUCT, "") or ("unknown-gpu" if gpus else "")
     gmem = _node_count(labels[LABEL_MEMORY], f"{where} label {LABEL_MEMORY}") if LABEL_MEMORY in labels else 0
     taints = tuple(
@@ -355,9 +367,27 @@ def node_from_k8s(node: Mapping[str, Any]) -> NodeSpec:
             taints=taints,
             max_pods=max_pods,
             extended=extended,
+            unhealthy_gpus=unhealthy,
         )
     except InvalidSpec as e:
         raise InvalidRequest(str(e)) from None
+
+
+def unhealthy_gpus(node: Mapping[str, Any], gpu_count: int) -> frozenset[int]:
+    """The node's GPUs (indices below ``gpu_count``) that the node agent reported failed, from the
+    annotation ``gpusched.io/unhealthy-gpus``. Indices at or beyond ``gpu_count`` name no GPU in the
+    books and are left out. Raises InvalidRequest naming the node and the annotation for a value
+    that is not a comma-separated list of GPU indices."""
+    try:
+        named = unhealthy_gpus_of_node(node)
+    except (ValueError, TypeError, AttributeError):  # int() of 5000 digits or "²" raises too
+        meta = node.get("metadata") or {}
+        raw = (meta.get("annotations") or {}).get(ANN_UNHEALTHY_GPUS)
+        raise InvalidRequest(
+            f"node {meta.get('name') or '?'}: annotation {ANN_UNHEALTHY_GPUS} {_shown(raw)} is not a "
+            "list of GPU indices like '0,3'"
+        ) from None
+    return frozenset(g for g in named if g < gpu_count)
 
 
 def assignment_annotation(node: str, gpus: tuple[int, ...], pod: PodSpec) -> str:
