@@ -15,6 +15,9 @@ outside the repository (or taken from ``$GPUSCHED_CONTROLPLANE_BIN``). Certifica
         cp.kubectl("get", "nodes")
         v1 = kubernetes.client.CoreV1Api(cp.api_client())
 
+``RealNode`` (``node.py``) adds a real node on this machine: containerd, runc, CNI, the kubelet with the
+control plane's PKI, and gpusched's node agent on fake GPUs (tests/kubelet).
+
 Nothing here is used by the scheduler itself: it is test infrastructure, kept inside the package so that the
 benchmarks can use it too.
 """
@@ -29,7 +32,14 @@ from gpusched.testenv.binaries import (
     find_build_script,
 )
 from gpusched.testenv.controlplane import ControlPlane, free_port, wait_until
-from gpusched.testenv.pki import Pki, generate_pki
+from gpusched.testenv.node import (
+    NodeError,
+    NodePartsMissingError,
+    RealNode,
+    find_node_images,
+    missing_parts,
+)
+from gpusched.testenv.pki import Pki, generate_pki, issue_certificate
 
 __all__ = [
     "BINARIES",
@@ -38,10 +48,16 @@ __all__ = [
     "BinariesUnavailableError",
     "ControlPlane",
     "ControlPlaneError",
+    "NodeError",
+    "NodePartsMissingError",
     "Pki",
+    "RealNode",
     "find_binaries",
     "find_build_script",
+    "find_node_images",
     "free_port",
     "generate_pki",
+    "issue_certificate",
+    "missing_parts",
     "wait_until",
 ]

@@ -30,7 +30,7 @@ from gpusched.testenv.binaries import (
     ControlPlaneError,
     find_binaries,
 )
-from gpusched.testenv.pki import SERVICE_CIDR, CertBackend, Pki, _Identity, generate_pki
+from gpusched.testenv.pki import SERVICE_CIDR, CertBackend, Pki, _Identity, generate_pki, issue_certificate
 
 _POD_CIDR = "10.244.0.0/16"
 _T = TypeVar("_T")
@@ -150,6 +150,7 @@ class ControlPlane:
         self._pki: Pki | None = None
         self._ssl_context: ssl.SSLContext | None = None
         self._etcd_url: str | None = None
+        self._kubelet_client: _Identity | None = None
 
     # -- public API ------------------------------------------------------------------------------------
 
@@ -176,6 +177,15 @@ class ControlPlane:
     @property
     def ca_cert_path(self) -> Path:
         return self._require(self._pki, "pki").ca_cert
+
+    @property
+    def pki(self) -> Pki:
+        """The cluster's certificates (the CA signs further identities: ``pki.issue_certificate``)."""
+        return self._require(self._pki, "pki")
+
+    def write_kubeconfig(self, user: str, ident: _Identity) -> Path:
+        """A kubeconfig for this control plane with ``ident``'s client certificate, in the workdir."""
+        return self._write_kubeconfig(user, ident)
 
     @property
     def etcd_url(self) -> str:
@@ -219,6 +229,11 @@ class ControlPlane:
         atexit.register(self.stop)
         try:
             self._pki = generate_pki(self._workdir / "pki", self._cert_backend)
+            # kube-apiserver's identity towards kubelets (logs, exec): a cluster admin, as kubeadm makes it.
+            self._kubelet_client = issue_certificate(
+                self._pki, "apiserver-kubelet-client", cn="kube-apiserver-kubelet-client",
+                org="system:masters",
+            )  # fmt: skip
             self._start_etcd()
             self._start_apiserver()
             if self._want_controller_manager:
@@ -359,6 +374,7 @@ class ControlPlane:
 
     def _start_apiserver(self) -> None:
         pki = self._require(self._pki, "pki")
+        kubelet_client = self._require(self._kubelet_client, "kubelet client certificate")
         port = free_port()
         self._server = f"https://127.0.0.1:{port}"
         self._spawn(
@@ -375,7 +391,15 @@ class ControlPlane:
                 f"--tls-cert-file={pki.serving_cert}",
                 f"--tls-private-key-file={pki.serving_key}",
                 f"--client-ca-file={pki.ca_cert}",
-                "--authorization-mode=RBAC",
+                # Node: kubelets (group system:nodes) get what their pods and Node need, as in a real cluster.
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                # Towards real kubelets (tests/kubelet): a client certificate, their serving certificates
+                # checked against the cluster CA, and the Node's InternalIP (its hostname need not resolve).
+                f"--kubelet-client-certificate={kubelet_client.cert}",
+                f"--kubelet-client-key={kubelet_client.key}",
+                f"--kubelet-certificate-authority={pki.ca_cert}",
+                "--kubelet-preferred-address-types=InternalIP",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki.sa_pub}",
                 f"--service-account-signing-key-file={pki.sa_key}",

@@ -290,3 +290,113 @@ def _pki_with_openssl(pki: Pki) -> None:
     _openssl("pkey", "-in", str(pki.sa_key), "-pubout", "-out", str(pki.sa_pub), cwd=d)
 
 
+
+
+# ------------------------------------------------------------------------------- certificates issued later
+
+
+def issue_certificate(
+    pki: Pki,
+    stem: str,
+    *,
+    cn: str,
+    org: str | None = None,
+    server: bool = False,
+    dns: tuple[str, ...] = (),
+    ips: tuple[str, ...] = (),
+) -> _Identity:
+    """A leaf certificate signed by ``pki``'s CA, written beside it as ``<stem>.crt``/``<stem>.key``: a client
+    certificate (CN = user, O = group), or with ``server`` a serving certificate for ``dns`` and ``ips``.
+    Used for identities the control plane does not need at start: the kubelet's client and serving
+    certificates, the apiserver's client certificate towards kubelets."""
+    d = pki.ca_cert.parent
+    ident = _Identity(d / f"{stem}.crt", d / f"{stem}.key")
+    if _cryptography_available():
+        _issue_with_cryptography(pki, ident, cn, org, server, dns, ips)
+    else:
+        _issue_with_openssl(pki, stem, ident, cn, org, server, dns, ips)
+    ident.key.chmod(0o600)
+    return ident
+
+
+def _issue_with_cryptography(
+    pki: Pki, ident: _Identity, cn: str, org: str | None, server: bool, dns: tuple[str, ...],
+    ips: tuple[str, ...],
+) -> None:  # fmt: skip
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise ControlPlaneError(f"{pki.ca_key} is not an EC key")
+    key = ec.generate_private_key(ec.SECP256R1())
+    ident.key.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
+    if org:
+        attrs.insert(0, x509.NameAttribute(NameOID.ORGANIZATION_NAME, org))
+    now = dt.datetime.now(dt.UTC)
+    usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+    aki = x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key())
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name(attrs))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(hours=1))
+        .not_valid_after(now + dt.timedelta(days=365))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True, content_commitment=False, key_encipherment=True,
+                data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
+                encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(aki, critical=False)
+    )
+    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns]
+    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    ident.cert.write_bytes(builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+
+
+def _issue_with_openssl(
+    pki: Pki, stem: str, ident: _Identity, cn: str, org: str | None, server: bool, dns: tuple[str, ...],
+    ips: tuple[str, ...],
+) -> None:  # fmt: skip
+    d = pki.ca_cert.parent
+    _openssl(
+        "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", str(ident.key), cwd=d
+    )  # fmt: skip
+    extensions = [
+        "basicConstraints = critical,CA:FALSE",
+        "keyUsage = critical,digitalSignature,keyEncipherment",
+        f"extendedKeyUsage = {'serverAuth' if server else 'clientAuth'}",
+        "authorityKeyIdentifier = keyid",
+    ]
+    san = ",".join([f"DNS:{n}" for n in dns] + [f"IP:{ip}" for ip in ips])
+    if san:
+        extensions.append(f"subjectAltName = {san}")
+    dn = ([f"O = {org}"] if org else []) + [f"CN = {cn}"]
+    cnf = d / f"{stem}.cnf"
+    cnf.write_text(
+        "\n".join(["[req]", "distinguished_name = dn", "prompt = no", "[dn]", *dn, "[ext]", *extensions, ""])
+    )
+    csr = d / f"{stem}.csr"
+    _openssl("req", "-new", "-key", str(ident.key), "-out", str(csr), "-config", str(cnf), cwd=d)
+    _openssl(
+        "x509", "-req", "-in", str(csr), "-CA", str(pki.ca_cert), "-CAkey", str(pki.ca_key),
+        "-set_serial", str(int.from_bytes(os.urandom(8), "big")), "-days", "365", "-out", str(ident.cert),
+        "-extfile", str(cnf), "-extensions", "ext", cwd=d,
+    )  # fmt: skip
