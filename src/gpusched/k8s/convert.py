@@ -69,6 +69,9 @@ from gpusched.k8s.errors import InvalidRequest as InvalidRequest
 RES_GPU = "nvidia.com/gpu"
 RES_MILLI = "gpusched.io/gpu-milli"
 RES_MEMORY = "gpusched.io/gpu-memory"
+RES_SHARE = "gpusched.io/gpu-share"
+"""The node agent's per-GPU share slots: a ticket to its device plugin's ``Allocate`` for each container
+of a share, added by gpusched's mutating webhook (``gpusched.webhook``); booked as an extended resource."""
 ANN_MODELS = "gpusched.io/gpu-models"
 ANN_ASSIGNMENT = "gpusched.io/assignment"
 ANN_QUEUE = "gpusched.io/queue"
@@ -270,6 +273,19 @@ def pod_from_k8s(pod: Mapping[str, Any], *, constraints: str = "enforce") -> Pod
         )
     except InvalidSpec as e:
         raise InvalidRequest(str(e)) from None
+
+
+def container_gpu_request(pod: Mapping[str, Any], kind: str, index: int) -> tuple[int, int, int]:
+    """(num_gpu, gpu_milli, gpu_memory_mib) that one container asks for (``kind`` is ``containers``
+    or ``initContainers``), checked by the rules ``pod_from_k8s`` applies to a whole pod. Raises
+    InvalidRequest naming the pod, the container and the field."""
+    spec = pod.get("spec") or {}
+    c = (spec.get(kind) or [])[index]
+    where = f"{_key(pod.get('metadata') or {})} {kind}[{index}] ({c.get('name') or '?'})"
+    res = c.get("resources") or {}
+    merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+    req = {n: _quantity(v, f"pod {where} {n}") for n, v in merged.items() if n in MANAGED_RESOURCES}
+    return _gpu_request(req, where, running=False)
 
 
 def wants_gpu(pod: Mapping[str, Any]) -> bool:
