@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpusched.bench.packing import free_at_end
 from gpusched.core.cluster import ClusterState
 from gpusched.core.model import NodeSpec, PodSpec
 from gpusched.sim.experiment import RunSummary
+from gpusched.sim.report import HolderShare, free_at_end
 from gpusched.sim.stranded import IDLE, free_by_holder, holder
 
 
@@ -48,10 +48,10 @@ def test_free_at_end_is_a_mean_over_runs_with_the_rest_as_other() -> None:
     ]
     out = free_at_end(runs, top=2)
     # per run % of 10 000 milli: 810 → 3.0 and 1.0; idle → 10.0 and 0; 470+470 → 0.6; 650+320 → 0.3
-    assert out == [
+    assert [h.to_dict() for h in out] == [
         {"holder": "idle", "pct": 5.0},
         {"holder": "810", "pct": 2.0},
         {"holder": "other", "pct": pytest.approx(0.45)},
     ]
-    assert free_at_end(runs[1:], top=5) == [{"holder": "810", "pct": 1.0}, {"holder": "650+320", "pct": 0.3}]
+    assert free_at_end(runs[1:], top=5) == [HolderShare("810", 1.0), HolderShare("650+320", 0.3)]
     assert free_at_end([]) == []

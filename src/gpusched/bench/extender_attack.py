@@ -44,6 +44,7 @@ import numpy as np
 import orjson
 
 from gpusched.bench.k8s_extender import _bound_pods, node_dicts, share_pod
+from gpusched.core.errors import InvalidInput
 
 ATTACKS = ("gpu_claim", "max_body", "over_body", "deep", "garbage")
 GARBAGE = (
@@ -177,8 +178,8 @@ def _serve(argv: Sequence[str]) -> None:
     from aiohttp import web
 
     from gpusched.extender.app import limit_heap_growth, make_app
-    from gpusched.extender.cli_extender import build_profile
     from gpusched.extender.handlers import Extender
+    from gpusched.extender.serve import build_profile
     from gpusched.k8s.state import LiveCluster
 
     p = argparse.ArgumentParser(prog="extender_attack serve")
@@ -432,12 +433,12 @@ def bench_extender_attack(
 
     ``max_body_bytes``: the extender's body limit (default: its own default)."""
     if nodes <= 0 or requests <= 0 or seconds <= 0:
-        raise ValueError("nodes, requests and seconds must be positive")
+        raise InvalidInput("nodes, requests and seconds must be positive")
     from gpusched.extender.app import DEFAULT_MAX_BODY_BYTES
 
     limit = max_body_bytes if max_body_bytes is not None else DEFAULT_MAX_BODY_BYTES
     if limit < 4096:
-        raise ValueError(f"max_body_bytes must be at least 4096, got {limit}")
+        raise InvalidInput(f"max_body_bytes must be at least 4096, got {limit}")
     on_progress("building requests")
     objs, bodies, pod = _request_bodies(nodes, seed, names_only)
     attack = _attack_bodies(objs, limit, pod)
@@ -488,44 +489,6 @@ def bench_extender_attack(
         "rss_mb": rss,
         "extender_alive": alive,
     }
-
-
-def report_table(report: dict[str, Any]) -> Any:
-    """Rich tables: valid filter latency side by side, the attacks' answers, memory."""
-    from rich.console import Group
-    from rich.table import Table
-
-    lat = Table(
-        title=f"valid /filter, {report['nodes']} nodes "
-        f"({'NodeNames' if report['node_cache_capable'] else 'node objects'}, "
-        f"{report['valid_body_bytes']} B)"
-    )
-    lat.add_column("")
-    for c in ("count", "p50 ms", "p99 ms", "max ms", "answers"):
-        lat.add_column(c, justify="right")
-    for phase in ("alone", "under_attack"):
-        r = report[phase]
-        ans = ", ".join(f"{k}: {v}" for k, v in r["answers"].items())
-        lat.add_row(
-            phase.replace("_", " "),
-            str(r["count"]),
-            str(r["p50_ms"]),
-            str(r["p99_ms"]),
-            str(r["max_ms"]),
-            ans,
-        )
-    att = Table(title=f"attacks (body limit {report['max_body_bytes']} B)")
-    att.add_column("kind")
-    for c in ("count", "p50 ms", "p99 ms", "answers"):
-        att.add_column(c, justify="right")
-    for kind, r in report["attacks"].items():
-        ans = ", ".join(f"{k}: {v}" for k, v in sorted(r["answers"].items()))
-        att.add_row(kind, str(r["count"]), str(r["p50_ms"]), str(r["p99_ms"]), ans)
-    mem = Table(title="extender RSS (MB)")
-    for k in report["rss_mb"]:
-        mem.add_column(k.replace("_", " "), justify="right")
-    mem.add_row(*(str(v) for v in report["rss_mb"].values()))
-    return Group(lat, att, mem)
 
 
 if __name__ == "__main__":

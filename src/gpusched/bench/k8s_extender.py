@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from gpusched.core.errors import InvalidInput
 from gpusched.sim.synthetic import SyntheticConfig, synthetic_cluster
 
 _MEMORY_MIB = {"G2": 16384, "G3": 32768, "T4": 15360, "P100": 16384, "V100M16": 16384, "V100M32": 32768}
@@ -80,8 +81,8 @@ def _serve(nodes: int, seed: int, port: int, ready: Any) -> None:
     from aiohttp import web
 
     from gpusched.extender.app import make_app
-    from gpusched.extender.cli_extender import build_profile
     from gpusched.extender.handlers import Extender
+    from gpusched.extender.serve import build_profile
     from gpusched.k8s.state import LiveCluster
 
     live = LiveCluster()
@@ -167,7 +168,7 @@ def bench_extender(
 ) -> dict[str, Any]:
     """p50/p99 latency (ms) of a filter + prioritize pair at ``nodes`` nodes (see the module doc)."""
     if nodes <= 0 or requests <= 0 or concurrency <= 0:
-        raise ValueError("nodes, requests and concurrency must be positive")
+        raise InvalidInput("nodes, requests and concurrency must be positive")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from gpusched.core.cluster import ClusterState
+from gpusched.core.errors import InvalidInput
 from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.model import PodSpec
 from gpusched.core.policies import PolicyContext, make_profile
@@ -72,9 +73,9 @@ def bench_latency(
     on_progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, object]:
     if nodes <= 0 or decisions <= 0:
-        raise ValueError("nodes and decisions must be positive")
+        raise InvalidInput("nodes and decisions must be positive")
     if not 0.0 <= load < 1.0:
-        raise ValueError(f"load must be in [0, 1), got {load}")
+        raise InvalidInput(f"load must be in [0, 1), got {load}")
     snap, pods, ctx, ranks = synthetic_cluster(nodes, max(8 * nodes, decisions * 2), seed)
     if constraints:
         snap, pods = with_constraints(snap, pods)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from gpusched.bench.latency import synthetic_cluster
+from gpusched.core.errors import InvalidInput
 from gpusched.core.model import GPU_MILLI, PodSpec
 from gpusched.core.policies import make_profile
 from gpusched.core.scheduler import schedule_one
@@ -32,7 +33,7 @@ def bench_preemption(
     on_progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, object]:
     if nodes <= 0 or preemptors <= 0:
-        raise ValueError("nodes and preemptors must be positive")
+        raise InvalidInput("nodes and preemptors must be positive")
     snap, pods, ctx, ranks = synthetic_cluster(nodes, 6 * nodes, seed)
     fill, profile = make_profile(policy, ctx), make_profile(policy, ctx, preemption=True)
     for p in pods:

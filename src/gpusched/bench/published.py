@@ -10,8 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
-from gpusched.bench.packing import bench_packing
+from gpusched.core.errors import InvalidInput
+from gpusched.sim.report import packing_experiment
 from gpusched.sim.traces import read_nodes, read_pods
+from gpusched.sim.workload import Workload
 
 POLICY_NAMES = {
     "01-Random": "random",
@@ -32,7 +34,7 @@ def read_published(path: Path) -> dict[tuple[str, str], dict[int, tuple[float, f
                 pol = POLICY_NAMES.get(row["sc_policy"], row["sc_policy"])
                 out[(row["workload"], pol)][int(row["seed"])] = (float(row["100"]), float(row["130"]))
             except (KeyError, TypeError, ValueError) as e:
-                raise ValueError(
+                raise InvalidInput(
                     f"{path}:{line}: not a published-results row (need workload, sc_policy, seed, "
                     f"100, 130): {type(e).__name__} {e}"
                 ) from None
@@ -58,7 +60,7 @@ def bench_traces(
     elif all_traces:
         published = {}
     else:
-        raise FileNotFoundError(
+        raise InvalidInput(
             f"no published results at {results_csv}: --traces must name the alibaba-gpu-2023 folder "
             "(csv/ and fgd-expected-results/); --all runs every pod list in csv/ without them"
         )
@@ -69,10 +71,8 @@ def bench_traces(
         traces = sorted({t for t, _ in published if (trace_dir / "csv" / f"{t}.csv").exists()})
     rows = []
     for trace in traces:
-        pods = [tp.spec for tp in read_pods(trace_dir / "csv" / f"{trace}.csv")]
-        report, _, _ = bench_packing(
-            nodes, pods, policies, seeds, jobs=jobs, with_bounds=False, on_done=on_done
-        )
+        workload = Workload(nodes, read_pods(trace_dir / "csv" / f"{trace}.csv"), trace)
+        report = packing_experiment(workload, policies, seeds, jobs=jobs, with_bounds=False, on_done=on_done)
         pub = published.get((trace, baseline), {})
         pub100 = [pub[s][0] for s in seeds if s in pub]
         pub130 = [pub[s][1] for s in seeds if s in pub]
@@ -81,10 +81,8 @@ def bench_traces(
             f"published_{baseline}_at_100": round(float(np.mean(pub100)), 2) if pub100 else None,
             f"published_{baseline}_at_130": round(float(np.mean(pub130)), 2) if pub130 else None,
         }
-        results = report["results"]
-        assert isinstance(results, list)
-        for r in results:
-            row[f"{r['policy']}_at_100"] = r["alloc_at_100"]
-            row[f"{r['policy']}_at_130"] = r["alloc_at_130"]
+        for r in report.results:
+            row[f"{r.policy}_at_100"] = r.alloc_at_100
+            row[f"{r.policy}_at_130"] = r.alloc_at_130
         rows.append(row)
     return {"baseline": baseline, "seeds": list(seeds), "traces": rows}

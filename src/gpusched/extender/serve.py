@@ -1,20 +1,21 @@
-"""``gpusched extender``: serve the kube-scheduler extender.
+"""Serve the kube-scheduler extender: informers, the HTTP app, the binding threads.
 
-Also ``python -m gpusched.extender.cli_extender`` (the tests run it so).
+The options are parsed by ``gpusched extender`` (``gpusched.cli.serve``); ``python -m
+gpusched.extender.cli_extender`` is kept for the scripts and tests that start it so.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import orjson
 
+from gpusched.core.errors import InvalidInput, ResourceError
 from gpusched.core.framework import Profile
 from gpusched.core.policies import POLICIES, PolicyContext, make_profile
 from gpusched.extender.protocol import DEFAULT_MAX_BODY_BYTES, DEFAULT_SYNC_WAIT_S, typical_workload
@@ -30,7 +31,7 @@ def build_profile(policy: str, seed: int = 0) -> Profile:
     return make_profile(policy, PolicyContext(workload=typical_workload(), rng=np.random.default_rng(seed)))
 
 
-def extender_command(
+def serve_extender(
     kubeconfig: str | None = None,
     port: int = DEFAULT_PORT,
     policy: str = "default",
@@ -64,19 +65,22 @@ def extender_command(
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        raise InvalidInput(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     if bool(tls_cert) != bool(tls_key):
-        raise ValueError("--tls-cert and --tls-key go together")
+        raise InvalidInput("--tls-cert and --tls-key go together")
     if max_body_bytes < 4096:
-        raise ValueError(f"--max-body-bytes must be at least 4096, got {max_body_bytes}")
+        raise InvalidInput(f"--max-body-bytes must be at least 4096, got {max_body_bytes}")
     if not 0 <= sync_wait_s <= 60:
-        raise ValueError(
+        raise InvalidInput(
             f"--sync-wait-seconds must be 0-60 (under kube-scheduler's httpTimeout), got {sync_wait_s}"
         )
     ssl_ctx = None
     if tls_cert and tls_key:
         ssl_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ssl_ctx.load_cert_chain(tls_cert, tls_key)
+        try:
+            ssl_ctx.load_cert_chain(tls_cert, tls_key)
+        except OSError as e:
+            raise ResourceError(f"--tls-cert {tls_cert} / --tls-key {tls_key}: {e}") from None
     core = client.CoreV1Api(api_client(kubeconfig, qps_pool=bind_threads))
 
     def get_pod(namespace: str, name: str) -> Mapping[str, Any]:
@@ -107,38 +111,12 @@ def extender_command(
     )
     try:
         web.run_app(app, host=host, port=port, ssl_context=ssl_ctx, access_log=None, print=None)
+    except OSError as e:  # the address is taken or not ours
+        raise ResourceError(f"cannot serve on {host}:{port}: {e}") from None
     finally:
         for r in reflectors:
             r.stop()
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="gpusched extender", description=extender_command.__doc__)
-    p.add_argument("--kubeconfig", default=None)
-    p.add_argument("--port", type=int, default=DEFAULT_PORT)
-    p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--policy", default="default", choices=POLICIES)
-    p.add_argument("--tls-cert", default=None)
-    p.add_argument("--tls-key", default=None)
-    p.add_argument("--bind-threads", type=int, default=32)
-    p.add_argument("--log-level", default="info")
-    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
-    p.add_argument("--sync-wait-seconds", type=float, default=DEFAULT_SYNC_WAIT_S)
-    a = p.parse_args(argv)
-    extender_command(
-        a.kubeconfig,
-        a.port,
-        a.policy,
-        a.tls_cert,
-        a.tls_key,
-        a.host,
-        a.bind_threads,
-        a.log_level,
-        a.max_body_bytes,
-        a.sync_wait_seconds,
-    )
-
-
-if __name__ == "__main__":
-    main()
+extender_command = serve_extender  # the name the tests and scripts know

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from gpusched.core.errors import InvalidInput
 
-class InvalidRequest(ValueError):
+
+class InvalidRequest(InvalidInput):
     """A pod or node whose GPU request cannot be read; the message names the field and pod."""

@@ -28,6 +28,7 @@ import numpy as np
 from scipy import sparse
 from scipy.optimize import linprog
 
+from gpusched.core.errors import InvalidInput
 from gpusched.core.model import GPU_MILLI, PodSpec
 from gpusched.core.policies.pairing import PairingPlan
 
@@ -193,7 +194,7 @@ def online_best_fit(seq: Sequence[PodSpec], num_gpus: int, plan: PairingPlan | N
 def packing_bound(pods: Sequence[PodSpec], num_gpus: int) -> Bound:
     """The LP ceiling and the BFD packing for ``pods`` on ``num_gpus`` GPUs."""
     if num_gpus <= 0:
-        raise ValueError(f"packing_bound: num_gpus must be positive, got {num_gpus}")
+        raise InvalidInput(f"packing_bound: num_gpus must be positive, got {num_gpus}")
     whole, shares = _split(pods)
     lp_milli = _lp_milli(whole, shares, num_gpus)
     return Bound(lp_milli=lp_milli, bfd_milli=_bfd(whole, shares, num_gpus), total_milli=num_gpus * GPU_MILLI)
@@ -232,7 +233,7 @@ def arrival_bound(seq: Sequence[PodSpec], num_gpus: int) -> int:
     """Ceiling (milli) for any scheduler that places each pod of ``seq`` which fits when it
     arrives, on the relaxed cluster (see the module docstring); at most ``packing_bound``'s."""
     if num_gpus <= 0:
-        raise ValueError(f"arrival_bound: num_gpus must be positive, got {num_gpus}")
+        raise InvalidInput(f"arrival_bound: num_gpus must be positive, got {num_gpus}")
     whole, shares = _split(seq)
     lp = _share_lp(shares, num_gpus, whole=min(sum(whole), num_gpus), forced=forced_shares(seq, num_gpus))
     return min(_floor(lp), _lp_milli(whole, shares, num_gpus))  # the LP without the BFD packing
@@ -247,7 +248,7 @@ def arrived_prefix(seq: Sequence[PodSpec], num_gpus: int, pct: float) -> int:
     """Length of the prefix of ``seq`` up to and including the first pod at which cumulative
     arrived GPU milli reaches ``pct`` % of the cluster (all of ``seq`` if it never does)."""
     if num_gpus <= 0:
-        raise ValueError(f"bound_at: num_gpus must be positive, got {num_gpus}")
+        raise InvalidInput(f"bound_at: num_gpus must be positive, got {num_gpus}")
     arrived = np.cumsum(np.fromiter((p.gpu_demand_milli for p in seq), dtype=np.int64, count=len(seq)))
     threshold = pct * num_gpus * GPU_MILLI / 100
     i = int(np.searchsorted(arrived, threshold, side="left"))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpusched.core.cluster import ClusterState
+from gpusched.core.errors import InvalidInput
 from gpusched.core.fragmentation import TargetWorkload, node_fragmentation
 from gpusched.core.framework import Profile
 from gpusched.core.model import NodeSpec, PodSpec
@@ -70,9 +71,9 @@ def build_sequence(pods: Sequence[PodSpec], total_gpu_milli: int, seed: int, tun
     target = tune * total_gpu_milli
     demand = sum(p.gpu_demand_milli for p in pool)
     if not any(p.num_gpu for p in pool):
-        raise ValueError("the paper protocol inflates arrivals by GPU demand, but no pod asks for a GPU")
+        raise InvalidInput("the paper protocol inflates arrivals by GPU demand, but no pod asks for a GPU")
     if tune <= 0:
-        raise ValueError(f"tune must be positive, got {tune}")
+        raise InvalidInput(f"tune must be positive, got {tune}")
     if demand < target:
         i = 0
         while True:

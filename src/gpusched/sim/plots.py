@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -13,6 +13,7 @@ import numpy as np
 
 from gpusched.sim.experiment import RunSummary, SeedBound
 from gpusched.sim.replay import ReplayResult
+from gpusched.sim.report import PackingReport, PolicyResult
 
 
 def _by_policy(runs: Sequence[RunSummary]) -> dict[str, list[RunSummary]]:
@@ -91,25 +92,25 @@ def model_plot(runs: Sequence[RunSummary], path: Path) -> Path:
     return path
 
 
-def free_plot(results: Sequence[Mapping[str, object]], path: Path) -> Path:
+def free_plot(results: Sequence[PolicyResult], path: Path) -> Path:
     """One stacked bar per policy: the free GPU capacity at the end of the run (% of the cluster),
     split by what holds the GPU (``free_at_end`` of a packing report), "other" last in grey."""
     holders: list[str] = []
     for r in results:
-        for x in r.get("free_at_end") or []:  # type: ignore[attr-defined]
-            if x["holder"] not in holders and x["holder"] != "other":
-                holders.append(x["holder"])
+        for x in r.free_at_end:
+            if x.holder not in holders and x.holder != "other":
+                holders.append(x.holder)
     holders.append("other")
     cmap = plt.get_cmap("tab20")
     colours: dict[str, object] = {h: cmap(i % 20) for i, h in enumerate(holders[:-1])}
     colours["other"] = (0.7, 0.7, 0.7)
     fig, ax = plt.subplots(figsize=(9, 1.6 + 0.55 * len(results)), dpi=110)
-    names = [str(r["policy"]) for r in results]
+    names = [r.policy for r in results]
     for h in holders:
         left = []
         widths = []
         for r in results:
-            pct = {x["holder"]: float(x["pct"]) for x in r.get("free_at_end") or []}  # type: ignore[attr-defined]
+            pct = {x.holder: x.pct for x in r.free_at_end}
             done = sum(pct.get(k, 0.0) for k in holders[: holders.index(h)])
             left.append(done)
             widths.append(pct.get(h, 0.0))
@@ -146,3 +147,19 @@ def replay_plot(results: Sequence[ReplayResult], path: Path) -> Path:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def paper_plots(report: PackingReport, out: Path) -> list[str]:
+    """The paper protocol's plots in ``out``: allocation (with the LP ceiling), fragmentation,
+    occupancy by GPU model, where the free capacity sits. Returns their paths."""
+    return [
+        str(allocation_plot(report.runs, out / "allocation.png", report.bounds)),
+        str(fragmentation_plot(report.runs, out / "fragmentation.png")),
+        str(model_plot(report.runs, out / "gpu_models.png")),
+        str(free_plot(report.results, out / "free_capacity.png")),
+    ]
+
+
+def replay_plots(results: Sequence[ReplayResult], out: Path) -> list[str]:
+    """The replay protocol's plot in ``out``; returns its path."""
+    return [str(replay_plot(results, out / "replay.png"))]

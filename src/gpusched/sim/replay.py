@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from gpusched.core.cluster import ClusterState
+from gpusched.core.errors import InvalidInput
 from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.model import NodeSpec, PodSpec
 from gpusched.core.policies import PolicyContext, make_profile
@@ -86,11 +87,11 @@ def _validate(pods: Sequence[TracePod]) -> None:
     for tp in pods:
         key = tp.spec.key
         if tp.created is None:
-            raise ValueError(f"pod {key} has no creation time; a replay needs one for every pod")
+            raise InvalidInput(f"pod {key} has no creation time; a replay needs one for every pod")
         if tp.deleted is not None and tp.deleted < tp.created:
-            raise ValueError(f"pod {key}: deletion time {tp.deleted} is before creation time {tp.created}")
+            raise InvalidInput(f"pod {key}: deletion time {tp.deleted} is before creation time {tp.created}")
         if key in seen:
-            raise ValueError(f"pod {key} appears twice")
+            raise InvalidInput(f"pod {key} appears twice")
         seen.add(key)
 
 
@@ -149,9 +150,9 @@ def run_replay(
     """Replay ``pods`` on ``nodes`` under ``policy``. ``on_event(arrived, total)`` is called
     after every arrival (a progress hook). ``audit`` checks the books after every event."""
     if retry_interval_s <= 0 or sample_every_s <= 0:
-        raise ValueError("retry_interval_s and sample_every_s must be positive")
+        raise InvalidInput("retry_interval_s and sample_every_s must be positive")
     if max_pending_s is not None and max_pending_s < 0:
-        raise ValueError(f"max_pending_s must be non-negative, got {max_pending_s}")
+        raise InvalidInput(f"max_pending_s must be non-negative, got {max_pending_s}")
     _validate(pods)
     t0 = clock() if clock else 0.0
     specs = [tp.spec for tp in pods]

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpusched.core.errors import InvalidInput
 from gpusched.core.model import GPU_MILLI, NodeSpec, PodSpec
 from gpusched.sim.traces import GPU_MEMORY_MIB, TracePod
 
@@ -94,7 +95,7 @@ class SyntheticConfig:
         )
         for name, ok, why in checks:
             if not ok:
-                raise ValueError(f"SyntheticConfig.{name} {why}, got {getattr(self, name)!r}")
+                raise InvalidInput(f"SyntheticConfig.{name} {why}, got {getattr(self, name)!r}")
 
 
 def _apportion(weights: Sequence[float], total: int) -> list[int]:
@@ -183,7 +184,7 @@ def synthetic_pods(cfg: SyntheticConfig, nodes: Sequence[NodeSpec] | None = None
     nodes = synthetic_cluster(cfg) if nodes is None else nodes
     capacity = sum(n.gpu_count for n in nodes) * GPU_MILLI
     if capacity == 0:
-        raise ValueError("nodes: the cluster has no GPUs, so a GPU demand target cannot be met")
+        raise InvalidInput("nodes: the cluster has no GPUs, so a GPU demand target cannot be met")
     rng = np.random.default_rng([cfg.seed, 2])
     drawer = _Drawer(cfg, nodes, rng)
     counts = _apportion([c[2] for c in POD_CLASSES], cfg.pods)
@@ -209,7 +210,7 @@ def synthetic_pods(cfg: SyntheticConfig, nodes: Sequence[NodeSpec] | None = None
     reqs = [reqs[i] for i in rng.permutation(len(reqs))]
     if not reqs:
         gpus = capacity // GPU_MILLI
-        raise ValueError(f"gpu_demand_pct: {cfg.gpu_demand_pct} % of {gpus} GPUs is below every pod drawn")
+        raise InvalidInput(f"gpu_demand_pct: {cfg.gpu_demand_pct} % of {gpus} GPUs is below every pod drawn")
     n = len(reqs)
     created = np.sort(rng.integers(0, cfg.horizon_s + 1, size=n))
     life = np.maximum(1, np.rint(cfg.median_lifetime_s * np.exp(LIFETIME_SIGMA * rng.standard_normal(n))))

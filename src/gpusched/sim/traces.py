@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpusched.core.errors import InvalidInput
 from gpusched.core.model import GPU_MILLI, InvalidSpec, NodeSpec, PodSpec
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
@@ -28,7 +29,7 @@ POD_OPTIONAL = ("gpu_spec", "qos", "pod_phase", "creation_time", "deletion_time"
 GPU_MEMORY_MIB = {"T4": 15360, "P100": 16384, "V100M16": 16384, "V100M32": 32768, "A10": 24576}
 
 
-class TraceError(ValueError):
+class TraceError(InvalidInput):
     """A trace file that cannot be read as written; the message names file and line."""
 
     def __init__(self, path: str | Path, line: int, message: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from gpusched.core.errors import InvalidInput
 from gpusched.core.model import NodeSpec
 from gpusched.sim.synthetic import SyntheticConfig, synthetic_workload
 from gpusched.sim.traces import TracePod, read_nodes, read_pods
@@ -26,11 +27,11 @@ def load_workload(
 ) -> Workload:
     """Trace files when both paths are given, else the seeded synthetic workload."""
     if (nodes is None) != (pods is None):
-        raise ValueError("give both --nodes and --pods (trace files), or neither for the synthetic default")
+        raise InvalidInput("give both --nodes and --pods (trace files), or neither for the synthetic default")
     if nodes is not None and pods is not None:
         ns = read_nodes(nodes, gpu_nodes_only=False)
         if not any(n.gpu_count for n in ns):
-            raise ValueError(f"{nodes}: no node has a GPU")
+            raise InvalidInput(f"{nodes}: no node has a GPU")
         return Workload(ns, read_pods(pods), f"{pods.name} on {nodes.name}")
     cfg = synthetic or SyntheticConfig()
     ns, ps = synthetic_workload(cfg)
@@ -41,7 +42,7 @@ def compress_arrivals(pods: list[TracePod], factor: float) -> list[TracePod]:
     """Bring arrivals ``factor`` times closer together, keeping each pod's lifetime: the
     offered load grows by about ``factor`` (the raw trace keeps its cluster about 1 % busy)."""
     if factor <= 0:
-        raise ValueError(f"load factor must be positive, got {factor}")
+        raise InvalidInput(f"load factor must be positive, got {factor}")
     if factor == 1:
         return pods
     out = []

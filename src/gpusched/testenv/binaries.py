@@ -6,6 +6,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from gpusched.core.errors import GpuschedError
+
 #: Environment variable naming a directory that holds all of ``BINARIES`` (skips the build script).
 ENV_BIN_DIR = "GPUSCHED_CONTROLPLANE_BIN"
 #: Keep the temporary directory (logs, certificates, kubeconfigs) after ``stop()`` when set to 1.
@@ -18,7 +20,7 @@ _GO_MISSING_EXIT_CODE = 2
 
 
 
-class ControlPlaneError(RuntimeError):
+class ControlPlaneError(GpuschedError, RuntimeError):
     """The control plane could not be built, started or used."""
 
 

@@ -2,10 +2,10 @@
 
 ``up`` starts the e2e control plane (etcd, kube-apiserver, kube-controller-manager, optionally
 kube-scheduler, and kwok playing the kubelets; see ``gpusched.testenv.controlplane``) in the background,
-so that it outlives the command, registers ``nodes`` kwok nodes with ``gpus_per_node`` NVIDIA A100-SXM4-80GB GPUs each
-(labels as NVIDIA's gpu-feature-discovery sets them; allocatable ``nvidia.com/gpu``,
-``gpusched.io/gpu-milli`` and ``gpusched.io/gpu-memory``), waits until they are Ready and prints the admin
-kubeconfig. ``down`` stops it all.
+so that it outlives the command, registers ``nodes`` kwok nodes with ``gpus_per_node`` NVIDIA
+A100-SXM4-80GB GPUs each (labels as NVIDIA's gpu-feature-discovery sets them; allocatable
+``nvidia.com/gpu``, ``gpusched.io/gpu-milli`` and ``gpusched.io/gpu-memory``), waits until they are
+Ready and prints the admin kubeconfig. ``down`` stops it all.
 
 Everything lives in ``state_dir``: ``state.json`` (pids, kubeconfig path, ...) and ``controlplane/``
 (etcd data, certificates, kubeconfigs, ``logs/``).
@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gpusched.core.errors import GpuschedError
 from gpusched.testenv import ControlPlane, ControlPlaneError, wait_until
 from gpusched.testenv.kwoknodes import kwok_gpu_node
 
@@ -51,7 +52,7 @@ _NODE_READY_TIMEOUT = 120.0
 _STOP_TIMEOUT = 10.0
 
 
-class TestEnvError(RuntimeError):
+class TestEnvError(GpuschedError, RuntimeError):
     """The test environment could not be brought up or down."""
 
     __test__ = False  # not a pytest test class

@@ -1,0 +1,5 @@
+"""``python -m gpusched.cli ...``: the same as the ``gpusched`` command."""
+
+from gpusched.cli import main
+
+main()

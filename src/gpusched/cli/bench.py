@@ -1,0 +1,179 @@
+"""``gpusched bench ...``: placement quality and decision latency."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpusched.cli import render
+from gpusched.cli.common import (
+    DEFAULT_JOBS,
+    JobsOpt,
+    JsonOpt,
+    NodesOpt,
+    PodsOpt,
+    PolicyOpt,
+    check_policies,
+    parse_seeds,
+    reports_errors,
+)
+
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: placement quality and decision latency.")
+
+
+@bench_app.command("packing")
+@reports_errors
+def bench_packing_cmd(
+    nodes: NodesOpt = None,
+    pods: PodsOpt = None,
+    policy: PolicyOpt = None,
+    seeds: Annotated[str, typer.Option(help="Seeds, e.g. 42-51.")] = "42-51",
+    tune: Annotated[float, typer.Option(help="Inflate arrivals to this × GPU capacity.")] = 1.3,
+    bounds: Annotated[bool, typer.Option(help="Compute the LP ceiling and offline packing per seed.")] = True,
+    jobs: JobsOpt = DEFAULT_JOBS,
+    json_out: JsonOpt = False,
+) -> None:
+    """Policies side by side on one trace (paper protocol), with the packing ceiling."""
+    from gpusched.sim.report import packing_experiment
+    from gpusched.sim.workload import load_workload
+
+    pols = check_policies(policy)
+    seed_list = parse_seeds(seeds)
+    wl = load_workload(nodes, pods)
+    total = len(pols) * len(seed_list) + (len(seed_list) if bounds else 0)
+    with render.progress(total, "bench packing") as tick:
+        report = packing_experiment(
+            wl, pols, seed_list, tune=tune, jobs=jobs, with_bounds=bounds, on_done=tick
+        )
+    render.packing(report, f"{wl.label}, seeds {seed_list[0]}..{seed_list[-1]}", json_out)
+
+
+@bench_app.command("traces")
+@reports_errors
+def bench_traces_cmd(
+    traces: Annotated[
+        Path, typer.Option(help="The alibaba-gpu-2023 folder (csv/ and fgd-expected-results/).")
+    ] = Path("../shared/traces/alibaba-gpu-2023"),
+    policy: PolicyOpt = None,
+    seeds: Annotated[str, typer.Option(help="Seeds, e.g. 42-51.")] = "42-51",
+    all_traces: Annotated[
+        bool,
+        typer.Option("--all", help="Every pod list in csv/, also those without published results."),
+    ] = False,
+    jobs: JobsOpt = DEFAULT_JOBS,
+    json_out: JsonOpt = False,
+) -> None:
+    """Every trace family with published FGD results: our policies against the published FGD."""
+    from gpusched.bench.published import bench_traces
+
+    pols = check_policies(policy or ["default"])
+    seed_list = parse_seeds(seeds)
+    with render.progress(None, "bench traces") as tick:
+        report = bench_traces(traces, pols, seed_list, jobs=jobs, on_done=tick, all_traces=all_traces)
+    render.traces(report, json_out)
+
+
+@bench_app.command("k8s")
+@reports_errors
+def bench_k8s_cmd(
+    nodes: Annotated[int, typer.Option(help="kwok GPU nodes.")] = 1000,
+    pods: Annotated[int, typer.Option(help="Pods to bind in the standalone run.")] = 3000,
+    policy: Annotated[str, typer.Option("--policy", "-p", help="Placement policy.")] = "default",
+    concurrency: Annotated[int, typer.Option(help="Concurrent extender clients.")] = 8,
+    json_out: JsonOpt = False,
+) -> None:
+    """Standalone pods/s through a real kube-apiserver, and extender latency (real control plane)."""
+    from gpusched.bench.k8s import bench_k8s
+
+    check_policies([policy])
+    render.k8s(bench_k8s(nodes=nodes, pods=pods, policy=policy, concurrency=concurrency), json_out)
+
+
+SizesOpt = Annotated[list[int] | None, typer.Option("--nodes", help="Cluster sizes (repeatable).")]
+TimedPolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="Policy to time.")]
+
+
+def _per_size(
+    sizes: list[int] | None,
+    steps: int,
+    run: Callable[..., dict[str, object]],
+    table: Callable[[Sequence[Mapping[str, object]]], object],
+    json_out: bool,
+) -> None:
+    """One benchmark row per cluster size (1213 and 5000 nodes unless given), with a progress
+    bar of ``steps`` per size; a table, or one JSON object with a ``results`` list."""
+    rows = []
+    for n in sizes or [1213, 5000]:
+        with render.progress(steps, f"{n} nodes") as tick:
+            rows.append(run(n, on_progress=lambda a, b: tick("")))
+    render.bench_rows(rows, table, json_out)
+
+
+@bench_app.command("latency")
+@reports_errors
+def bench_latency_cmd(
+    nodes: SizesOpt = None,
+    policy: TimedPolicyOpt = "default",
+    decisions: Annotated[int, typer.Option(help="Measured decisions per size.")] = 2000,
+    load: Annotated[float, typer.Option(help="GPU allocation to hold the cluster at.")] = 0.7,
+    constraints: Annotated[
+        bool, typer.Option(help="Zone/hostname labels; pods with topology spread or preferred anti-affinity.")
+    ] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Per-decision latency of schedule_one on synthetic clusters."""
+    from gpusched.bench.latency import bench_latency
+
+    check_policies([policy])
+    run = functools.partial(
+        bench_latency, policy=policy, decisions=decisions, load=load, constraints=constraints
+    )
+    _per_size(nodes, decisions, run, render.latency_table, json_out)
+
+
+@bench_app.command("preemption")
+@reports_errors
+def bench_preemption_cmd(
+    nodes: SizesOpt = None,
+    policy: TimedPolicyOpt = "default",
+    preemptors: Annotated[int, typer.Option(help="Measured preempting pods per size.")] = 20,
+    json_out: JsonOpt = False,
+) -> None:
+    """Time of a scheduling cycle that must preempt, on full synthetic clusters."""
+    from gpusched.bench.preemption import bench_preemption
+
+    check_policies([policy])
+    run = functools.partial(bench_preemption, policy=policy, preemptors=preemptors)
+    _per_size(nodes, preemptors, run, render.preemption_table, json_out)
+
+
+@bench_app.command("extender-attack")
+@reports_errors
+def bench_extender_attack_cmd(
+    nodes: Annotated[int, typer.Option(help="Nodes in the books and in each valid filter.")] = 200,
+    requests: Annotated[int, typer.Option(help="Valid filters per phase (at most).")] = 300,
+    seconds: Annotated[float, typer.Option(help="Seconds per phase (at most).")] = 30.0,
+    node_names: Annotated[
+        bool, typer.Option(help="Send NodeNames (nodeCacheCapable true) instead of node objects.")
+    ] = False,
+    max_body_bytes: Annotated[
+        int | None, typer.Option(help="The extender's body limit (default: its own default).")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Valid /filter p50/p99 alone and under adversarial requests, and the extender's memory (loopback)."""
+    from gpusched.bench.extender_attack import bench_extender_attack
+
+    report = bench_extender_attack(
+        nodes=nodes,
+        requests=requests,
+        seconds=seconds,
+        names_only=node_names,
+        max_body_bytes=max_body_bytes,
+        on_progress=render.note,
+    )
+    render.extender_attack(report, json_out)

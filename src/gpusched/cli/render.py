@@ -1,0 +1,288 @@
+"""What the ``gpusched`` commands show: rich tables and lines on stdout, progress bars and error
+lines on stderr, JSON on stdout. The command modules decide what to show; only this module
+knows how."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rich.console import Console, Group
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from gpusched.sim.replay import ReplayResult
+from gpusched.sim.report import PackingReport, ReplayReport
+
+out_console = Console()
+err_console = Console(stderr=True)
+
+
+# ------------------------------------------------------------------------------------ plumbing
+def error(message: str) -> None:
+    """One ``error:`` line on stderr, never wrapped, never read as markup."""
+    msg = Text("error: ", style="red")
+    msg.append(message)
+    err_console.print(msg, soft_wrap=True, highlight=False)
+
+
+def line(text: str) -> None:
+    out_console.print(text)
+
+
+def note(text: str) -> None:
+    """A line on stderr (progress of a long benchmark)."""
+    err_console.print(text)
+
+
+def emit_json(obj: Any) -> None:
+    """One JSON object on stdout (indented; numpy values allowed)."""
+    sys.stdout.write(
+        orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n"
+    )
+
+
+@contextmanager
+def progress(total: int | None, label: str, quiet: bool = False) -> Iterator[Callable[[str], None]]:
+    """A progress bar on stderr; yields a callback that advances it by one."""
+    if quiet:
+        yield lambda _msg: None
+        return
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[last]}"),
+        console=err_console,
+        transient=True,
+    ) as prog:
+        task = prog.add_task(label, total=total, last="")
+        yield lambda msg: prog.update(task, advance=1, last=msg)
+
+
+# ------------------------------------------------------------------------------ whole outputs
+def packing(report: PackingReport, title: str, json_out: bool, results_file: Path | None = None) -> None:
+    """A packing report: one JSON object, or the policy and free-capacity tables (and the files)."""
+    if json_out:
+        emit_json(report.to_dict())
+        return
+    out_console.print(packing_table(report, title))
+    out_console.print(free_table(report))
+    for f in report.plots or []:
+        out_console.print(f"plot: {f}")
+    if results_file is not None:
+        out_console.print(f"results: {results_file}")
+
+
+def replay(report: ReplayReport, title: str, json_out: bool) -> None:
+    """A replay report: JSON without the time series (they stay in results.json), or two tables."""
+    if json_out:
+        emit_json(report.to_dict(samples=False))
+        return
+    out_console.print(replay_table(report.results, title))
+    out_console.print(replay_class_table(report.results))
+    for f in report.plots:
+        out_console.print(f"plot: {f}")
+
+
+def bench_rows(
+    rows: list[dict[str, object]], table: Callable[[Sequence[Mapping[str, object]]], object], json_out: bool
+) -> None:
+    """Benchmark rows (one per cluster size): ``{"results": rows}`` as JSON, or a table."""
+    if json_out:
+        emit_json({"results": rows})
+    else:
+        out_console.print(table(rows))
+
+
+def traces(report: Mapping[str, Any], json_out: bool) -> None:
+    if json_out:
+        emit_json(report)
+        return
+    seeds = report["seeds"]
+    t = Table(title=f"allocation % at 100 % / 130 % arrived, seeds {seeds[0]}..{seeds[-1]}")
+    trace_rows = report["traces"]
+    cols = [k for k in trace_rows[0] if k != "trace"] if trace_rows else []
+    t.add_column("trace")
+    for c in cols:
+        t.add_column(c, justify="right")
+    for r in trace_rows:
+        t.add_row(r["trace"], *(f"{r[c]:.2f}" if r[c] is not None else "-" for c in cols))
+    out_console.print(t)
+
+
+K8S_KEYS = (
+    "pods_per_s",
+    "pods_per_s_backlog",
+    "extender_p50_ms",
+    "extender_p99_ms",
+    "extender_p50_ms_serial",
+    "extender_p99_ms_serial",
+)
+
+
+def k8s(report: Mapping[str, Any], json_out: bool) -> None:
+    if json_out:
+        emit_json(report)
+        return
+    for k in K8S_KEYS:
+        out_console.print(f"{k}: {report[k]}")
+
+
+def extender_attack(report: dict[str, Any], json_out: bool) -> None:
+    if json_out:
+        emit_json(report)
+    else:
+        out_console.print(extender_attack_tables(report))
+
+
+# ------------------------------------------------------------------------------------- tables
+def packing_table(report: PackingReport, title: str) -> Table:
+    t = Table(title=title)
+    for col in ("policy", "alloc @100%", "alloc @130%", "min..max @100%", "gap to LP @100%", "s/run"):
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    for r in report.results:
+        t.add_row(
+            r.policy,
+            f"{r.alloc_at_100:.2f}",
+            f"{r.alloc_at_130:.2f}",
+            f"{r.alloc_at_100_min:.2f}..{r.alloc_at_100_max:.2f}",
+            f"{r.gap_to_bound_at_100:.2f}" if r.gap_to_bound_at_100 is not None else "-",
+            f"{r.seconds_per_run:.2f}",
+        )
+    b = report.bound
+    if b is not None:
+        t.caption = (
+            f"ceiling for any scheduler (LP): {b.bound_at_100:.2f} @100%, "
+            f"{b.bound_at_130:.2f} @130%; "
+            f"ceiling when each pod that fits is placed on arrival: "
+            f"{b.arrival_bound_at_100:.2f} @100%, {b.arrival_bound_at_130:.2f} @130%; "
+            f"offline best-fit-decreasing: {b.bfd_at_100:.2f} @100%, {b.bfd_at_130:.2f} @130%; "
+            f"online without CPU/node limits, best fit: {b.online_bf_at_100:.2f} @100%, "
+            f"{b.online_bf_at_130:.2f} @130%; pairing plan: {b.online_plan_at_100:.2f} @100%, "
+            f"{b.online_plan_at_130:.2f} @130%"
+        )
+    return t
+
+
+def free_table(report: PackingReport, largest: int = 4) -> Table:
+    """Per policy: the free GPU capacity at the end of the runs and the GPU contents that hold
+    most of it ("810 2.85" = GPUs holding one 810-milli share alone leave 2.85 % of the cluster)."""
+    t = Table(title="Free GPU capacity at the end of the run, % of the cluster, by what holds the GPU")
+    t.add_column("policy")
+    t.add_column("free", justify="right")
+    t.add_column("largest: GPU holding → free %")
+    for r in report.results:
+        total = sum(x.pct for x in r.free_at_end)
+        top = [x for x in r.free_at_end if x.holder != "other"][:largest]
+        largest_text = " · ".join(f"{x.holder} → {x.pct:.2f}" for x in top)
+        t.add_row(r.policy, f"{total:.2f}", largest_text)
+    return t
+
+
+def replay_table(results: Sequence[ReplayResult], title: str) -> Table:
+    """One row per policy. Allocation is time-weighted over the arrival window ("arriving")
+    and at its peak; the whole-horizon mean (long-lived pods stretch it) is in the JSON."""
+    t = Table(title=title)
+    cols: list[str] = ["policy", "scheduled", "expired", "timed out", "pending s p50/p90/p99/max"]
+    cols += ["alloc % arriving", "peak %"]
+    for col in cols:
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    for r in results:
+        waits = (r.pending_p50_s, r.pending_p90_s, r.pending_p99_s, r.pending_max_s)
+        pend = "/".join(f"{v:.0f}" for v in waits)
+        t.add_row(
+            r.policy,
+            str(r.scheduled),
+            str(r.expired),
+            str(r.timed_out),
+            pend,
+            f"{r.busy_alloc_pct:.2f}",
+            f"{r.peak_alloc_pct:.2f}",
+        )
+    return t
+
+
+def replay_class_table(results: Sequence[ReplayResult]) -> Table:
+    """Pending time by request size: whether big pods wait while small ones flow."""
+    t = Table(title="Pending time by request size (scheduled pods; s)")
+    for col in ("policy", "request", "pods", "scheduled", "not scheduled", "p50", "p99", "max"):
+        t.add_column(col, justify="left" if col in ("policy", "request") else "right")
+    for r in results:
+        for cls, row in r.by_class.items():
+            lost = int(row["expired"] + row["timed_out"] + row["never_scheduled"])
+            t.add_row(
+                r.policy,
+                cls,
+                str(int(row["pods"])),
+                str(int(row["scheduled"])),
+                str(lost),
+                f"{row['pending_p50_s']:.0f}",
+                f"{row['pending_p99_s']:.0f}",
+                f"{row['pending_max_s']:.0f}",
+            )
+        t.add_section()
+    return t
+
+
+def latency_table(rows: Sequence[Mapping[str, object]]) -> Table:
+    t = Table(title="schedule_one latency")
+    cols = ("nodes", "gpus", "policy", "decisions", "p50_ms", "p90_ms", "p99_ms", "max_ms", "pods_per_s")
+    for c in cols:
+        t.add_column(c, justify="right")
+    for r in rows:
+        t.add_row(*(str(r[c]) for c in cols))
+    return t
+
+
+def preemption_table(rows: Sequence[Mapping[str, object]]) -> Table:
+    t = Table(title="scheduling cycles that preempt")
+    cols = ("nodes", "alloc_pct", "preempting", "victims_per_preemption", "p50_ms", "p90_ms", "max_ms")
+    heads = ("nodes", "GPU alloc %", "preempting", "victims each", "p50 ms", "p90 ms", "max ms")
+    for h in heads:
+        t.add_column(h, justify="right")
+    for r in rows:
+        t.add_row(*(str(r[c]) for c in cols))
+    return t
+
+
+def extender_attack_tables(report: dict[str, Any]) -> Group:
+    """Rich tables: valid filter latency side by side, the attacks' answers, memory."""
+
+    lat = Table(
+        title=f"valid /filter, {report['nodes']} nodes "
+        f"({'NodeNames' if report['node_cache_capable'] else 'node objects'}, "
+        f"{report['valid_body_bytes']} B)"
+    )
+    lat.add_column("")
+    for c in ("count", "p50 ms", "p99 ms", "max ms", "answers"):
+        lat.add_column(c, justify="right")
+    for phase in ("alone", "under_attack"):
+        r = report[phase]
+        ans = ", ".join(f"{k}: {v}" for k, v in r["answers"].items())
+        lat.add_row(
+            phase.replace("_", " "),
+            str(r["count"]),
+            str(r["p50_ms"]),
+            str(r["p99_ms"]),
+            str(r["max_ms"]),
+            ans,
+        )
+    att = Table(title=f"attacks (body limit {report['max_body_bytes']} B)")
+    att.add_column("kind")
+    for c in ("count", "p50 ms", "p99 ms", "answers"):
+        att.add_column(c, justify="right")
+    for kind, r in report["attacks"].items():
+        ans = ", ".join(f"{k}: {v}" for k, v in sorted(r["answers"].items()))
+        att.add_row(kind, str(r["count"]), str(r["p50_ms"]), str(r["p99_ms"]), ans)
+    mem = Table(title="extender RSS (MB)")
+    for k in report["rss_mb"]:
+        mem.add_column(k.replace("_", " "), justify="right")
+    mem.add_row(*(str(v) for v in report["rss_mb"].values()))
+    return Group(lat, att, mem)

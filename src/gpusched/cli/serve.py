@@ -1,0 +1,132 @@
+"""``gpusched scheduler`` and ``gpusched extender``: the two Kubernetes front ends, served.
+
+The options are defined here, once; ``python -m gpusched.k8s.cli_scheduler`` and ``python -m
+gpusched.extender.cli_extender`` (older entry points, kept) parse them through ``standalone``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from gpusched.cli.common import check_policies, reports_errors
+from gpusched.extender.protocol import DEFAULT_MAX_BODY_BYTES, DEFAULT_SYNC_WAIT_S
+
+
+@reports_errors
+def scheduler(
+    kubeconfig: Annotated[
+        str | None, typer.Option(help="kubeconfig file (default: $KUBECONFIG, else in-cluster)")
+    ] = None,
+    scheduler_name: Annotated[
+        str, typer.Option(help="schedule pods with this spec.schedulerName")
+    ] = "gpusched",
+    policy: Annotated[str, typer.Option(help="placement policy (default, fgd, bestfit, ...)")] = "default",
+    namespace: Annotated[str, typer.Option(help="namespace of the leader-election Lease")] = "kube-system",
+    port: Annotated[int, typer.Option(help="port of /healthz, /readyz and /metrics (0: any)")] = 10251,
+    leader_elect: Annotated[bool, typer.Option(help="elect a leader among replicas via a Lease")] = True,
+    lease_name: Annotated[str, typer.Option(help="name of the Lease")] = "gpusched-scheduler",
+    workload_trace: Annotated[
+        Path | None,
+        typer.Option(help="pod CSV (Alibaba openb format) giving the target workload; default: learnt"),
+    ] = None,
+    bind_workers: Annotated[int, typer.Option(help="concurrent bindings")] = 16,
+    profile_refresh_s: Annotated[float, typer.Option(help="relearn the target workload this often")] = 300.0,
+    flush_s: Annotated[float, typer.Option(help="retry unschedulable pods at least this often")] = 30.0,
+    preemption: Annotated[
+        bool, typer.Option(help="evict lower-priority pods to make room for a pod that fits nowhere")
+    ] = True,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING")] = "INFO",
+) -> None:
+    """Run the standalone GPU scheduler: binds pending pods whose spec.schedulerName matches,
+    writes the GPU assignment annotation, emits Scheduled / FailedScheduling events, and serves
+    /healthz, /readyz and /metrics. With --leader-elect only the Lease holder schedules.
+    Stops cleanly on SIGTERM or SIGINT (releasing the Lease)."""
+    from gpusched.k8s.scheduler import SchedulerConfig
+    from gpusched.k8s.serve import serve_scheduler
+
+    workload = None
+    if workload_trace is not None:
+        from gpusched.core.fragmentation import TargetWorkload
+        from gpusched.sim.traces import read_pods
+
+        workload = TargetWorkload.from_pods(p.spec for p in read_pods(workload_trace))
+    config = SchedulerConfig(
+        scheduler_name=scheduler_name,
+        policy=policy,
+        workload=workload,
+        profile_refresh_s=profile_refresh_s,
+        bind_workers=bind_workers,
+        flush_s=flush_s,
+        preemption=preemption,
+    )
+    serve_scheduler(
+        config,
+        kubeconfig=kubeconfig,
+        namespace=namespace,
+        port=port,
+        leader_elect=leader_elect,
+        lease_name=lease_name,
+        log_level=log_level,
+    )
+
+
+@reports_errors
+def extender(
+    kubeconfig: Annotated[
+        str | None, typer.Option(help="kubeconfig (default: $KUBECONFIG, else in-cluster).")
+    ] = None,
+    port: Annotated[
+        int, typer.Option(help="Port for /filter, /prioritize, /bind, /preempt, /metrics.")
+    ] = 8888,
+    policy: Annotated[str, typer.Option("--policy", "-p", help="Placement policy.")] = "default",
+    tls_cert: Annotated[str | None, typer.Option(help="Serve HTTPS with this certificate (PEM).")] = None,
+    tls_key: Annotated[str | None, typer.Option(help="Key of --tls-cert (PEM).")] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    bind_threads: Annotated[int, typer.Option(help="Concurrent binding API calls.")] = 32,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning.")] = "info",
+    max_body_bytes: Annotated[
+        int, typer.Option(help="Largest request body, HTTP 413 above (nodeCacheCapable false: all nodes).")
+    ] = DEFAULT_MAX_BODY_BYTES,
+    sync_wait_seconds: Annotated[
+        float, typer.Option(help="How long a verb waits for the informers to sync before refusing.")
+    ] = DEFAULT_SYNC_WAIT_S,
+) -> None:
+    """Serve the kube-scheduler extender (see deploy/extender/scheduler-config.yaml)."""
+    from gpusched.extender.serve import serve_extender
+
+    check_policies([policy])
+    serve_extender(
+        kubeconfig,
+        port,
+        policy,
+        tls_cert,
+        tls_key,
+        host,
+        bind_threads,
+        log_level,
+        max_body_bytes=max_body_bytes,
+        sync_wait_s=sync_wait_seconds,
+    )
+
+
+def standalone(command: Callable[..., None], name: str, argv: Sequence[str] | None = None) -> None:
+    """Run one command alone, as ``python -m`` entry points do: the same options, parsed from
+    ``argv`` (default: ``sys.argv[1:]``), and errors raised as they are (no ``run_cli``)."""
+    bare: Any = getattr(command, "__wrapped__", command)
+    app = typer.Typer(add_completion=False)
+    app.command(name)(bare)
+    typer.main.get_command(app).main(
+        args=list(argv) if argv is not None else None, prog_name=f"gpusched {name}"
+    )
+
+
+def scheduler_main(argv: Sequence[str] | None = None) -> None:
+    standalone(scheduler, "scheduler", argv)
+
+
+def extender_main(argv: Sequence[str] | None = None) -> None:
+    standalone(extender, "extender", argv)
