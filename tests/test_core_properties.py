@@ -373,8 +373,9 @@ def test_copy_is_independent(sc: Scenario, more: list[PodSpec], x: int) -> None:
         if kind == "add":
             assert isinstance(p, PodSpec)
             schedule_one(profile, p, snap)
-    snap.score_cache["marker"] = 1
-    orig_cache = dict(snap.score_cache)
+    marker = np.ones(1)
+    snap.caches.tables.put("marker", marker)
+    orig_cache = {k: snap.caches.tables.get(k) for k in snap.caches.tables.keys()}
     orig, orig_allocs, orig_pods, orig_gen = (
         arrays(snap),
         dict(snap.allocations),
@@ -383,7 +384,7 @@ def test_copy_is_independent(sc: Scenario, more: list[PodSpec], x: int) -> None:
     )
     c = snap.copy()
     assert_arrays_equal(c, orig, "fresh copy")
-    assert c.allocations == orig_allocs and c.node_pods == orig_pods and c.score_cache == {}
+    assert c.allocations == orig_allocs and c.node_pods == orig_pods and len(c.caches) == 0
     # mutate the copy every way there is
     delete_one(c, x)
     for i, p in enumerate(more):
@@ -391,12 +392,12 @@ def test_copy_is_independent(sc: Scenario, more: list[PodSpec], x: int) -> None:
     c.gen += 7
     for f in ("cpu_free", "mem_free", "gpu_free", "gpu_mem_free"):
         getattr(c, f)[...] = 0
-    c.score_cache["other"] = 2
+    c.caches.tables.put("other", np.zeros(1))
     assert_arrays_equal(snap, orig, "original after mutating the copy")
     assert snap.allocations == orig_allocs and snap.node_pods == orig_pods
     assert np.array_equal(snap.gen, orig_gen)
-    assert snap.score_cache.keys() == orig_cache.keys()
-    assert all(snap.score_cache[k] is v for k, v in orig_cache.items())
+    assert snap.caches.tables.keys() == list(orig_cache)
+    assert all(snap.caches.tables.get(k) is v for k, v in orig_cache.items())
     assert snap.verify() == []
     # and the other way round
     c2 = snap.copy()
@@ -479,10 +480,11 @@ def _placements(
             continue
         assert isinstance(x, PodSpec)
         if clear_cache:
-            snap.score_cache.clear()
+            snap.caches.clear()
         r = schedule_one(profile, x, snap, tiebreak=sc.tiebreak, diagnose_failures=False)
         out.append((r.node, r.gpus))
-        assert len(snap.score_cache) <= capacity
+        c = snap.caches
+        assert all(len(m) <= capacity for m in (c.masks, c.domains, c.tables, c.rows))
     return out
 
 

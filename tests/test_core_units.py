@@ -650,25 +650,27 @@ def test_permit_wait_keeps_the_pod_assumed_and_assume_false_books_nothing() -> N
     log: list[str] = []
     snap = ClusterState([node("n", gpus=1)])
     r = schedule_one(_with([], [Recorder("p", log, permit=Code.WAIT)]), share("s", 100), snap)
-    assert r.scheduled and snap.node_gpu_free(0) == [900]
+    assert not r.scheduled and r.status.code == Code.WAIT and r.waiting is not None
+    assert snap.node_gpu_free(0) == [900]
     r2 = schedule_one(make_profile("bestfit"), share("t", 100), snap, assume=False)
     assert isinstance(r2, ScheduleResult) and r2.scheduled and r2.gpus == (0,)
     assert "default/t" not in snap.allocations and snap.node_gpu_free(0) == [900]
 
 
 def test_score_cache_drops_the_least_recently_used_entry() -> None:
-    from gpusched.core.cluster import ScoreCache
+    from gpusched.core.caches import LRUCache
 
-    c = ScoreCache(capacity=2)
-    c["a"], c["b"] = 1, 2
+    c: LRUCache[str, int] = LRUCache(capacity=2)
+    c.put("a", 1)
+    c.put("b", 2)
     assert c.get("a") == 1  # "a" is now the most recently used
-    c["c"] = 3
-    assert list(c) == ["a", "c"] and c.get("b") is None and c.get("missing", 7) == 7
-    c["a"] = 10  # overwriting refreshes too
-    c["d"] = 4
-    assert list(c) == ["a", "d"]
+    c.put("c", 3)
+    assert c.keys() == ["a", "c"] and c.get("b") is None and c.get("missing") is None
+    c.put("a", 10)  # overwriting refreshes too
+    c.put("d", 4)
+    assert c.keys() == ["a", "d"]
     with pytest.raises(ValueError, match="capacity must be positive"):
-        ScoreCache(0)
+        LRUCache(0)
 
 
 def test_policy_key_hashes_once_and_compares_by_value() -> None:

@@ -10,19 +10,20 @@ resource is an integer numpy array so that filters and scores run over all nodes
   share, by milli or by memory, joins it; it takes only a GPU with all its milli and memory
   free (``gpu_room``).
 - ``gen[n]``: a generation counter bumped on every change of node ``n``. Score caches keyed
-  by pod shape recompute only nodes whose generation moved (an equivalence-class cache).
+  by pod shape (``caches.rows``) recompute only nodes whose generation moved (an
+  equivalence-class cache).
 - ``pod_free``, ``ext_free``: pods and extended resources left; ``by_label`` and
   ``anti_affinity`` index the booked pods for the pod-affinity and spread plugins.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
+from gpusched.core.caches import SnapshotCaches
 from gpusched.core.model import GPU_MILLI, Allocation, InvalidSpec, NodeSpec, PodSpec
 from gpusched.core.selectors import LabelSelector
 
@@ -32,34 +33,6 @@ BoolArr = npt.NDArray[np.bool_]
 
 class AccountingError(RuntimeError):
     """An assume or forget that would break the books (double booking, unknown pod)."""
-
-
-class ScoreCache(OrderedDict[object, object]):
-    """Plugins' per-snapshot caches (label masks, scores by pod shape), least recently used
-    dropped first beyond ``capacity`` entries. A long-running scheduler sees an open-ended
-    number of pod shapes and relearns its profile now and then; without a bound the cached
-    score rows of shapes and profiles long gone would grow without end. A dropped entry is
-    simply recomputed when asked for again."""
-
-    def __init__(self, capacity: int = 1024) -> None:
-        super().__init__()
-        if capacity < 1:
-            raise ValueError(f"score cache capacity must be positive, got {capacity}")
-        self.capacity = capacity
-
-    def get(self, key: object, default: object = None) -> object:
-        try:
-            value = super().__getitem__(key)
-        except KeyError:
-            return default
-        self.move_to_end(key)
-        return value
-
-    def __setitem__(self, key: object, value: object) -> None:
-        super().__setitem__(key, value)
-        self.move_to_end(key)
-        while len(self) > self.capacity:
-            self.popitem(last=False)
 
 
 NO_POD_LIMIT = 1 << 40
@@ -118,8 +91,8 @@ class ClusterState:
         """(namespace, label key, value) -> keys of the booked pods with that label."""
         """Keys of booked pods with required pod anti-affinity (every placement must respect them)."""
         self.node_pods: list[set[str]] = [set() for _ in range(n)]
-        self.score_cache = ScoreCache(score_cache_capacity)
-        """Per-snapshot caches of plugins (label masks, scores by pod shape); a copy starts empty."""
+        self.caches = SnapshotCaches(score_cache_capacity)
+        """Per-snapshot typed caches of plugins (``core.caches``); a copy starts empty."""
         self.total_gpu_milli = int(self.gpu_cap.sum())
         self.memory_shares = 0
         """Booked pods with GPUs but no milli (shares by memory alone): only they leave a GPU
@@ -170,7 +143,7 @@ class ClusterState:
     def domains(self, key: str) -> tuple[I64, tuple[str, ...]]:
         """Per node, the index of its value of label ``key`` in the returned values (-1 where
         the node lacks the label); node labels never change, so it is computed once."""
-        cached = self.score_cache.get(("domains", key))
+        cached = self.caches.domains.get(key)
         if cached is None:
             values = tuple(sorted({v for nd in self.nodes if (v := nd.labels.get(key)) is not None}))
             at = {v: i for i, v in enumerate(values)}
@@ -178,8 +151,8 @@ class ClusterState:
                 [at.get(nd.labels[key], -1) if key in nd.labels else -1 for nd in self.nodes], dtype=np.int64
             )
             cached = (codes, values)
-            self.score_cache[("domains", key)] = cached
-        return cached  # type: ignore[return-value]
+            self.caches.domains.put(key, cached)
+        return cached
 
     def node_gpu_free(self, node: int) -> list[int]:
         return [int(v) for v in self.gpu_free[node, : int(self.gpu_count[node])]]
@@ -323,7 +296,7 @@ class ClusterState:
         c.node_pods = [set(s) for s in self.node_pods]
         c.anti_affinity = set(self.anti_affinity)
         c.by_label = {k: set(v) for k, v in self.by_label.items()}
-        c.score_cache = ScoreCache(self.score_cache.capacity)
+        c.caches = self.caches.fresh()
         return c
 
     def verify(self) -> list[str]:

@@ -90,8 +90,8 @@ class TargetWorkload:
         serves ``model_id == -1`` (nodes without GPUs) and is all False. Cached per snapshot
         (a snapshot's models never change); callers must not modify it."""
         cache_key = ("model_table", self.keys)
-        cached = snap.score_cache.get(cache_key)
-        if isinstance(cached, np.ndarray):
+        cached = snap.caches.tables.get(cache_key)
+        if cached is not None:
             return cached
         t = np.zeros((len(snap.models) + 1, len(self.keys)), dtype=bool)
         for j, key in enumerate(self.keys):
@@ -99,7 +99,7 @@ class TargetWorkload:
                 continue
             for i, m in enumerate(snap.models):
                 t[i, j] = not key[3] or m in key[3]
-        snap.score_cache[cache_key] = t
+        snap.caches.tables.put(cache_key, t)
         return t
 
 

@@ -2,7 +2,9 @@
 
 Extension points, in the order ``schedule_one`` runs them:
 
-- **PreFilter** — checks the pod alone (and may precompute into the cycle state).
+- **PreFilter** — checks the pod alone and precomputes, once per pod and cycle, what its
+  Filter needs into the typed cycle state (InterPodAffinity and PodTopologySpread: a verdict
+  per node).
 - **Filter** — a boolean mask over *all* nodes at once (vectorised); ``explain`` gives the
   per-node reason for failed nodes, only when a diagnosis is asked for.
 - **PostFilter** — runs when no node fits (preemption lives here).
@@ -12,8 +14,11 @@ Extension points, in the order ``schedule_one`` runs them:
   Preferences come first, as in kube-scheduler where they outweigh resource scoring.
 - **Score** — a score per candidate node, with an optional device choice per node (which GPU
   a share would take there); weighted and summed across score plugins: the placement policy.
-- **Reserve/Unreserve** — side bookkeeping once a node is chosen (rolled back on failure).
-- **Permit** — allow, reject or make the pod wait (gang scheduling).
+- **Reserve/Unreserve** — side bookkeeping once a node is chosen; when a later Reserve or a
+  Permit fails, the plugins already reserved are unreserved in reverse order.
+- **Permit** — allow, reject or make the pod wait (gang scheduling). A WAIT leaves the pod
+  assumed and reserved; the cycle returns a waiting result (``ScheduleResult.waiting``) that the
+  front end holds until it allows the pod (bind it) or rejects it (unreserve, forget).
 - **Bind** — carries a decision out. Bind plugins are supplied by the front ends (the core
   does no I/O): the Kubernetes front ends bind through the API; the simulator needs none.
   ``run_bind`` tries them in order; the first that does not answer ``SKIP`` decides.
@@ -24,32 +29,58 @@ Multi-pod decisions (gangs, preemption) go through ``gpusched.core.statement.Sta
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar, cast, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
 from gpusched.core.cluster import I64, BoolArr, ClusterState
+from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.model import PodSpec
 from gpusched.core.status import Code, Diagnosis, Status
 
 F64 = npt.NDArray[np.float64]
 
 
+T = TypeVar("T")
+
+
+class StateKey(Generic[T]):
+    """A key of the cycle state that carries the type of its value: a plugin declares one
+    (``AFFINITY: StateKey[Verdicts] = StateKey("InterPodAffinity")``) and reads back what it
+    wrote, typed, without a cast. Keys compare by identity: two plugins never share one by
+    accident of naming."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"StateKey({self.name!r})"
+
+
 class CycleState:
-    """Data one scheduling cycle passes between extension points (per pod, per cycle)."""
+    """Data one scheduling cycle passes between extension points (per pod, per cycle): what
+    PreFilter precomputes for Filter, Prefer and Score, what Reserve books for Unreserve.
+
+    A cycle state belongs to one pod and one snapshot version: a what-if on a changed snapshot
+    (preemption) starts a fresh one."""
 
     __slots__ = ("_data",)
 
     def __init__(self) -> None:
-        self._data: dict[str, object] = {}
+        self._data: dict[StateKey[Any], object] = {}
 
-    def write(self, key: str, value: object) -> None:
+    def write(self, key: StateKey[T], value: T) -> None:
         self._data[key] = value
 
-    def read(self, key: str) -> object | None:
-        return self._data.get(key)
+    def read(self, key: StateKey[T]) -> T | None:
+        return cast("T | None", self._data.get(key))
+
+    def __contains__(self, key: StateKey[Any]) -> bool:
+        return key in self._data
 
 
 @runtime_checkable
@@ -167,7 +198,9 @@ class Profile:
     reserves: Sequence[ReservePlugin] = ()
     permits: Sequence[PermitPlugin] = ()
     binds: Sequence[BindPlugin] = ()
-    meta: dict[str, object] = field(default_factory=dict)
+    workload: TargetWorkload | None = None
+    """The target workload its score plugins judge fragmentation against, as they use it (None:
+    they use none); a front end reports the cluster's fragmentation against the same one."""
 
 
 def run_bind(profile: Profile, pod: PodSpec, node_name: str, gpus: tuple[int, ...]) -> Status:

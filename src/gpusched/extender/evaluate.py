@@ -1,8 +1,10 @@
 """Filters and scores over the nodes of one extender request, vectorised over the live books.
 
-The filters run over every node of the snapshot at once (numpy masks), then are indexed by
-the request's nodes; only the reasons of failed nodes (each filter plugin's ``explain``) and
-the answer lists are built node by node. A request's name list maps to snapshot indices once
+The cycle's steps are the core's (``core.scheduler``: ``pre_filter``, ``filter_nodes``,
+``score_nodes``), over the request's nodes; this module only translates between the request
+(node names, or node objects the books do not know) and snapshot indices, and the failures
+into the wire's positions. Only the reasons of failed nodes and the answer lists are built
+node by node. A request's name list maps to snapshot indices once
 per snapshot (kube-scheduler sends the same list pod after pod), with the encoded
 ``HostPriority`` entries of its nodes cached beside it.
 """
@@ -18,7 +20,7 @@ import numpy.typing as npt
 from gpusched.core.cluster import I64, BoolArr, ClusterState
 from gpusched.core.framework import CycleState, Profile
 from gpusched.core.model import NodeSpec, PodSpec
-from gpusched.core.scheduler import score_nodes
+from gpusched.core.scheduler import filter_nodes, pre_filter, score_nodes
 from gpusched.core.status import Code
 from gpusched.extender.protocol import BadRequest, check_names, encode_priorities
 from gpusched.k8s.convert import InvalidRequest, node_from_k8s
@@ -63,26 +65,16 @@ def index_names(snap: ClusterState, names: list[str]) -> NodeList:
 def run_filters(
     profile: Profile, pod: PodSpec, snap: ClusterState, idx: I64, explain: bool
 ) -> tuple[BoolArr, list[Failure], CycleState]:
-    """Which of ``idx`` pass every filter, and (with ``explain``) why the others do not, as
-    ``core.scheduler.diagnose`` words it: the first failing filter names each node."""
+    """The core's PreFilter and Filter over the snapshot nodes ``idx``: which pass, and (with
+    ``explain``) why the others do not, by position in ``idx`` (``core.scheduler.diagnose``'s
+    words: the first failing filter names each node)."""
     state = CycleState()
-    fails: list[Failure] = []
-    for pf in profile.pre_filters:
-        st = pf.pre_filter(state, pod, snap)
-        if not st.ok:
-            fails = [(p, st.message(), st.code) for p in range(len(idx))] if explain else []
-            return np.zeros(len(idx), dtype=bool), fails, state
-    ok = np.ones(len(idx), dtype=bool)
-    for f in profile.filters:
-        m = f.filter(state, pod, snap, idx)
-        if explain:
-            for p in np.flatnonzero(ok & ~m).tolist():
-                reason, code = f.explain(state, pod, snap, int(idx[p]))
-                fails.append((p, reason, code))
-        ok &= m
-        if not explain and not ok.any():
-            break
-    return ok, fails, state
+    st = pre_filter(state, profile, pod, snap)
+    if not st.ok:
+        fails = [(p, st.message(), st.code) for p in range(len(idx))] if explain else []
+        return np.zeros(len(idx), dtype=bool), fails, state
+    r = filter_nodes(state, profile, pod, snap, idx, explain=explain)
+    return r.passed, [(f.position, f.reason, f.code) for f in r.failures], state
 
 
 class Evaluator:

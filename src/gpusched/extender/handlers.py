@@ -5,8 +5,9 @@
 - ``prioritize``: the policy's scores (``core.scheduler.score_nodes``) over the sent nodes that
   pass the filters, min-max normalised to 0..10 (best 10, worst 0; all equal → all 10; nodes
   that fail the filters → 0).
-- ``bind``: the node is kube-scheduler's decision; the GPUs on it are ours: the score plugin's
-  device choice there, else ``core.devices.pick_gpus`` (best fit). Booked with
+- ``bind``: the node is kube-scheduler's decision; the GPUs on it are ours, chosen as
+  ``schedule_one`` chooses them (``core.scheduler.choose_devices``: the score plugin's device
+  choice there, else best fit). Booked with
   ``LiveCluster.assume`` under its lock (so concurrent binds never double-book a GPU), then the
   annotation + binding go through ``binder`` without the lock; a booking is released only when
   the API refused the binding or the pod is gone, never while the outcome is unknown
@@ -32,10 +33,9 @@ from typing import Any
 import numpy as np
 
 from gpusched.core.cluster import I64, AccountingError
-from gpusched.core.devices import pick_gpus
 from gpusched.core.framework import BindPlugin, CycleState, Profile, run_bind
 from gpusched.core.model import PodSpec
-from gpusched.core.scheduler import score_nodes
+from gpusched.core.scheduler import choose_devices
 from gpusched.core.statement import Statement
 from gpusched.extender.evaluate import UNKNOWN_NODE, UNRES, Evaluator, NodeList, run_filters
 from gpusched.extender.protocol import (
@@ -291,13 +291,8 @@ class Extender:
                     raise BadRequest(f"pod {pod.key} is already assumed on node {snap.names[held.node]}")
                 gpus = held.gpus  # a retried bind: keep its GPUs
             else:
-                hint = -1
-                if pod.num_gpu == 1:
-                    state = CycleState()
-                    _, choice = score_nodes(state, self.profile, pod, snap, np.array([n], dtype=np.int64))
-                    hint = int(choice[0]) if choice is not None else -1
                 try:
-                    gpus = pick_gpus(snap, pod, n, hint)
+                    gpus = choose_devices(CycleState(), self.profile, pod, snap, n)
                     self.cluster.assume(pod, n, gpus)
                 except (ValueError, AccountingError) as e:
                     raise BadRequest(f"pod {pod.key} no longer fits node {node}: {e}") from None

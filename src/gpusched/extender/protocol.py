@@ -24,7 +24,6 @@ either way it schedules nothing for the pod this cycle and retries it after a ba
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,7 +32,7 @@ import numpy.typing as npt
 import orjson
 from kubernetes.utils.quantity import parse_quantity
 
-from gpusched.core.fragmentation import TargetWorkload, TypeKey
+from gpusched.core.workload import typical_workload as typical_workload  # the core's one default
 
 MAX_PRIORITY = 10
 """``MaxExtenderPriority``: extender scores are 0..10."""
@@ -274,26 +273,3 @@ def normalise(scores: npt.ArrayLike) -> npt.NDArray[np.int64]:
     if hi - lo <= 1e-12:
         return np.full(len(raw), MAX_PRIORITY, dtype=np.int64)
     return np.rint((raw - lo) * (MAX_PRIORITY / (hi - lo))).astype(np.int64)
-
-
-# Typical pod types for the fragmentation-aware policies (``default``, ``fgd``) when nothing
-# better is known: the published mix of the Alibaba GPU trace 2023 (share sizes and counts,
-# whole-GPU pods by GPU count, CPU-only pods), at 8 cores per GPU. (cpu milli, gpu milli, num, count)
-_TYPICAL: tuple[tuple[int, int, int, int], ...] = (
-    (8000, 810, 1, 1078),
-    (8000, 470, 1, 750),
-    (8000, 320, 1, 328),
-    (8000, 650, 1, 253),
-    (8000, 230, 1, 140),
-    (8000, 460, 1, 128),
-    (8000, 1000, 1, 3911),
-    (16000, 1000, 2, 16),
-    (32000, 1000, 4, 15),
-    (64000, 1000, 8, 44),
-    (8000, 0, 0, 1088),
-)
-
-
-def typical_workload() -> TargetWorkload:
-    counts: Counter[TypeKey] = Counter({(cpu, milli, num, frozenset()): n for cpu, milli, num, n in _TYPICAL})
-    return TargetWorkload.from_counts(counts)

@@ -8,14 +8,19 @@ assumption and requeues the pod with backoff. A pod that fits nowhere gets a
 ``FailedScheduling`` event and ``PodScheduled=False`` (once per distinct message) and waits in
 the unschedulable set until the cluster changes or the periodic flush.
 
-Target workload of the fragmentation-aware policies (``default``, ``fgd``): a fixed one when
-given (``--workload-trace``), else learnt from every pod seen (bound and pending) when the
-first decision is made, relearnt when the number of pods seen has doubled (at most every 5 s)
-and every ``profile_refresh_s`` (default 5 minutes).
+Target workload of the fragmentation-aware policies (``default``, ``fgd``), from the core's
+``WorkloadSource``: a fixed one when given (``--workload-trace``), else learnt from every pod
+seen (bound and pending) when the first decision is made, relearnt when the number of pods
+seen has doubled (at most every 5 s) and every ``profile_refresh_s`` (default 5 minutes). The
+fragmentation gauge is measured against the workload the profile's policy uses.
 
 Only the leader decides (``start_leading``/``stop_leading``, driven by ``leader.py``); a
 standby keeps its informers warm. Becoming leader rebuilds the books from the API objects
 (bound pods and their assignment annotations) before the first decision.
+
+A pod a Permit plugin makes wait (``ScheduleResult.waiting``) is rejected at once (its booking
+given back) and waits in the unschedulable set: no profile of this scheduler waits yet, and
+holding waiting pods until their gang is complete comes with gangs.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from gpusched.core.model import PodSpec
 from gpusched.core.policies import POLICIES, PolicyContext, make_profile
 from gpusched.core.scheduler import schedule_one
 from gpusched.core.statement import schedule_with_nominated
+from gpusched.core.workload import WorkloadSource
 from gpusched.k8s.binder import APIBinder, describe, read_pod
 from gpusched.k8s.binding import Result, Settler, bind_until_settled
 from gpusched.k8s.convert import InvalidRequest, pod_from_k8s
@@ -91,6 +97,7 @@ class StandaloneScheduler:
         self._pool = ThreadPoolExecutor(cfg.bind_workers, thread_name_prefix="bind")
         self._reflectors: list[Reflector] = []
         self._thread: threading.Thread | None = None
+        self.workloads = WorkloadSource(cfg.workload)
         self._profile: Profile | None = None
         self._profile_at = 0.0
         self._profile_seen = 0
@@ -240,6 +247,8 @@ class StandaloneScheduler:
                 r = schedule_with_nominated(profile, pod, snap, nominated, tiebreak=self._tiebreak)
             else:
                 r = schedule_one(profile, pod, snap, tiebreak=self._tiebreak, diagnose_failures=True)
+            if r.waiting is not None:
+                r = dataclasses.replace(r, status=r.waiting.reject("waiting on Permit: not held here yet"))
             if r.scheduled:
                 self.cluster.assume(pod, r.node, r.gpus)
             elif r.victims and self._may_preempt(qp.key, snap):
@@ -318,7 +327,7 @@ class StandaloneScheduler:
         seen = len(self.queue) + len(snap.allocations)
         stale = self._profile is None or now - self._profile_at >= self.config.profile_refresh_s
         grown = seen >= 2 * self._profile_seen and now - self._profile_at >= 5.0
-        if stale or (grown and self.config.workload is None and self.config.policy in _WORKLOAD_POLICIES):
+        if stale or (grown and self.workloads.learns and self.config.policy in _WORKLOAD_POLICIES):
             ctx = PolicyContext(self.workload(extra=pod), np.random.default_rng(0))
             base = make_profile(self.config.policy, ctx, preemption=self.config.preemption)
             self._profile = dataclasses.replace(base, binds=(self._binder,))
@@ -328,8 +337,8 @@ class StandaloneScheduler:
 
     def workload(self, extra: PodSpec | None = None) -> TargetWorkload | None:
         """The target workload: the fixed one, else learnt from the pods seen."""
-        if self.config.workload is not None:
-            return self.config.workload
+        if not self.workloads.learns:
+            return self.workloads.fixed
         with self.cluster.snapshot() as snap:
             pods = [a.pod for a in snap.allocations.values()]
         for qp in self.queue.pending():
@@ -337,7 +346,7 @@ class StandaloneScheduler:
                 pods.append(self._spec(qp))
         if not pods and extra is not None:
             pods.append(extra)
-        return TargetWorkload.from_pods(pods) if pods else None
+        return self.workloads.learnt(pods)
 
     # --------------------------------------------------------------- metrics
     def refresh_gauges(self) -> None:
@@ -346,10 +355,7 @@ class StandaloneScheduler:
         if now - self._gauges_at < self.config.frag_interval_s:
             return
         self._gauges_at = now
-        plugin = self._profile.scores[0].plugin if self._profile and self._profile.scores else None
-        tw = getattr(plugin, "workload", None) or self.config.workload
-        if tw is None:
-            tw = self.workload()
+        tw = (self._profile.workload if self._profile is not None else None) or self.workload()
         with self.cluster.snapshot() as snap:
             self.metrics.gpu_allocation.set(snap.gpu_allocation_ratio())
             if tw is not None and len(snap):

@@ -17,9 +17,9 @@ from collections import defaultdict
 import numpy as np
 
 from gpusched.core.cluster import I64, BoolArr, ClusterState
-from gpusched.core.framework import F64, CycleState
+from gpusched.core.framework import F64, CycleState, StateKey
 from gpusched.core.model import PodSpec
-from gpusched.core.status import Code
+from gpusched.core.status import Code, Status
 
 _OK, _AFFINITY, _ANTI, _EXISTING = 0, 1, 2, 3
 _REASONS = {
@@ -27,16 +27,35 @@ _REASONS = {
     _ANTI: ("node(s) didn't match pod anti-affinity rules", Code.UNSCHEDULABLE),
     _EXISTING: ("node(s) didn't satisfy existing pods anti-affinity rules", Code.UNSCHEDULABLE),
 }
+I8 = np.ndarray[tuple[int], np.dtype[np.int8]]
+
+VERDICTS: StateKey[I8] = StateKey("InterPodAffinity")
+"""Per node: OK, AFFINITY, ANTI or EXISTING (the first rule it breaks), written by PreFilter."""
+
+
+def _constrained(pod: PodSpec, snap: ClusterState) -> bool:
+    return bool(pod.pod_affinity or pod.pod_anti_affinity or snap.anti_affinity)
 
 
 class InterPodAffinity:
     name = "InterPodAffinity"
 
-    def _verdicts(self, state: CycleState, pod: PodSpec, snap: ClusterState) -> np.ndarray:
-        stamp = (id(snap), snap.version)
-        cached = state.read(self.name)
-        if isinstance(cached, tuple) and cached[0] == stamp:
-            return cached[1]  # type: ignore[no-any-return]
+    def pre_filter(self, state: CycleState, pod: PodSpec, snap: ClusterState) -> Status:
+        """Every node's verdict, once per pod and cycle (a pass over the running pods)."""
+        if _constrained(pod, snap):
+            state.write(VERDICTS, self._verdicts(pod, snap))
+        return Status.success()
+
+    def _read(self, state: CycleState, pod: PodSpec, snap: ClusterState) -> I8:
+        """The verdicts PreFilter wrote (run here when the caller skipped PreFilter)."""
+        verdict = state.read(VERDICTS)
+        if verdict is None:
+            self.pre_filter(state, pod, snap)
+            verdict = state.read(VERDICTS)
+            assert verdict is not None
+        return verdict
+
+    def _verdicts(self, pod: PodSpec, snap: ClusterState) -> I8:
         verdict = np.full(len(snap), _OK, dtype=np.int8)
 
         def fail(kind: int, key: str, domains: set[int]) -> None:
@@ -79,15 +98,14 @@ class InterPodAffinity:
                     present = np.fromiter({int(codes[a.node]) for a in matching} - {-1}, dtype=np.int64)
                     ok &= np.isin(codes, present)
             verdict[~ok & (verdict == _OK)] = _AFFINITY
-        state.write(self.name, (stamp, verdict))
         return verdict
 
     def filter(
         self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64 | None = None
     ) -> BoolArr:
-        if not (pod.pod_affinity or pod.pod_anti_affinity or snap.anti_affinity):
+        if not _constrained(pod, snap):
             return snap.everywhere if nodes is None else snap.everywhere[nodes]
-        ok: BoolArr = self._verdicts(state, pod, snap) == _OK
+        ok: BoolArr = self._read(state, pod, snap) == _OK
         return ok if nodes is None else ok[nodes]
 
     def prefer(self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64) -> F64 | None:
@@ -109,5 +127,5 @@ class InterPodAffinity:
         return (raw - lo) * (100.0 / (hi - lo)) if hi > lo else np.zeros(len(nodes))
 
     def explain(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> tuple[str, Code]:
-        kind = int(self._verdicts(state, pod, snap)[node])
+        kind = int(self._read(state, pod, snap)[node])
         return _REASONS.get(kind, ("node(s) didn't match pod affinity rules", Code.UNSCHEDULABLE))

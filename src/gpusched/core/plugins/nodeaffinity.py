@@ -34,13 +34,12 @@ class NodeAffinity:
         if not pod.node_selector and not pod.node_affinity:
             return snap.everywhere if nodes is None else snap.everywhere[nodes]
         key = ("NodeAffinity", tuple(sorted(pod.node_selector.items())), pod.node_affinity)
-        cached = snap.score_cache.get(key)
+        cached = snap.caches.masks.get(key)
         if cached is None:
             cached = np.array([affinity_matches(pod, nd.name, nd.labels) for nd in snap.nodes], dtype=bool)
             if cached.all():
                 cached = snap.everywhere
-            snap.score_cache[key] = cached
-        assert isinstance(cached, np.ndarray)
+            snap.caches.masks.put(key, cached)
         return cached if nodes is None else cached[nodes]
 
     def prefer(self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64) -> F64 | None:

@@ -15,19 +15,38 @@ from __future__ import annotations
 import numpy as np
 
 from gpusched.core.cluster import I64, BoolArr, ClusterState
-from gpusched.core.framework import F64, CycleState
+from gpusched.core.framework import F64, CycleState, StateKey
 from gpusched.core.model import PodSpec
 from gpusched.core.plugins.nodeaffinity import NodeAffinity
 from gpusched.core.plugins.tainttoleration import TaintToleration
 from gpusched.core.selectors import SpreadConstraint, selects
-from gpusched.core.status import Code
+from gpusched.core.status import Code, Status
 
 _OK, _SKEW, _MISSING = 0, 1, 2
 REASON = "node(s) didn't match pod topology spread constraints"
+I8 = np.ndarray[tuple[int], np.dtype[np.int8]]
+
+VERDICTS: StateKey[I8] = StateKey("PodTopologySpread")
+"""Per node: OK, SKEW or MISSING under the pod's hard constraints, written by PreFilter."""
 
 
 class PodTopologySpread:
     name = "PodTopologySpread"
+
+    def pre_filter(self, state: CycleState, pod: PodSpec, snap: ClusterState) -> Status:
+        """Every node's verdict under the hard constraints, once per pod and cycle."""
+        if any(c.hard for c in pod.spread):
+            state.write(VERDICTS, self._verdicts(state, pod, snap))
+        return Status.success()
+
+    def _read(self, state: CycleState, pod: PodSpec, snap: ClusterState) -> I8:
+        """The verdicts PreFilter wrote (run here when the caller skipped PreFilter)."""
+        verdict = state.read(VERDICTS)
+        if verdict is None:
+            self.pre_filter(state, pod, snap)
+            verdict = state.read(VERDICTS)
+            assert verdict is not None
+        return verdict
 
     def _admitted(self, state: CycleState, pod: PodSpec, snap: ClusterState, c: SpreadConstraint) -> BoolArr:
         """The nodes whose domains count for ``c`` (its node affinity and taint policies)."""
@@ -52,13 +71,8 @@ class PodTopologySpread:
         present[codes[counted]] = True
         return codes, counts, present
 
-    def _verdicts(self, state: CycleState, pod: PodSpec, snap: ClusterState) -> np.ndarray:
-        """Per node: OK, SKEW (too many matching pods in its domain) or MISSING (no topology key),
-        cached in the cycle state for this snapshot version."""
-        stamp = (id(snap), snap.version)
-        cached = state.read(self.name)
-        if isinstance(cached, tuple) and cached[0] == stamp:
-            return cached[1]  # type: ignore[no-any-return]
+    def _verdicts(self, state: CycleState, pod: PodSpec, snap: ClusterState) -> I8:
+        """Per node: OK, SKEW (too many matching pods in its domain) or MISSING (no topology key)."""
         verdict = np.full(len(snap), _OK, dtype=np.int8)
         for c in pod.spread:
             if not c.hard:
@@ -72,7 +86,6 @@ class PodTopologySpread:
             here = np.where(missing, 0, counts[np.maximum(codes, 0)]) if len(counts) else np.zeros(len(snap))
             verdict[missing] = _MISSING
             verdict[~missing & (here + own - low > c.max_skew) & (verdict == _OK)] = _SKEW
-        state.write(self.name, (stamp, verdict))
         return verdict
 
     def filter(
@@ -80,7 +93,7 @@ class PodTopologySpread:
     ) -> BoolArr:
         if not any(c.hard for c in pod.spread):
             return snap.everywhere if nodes is None else snap.everywhere[nodes]
-        ok: BoolArr = self._verdicts(state, pod, snap) == _OK
+        ok: BoolArr = self._read(state, pod, snap) == _OK
         return ok if nodes is None else ok[nodes]
 
     def prefer(self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64) -> F64 | None:
@@ -105,6 +118,6 @@ class PodTopologySpread:
         return out
 
     def explain(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> tuple[str, Code]:
-        if self._verdicts(state, pod, snap)[node] == _MISSING:
+        if self._read(state, pod, snap)[node] == _MISSING:
             return f"{REASON} (missing required label)", Code.UNSCHEDULABLE_AND_UNRESOLVABLE
         return REASON, Code.UNSCHEDULABLE

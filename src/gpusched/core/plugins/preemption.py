@@ -8,7 +8,8 @@ Runs when a pod fits nowhere, after kube-scheduler's DefaultPreemption (a pod wh
    At most ``max(min_candidates, candidate_pct % of the nodes)`` are examined, starting at an
    offset derived from the pod's name (deterministic, and different pods spread over nodes).
 2. **Victims per node**: in a ``Statement``, evict every lower-priority pod on the node; if the
-   pod still does not fit, the node is no candidate. Otherwise put the would-be victims back
+   pod still does not fit (``core.scheduler.fits``: PreFilter and every Filter, on the changed
+   snapshot), the node is no candidate. Otherwise put the would-be victims back
    one by one, most important first (highest priority, then the smallest GPU demand), keeping
    each one that leaves room for the preemptor: what stays evicted is a minimal set in that
    order. The statement is discarded: the snapshot is untouched.
@@ -24,11 +25,10 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 
-import numpy as np
-
-from gpusched.core.cluster import I64, ClusterState
-from gpusched.core.framework import CycleState, FilterPlugin, PostFilterResult
+from gpusched.core.cluster import ClusterState
+from gpusched.core.framework import CycleState, FilterPlugin, PostFilterResult, PreFilterPlugin, Profile
 from gpusched.core.model import Allocation, PodSpec
+from gpusched.core.scheduler import fits
 from gpusched.core.statement import Statement
 from gpusched.core.status import Diagnosis, Status
 
@@ -46,11 +46,14 @@ class DefaultPreemption:
         self.filters = tuple(filters)
         self.min_candidates = min_candidates
         self.candidate_pct = candidate_pct
+        self.what_if = Profile(
+            f"{self.name}.what-if",
+            pre_filters=tuple(f for f in self.filters if isinstance(f, PreFilterPlugin)),
+            filters=self.filters,
+        )
+        """The filters the preemptor must pass once victims are gone, and their PreFilters."""
 
     # ---------------------------------------------------------------- helpers
-    def _fits(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: I64) -> bool:
-        """Whether ``pod`` passes every filter on the one node in ``node`` (an index array)."""
-        return all(bool(f.filter(state, pod, snap, node)[0]) for f in self.filters)
 
     def _candidates(self, pod: PodSpec, snap: ClusterState, diagnosis: Diagnosis | None) -> list[int]:
         unresolvable = diagnosis.unresolvable_nodes() if diagnosis is not None else frozenset()
@@ -79,16 +82,15 @@ class DefaultPreemption:
         ]  # fmt: skip
         if not lower:
             return None
-        one = np.array([node], dtype=np.int64)
         with Statement(snap) as st:
             for a in lower:
                 st.evict(a.pod.key)
-            if not self._fits(state, pod, snap, one):
+            if not fits(self.what_if, pod, snap, node):
                 return None
             victims = []
             for a in sorted(lower, key=lambda a: (-a.pod.priority, a.pod.gpu_demand_milli, a.pod.key)):
                 st.assume(a.pod, a.node, a.gpus)  # reprieve it, if the preemptor still fits
-                if not self._fits(state, pod, snap, one):
+                if not fits(self.what_if, pod, snap, node):
                     st.evict(a.pod.key)
                     victims.append(a)
             # leaving the block discards the statement: the snapshot is as it was

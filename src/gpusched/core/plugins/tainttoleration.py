@@ -27,22 +27,21 @@ class TaintToleration:
         self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64 | None = None
     ) -> BoolArr:
         key = ("TaintToleration", pod.tolerations)
-        cached = snap.score_cache.get(key)
+        cached = snap.caches.masks.get(key)
         if cached is None:
             cached = np.array([untolerated(pod, nd) is None for nd in snap.nodes], dtype=bool)
             if cached.all():
-                cached = snap.everywhere  # no taint in the way: find_feasible skips it
-            snap.score_cache[key] = cached
-        assert isinstance(cached, np.ndarray)
+                cached = snap.everywhere  # no taint in the way: the cycle skips it
+            snap.caches.masks.put(key, cached)
         return cached if nodes is None else cached[nodes]
 
     def prefer(self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64) -> F64 | None:
         """Fewer untolerated PreferNoSchedule taints is better (100 for none); None when no node
         among ``nodes`` has one the pod does not tolerate."""
-        soft = snap.score_cache.get(("TaintToleration.soft",))
+        soft = snap.caches.soft_taints
         if soft is None:
             soft = any(t.effect == "PreferNoSchedule" for nd in snap.nodes for t in nd.taints)
-            snap.score_cache[("TaintToleration.soft",)] = soft
+            snap.caches.soft_taints = soft
         if not soft:
             return None
         raw = np.array(

@@ -8,7 +8,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpusched.core.fragmentation import TargetWorkload
-from gpusched.core.framework import FilterPlugin, Profile, ScorePlugin, WeightedPreference, WeightedScore
+from gpusched.core.framework import (
+    FilterPlugin,
+    PreFilterPlugin,
+    Profile,
+    ScorePlugin,
+    WeightedPreference,
+    WeightedScore,
+)
 from gpusched.core.plugins.gpufit import GPUFit
 from gpusched.core.plugins.interpodaffinity import InterPodAffinity
 from gpusched.core.plugins.nodeaffinity import NodeAffinity
@@ -85,12 +92,15 @@ def make_profile(policy: str, ctx: PolicyContext | None = None, *, preemption: b
     if policy not in _FACTORIES:
         raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     plugin = _FACTORIES[policy](ctx or PolicyContext())
+    workload = plugin.workload if isinstance(plugin, (DefaultScore, FGDScore)) else None
     filters = standard_filters()
     post = (DefaultPreemption(filters),) if preemption else ()
     return Profile(
         name=policy,
+        pre_filters=tuple(f for f in filters if isinstance(f, PreFilterPlugin)),
         filters=filters,
         post_filters=post,
         preferences=standard_preferences(),
         scores=(WeightedScore(plugin, 1.0),),
+        workload=workload,
     )

@@ -8,13 +8,13 @@ simulator: a handful). Keyed by pod shape this is kube-scheduler's old equivalen
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from gpusched.core.caches import Rows
 from gpusched.core.cluster import I64, ClusterState
 from gpusched.core.framework import F64, NodeScores
 
@@ -44,24 +44,18 @@ class PolicyKey:
         return f"PolicyKey({self.value[0]!r}, …)"
 
 
-@dataclass(slots=True)
-class _Rows:
-    arrays: tuple[npt.NDArray[np.generic], ...]
-    seen: I64
-
-
 def cached_rows(
     snap: ClusterState,
-    key: object,
+    key: Hashable,
     nodes: I64,
     compute: Callable[[I64], Sequence[npt.NDArray[np.generic]]],
 ) -> tuple[Any, ...]:
     """Rows ``nodes`` of the arrays ``compute`` returns (first axis = node), recomputing stale rows."""
-    entry = snap.score_cache.get(key)
-    if not isinstance(entry, _Rows):
+    entry = snap.caches.rows.get(key)
+    if entry is None:
         fresh = compute(np.arange(len(snap), dtype=np.int64))
-        entry = _Rows(tuple(np.array(a) for a in fresh), snap.gen.copy())
-        snap.score_cache[key] = entry
+        entry = Rows(tuple(np.array(a) for a in fresh), snap.gen.copy())
+        snap.caches.rows.put(key, entry)
         return tuple(a[nodes] for a in entry.arrays)
     stale = nodes[entry.seen[nodes] != snap.gen[nodes]]
     if len(stale):
@@ -72,14 +66,14 @@ def cached_rows(
 
 
 def cached_scores(
-    snap: ClusterState, key: object, nodes: I64, compute: Callable[[I64], tuple[F64 | I64, I64]]
+    snap: ClusterState, key: Hashable, nodes: I64, compute: Callable[[I64], tuple[F64 | I64, I64]]
 ) -> NodeScores:
     """Scores (and GPU choice) of ``nodes`` for one pod shape, recomputing only stale nodes."""
-    entry = snap.score_cache.get(key)
-    if not isinstance(entry, _Rows):
+    entry = snap.caches.rows.get(key)
+    if entry is None:
         n = len(snap)
-        entry = _Rows((np.zeros(n), np.full(n, -1, dtype=np.int64)), np.full(n, -1, dtype=np.int64))
-        snap.score_cache[key] = entry
+        entry = Rows((np.zeros(n), np.full(n, -1, dtype=np.int64)), np.full(n, -1, dtype=np.int64))
+        snap.caches.rows.put(key, entry)
     stale = nodes[entry.seen[nodes] != snap.gen[nodes]]
     if len(stale):
         s, g = compute(stale)

@@ -128,10 +128,10 @@ class DefaultScore:
     # ------------------------------------------------------------- per node
     def _pm(self, snap: ClusterState) -> F64:
         key = ("DefaultScore.pm", self._key)
-        t = snap.score_cache.get(key)
-        if not isinstance(t, np.ndarray):
+        t = snap.caches.tables.get(key)
+        if t is None:
             t = self.workload.model_table(snap) * self.workload.p[None, :]
-            snap.score_cache[key] = t
+            snap.caches.tables.put(key, t)
         return t
 
     def _pressure(self, snap: ClusterState) -> tuple[F64, F64]:
@@ -141,9 +141,9 @@ class DefaultScore:
         empty node could hold it; pressure = load / GPUs, relative to the cluster mean. Every
         type counts here, the rare ones too. Cached per snapshot (node capacities only)."""
         key = ("DefaultScore.pressure", self._key)
-        t = snap.score_cache.get(key)
-        if isinstance(t, tuple):
-            return t
+        t = snap.caches.tables.get(key)
+        if t is not None:
+            return t[0], t[1]
         tw = self._all
         gpu_nodes = snap.gpu_count > 0
         by_model = np.zeros(len(snap), dtype=np.float64)
@@ -166,9 +166,8 @@ class DefaultScore:
                 per_gpu = (allowed * share[None, :]).sum(axis=1)
                 mean = demand[reach > 0].sum() / max(cap.sum(), 1e-9)
                 out[gpu_nodes] = (per_gpu / mean - 1.0)[inverse] if mean > 0 else 0.0
-        t = (by_model, by_shape)
-        snap.score_cache[key] = t
-        return t
+        snap.caches.tables.put(key, np.stack((by_model, by_shape)))  # rows: by model, by shape
+        return by_model, by_shape
 
     def _terms(self, snap: ClusterState, idx: I64) -> tuple[I64, I64, F64]:
         g = snap.gpu_free[idx]

@@ -1,0 +1,99 @@
+"""The typed caches a snapshot carries for its plugins, each bounded, least recently used
+dropped first.
+
+A long-running scheduler sees an open-ended number of pod shapes and relearns its profile now
+and then; without a bound the cached rows of shapes and profiles long gone would grow without
+end. A dropped entry is simply recomputed when asked for again, so the bound never changes a
+placement. Each kind of value has its own cache:
+
+- ``masks``: node masks of label and taint constraints, by constraint (``NodeAffinity``,
+  ``TaintToleration``): node labels and taints never change within a snapshot;
+- ``domains``: per label key, each node's domain (``ClusterState.domains``);
+- ``tables``: per-snapshot tables of the policies computed from node capacities alone;
+- ``rows``: node-local values by pod shape, refreshed by node generation (``policies.cache``);
+- ``soft_taints``: whether any node has a PreferNoSchedule taint.
+
+A copy of the snapshot starts with empty caches (``fresh``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class LRUCache(Generic[K, V]):
+    """A mapping of at most ``capacity`` entries; reading or writing an entry makes it the most
+    recently used, and the least recently used goes first."""
+
+    __slots__ = ("_data", "capacity")
+
+    def __init__(self, capacity: int = 1024) -> None:
+        if capacity < 1:
+            raise ValueError(f"cache capacity must be positive, got {capacity}")
+        self.capacity = capacity
+        self._data: OrderedDict[K, V] = OrderedDict()
+
+    def get(self, key: K) -> V | None:
+        value = self._data.get(key)
+        if value is not None:
+            self._data.move_to_end(key)
+        return value
+
+    def put(self, key: K, value: V) -> None:
+        self._data[key] = value
+        self._data.move_to_end(key)
+        while len(self._data) > self.capacity:
+            self._data.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    def keys(self) -> list[K]:
+        return list(self._data)
+
+    def clear(self) -> None:
+        self._data.clear()
+
+
+@dataclass(slots=True)
+class Rows:
+    """Node-local arrays (first axis = node) and the node generation each row was computed at."""
+
+    arrays: tuple[npt.NDArray[np.generic], ...]
+    seen: npt.NDArray[np.int64]
+
+
+class SnapshotCaches:
+    __slots__ = ("capacity", "domains", "masks", "rows", "soft_taints", "tables")
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self.capacity = capacity
+        self.masks: LRUCache[Hashable, npt.NDArray[np.bool_]] = LRUCache(capacity)
+        self.domains: LRUCache[str, tuple[npt.NDArray[np.int64], tuple[str, ...]]] = LRUCache(capacity)
+        self.tables: LRUCache[Hashable, npt.NDArray[Any]] = LRUCache(capacity)
+        self.rows: LRUCache[Hashable, Rows] = LRUCache(capacity)
+        self.soft_taints: bool | None = None
+
+    def fresh(self) -> SnapshotCaches:
+        """Empty caches of the same capacity (for a copy of the snapshot)."""
+        return SnapshotCaches(self.capacity)
+
+    def __len__(self) -> int:
+        return len(self.masks) + len(self.domains) + len(self.tables) + len(self.rows)
+
+    def clear(self) -> None:
+        for c in (self.masks, self.domains, self.tables, self.rows):
+            c.clear()
+        self.soft_taints = None
