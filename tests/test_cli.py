@@ -237,14 +237,15 @@ def test_bench_latency_json() -> None:
 
 
 def test_bench_latency_with_constraints() -> None:
-    from gpusched.bench.latency import synthetic_cluster, with_constraints
+    from gpusched.bench.latency import latency_setting, with_constraints
 
     args = ["bench", "latency", "--nodes", "60", "--decisions", "60", "--constraints", "--json"]
     res = runner().invoke(app, args)
     assert res.exit_code == 0, res.output
     (row,) = parse_json(res.stdout)["results"]  # type: ignore[misc]
     assert row["constraints"] is True and row["scheduled"] > 0
-    snap, pods = with_constraints(*synthetic_cluster(30, 60, 0)[:2])
+    setting = latency_setting(30, 60, 0)
+    snap, pods = with_constraints(setting.snap, setting.pods)
     assert all("topology.kubernetes.io/zone" in n.labels for n in snap.nodes)
     kinds = [bool(p.spread) + 2 * bool(p.preferred_pod_anti_affinity) for p in pods]
     assert kinds[:6] == [1, 2, 0, 1, 2, 0]  # spread, preferred anti-affinity, plain, ...

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -27,17 +28,24 @@ from gpusched.core.selectors import LabelSelector, PodAffinityTerm, PreferredPod
 from gpusched.sim.synthetic import SyntheticConfig, synthetic_workload
 
 
-def synthetic_cluster(
-    nodes: int, pods: int, seed: int
-) -> tuple[ClusterState, list[PodSpec], PolicyContext, np.ndarray]:
-    """An empty synthetic cluster, its pods (GPU demand 2.5× the cluster), the policy context
-    learnt from them, and a seeded tie-break order: the setting of every latency benchmark."""
+class LatencySetting(NamedTuple):
+    """The setting of every latency benchmark: an empty synthetic cluster
+    (``sim.synthetic.synthetic_workload``), its pods (GPU demand 2.5× the cluster), the policy
+    context learnt from them, and a seeded tie-break order."""
+
+    snap: ClusterState
+    pods: list[PodSpec]
+    ctx: PolicyContext
+    ranks: np.ndarray
+
+
+def latency_setting(nodes: int, pods: int, seed: int) -> LatencySetting:
     cfg = SyntheticConfig(nodes=nodes, pods=pods, seed=seed, gpu_demand_pct=250.0)
     node_specs, tpods = synthetic_workload(cfg)
     specs = [tp.spec for tp in tpods]
     ctx = PolicyContext(workload=TargetWorkload.from_pods(specs), rng=np.random.default_rng(seed))
     snap = ClusterState(node_specs)
-    return snap, specs, ctx, np.random.default_rng(seed).permutation(len(snap))
+    return LatencySetting(snap, specs, ctx, np.random.default_rng(seed).permutation(len(snap)))
 
 
 ZONE, HOST = "topology.kubernetes.io/zone", "kubernetes.io/hostname"
@@ -76,7 +84,7 @@ def bench_latency(
         raise InvalidInput("nodes and decisions must be positive")
     if not 0.0 <= load < 1.0:
         raise InvalidInput(f"load must be in [0, 1), got {load}")
-    snap, pods, ctx, ranks = synthetic_cluster(nodes, max(8 * nodes, decisions * 2), seed)
+    snap, pods, ctx, ranks = latency_setting(nodes, max(8 * nodes, decisions * 2), seed)
     if constraints:
         snap, pods = with_constraints(snap, pods)
     profile = make_profile(policy, ctx)

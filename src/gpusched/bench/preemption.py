@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gpusched.bench.latency import synthetic_cluster
+from gpusched.bench.latency import latency_setting
 from gpusched.core.errors import InvalidInput
 from gpusched.core.model import GPU_MILLI, PodSpec
 from gpusched.core.policies import make_profile
@@ -34,7 +34,7 @@ def bench_preemption(
 ) -> dict[str, object]:
     if nodes <= 0 or preemptors <= 0:
         raise InvalidInput("nodes and preemptors must be positive")
-    snap, pods, ctx, ranks = synthetic_cluster(nodes, 6 * nodes, seed)
+    snap, pods, ctx, ranks = latency_setting(nodes, 6 * nodes, seed)
     fill, profile = make_profile(policy, ctx), make_profile(policy, ctx, preemption=True)
     for p in pods:
         schedule_one(fill, p, snap, tiebreak=ranks, diagnose_failures=False)

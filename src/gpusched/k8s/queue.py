@@ -1,8 +1,9 @@
 """The standalone scheduler's pending queue, after kube-scheduler's ``SchedulingQueue``.
 
-- **active**: a heap ordered by priority (highest first), then creation time, then arrival
-  order (the informer's order: resourceVersion order for watch events, name order within a
-  list); ``pop`` blocks until a pod is there.
+- **active**: a heap in ``core.pending.pending_order``: priority (highest first), then creation
+  time, then arrival order (the informer's order: resourceVersion order for watch events, name
+  order within a list); ``pop`` blocks until a pod is there. The replay (``sim.replay``) tries its
+  pending pods in the same order; why its queue is not this one is said in ``core.pending``.
 - **unschedulable**: pods that fit nowhere at their last attempt. They go back to active
   when the cluster changes (``cluster_changed``: a pod deleted, a node added or changed) once
   their backoff (1 s doubling to 10 s) has passed, and in any case after ``flush_s``.
@@ -23,9 +24,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpusched.core.pending import pending_order
 from gpusched.k8s.convert import ANN_ASSIGNMENT
 
-Order = tuple[int, str, int]
+Order = tuple[int, str, int]  # pending_order(priority, creationTimestamp, arrival)
 
 
 @dataclass
@@ -93,7 +95,8 @@ class SchedulingQueue:
                 return
             meta = obj.get("metadata") or {}
             prio = int((obj.get("spec") or {}).get("priority") or 0)
-            qp = QueuedPod(key, obj, (-prio, str(meta.get("creationTimestamp") or ""), next(self._seq)), fp)
+            order = pending_order(prio, str(meta.get("creationTimestamp") or ""), next(self._seq))
+            qp = QueuedPod(key, obj, order, fp)
             self._pods[key] = qp
             self._unschedulable.discard(key)
             if backoff:

@@ -28,16 +28,17 @@ from gpusched.core.cluster import ClusterState
 from gpusched.core.errors import InvalidInput
 from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.model import NodeSpec, PodSpec
+from gpusched.core.pending import pending_order
 from gpusched.core.policies import PolicyContext, make_profile
 from gpusched.core.scheduler import schedule_one
-from gpusched.sim.engine import EventQueue, Priority
+from gpusched.sim.engine import Event, EventQueue, Priority
 from gpusched.sim.paper import tie_ranks
 from gpusched.sim.traces import TracePod
 
 _KICK = -1  # payload of the retry right after departures
 _TICK = -2  # payload of the periodic retry
 
-QueueKey = tuple[int, int, int]  # (-priority, created, pod index)
+QueueKey = tuple[int, int, int]  # core.pending.pending_order(priority, created, pod index)
 
 
 @dataclass
@@ -133,6 +134,218 @@ def _waits(values: list[int]) -> dict[str, float]:
     return {"pending_p50_s": p50, "pending_p90_s": p90, "pending_p99_s": p99, "pending_max_s": mx}
 
 
+class Replay:
+    """One replay of a trace under one policy: the books, the pending queue, the event heap and
+    the tallies, with one handler per event kind (``Priority``): ``arrive``, ``depart``,
+    ``time_out`` and ``retry``. ``run`` pops events until nothing can change any more."""
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeSpec],
+        pods: Sequence[TracePod],
+        policy: str,
+        *,
+        seed: int = 0,
+        retry_interval_s: int = 60,
+        max_pending_s: int | None = None,
+        workload: TargetWorkload | None = None,
+        on_event: Callable[[int, int], None] | None = None,
+        sample_every_s: int = 3600,
+    ) -> None:
+        if retry_interval_s <= 0 or sample_every_s <= 0:
+            raise InvalidInput("retry_interval_s and sample_every_s must be positive")
+        if max_pending_s is not None and max_pending_s < 0:
+            raise InvalidInput(f"max_pending_s must be non-negative, got {max_pending_s}")
+        _validate(pods)
+        self.policy, self.seed, self.pods = policy, seed, pods
+        self.retry_interval_s, self.max_pending_s = retry_interval_s, max_pending_s
+        self.sample_every_s, self.on_event = sample_every_s, on_event
+        self.specs = [tp.spec for tp in pods]
+        self.snap = ClusterState(nodes)
+        tw = workload or TargetWorkload.from_pods(self.specs)
+        self.profile = make_profile(policy, PolicyContext(workload=tw, rng=np.random.default_rng(seed)))
+        self.ranks = tie_ranks(nodes, seed)
+        self.shapes = [s.shape() for s in self.specs]
+        self.created = [int(tp.created or 0) for tp in pods]
+        self.keys: list[QueueKey] = [
+            pending_order(s.priority, self.created[i], i) for i, s in enumerate(self.specs)
+        ]
+        self.running = [False] * len(pods)
+        self.pending = [False] * len(pods)
+        self.queue: list[QueueKey] = []  # sorted: the retry order
+        self.events: EventQueue[int] = EventQueue()
+        for i in range(len(pods)):  # equal times pop in push order: input order
+            self.events.push(self.created[i], Priority.ARRIVAL, i)
+        self.start = min(self.created, default=0)
+        self.now = self.end = self.last_arrival = self.start
+        self.arrived = 0
+        self.alloc = 0  # GPU milli held by running pods
+        self.integral = 0  # GPU milli x seconds
+        self.integral_arrivals = 0  # the same up to the last arrival
+        self.peak = 0
+        self.waited: dict[int, int] = {}  # pod index -> seconds pending before it was placed
+        self.outcome: dict[int, str] = {}  # pod index -> expired / timed_out / never_scheduled
+        self.expired = self.timed_out = 0
+        self.dirty = False  # resources freed since the last retry pass
+        self.tick_armed = False
+        self.kick_pending = False  # a retry right after departures is already in the heap
+        self.samples: list[tuple[int, float, int]] = []
+        self.next_sample = self.start
+        self.cap = self.snap.total_gpu_milli
+        self.handlers: dict[Priority, Callable[[int], None]] = {
+            Priority.ARRIVAL: self.arrive,
+            Priority.DEPARTURE: self.depart,
+            Priority.TIMEOUT: self.time_out,
+            Priority.RETRY: self.retry,
+        }
+
+    # ------------------------------------------------------------------- the run
+    def run(self, audit: bool = False) -> ReplayResult:
+        """Pop events until only the periodic retry is left. ``audit`` checks the books after
+        every event."""
+        while self.events:
+            ev = self.events.peek()
+            assert ev is not None
+            if self._only_tick_left(ev):
+                break  # only this tick is left: nothing can change any more
+            self._sample_until(ev.time, inclusive=False)
+            self.events.pop()
+            self.integral += self.alloc * (ev.time - self.now)
+            self.now = ev.time
+            self.handlers[ev.priority](ev.payload)
+            if audit and ((errs := self.snap.verify()) or self.alloc != self.snap.allocated_gpu_milli()):
+                raise AssertionError(f"accounting broken at t={self.now}: {errs or 'alloc drift'}")
+        # time past the last arrival/departure/timeout does not count
+        self.integral -= self.alloc * (self.now - self.end)
+        self._sample_until(self.end, inclusive=True)
+        if errs := self.snap.verify():
+            raise AssertionError(f"accounting broken after replay: {errs}")
+        return self._result()
+
+    def _only_tick_left(self, ev: Event[int]) -> bool:
+        return ev.priority == Priority.RETRY and ev.payload == _TICK and len(self.events) == 1
+
+    def _sample_until(self, t: int, inclusive: bool) -> None:
+        while self.next_sample < t or (inclusive and self.next_sample == t):
+            self.samples.append((self.next_sample, self._pct(), len(self.queue)))
+            self.next_sample += self.sample_every_s
+
+    def _pct(self) -> float:
+        return 100.0 * self.alloc / self.cap if self.cap else 0.0
+
+    # ---------------------------------------------------------------- handlers
+    def arrive(self, i: int) -> None:
+        """Pod ``i`` is created: its departure is booked; it is placed, or queued (with its
+        timeout, and the periodic retry armed)."""
+        self.end = self.last_arrival = self.now
+        self.integral_arrivals = self.integral
+        self.arrived += 1
+        dl = self.pods[i].deleted
+        if dl is not None:
+            self.events.push(dl, Priority.DEPARTURE, i)
+        if not self._try_place(i):
+            self.pending[i] = True
+            bisect.insort(self.queue, self.keys[i])
+            if self.max_pending_s is not None:
+                self.events.push(self.created[i] + self.max_pending_s, Priority.TIMEOUT, i)
+            if not self.tick_armed:
+                self.events.push(self.now + self.retry_interval_s, Priority.RETRY, _TICK)
+                self.tick_armed = True
+        if self.on_event is not None:
+            self.on_event(self.arrived, len(self.pods))
+
+    def depart(self, i: int) -> None:
+        """Pod ``i`` is deleted: a running pod frees its room (and a retry follows at once); a
+        pending one leaves the queue as expired."""
+        self.end = self.now
+        if self.running[i]:
+            self.snap.forget(self.specs[i].key)
+            self.running[i] = False
+            self.alloc -= self.specs[i].gpu_demand_milli
+            self.dirty = True
+            if self.queue and not self.kick_pending:
+                self.events.push(self.now, Priority.RETRY, _KICK)
+                self.kick_pending = True
+        elif self.pending[i]:
+            self._unqueue(i)
+            self.expired += 1
+            self.outcome[i] = "expired"
+
+    def time_out(self, i: int) -> None:
+        """Pod ``i`` has waited ``max_pending_s``: dropped if still pending."""
+        if self.pending[i]:
+            self.end = self.now
+            self._unqueue(i)
+            self.timed_out += 1
+            self.outcome[i] = "timed_out"
+
+    def retry(self, kind: int) -> None:
+        """A retry pass (``_KICK``: right after departures; ``_TICK``: the periodic one, re-armed
+        while the queue is not empty), skipped when nothing was freed since the last pass."""
+        if self.dirty and self.queue:
+            self._retry_pass()
+        self.dirty = False
+        if kind == _KICK:
+            self.kick_pending = False
+        else:
+            self.tick_armed = bool(self.queue)
+            if self.tick_armed:
+                self.events.push(self.now + self.retry_interval_s, Priority.RETRY, _TICK)
+
+    # ----------------------------------------------------------------- helpers
+    def _try_place(self, i: int) -> bool:
+        r = schedule_one(self.profile, self.specs[i], self.snap, tiebreak=self.ranks, diagnose_failures=False)
+        if r.scheduled:
+            self.running[i] = True
+            self.alloc += self.specs[i].gpu_demand_milli
+            self.peak = max(self.peak, self.alloc)
+            self.waited[i] = self.now - self.created[i]
+        return r.scheduled
+
+    def _unqueue(self, i: int) -> None:
+        _remove(self.queue, self.keys[i])
+        self.pending[i] = False
+
+    def _retry_pass(self) -> None:
+        """The queue in order; once a shape fails, its other pods are skipped (room only shrinks
+        during a pass)."""
+        failed: set[tuple[object, ...]] = set()
+        for key in list(self.queue):
+            i = key[2]
+            if self.shapes[i] in failed:
+                continue
+            if self._try_place(i):
+                self._unqueue(i)
+            else:
+                failed.add(self.shapes[i])
+
+    def _result(self) -> ReplayResult:
+        cap, start = self.cap, self.start
+        horizon = self.end - start
+        for key in self.queue:
+            self.outcome[key[2]] = "never_scheduled"
+        return ReplayResult(
+            policy=self.policy,
+            seed=self.seed,
+            pods=len(self.pods),
+            scheduled=len(self.waited),
+            expired=self.expired,
+            timed_out=self.timed_out,
+            never_scheduled=len(self.queue),
+            **_waits(list(self.waited.values())),
+            mean_alloc_pct=100.0 * self.integral / (cap * horizon) if cap and horizon else 0.0,
+            busy_alloc_pct=(
+                100.0 * self.integral_arrivals / (cap * (self.last_arrival - start))
+                if cap and self.last_arrival > start
+                else 0.0
+            ),
+            peak_alloc_pct=100.0 * self.peak / cap if cap else 0.0,
+            horizon_s=horizon,
+            samples=self.samples,
+            by_class=_class_stats(self.specs, self.waited, self.outcome),
+        )
+
+
 def run_replay(
     nodes: Sequence[NodeSpec],
     pods: Sequence[TracePod],
@@ -148,158 +361,20 @@ def run_replay(
     audit: bool = False,
 ) -> ReplayResult:
     """Replay ``pods`` on ``nodes`` under ``policy``. ``on_event(arrived, total)`` is called
-    after every arrival (a progress hook). ``audit`` checks the books after every event."""
-    if retry_interval_s <= 0 or sample_every_s <= 0:
-        raise InvalidInput("retry_interval_s and sample_every_s must be positive")
-    if max_pending_s is not None and max_pending_s < 0:
-        raise InvalidInput(f"max_pending_s must be non-negative, got {max_pending_s}")
-    _validate(pods)
+    after every arrival (a progress hook). ``audit`` checks the books after every event;
+    ``clock`` (if given) times the run into ``seconds``."""
     t0 = clock() if clock else 0.0
-    specs = [tp.spec for tp in pods]
-    snap = ClusterState(nodes)
-    tw = workload or TargetWorkload.from_pods(specs)
-    profile = make_profile(policy, PolicyContext(workload=tw, rng=np.random.default_rng(seed)))
-    ranks = tie_ranks(nodes, seed)
-    shapes = [s.shape() for s in specs]
-    created = [int(tp.created or 0) for tp in pods]
-    keys: list[QueueKey] = [(-s.priority, created[i], i) for i, s in enumerate(specs)]
-    running = [False] * len(pods)
-    pending = [False] * len(pods)
-    queue: list[QueueKey] = []  # sorted: the retry order
-    eng: EventQueue[int] = EventQueue()
-    for i in range(len(pods)):  # equal times pop in push order: input order
-        eng.push(created[i], Priority.ARRIVAL, i)
-    start = min(created, default=0)
-    now, end, arrived = start, start, 0
-    alloc = 0  # GPU milli held by running pods
-    integral = 0  # GPU milli x seconds
-    integral_arrivals, last_arrival = 0, start  # the same up to the last arrival
-    peak = 0
-    waited: dict[int, int] = {}  # pod index -> seconds pending before it was placed
-    outcome: dict[int, str] = {}  # pod index -> expired / timed_out / never_scheduled
-    expired = timed_out = 0
-    dirty = False  # resources freed since the last retry pass
-    tick_armed = False
-    kick_pending = False  # a retry right after departures is already in the heap
-    samples: list[tuple[int, float, int]] = []
-    next_sample = start
-    cap = snap.total_gpu_milli
-
-    def pct() -> float:
-        return 100.0 * alloc / cap if cap else 0.0
-
-    def try_place(i: int) -> bool:
-        nonlocal alloc, peak
-        r = schedule_one(profile, specs[i], snap, tiebreak=ranks, diagnose_failures=False)
-        if r.scheduled:
-            running[i] = True
-            alloc += specs[i].gpu_demand_milli
-            peak = max(peak, alloc)
-            waited[i] = now - created[i]
-        return r.scheduled
-
-    def unqueue(i: int) -> None:
-        _remove(queue, keys[i])
-        pending[i] = False
-
-    def retry_pass() -> None:
-        failed: set[tuple[object, ...]] = set()
-        for key in list(queue):
-            i = key[2]
-            if shapes[i] in failed:
-                continue
-            if try_place(i):
-                unqueue(i)
-            else:
-                failed.add(shapes[i])
-
-    while eng:
-        ev = eng.peek()
-        assert ev is not None
-        if ev.priority == Priority.RETRY and ev.payload == _TICK and len(eng) == 1:
-            break  # only this tick is left: nothing can change any more
-        while next_sample < ev.time:
-            samples.append((next_sample, pct(), len(queue)))
-            next_sample += sample_every_s
-        eng.pop()
-        integral += alloc * (ev.time - now)
-        now, i = ev.time, ev.payload
-        if ev.priority == Priority.ARRIVAL:
-            end = last_arrival = now
-            integral_arrivals = integral
-            arrived += 1
-            dl = pods[i].deleted
-            if dl is not None:
-                eng.push(dl, Priority.DEPARTURE, i)
-            if not try_place(i):
-                pending[i] = True
-                bisect.insort(queue, keys[i])
-                if max_pending_s is not None:
-                    eng.push(created[i] + max_pending_s, Priority.TIMEOUT, i)
-                if not tick_armed:
-                    eng.push(now + retry_interval_s, Priority.RETRY, _TICK)
-                    tick_armed = True
-            if on_event is not None:
-                on_event(arrived, len(pods))
-        elif ev.priority == Priority.DEPARTURE:
-            end = now
-            if running[i]:
-                snap.forget(specs[i].key)
-                running[i] = False
-                alloc -= specs[i].gpu_demand_milli
-                dirty = True
-                if queue and not kick_pending:
-                    eng.push(now, Priority.RETRY, _KICK)
-                    kick_pending = True
-            elif pending[i]:
-                unqueue(i)
-                expired += 1
-                outcome[i] = "expired"
-        elif ev.priority == Priority.TIMEOUT:
-            if pending[i]:
-                end = now
-                unqueue(i)
-                timed_out += 1
-                outcome[i] = "timed_out"
-        else:  # RETRY
-            if dirty and queue:
-                retry_pass()
-            dirty = False
-            if i == _KICK:
-                kick_pending = False
-            else:
-                tick_armed = bool(queue)
-                if tick_armed:
-                    eng.push(now + retry_interval_s, Priority.RETRY, _TICK)
-        if audit and ((errs := snap.verify()) or alloc != snap.allocated_gpu_milli()):
-            raise AssertionError(f"accounting broken at t={now}: {errs or 'alloc drift'}")
-    integral -= alloc * (now - end)  # time past the last arrival/departure/timeout does not count
-    while next_sample <= end:
-        samples.append((next_sample, pct(), len(queue)))
-        next_sample += sample_every_s
-    if errs := snap.verify():
-        raise AssertionError(f"accounting broken after replay: {errs}")
-    horizon = end - start
-    for key in queue:
-        outcome[key[2]] = "never_scheduled"
-    return ReplayResult(
-        policy=policy,
+    replay = Replay(
+        nodes,
+        pods,
+        policy,
         seed=seed,
-        pods=len(pods),
-        scheduled=len(waited),
-        expired=expired,
-        timed_out=timed_out,
-        never_scheduled=len(queue),
-        **_waits(list(waited.values())),
-        mean_alloc_pct=100.0 * integral / (cap * horizon) if cap and horizon else 0.0,
-        busy_alloc_pct=(
-            100.0 * integral_arrivals / (cap * (last_arrival - start))
-            if cap and last_arrival > start
-            else 0.0
-        ),
-        peak_alloc_pct=100.0 * peak / cap if cap else 0.0,
-        horizon_s=horizon,
-        samples=samples,
-        by_class=_class_stats(specs, waited, outcome),
-        seconds=(clock() - t0) if clock else 0.0,
+        retry_interval_s=retry_interval_s,
+        max_pending_s=max_pending_s,
+        workload=workload,
+        on_event=on_event,
+        sample_every_s=sample_every_s,
     )
+    result = replay.run(audit)
+    result.seconds = (clock() - t0) if clock else 0.0
+    return result
