@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -461,3 +462,53 @@ def test_simulate_replay_prints_both_tables_and_json_by_class(tmp_path: Path) ->
     (result,) = parse_json(res.stdout)["results"]  # type: ignore[misc]
     assert result["by_class"]["2 GPUs"]["pending_max_s"] == 90.0
     assert result["by_class"]["cpu only"]["scheduled"] == 1
+
+
+# --- the error convention and the older entry points -------------------------------------------------------
+
+
+def test_run_cli_turns_only_gpusched_errors_into_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    import typer
+
+    from gpusched.cli import run_cli
+    from gpusched.core.errors import GpuschedError, InvalidInput
+    from gpusched.testenv import ControlPlaneError
+
+    def raising(err: BaseException) -> Callable[[], None]:
+        def fn() -> None:
+            raise err
+
+        return fn
+
+    for err in (InvalidInput("bad.csv:3: num_gpu 2"), ControlPlaneError("etcd did not start")):
+        assert isinstance(err, GpuschedError)
+        with pytest.raises(typer.Exit) as exit_info:
+            run_cli(raising(err))
+        assert exit_info.value.exit_code == 2
+        assert capsys.readouterr().err.strip() == f"error: {err}"
+
+    with pytest.raises(KeyError):
+        run_cli(raising(KeyError("a bug keeps its traceback")))
+
+
+@pytest.mark.parametrize(
+    ("module", "command"),
+    [("gpusched.k8s.cli_scheduler", "scheduler"), ("gpusched.extender.cli_extender", "extender")],
+)
+def test_older_entry_points_take_the_same_options(module: str, command: str) -> None:
+    """``python -m gpusched.k8s.cli_scheduler`` / ``gpusched.extender.cli_extender``: the options
+    of ``gpusched scheduler`` / ``gpusched extender``, defined once."""
+    import re
+
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    res = runner().invoke(app, [command, "--help"])
+    assert res.exit_code == 0, res.output
+
+    def options(text: str) -> set[str]:
+        return set(re.findall(r"--[a-z][a-z-]+", text))
+
+    assert options(proc.stdout) == options(res.output)
+    assert "--kubeconfig" in options(proc.stdout) and "--policy" in options(proc.stdout)
