@@ -38,7 +38,11 @@ MANIFESTS = sorted(MANIFEST_DIR.rglob("*.yaml"))
 CHART = DEPLOY / "helm" / "gpusched"
 REFERENCE_SCHEDULER_CONFIG = DEPLOY / "extender" / "scheduler-config.yaml"
 NAMESPACE = "gpusched-system"
+AGENT_NAMESPACE = "gpusched-node"
 MODES = ("standalone", "extender")
+NODE_FOLDERS = ("agent", "webhook")
+"""Folders every cluster applies besides one mode's: the node agent and the mutating webhook."""
+README = DEPLOY / "README.md"
 
 
 def load_docs(text: str) -> list[dict[str, Any]]:
@@ -129,8 +133,8 @@ def dry_run(cp: ControlPlane, path: Path) -> None:
 
 def test_manifests_are_all_there() -> None:
     names = {str(p.relative_to(MANIFEST_DIR)) for p in MANIFESTS}
-    for mode in MODES:
-        assert any(n.startswith(f"{mode}/") for n in names), names
+    for folder in (*MODES, *NODE_FOLDERS):
+        assert any(n.startswith(f"{folder}/") for n in names), names
     kinds = {d["kind"] for p in MANIFESTS for d in manifest_docs(p)}
     assert {
         "Namespace",
@@ -140,6 +144,10 @@ def test_manifests_are_all_there() -> None:
         "Deployment",
         "Service",
         "ConfigMap",
+        "DaemonSet",
+        "MutatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     } <= kinds
     assert {"PriorityClass", "ResourceQuota", "Pod"} <= kinds
 
@@ -149,7 +157,7 @@ def test_manifest_server_dry_run(api_server: ControlPlane, path: Path) -> None:
     dry_run(api_server, path)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", [*MODES, "webhook"])
 def test_manifests_have_unique_names_and_hardened_pods(mode: str) -> None:
     docs = [d for p in sorted((MANIFEST_DIR / mode).glob("*.yaml")) for d in manifest_docs(p)]
     seen = [ident(d) for d in docs]
@@ -207,6 +215,7 @@ def rbac(api_server: ControlPlane) -> ControlPlane:
         "standalone/02-rbac.yaml",
         "extender/01-extender-rbac.yaml",
         "extender/03-kube-scheduler-rbac.yaml",
+        "agent/01-agent-rbac.yaml",
     ):
         api_server.kubectl("apply", "-f", str(MANIFEST_DIR / path))
     return api_server
@@ -441,17 +450,20 @@ def test_helm_template_server_dry_run(
 
 @pytest.mark.parametrize("mode", MODES)
 def test_helm_chart_matches_manifests(helm: list[str], mode: str) -> None:
-    """With release name gpusched, the chart renders the objects of deploy/manifests/<mode> (plus
-    PriorityClasses; the namespace is the release's)."""
+    """With release name gpusched, the chart renders the objects of deploy/manifests/<mode>, agent/ and
+    webhook/ (plus PriorityClasses, the agent's namespace and the webhook's generated certificate; the
+    namespace of the others is the release's)."""
     chart = {ident(d) for d in load_docs(helm_template(helm, mode))}
     plain = {
         ident(d)
-        for p in sorted((MANIFEST_DIR / mode).glob("*.yaml"))
+        for folder in (mode, *NODE_FOLDERS)
+        for p in sorted((MANIFEST_DIR / folder).glob("*.yaml"))
         for d in manifest_docs(p)
         if d["kind"] != "Namespace"
     }
     assert plain <= chart, plain - chart
-    assert {k for (k, _, _) in chart - plain} <= {"PriorityClass"}, chart - plain
+    extra = {i for i in chart - plain if i[0] != "PriorityClass"}
+    assert extra == {("Namespace", "", AGENT_NAMESPACE), ("Secret", NAMESPACE, "gpusched-webhook-tls")}, extra
 
 
 # ---------------------------------------------------------------------------------------- gpusched testenv
@@ -507,3 +519,285 @@ def test_testenv_up_down_round_trip(control_plane_bin: Path, tmp_path: Path) -> 
     finally:
         if (state_dir / session.STATE_FILE).exists():
             session.testenv_down(state_dir, quiet=True)
+
+
+# ---------------------------------------------------------------------------------- node agent and webhook
+
+
+def can_agent(cp: ControlPlane, verb: str, resource: str, namespace: str = "default") -> bool:
+    """``kubectl auth can-i`` as the agent's service account; ``resource`` may be ``nodes/status``."""
+    resource, _, subresource = resource.partition("/")
+    args = ["auth", "can-i", verb, resource, "-n", namespace]
+    if subresource:
+        args.append(f"--subresource={subresource}")
+    proc = cp.kubectl(*args, f"--as=system:serviceaccount:{AGENT_NAMESPACE}:gpusched-agent", check=False)
+    return proc.stdout.strip() == "yes"
+
+
+def test_agent_rbac_is_least_privilege(rbac: ControlPlane) -> None:
+    allowed = [("get", "nodes"), ("patch", "nodes"), ("list", "pods"), ("watch", "pods"), ("patch", "pods")]
+    allowed += [("create", "events")]
+    denied = [
+        ("list", "nodes"), ("update", "nodes"), ("delete", "nodes"), ("patch", "nodes/status"),
+        ("create", "pods"), ("delete", "pods"), ("update", "pods"), ("create", "pods/binding"),
+        ("get", "secrets"), ("list", "configmaps"), ("patch", "events"), ("create", "events.events.k8s.io"),
+    ]  # fmt: skip
+    for verb, res in allowed:
+        assert can_agent(rbac, verb, res), f"the agent should be allowed {verb} {res}"
+    for verb, res in denied:
+        assert not can_agent(rbac, verb, res), f"the agent should not be allowed {verb} {res}"
+
+
+def test_agent_changes_only_its_own_node_and_its_pods(rbac: ControlPlane) -> None:
+    """RBAC lets the agent patch any node; the ValidatingAdmissionPolicy of agent/01-agent-rbac.yaml admits
+    only changes to the node its token names (user extra authentication.kubernetes.io/node-name, as a pod's
+    projected token carries it), and only to what the agent writes there, and to the pods bound there."""
+    cp = rbac
+    for n in ("vap-a", "vap-b"):
+        cp.kubectl("create", "-f", "-", input=json.dumps({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": n, "labels": {"zone": "z1"}, "annotations": {"owner": "ops"}},
+            "spec": {"taints": [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]},
+        }))  # fmt: skip
+        cp.kubectl("create", "-f", "-", input=json.dumps({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"pod-on-{n}", "namespace": "default"},
+            "spec": {"nodeName": n, "containers": [{"name": "c", "image": "x"}]},
+        }))  # fmt: skip
+    taints = json.loads(cp.kubectl("get", "node", "vap-a", "-o", "json").stdout)["spec"]["taints"]
+
+    def patch(kind: str, name: str, body: dict[str, Any], node: str | None = "vap-a") -> str:
+        extra = [f"--as-user-extra=authentication.kubernetes.io/node-name={node}"] if node else []
+        proc = cp.kubectl(
+            "patch", kind, name, "-n", "default", "--type", "merge", "-p", json.dumps(body),
+            f"--as=system:serviceaccount:{AGENT_NAMESPACE}:gpusched-agent", *extra, check=False,
+        )  # fmt: skip
+        return "ok" if proc.returncode == 0 else proc.stderr
+
+    gpu_labels = {"metadata": {"labels": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}}}
+    # the policy takes a moment to reach the admission chain after it is created
+    wait_until(
+        lambda: "own node" in patch("node", "vap-b", gpu_labels), timeout=30, what="the agent's policy"
+    )
+    health = {
+        "metadata": {"annotations": {"gpusched.io/unhealthy-gpus": "0,1"}, "labels": {"gpusched.io/x": "1"}},
+        "spec": {
+            "taints": [*taints, {"key": "gpusched.io/gpu-unhealthy", "value": "true", "effect": "NoSchedule"}]
+        },
+    }
+    assert patch("node", "vap-a", gpu_labels) == "ok"
+    assert patch("node", "vap-a", health) == "ok"
+    assert patch("node", "vap-a", {"spec": {"taints": taints}}) == "ok"  # recovery removes its taint
+    assert (
+        patch("pod", "pod-on-vap-a", {"metadata": {"annotations": {"gpusched.io/allocated": "{}"}}}) == "ok"
+    )
+    denied = {
+        "another node": ("node", "vap-b", gpu_labels, "vap-a"),
+        "no node in the token": ("node", "vap-a", gpu_labels, None),
+        "another label": ("node", "vap-a", {"metadata": {"labels": {"zone": "z2"}}}, "vap-a"),
+        "a label removed": ("node", "vap-a", {"metadata": {"labels": {"zone": None}}}, "vap-a"),
+        "another annotation": ("node", "vap-a", {"metadata": {"annotations": {"owner": "me"}}}, "vap-a"),
+        "another taint": ("node", "vap-a", {"spec": {"taints": []}}, "vap-a"),
+        "cordon": ("node", "vap-a", {"spec": {"unschedulable": True}}, "vap-a"),
+        "a pod elsewhere": (
+            "pod",
+            "pod-on-vap-b",
+            {"metadata": {"annotations": {"gpusched.io/a": "1"}}},
+            "vap-a",
+        ),
+        "a pod label": ("pod", "pod-on-vap-a", {"metadata": {"labels": {"x": "y"}}}, "vap-a"),
+    }
+    for what, (kind, name, body, node) in denied.items():
+        err = patch(kind, name, body, node)
+        assert "ValidatingAdmissionPolicy 'gpusched-agent-own-node'" in err and "denied" in err, (what, err)
+
+
+def daemonset(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    return ds
+
+
+def test_agent_daemonset() -> None:
+    """The DaemonSet runs the agent's light entry point with flags `gpusched agent run` has, on GPU nodes
+    whatever their GPU taints, with the kubelet's device-plugin directory and a liveness probe on the port it
+    serves metrics on."""
+    ds = daemonset(manifest_docs(MANIFEST_DIR / "agent" / "02-agent-daemonset.yaml"))
+    pod = ds["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["command"] == ["python", "-m", "gpusched.agent"] and c["args"][0] == "run"
+    flags = {a for a in c["args"][1:] if a.startswith("--")}
+    assert flags <= agent_run_options(), flags - agent_run_options()
+    options = dict(zip(c["args"][1::2], c["args"][2::2], strict=True))
+    assert options["--plugin-dir"] == "/var/lib/kubelet/device-plugins"
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == options["--plugin-dir"]]
+    (vol,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert vol["hostPath"]["path"] == "/var/lib/kubelet/device-plugins"
+    (port,) = [p for p in c["ports"] if p["name"] == c["livenessProbe"]["httpGet"]["port"]]
+    assert str(port["containerPort"]) == options["--metrics-port"]
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in c["env"]
+    tolerated = {t["key"] for t in pod["tolerations"] if t["operator"] == "Exists"}
+    assert {"nvidia.com/gpu", "gpusched.io/gpu-unhealthy"} <= tolerated
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert {e["key"] for t in terms for e in t["matchExpressions"]} >= {"nvidia.com/gpu.present"}
+    sc = c["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["readOnlyRootFilesystem"] is True and "privileged" not in sc
+
+
+def rendered_agent_args(helm: list[str], *extra: str) -> list[str]:
+    ds = daemonset(load_docs(helm_template(helm, "standalone", *extra)))
+    return list(ds["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def test_helm_agent_beside_nvidia_device_plugin(helm: list[str]) -> None:
+    """agent.resources.nvidiaGpu: true (default) — the agent serves nvidia.com/gpu and MIG itself (the GPU
+    Operator with devicePlugin.enabled=false); false — NVIDIA's plugin keeps them and the agent serves only
+    the gpusched.io/gpu-share slots (--no-nvidia-resources)."""
+    takeover = rendered_agent_args(helm)
+    beside = rendered_agent_args(helm, "--set", "agent.resources.nvidiaGpu=false")
+    assert "--no-nvidia-resources" not in takeover
+    assert "--no-nvidia-resources" in beside
+    assert [a for a in beside if a != "--no-nvidia-resources"] == takeover
+    assert "--no-gfd-labels" in rendered_agent_args(helm, "--set", "agent.gfdLabels=false")
+    docs = load_docs(helm_template(helm, "standalone", "--set", "agent.enabled=false"))
+    assert not [d for d in docs if d["metadata"].get("name", "").startswith("gpusched-agent")]
+
+
+def agent_run_options() -> set[str]:
+    from typer.main import get_command
+
+    from gpusched.agent.cli import agent_app
+
+    run_cmd = get_command(agent_app).commands["run"]  # type: ignore[attr-defined]
+    return {o for p in run_cmd.params for o in (*p.opts, *p.secondary_opts)}
+
+
+@pytest.mark.parametrize(
+    "nvidia_gpu",
+    [
+        "true",
+        pytest.param(
+            "false",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="`gpusched agent run` has no --no-nvidia-resources yet (asked of the agent's owner); "
+                "this passes, and must lose its mark, once it has",
+            ),
+        ),
+    ],
+)
+def test_helm_agent_flags_are_the_agents(helm: list[str], nvidia_gpu: str) -> None:
+    args = rendered_agent_args(
+        helm, "--set", f"agent.resources.nvidiaGpu={nvidia_gpu}", "--set", "agent.gfdLabels=false"
+    )
+    flags = {a for a in args if a.startswith("--")}
+    assert flags <= agent_run_options(), flags - agent_run_options()
+
+
+@pytest.mark.parametrize("nvidia_gpu", ["true", "false"])
+def test_helm_agent_modes_server_dry_run(
+    api_server: ControlPlane, helm: list[str], nvidia_gpu: str, tmp_path: Path
+) -> None:
+    rendered = tmp_path / "agent.yaml"
+    rendered.write_text(helm_template(helm, "standalone", "--set", f"agent.resources.nvidiaGpu={nvidia_gpu}"))
+    dry_run(api_server, rendered)
+
+
+def webhooks(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    (config,) = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
+    return list(config["webhooks"])
+
+
+def test_helm_webhook_certificate_and_configuration(helm: list[str]) -> None:
+    """The chart's certificate (genSignedCert) is for the webhook's Service and signed by the caBundle's CA;
+    its webhook configuration is the manifests' (rules, selectors, conditions, failure policy)."""
+    x509 = pytest.importorskip("cryptography.x509")
+    docs = load_docs(helm_template(helm, "standalone"))
+    (hook,) = webhooks(docs)
+    (secret,) = [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == "gpusched-webhook-tls"]
+    ca = x509.load_pem_x509_certificate(base64.b64decode(hook["clientConfig"]["caBundle"]))
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    cert.verify_directly_issued_by(ca)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.DNSName
+    )
+    service = hook["clientConfig"]["service"]
+    assert f"{service['name']}.{service['namespace']}.svc" in sans
+    (plain,) = webhooks(manifest_docs(MANIFEST_DIR / "webhook" / "02-mutatingwebhookconfiguration.yaml"))
+    for key in ("rules", "namespaceSelector", "matchConditions", "failurePolicy", "sideEffects", "name"):
+        assert hook[key] == plain[key], key
+    assert {k: v for k, v in service.items()} == plain["clientConfig"]["service"]
+
+
+def test_helm_webhook_with_cert_manager(helm: list[str]) -> None:
+    docs = load_docs(helm_template(helm, "standalone", "--set", "certManager.enabled=true"))
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert {("Issuer", "gpusched-webhook"), ("Certificate", "gpusched-webhook")} <= kinds
+    assert ("Secret", "gpusched-webhook-tls") not in kinds
+    (config,) = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
+    assert (
+        config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/gpusched-webhook"
+    )
+    assert "caBundle" not in config["webhooks"][0]["clientConfig"]
+    (cert,) = [d for d in docs if d["kind"] == "Certificate"]
+    assert cert["spec"]["secretName"] == "gpusched-webhook-tls"
+    assert f"gpusched-webhook.{NAMESPACE}.svc" in cert["spec"]["dnsNames"]
+
+
+# ----------------------------------------------------------------------- a newcomer's commands, as written
+
+
+def readme_commands() -> list[str]:
+    """The deployment commands of deploy/README.md's sh blocks, in order: each `kubectl apply -f
+    deploy/manifests/...` and `deploy/webhook-certs.sh`, comments stripped."""
+    commands = []
+    for block in re.findall(r"```sh\n(.*?)```", README.read_text(), re.S):
+        for line in block.splitlines():
+            cmd = line.split("#", 1)[0].strip()
+            if cmd.startswith("kubectl apply -f deploy/manifests/") or cmd == "deploy/webhook-certs.sh":
+                commands.append(cmd)
+    return commands
+
+
+def test_readme_applies_every_manifests_folder_once() -> None:
+    folders = {str(p.parent.relative_to(REPO)) + "/" for p in MANIFESTS}
+    applied = [c.split()[-1] for c in readme_commands() if c.startswith("kubectl")]
+    assert sorted(applied) == sorted(folders), (applied, folders)
+
+
+def test_readme_commands_on_a_fresh_api_server(control_plane_bin: Path) -> None:
+    """A newcomer's first steps: deploy/README.md's commands exactly as written, in order, each once, on an
+    API server that has nothing yet: each folder brings what it needs (namespaces, PriorityClasses) in file
+    order. Both modes' blocks run too: they apply side by side, though a cluster runs only one."""
+    if not os.access("/usr/bin/openssl", os.X_OK) and not any(
+        os.access(Path(d) / "openssl", os.X_OK) for d in os.environ.get("PATH", "").split(os.pathsep)
+    ):
+        unavailable("openssl is not installed (deploy/webhook-certs.sh needs it)")
+    cp = ControlPlane(bin_dir=control_plane_bin, scheduler=False, controller_manager=False, kwok=False)
+    try:
+        cp.start()
+    except ControlPlaneError as exc:
+        pytest.fail(f"the e2e control plane did not start: {exc}", pytrace=False)
+    try:
+        kubectl = f"{cp.bin_dir / 'kubectl'} --kubeconfig {cp.kubeconfig_path}"
+        for cmd in readme_commands():
+            if cmd.startswith("kubectl "):
+                proc = run([*kubectl.split(), *cmd.split()[1:]], cwd=REPO)
+            else:
+                proc = run(["bash", cmd], cwd=REPO, env={**os.environ, "KUBECTL": kubectl})
+            assert proc.returncode == 0, f"{cmd}:\n{proc.stdout}\n{proc.stderr}"
+            assert "Warning" not in proc.stderr, f"{cmd}:\n{proc.stderr}"
+        pod = json.loads(
+            cp.kubectl("get", "pod", "gpu-share-example", "-n", "gpu-team-a", "-o", "json").stdout
+        )
+        assert pod["spec"]["priorityClassName"] == "gpu-batch"
+        hook = json.loads(
+            cp.kubectl("get", "mutatingwebhookconfiguration", "gpusched-webhook", "-o", "json").stdout
+        )
+        secret = json.loads(
+            cp.kubectl("get", "secret", "gpusched-webhook-tls", "-n", NAMESPACE, "-o", "json").stdout
+        )
+        assert hook["webhooks"][0]["clientConfig"]["caBundle"] and secret["data"]["tls.crt"]
+    finally:
+        cp.stop()
