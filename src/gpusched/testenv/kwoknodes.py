@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpusched.k8s.convert import LABEL_MEMORY, LABEL_PRODUCT, RES_GPU, RES_MEMORY, RES_MILLI
+from gpusched.k8s.convert import LABEL_MEMORY, LABEL_PRODUCT, RES_GPU, RES_MEMORY, RES_MILLI, RES_SHARE
+
+# The node agent's default: gpusched.io/gpu-share slots per GPU (gpusched.agent.plugin.DEFAULT_SLOTS).
+SHARE_SLOTS_PER_GPU = 16
 
 LABEL_COUNT = "nvidia.com/gpu.count"
 
@@ -20,9 +23,11 @@ def kwok_gpu_node(
     memory: str = "1024Gi",
     pods: str = "110",
     labels: Mapping[str, str] | None = None,
+    share_slots: int = SHARE_SLOTS_PER_GPU,
 ) -> dict[str, Any]:
     """A Node that kwok manages, with ``gpus`` GPUs of ``model`` (advertised as ``nvidia.com/gpu``
-    and as the share resources gpusched's device plugin advertises)."""
+    with the share slots gpusched's node agent advertises, ``share_slots`` per GPU, that the webhook's
+    ``gpusched.io/gpu-share: 1`` asks for), and the milli and memory totals."""
     resources = {
         "cpu": cpu,
         "memory": memory,
@@ -30,6 +35,7 @@ def kwok_gpu_node(
         RES_GPU: str(gpus),
         RES_MILLI: str(1000 * gpus),
         RES_MEMORY: str(gpu_memory_mib * gpus),
+        RES_SHARE: str(share_slots * gpus),
     }
     return {
         "apiVersion": "v1",
