@@ -2,34 +2,26 @@ from __future__ import annotations
 
 import pytest
 
+from builders import node, share, whole
 from gpusched.core.cluster import ClusterState
-from gpusched.core.model import NodeSpec, PodSpec
 from gpusched.sim.experiment import RunSummary
 from gpusched.sim.report import HolderShare, free_at_end
 from gpusched.sim.stranded import IDLE, free_by_holder, holder
 
 
-def share(name: str, milli: int = 0, mem: int = 0) -> PodSpec:
-    return PodSpec(name=name, num_gpu=1, gpu_milli=milli, gpu_memory_mib=mem)
-
-
 def test_free_milli_grouped_by_what_holds_the_gpu() -> None:
     nodes = [
-        NodeSpec(
-            name="a", cpu_milli=8000, memory_mib=8192, gpu_count=2, gpu_model="T4", gpu_memory_mib=16384
-        ),
-        NodeSpec(
-            name="b", cpu_milli=8000, memory_mib=8192, gpu_count=3, gpu_model="T4", gpu_memory_mib=16384
-        ),
-        NodeSpec(name="cpu", cpu_milli=8000, memory_mib=8192),
+        node("a", 2, 8000, "T4", 16384, mem=8192),
+        node("b", 3, 8000, "T4", 16384, mem=8192),
+        node("cpu", 0, 8000, mem=8192),
     ]
     s = ClusterState(nodes)
     s.assume(share("x", 470), 0, [0])
     s.assume(share("y", 470), 0, [0])
     s.assume(share("z", 810), 0, [1])
     s.assume(share("w", 810), 1, [2])
-    s.assume(PodSpec(name="whole", num_gpu=1, gpu_milli=1000), 1, [0])
-    s.assume(share("m", mem=4096), 1, [1])  # a share by GPU memory only holds no milli
+    s.assume(whole("whole"), 1, [0])
+    s.assume(share("m", 0, gpu_memory_mib=4096), 1, [1])  # a share by GPU memory only holds no milli
     assert free_by_holder(s) == {"470+470": 60, "810": 380, "4096MiB": 1000}
     s.forget("default/m")
     assert free_by_holder(s) == {"470+470": 60, "810": 380, IDLE: 1000}
