@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import builders
 from gpusched.core.cluster import ClusterState
 from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.framework import CycleState, Profile, WeightedScore
@@ -16,9 +18,7 @@ from gpusched.core.policies import PolicyContext, make_profile, standard_filters
 from gpusched.core.policies.default import DefaultParams, DefaultScore
 from gpusched.core.scheduler import schedule_one
 
-
-def gpu_node(name: str, gpus: int, cpu: int, model: str = "A") -> NodeSpec:
-    return NodeSpec(name, cpu_milli=cpu, memory_mib=1 << 20, gpu_count=gpus, gpu_model=model)
+gpu_node = partial(builders.gpu_node, model="A", mem=1 << 20)
 
 
 def place(
@@ -37,7 +37,7 @@ def place(
 
 def test_unconstrained_pod_leaves_the_scarce_model_to_pods_that_need_it() -> None:
     # half the workload may only run on T4; an unconstrained pod should take the other model
-    nodes = [gpu_node("a-t4", 4, 64_000, "T4"), gpu_node("b-g2", 4, 64_000, "G2")]
+    nodes = [gpu_node("a-t4", 4, 64_000, model="T4"), gpu_node("b-g2", 4, 64_000, model="G2")]
     t4_only = [
         PodSpec(f"t{i}", cpu_milli=4000, num_gpu=1, gpu_milli=GPU_MILLI, gpu_models=frozenset({"T4"}))
         for i in range(5)
@@ -148,7 +148,7 @@ def test_pressure_term_matches_hand_computation() -> None:
     # types: T4-only whole GPU (p=.5), any-model whole GPU (p=.5); 4 T4 GPUs, 4 G2 GPUs.
     # T4-only spreads 500 milli over 4 GPUs (125 each), any-model 500 over 8 (62.5 each):
     # pressure T4 = 187.5, G2 = 62.5, mean 125 -> relative +0.5 and -0.5; a 1000-milli pod pays ±500.
-    nodes = [gpu_node("t4", 4, 64_000, "T4"), gpu_node("g2", 4, 64_000, "G2")]
+    nodes = [gpu_node("t4", 4, 64_000, model="T4"), gpu_node("g2", 4, 64_000, model="G2")]
     t4_only = [
         PodSpec(f"t{i}", cpu_milli=4000, num_gpu=1, gpu_milli=GPU_MILLI, gpu_models=frozenset({"T4"}))
         for i in range(5)

@@ -3,12 +3,14 @@ filtering with kube-scheduler's reasons, and conversion from Kubernetes objects.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import pytest
 
+import builders
 from gpusched.core.cluster import AccountingError, ClusterState
-from gpusched.core.model import InvalidSpec, NodeSpec, PodSpec
+from gpusched.core.model import InvalidSpec, PodSpec
 from gpusched.core.policies import make_profile
 from gpusched.core.scheduler import schedule_one
 from gpusched.core.status import Code
@@ -17,8 +19,7 @@ from gpusched.k8s.convert import InvalidRequest, node_from_k8s, pod_from_k8s
 MIG = "nvidia.com/mig-1g.10gb"
 
 
-def node(name: str, **kw: Any) -> NodeSpec:
-    return NodeSpec(name=name, cpu_milli=16_000, memory_mib=65_536, **kw)
+node = partial(builders.node, cpu=16_000)
 
 
 def test_accounting_books_pods_and_extended_resources() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from builders import HOST, k8s_node, k8s_pod
 from gpusched.core.model import PodSpec
 from gpusched.core.status import Code, Status
 from gpusched.extender.app import make_app
@@ -26,23 +27,19 @@ from gpusched.k8s.state import LiveCluster
 def node(
     name: str, gpus: int = 2, mem_mib: int = 16384, model: str = "Tesla-T4", **spec: Any
 ) -> dict[str, Any]:
-    alloc = {"cpu": "32", "memory": "128Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
-    labels = {
-        "kubernetes.io/hostname": name,
-        "nvidia.com/gpu.product": model,
-        "nvidia.com/gpu.memory": str(mem_mib),
-    }
-    return {
-        "metadata": {"name": name, "labels": labels},
-        "spec": spec,
-        "status": {"allocatable": alloc, "capacity": alloc},
-    }
+    """A node of the extender's tests (``builders.k8s_node``): 32 cores, 128 GiB, 110 pods."""
+    return k8s_node(
+        name, gpus, cpu="32", mem="128Gi", model=model, gpu_mem_mib=mem_mib, pods="110", capacity=True,
+        labels={HOST: name}, spec=spec,
+    )  # fmt: skip
 
 
 def pod(
     name: str, *, milli: int = 0, mem: int = 0, gpus: int = 0, uid: str = "", node_name: str = "",
     annotations: dict[str, str] | None = None, cpu: str = "1",
 ) -> dict[str, Any]:  # fmt: skip
+    """A pod (``builders.k8s_pod``, requests == limits) asking for GPU ``milli``, GPU ``mem`` MiB
+    or whole ``gpus``."""
     res: dict[str, str] = {"cpu": cpu, "memory": "1Gi"}
     if milli:
         res["gpusched.io/gpu-milli"] = str(milli)
@@ -50,13 +47,7 @@ def pod(
         res["gpusched.io/gpu-memory"] = str(mem)
     if gpus:
         res["nvidia.com/gpu"] = str(gpus)
-    spec: dict[str, Any] = {"containers": [{"name": "c", "resources": {"requests": res, "limits": res}}]}
-    if node_name:
-        spec["nodeName"] = node_name
-    meta: dict[str, Any] = {"name": name, "namespace": "default", "uid": uid or f"uid-{name}"}
-    if annotations:
-        meta["annotations"] = annotations
-    return {"metadata": meta, "spec": spec, "status": {"phase": "Running" if node_name else "Pending"}}
+    return k8s_pod(name, res, limits=True, node_name=node_name, uid=uid, annotations=annotations)
 
 
 class FakeBinder:

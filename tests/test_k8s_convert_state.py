@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from builders import k8s_node, k8s_pod
 from gpusched.core.model import PodSpec
 from gpusched.k8s.convert import (
     ANN_ASSIGNMENT,
@@ -23,9 +24,7 @@ from gpusched.k8s.state import LiveCluster
 
 
 def node(name: str, gpus: int = 8, cpu: str = "64", mem: str = "256Gi", **labels: str) -> dict[str, Any]:
-    alloc = {"cpu": cpu, "memory": mem, "nvidia.com/gpu": str(gpus)}
-    lab = {"nvidia.com/gpu.product": "A100", "nvidia.com/gpu.memory": "40960", **labels}
-    return {"metadata": {"name": name, "labels": lab}, "status": {"allocatable": alloc}}
+    return k8s_node(name, gpus, cpu=cpu, mem=mem, labels=labels)
 
 
 def pod(
@@ -38,17 +37,12 @@ def pod(
     ns: str = "default",
     **spec: Any,
 ) -> dict[str, Any]:
-    annotations = dict(ann or {})
-    obj: dict[str, Any] = {
-        "metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}", "annotations": annotations},
-        "spec": {"containers": [{"name": "c", "resources": {"requests": res or {}}}], **spec},
-        "status": {"phase": "Running" if node_name else "Pending"},
-    }
-    if node_name:
-        obj["spec"]["nodeName"] = node_name
-        if gpus is not None:
-            core = pod_from_k8s(obj)
-            annotations[ANN_ASSIGNMENT] = assignment_annotation(node_name, gpus, core)
+    """``builders.k8s_pod``; bound to ``node_name`` with ``gpus``, it carries their assignment."""
+    obj = k8s_pod(name, res, node_name=node_name, ns=ns, annotations=ann, **spec)
+    if node_name and gpus is not None:
+        obj["metadata"]["annotations"][ANN_ASSIGNMENT] = assignment_annotation(
+            node_name, gpus, pod_from_k8s(obj)
+        )
     return obj
 
 

@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
+from builders import gpu_node
 from gpusched.core.cluster import ClusterState
-from gpusched.core.model import InvalidSpec, NodeSpec, PodSpec
+from gpusched.core.model import InvalidSpec, PodSpec
 from gpusched.core.policies import make_profile
 from gpusched.core.scheduler import schedule_one
 from gpusched.core.selectors import NodeSelectorTerm, PreferredNodeTerm, SelectorRequirement
@@ -87,16 +88,10 @@ def test_terms() -> None:
         PodSpec(name="p", node_affinity=[both])  # type: ignore[arg-type]
 
 
-def gpu_node(name: str, gpus: int, **labels: str) -> NodeSpec:
-    return NodeSpec(
-        name=name, cpu_milli=32_000, memory_mib=131_072, gpu_count=gpus, gpu_model="A100", labels=labels
-    )
-
-
 CLUSTER = [
-    gpu_node("old", 1, zone="a", **{DRIVER: "470"}),
-    gpu_node("new", 8, zone="a", **{DRIVER: "550"}),
-    gpu_node("other", 2, zone="b", **{DRIVER: "535"}),
+    gpu_node("old", 1, labels={"zone": "a", DRIVER: "470"}),
+    gpu_node("new", 8, labels={"zone": "a", DRIVER: "550"}),
+    gpu_node("other", 2, labels={"zone": "b", DRIVER: "535"}),
     gpu_node("unlabelled", 4),
 ]
 

@@ -11,6 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import builders
+from builders import HOST, ZONE
 from gpusched.core.cluster import ClusterState
 from gpusched.core.model import InvalidSpec, NodeSpec, PodSpec
 from gpusched.core.policies import make_profile
@@ -25,12 +27,12 @@ from gpusched.core.selectors import (
 from gpusched.core.status import Code
 from gpusched.k8s.convert import InvalidRequest, pod_from_k8s
 
-ZONE, HOST = "topology.kubernetes.io/zone", "kubernetes.io/hostname"
-
 
 def node(name: str, zone: str | None, cpu: int = 8000, **labels: str) -> NodeSpec:
-    lab = {HOST: name, **labels} | ({ZONE: zone} if zone else {})
-    return NodeSpec(name=name, cpu_milli=cpu, memory_mib=8192, labels=lab)
+    """A CPU node labelled with its hostname and, unless None, its zone."""
+    return builders.node(
+        name, cpu=cpu, mem=8192, labels={HOST: name, **labels} | ({ZONE: zone} if zone else {})
+    )
 
 
 def app(value: str) -> LabelSelector:
@@ -38,7 +40,8 @@ def app(value: str) -> LabelSelector:
 
 
 def pod(name: str, labels: str = "web", ns: str = "default", **kw: Any) -> PodSpec:
-    return PodSpec(name=name, namespace=ns, cpu_milli=100, labels={"app": labels}, **kw)
+    """A 100m pod labelled app=``labels``."""
+    return builders.pod(name, 100, namespace=ns, labels={"app": labels}, **kw)
 
 
 def cluster() -> ClusterState:

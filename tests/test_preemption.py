@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+import builders
+from builders import profile, share
 from gpusched.core.cluster import AccountingError, ClusterState
-from gpusched.core.fragmentation import TargetWorkload
-from gpusched.core.framework import Profile
-from gpusched.core.model import GPU_MILLI, NodeSpec, PodSpec, Taint
+from gpusched.core.model import GPU_MILLI, PodSpec, Taint
 from gpusched.core.plugins.preemption import DefaultPreemption
-from gpusched.core.policies import PolicyContext, make_profile
 from gpusched.core.scheduler import schedule_one
 from gpusched.core.status import Code
 from test_core_properties import Scenario, arrays, assert_arrays_equal, bf_fits, play, pods, scenarios
@@ -22,17 +21,8 @@ from test_core_properties import Scenario, arrays, assert_arrays_equal, bf_fits,
 PROPS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def profile(pod_list: list[PodSpec], policy: str = "bestfit") -> Profile:
-    ctx = PolicyContext(TargetWorkload.from_pods(pod_list or [PodSpec("w", 1, 1)]), np.random.default_rng(0))
-    return make_profile(policy, ctx, preemption=True)
-
-
-def node(name: str, gpus: int = 2, cpu: int = 64_000, taints: tuple[Taint, ...] = ()) -> NodeSpec:
-    return NodeSpec(name, cpu_milli=cpu, memory_mib=1 << 18, gpu_count=gpus, gpu_model="A", taints=taints)
-
-
-def whole(name: str, prio: int, gpus: int = 1, cpu: int = 1000) -> PodSpec:
-    return PodSpec(name, cpu_milli=cpu, memory_mib=1024, num_gpu=gpus, gpu_milli=GPU_MILLI, priority=prio)
+node = partial(builders.node, gpus=2, cpu=64_000, mem=1 << 18, gmem=0)
+whole = partial(builders.whole, cpu=1000, memory_mib=1024)
 
 
 def fill(snap: ClusterState, placed: list[tuple[PodSpec, int, tuple[int, ...]]]) -> None:
@@ -42,28 +32,31 @@ def fill(snap: ClusterState, placed: list[tuple[PodSpec, int, tuple[int, ...]]])
 
 def test_evicts_the_fewest_least_important_pods() -> None:
     snap = ClusterState([node("n0"), node("n1")])
-    fill(snap, [
-        (whole("low-a", 0), 0, (0,)), (whole("low-b", 0), 0, (1,)),   # n0: two priority-0 pods
-        (whole("mid-a", 50), 1, (0,)), (whole("low-c", 0), 1, (1,)),  # n1: one priority-50, one priority-0
-    ])  # fmt: skip
-    prof = profile([])
-    r = schedule_one(prof, whole("urgent", 100), snap)
+    # n0: two priority-0 pods; n1: one priority-50, one priority-0
+    low_a, low_b, mid_a, low_c = (
+        whole(n, priority=p) for n, p in (("low-a", 0), ("low-b", 0), ("mid-a", 50), ("low-c", 0))
+    )
+    fill(snap, [(low_a, 0, (0,)), (low_b, 0, (1,)), (mid_a, 1, (0,)), (low_c, 1, (1,))])
+    prof = profile(preemption=True)
+    r = schedule_one(prof, whole("urgent", priority=100), snap)
     assert not r.scheduled and r.status.code == Code.UNSCHEDULABLE
     # one priority-0 victim frees a GPU on either node (n1: low-c; n0: low-a is reprieved
     # first, by name, and stays, so low-b goes); everything else ties, so the lower index wins
     assert r.nominated_node == 0 and r.victims == ("default/low-b",)
-    two = schedule_one(prof, whole("urgent2", 100, gpus=2), snap)
+    two = schedule_one(prof, whole("urgent2", priority=100, num=2), snap)
     # two GPUs: n0 costs two priority-0 pods, n1 costs a priority-50 pod: n0 (lower highest priority)
     assert two.nominated_node == 0 and sorted(two.victims) == ["default/low-a", "default/low-b"]
 
 
 def test_preemption_policy_never_waits_instead() -> None:
     snap = ClusterState([node("n0", gpus=1)])
-    fill(snap, [(whole("low", 0), 0, (0,))])
-    polite = replace(whole("polite", 100), preemption_policy="Never")
-    r = schedule_one(profile([]), polite, snap)
+    fill(snap, [(whole("low", priority=0), 0, (0,))])
+    polite = replace(whole("polite", priority=100), preemption_policy="Never")
+    r = schedule_one(profile(preemption=True), polite, snap)
     assert not r.scheduled and r.victims == () and r.nominated_node == -1
-    assert schedule_one(profile([]), whole("urgent", 100), snap).victims == ("default/low",)
+    assert schedule_one(profile(preemption=True), whole("urgent", priority=100), snap).victims == (
+        "default/low",
+    )
     with pytest.raises(
         ValueError, match="preemptionPolicy 'Sometimes' is not one of PreemptLowerPriority, Never"
     ):
@@ -74,26 +67,34 @@ def test_never_evicts_equal_or_higher_priority_and_respects_unresolvable_nodes()
     taint = Taint("dedicated", "x", "NoSchedule")
     snap = ClusterState([node("tainted", taints=(taint,)), node("n1")])
     fill(snap, [
-        (whole("low-t0", 0), 0, (0,)), (whole("low-t1", 0), 0, (1,)),
-        (whole("peer", 100), 1, (0,)), (whole("boss", 200), 1, (1,)),
+        (whole("low-t0", priority=0), 0, (0,)), (whole("low-t1", priority=0), 0, (1,)),
+        (whole("peer", priority=100), 1, (0,)), (whole("boss", priority=200), 1, (1,)),
     ])  # fmt: skip
-    r = schedule_one(profile([]), whole("urgent", 100), snap)
+    r = schedule_one(profile(preemption=True), whole("urgent", priority=100), snap)
     assert not r.scheduled and r.nominated_node == -1 and r.victims == ()
     assert snap.verify() == [] and len(snap.allocations) == 4
 
 
 def test_cpu_only_victims_do_not_count_when_gpus_are_the_problem() -> None:
     snap = ClusterState([node("n0", gpus=1, cpu=8000)])
-    fill(snap, [(whole("gpu-low", 0), 0, (0,)), (PodSpec("cpu-low", cpu_milli=4000, memory_mib=10), 0, ())])
-    r = schedule_one(profile([]), whole("urgent", 10, cpu=2000), snap)
+    fill(
+        snap,
+        [(whole("gpu-low", priority=0), 0, (0,)), (PodSpec("cpu-low", cpu_milli=4000, memory_mib=10), 0, ())],
+    )
+    r = schedule_one(profile(preemption=True), whole("urgent", priority=10, cpu=2000), snap)
     assert r.victims == ("default/gpu-low",)  # the CPU-only pod is reprieved: evicting it frees no GPU
 
 
 def test_share_preemption_picks_the_share_that_frees_enough() -> None:
     snap = ClusterState([node("n0", gpus=1)])
-    share = lambda name, milli, prio: PodSpec(name, 1000, 100, 1, milli, priority=prio)  # noqa: E731
-    fill(snap, [(share("s300", 300, 0), 0, (0,)), (share("s500", 500, 0), 0, (0,))])
-    r = schedule_one(profile([]), share("want600", 600, 10), snap)
+    fill(
+        snap,
+        [
+            (share("s300", 300, 1000, memory_mib=100), 0, (0,)),
+            (share("s500", 500, 1000, memory_mib=100), 0, (0,)),
+        ],
+    )
+    r = schedule_one(profile(preemption=True), share("want600", 600, 1000, memory_mib=100, priority=10), snap)
     # reprieve order: smallest GPU demand first (s300 stays), so only s500 goes: 200 + 500 = 700 free
     assert r.nominated_node == 0 and r.victims == ("default/s500",)
 
@@ -118,7 +119,7 @@ def prioritised(draw: st.DrawFn) -> Scenario:
 @PROPS
 @given(sc=prioritised(), pod=pods(900, plain=True), prio=st.sampled_from((10, 100, 1000)))
 def test_preemption_properties(sc: Scenario, pod: PodSpec, prio: int) -> None:
-    prof = profile(sc.pods)
+    prof = profile("bestfit", sc.pods, preemption=True)
     snap = play(prof, sc)
     pod = replace(pod, priority=prio)
     before_arrays, before_allocs = arrays(snap), dict(snap.allocations)
@@ -167,7 +168,7 @@ def test_nominated_pods_keep_their_room(
     from gpusched.core.devices import pick_gpus
     from gpusched.core.statement import schedule_with_nominated
 
-    prof = profile(sc.pods)
+    prof = profile("bestfit", sc.pods, preemption=True)
     snap = play(prof, sc)
     pod = replace(pod, priority=prio)
     nominated = [
@@ -203,10 +204,10 @@ def test_only_nominated_pods_of_at_least_equal_priority_hold_room() -> None:
     from gpusched.core.statement import schedule_with_nominated
 
     snap = ClusterState([node("n0", gpus=1)])
-    prof = profile([])
-    pod = whole("p", 50)
-    assert schedule_with_nominated(prof, pod, snap, [(whole("nom-low", 10), 0)]).scheduled
-    held = schedule_with_nominated(prof, pod, snap, [(whole("nom-same", 50), 0)])
+    prof = profile(preemption=True)
+    pod = whole("p", priority=50)
+    assert schedule_with_nominated(prof, pod, snap, [(whole("nom-low", priority=10), 0)]).scheduled
+    held = schedule_with_nominated(prof, pod, snap, [(whole("nom-same", priority=50), 0)])
     assert not held.scheduled and held.nominated_node == -1  # nothing lower to preempt either
-    assert not schedule_with_nominated(prof, pod, snap, [(whole("nom-high", 90), 0)]).scheduled
+    assert not schedule_with_nominated(prof, pod, snap, [(whole("nom-high", priority=90), 0)]).scheduled
     assert snap.allocations == {} and snap.node_gpu_free(0) == [GPU_MILLI]

@@ -9,6 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import builders
+from builders import HOST, ZONE
 from gpusched.core.cluster import ClusterState
 from gpusched.core.framework import CycleState
 from gpusched.core.model import NodeSpec, PodSpec, Taint, Toleration
@@ -25,23 +27,15 @@ from gpusched.core.selectors import (
 )
 from gpusched.k8s.convert import InvalidRequest, pod_from_k8s
 
-ZONE, HOST = "topology.kubernetes.io/zone", "kubernetes.io/hostname"
-
 
 def node(name: str, zone: str, gpus: int = 8, taints: tuple[Taint, ...] = (), **labels: str) -> NodeSpec:
-    return NodeSpec(
-        name=name,
-        cpu_milli=64_000,
-        memory_mib=262_144,
-        gpu_count=gpus,
-        gpu_model="A100",
-        labels={HOST: name, ZONE: zone, **labels},
-        taints=taints,
+    return builders.gpu_node(
+        name, gpus, 64_000, mem=262_144, taints=taints, labels={HOST: name, ZONE: zone, **labels}
     )
 
 
 def web(name: str, **kw: Any) -> PodSpec:
-    return PodSpec(name=name, cpu_milli=1000, num_gpu=1, gpu_milli=250, labels={"app": "web"}, **kw)
+    return builders.share(name, 250, 1000, labels={"app": "web"}, **kw)
 
 
 def place_all(snap: ClusterState, pods: list[PodSpec]) -> list[str]:
