@@ -148,6 +148,9 @@ class PodSpec:
     gang: str = ""  # all-or-nothing group, empty = none
     queue: str = ""  # tenant queue, empty = default
     uid: str = ""  # the API object's UID where there is one (bind preconditions); not part of the shape
+    movable: bool = True
+    """Whether defragmentation may move this pod (evict it for recreation elsewhere); False is the
+    opt-out (Kubernetes: the annotation ``gpusched.io/defrag: "false"``). Not part of the shape."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -195,6 +198,8 @@ class PodSpec:
             v = getattr(self, fname)
             if not isinstance(v, tuple) or not all(isinstance(x, kind) for x in v):
                 raise InvalidSpec(f"pod {self.key}: {fname} must be a tuple of {kind.__name__}")
+        if not isinstance(self.movable, bool):
+            raise InvalidSpec(f"pod {self.key}: movable must be True or False, got {self.movable!r}")
 
     @property
     def key(self) -> str:
