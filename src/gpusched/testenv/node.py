@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import datetime as dt
 import fcntl
 import ipaddress
 import json
@@ -42,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -430,7 +432,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             dns=(self.name, socket.gethostname()), ips=(self.ip,),
         )  # fmt: skip
         kubeconfig = self.cp.write_kubeconfig(f"kubelet-{self.name}", client)
-        self._kubelet_port = free_port()
+        self._kubelet_port, self._healthz_port = free_port(), free_port()
         config = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
@@ -442,7 +444,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "port": self._kubelet_port,
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
-            "healthzPort": free_port(),
+            "healthzPort": self._healthz_port,
             "resolvConf": "",
             "clusterDomain": "cluster.local",
             "tlsCertFile": str(serving.cert),
@@ -486,17 +488,39 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 "--v=1",
             ],
         )
-        self._wait(f"Node {self.name} Ready", self.ready, "kubelet")
+        self._wait_kubelet_up(time.time(), "Ready")
+
+    def _wait_kubelet_up(self, since: float, what: str) -> None:
+        """Until this kubelet (not a stale Node status) says Ready: its healthz answers, its server accepts
+        connections, and the Node's Ready heartbeat is newer than ``since`` (wall clock)."""
+
+        def up() -> bool:
+            url = f"http://127.0.0.1:{self._healthz_port}/healthz"
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.read() != b"ok":
+                    return False
+            with socket.create_connection((self.ip, self._kubelet_port), timeout=2):
+                pass
+            return self.ready(heartbeat_after=since)
+
+        self._wait(f"Node {self.name} {what}", up, "kubelet")
 
     def node(self) -> dict[str, Any]:
         """The Node object (``{}`` if it does not exist)."""
         out = self.cp.kubectl("get", "node", self.name, "-o", "json", check=False)
         return json.loads(out.stdout) if out.returncode == 0 else {}
 
-    def ready(self) -> bool:
+    def ready(self, heartbeat_after: float = 0.0) -> bool:
+        """The Node is Ready (with a heartbeat after ``heartbeat_after``, wall clock) and has no
+        ``node.kubernetes.io/*`` taint."""
         n = self.node()
         conds = (n.get("status") or {}).get("conditions") or []
-        ok = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+        ok = any(
+            c.get("type") == "Ready"
+            and c.get("status") == "True"
+            and _epoch(c.get("lastHeartbeatTime", "")) >= int(heartbeat_after)
+            for c in conds
+        )
         taints = (n.get("spec") or {}).get("taints") or []
         return ok and not any(t.get("key", "").startswith("node.kubernetes.io/") for t in taints)
 
@@ -551,8 +575,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         """Stop the kubelet (``sig``), start it again with the same flags and wait until the Node is Ready."""
         self._stop_daemon("kubelet", sig, 30.0)
         d = self._daemons["kubelet"]
+        since = time.time()
         self._spawn("kubelet", d.cmd)
-        self._wait(f"Node {self.name} Ready after a restart", self.ready, "kubelet")
+        self._wait_kubelet_up(since, "Ready after a restart")
 
     def inject_xid(self, gpu_index: int, xid: int) -> None:
         """An XID event on GPU ``gpu_index`` (the fake backend's ``xidFile``)."""
@@ -778,6 +803,14 @@ def _iptables_chains(cmd: str) -> set[tuple[str, str]]:
         elif line.startswith(":") and line.split()[1] == "-":
             chains.add((table, line[1:].split()[0]))
     return chains
+
+
+def _epoch(rfc3339: str) -> float:
+    """Seconds since the epoch of a Kubernetes timestamp (``2026-12-03T13:04:05Z``); 0 if unreadable."""
+    try:
+        return dt.datetime.strptime(rfc3339, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def _cgroup_controllers() -> list[Path]:

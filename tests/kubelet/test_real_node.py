@@ -1,0 +1,366 @@
+"""gpusched on a real kubelet (containerd, runc, CNI) with its node agent as the device plugin, for both front
+ends: the standalone scheduler (``gpusched scheduler``) and kube-scheduler + ``gpusched extender``.
+
+One file on purpose: the session's real node is one per machine (the kubelet's device-plugin directory is
+fixed), and pytest-xdist's ``--dist loadfile`` keeps one file on one worker. The XID tests come last: a GPU
+marked unhealthy stays so for the rest of the session.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from kubeletlib import FRONT_ENDS, GPU_UUIDS, SLOTS, KubeletEnv, Ns
+
+from gpusched.agent.allocation import ANN_ALLOCATED, RES_SHARE
+from gpusched.agent.health import ANN_UNHEALTHY_GPUS
+from gpusched.k8s.convert import ANN_ASSIGNMENT, RES_GPU, RES_MEMORY, RES_MILLI
+from gpusched.testenv.node import DEVICE_PLUGIN_DIR
+
+pytestmark = pytest.mark.kubelet
+
+front_ends = pytest.mark.parametrize("scheduler", list(FRONT_ENDS.values()), ids=list(FRONT_ENDS))
+
+
+# ---------------------------------------------------------------------------------------------- pod specs
+
+
+def _pod(
+    name: str,
+    image: str,
+    resources: Mapping[str, str],
+    *,
+    scheduler: str | None = None,
+    node: str | None = None,
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    res = {"cpu": "10m", "memory": "16Mi", **resources}
+    spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": 0,
+        "containers": [
+            {
+                "name": "main",
+                "image": image,
+                "imagePullPolicy": "Never",
+                # prints its environment, then waits; exits at once on SIGTERM (pods go fast)
+                "command": ["sh", "-c", "trap 'exit 0' TERM; env; sleep 3600 & wait"],
+                "resources": {"requests": res, "limits": res},
+            }
+        ],
+    }
+    if scheduler:
+        spec["schedulerName"] = scheduler
+    if node:
+        spec["nodeName"] = node
+    return {"metadata": {"name": name, "annotations": dict(annotations or {})}, "spec": spec}
+
+
+def share_pod(
+    name: str, image: str, scheduler: str, *, milli: int = 0, memory_mib: int = 0
+) -> dict[str, Any]:
+    """A GPU share (``gpusched.io/gpu-milli`` and/or ``gpusched.io/gpu-memory``) as a user writes it today:
+    with the ``gpusched.io/gpu-share: 1`` slot request that makes the kubelet call the agent's ``Allocate``.
+
+    The one place share pods are built: once gpusched's mutating webhook adds the slot request, add a variant
+    that leaves it out here and expects the webhook to put it in.
+    """
+    res = {RES_SHARE: "1"}
+    if milli:
+        res[RES_MILLI] = str(milli)
+    if memory_mib:
+        res[RES_MEMORY] = str(memory_mib)
+    return _pod(name, image, res, scheduler=scheduler)
+
+
+def gpu_pod(
+    name: str,
+    image: str,
+    gpus: int,
+    *,
+    scheduler: str | None = None,
+    node: str | None = None,
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    return _pod(name, image, {RES_GPU: str(gpus)}, scheduler=scheduler, node=node, annotations=annotations)
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def assignment(pod: Mapping[str, Any]) -> dict[str, Any]:
+    raw = pod["metadata"].get("annotations", {}).get(ANN_ASSIGNMENT)
+    assert raw, f"pod {pod['metadata']['name']} has no {ANN_ASSIGNMENT}"
+    return dict(json.loads(raw))
+
+
+def visible(env: Mapping[str, str]) -> list[str]:
+    return [u for u in env.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if u]
+
+
+def container_id(pod: Mapping[str, Any]) -> tuple[str, int]:
+    st = pod["status"]["containerStatuses"][0]
+    return str(st.get("containerID")), int(st.get("restartCount", 0))
+
+
+def checkpoint_gpus(resource: str = RES_GPU) -> dict[str, list[str]]:
+    """The kubelet's own record of what it allocated (device-manager checkpoint): pod UID -> device IDs."""
+    doc = json.loads((DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint").read_text())
+    out: dict[str, list[str]] = {}
+    for e in doc["Data"].get("PodDeviceEntries") or []:
+        if e["ResourceName"] != resource:
+            continue
+        ids = e["DeviceIDs"]
+        flat = [d for v in ids.values() for d in v] if isinstance(ids, dict) else list(ids)
+        out.setdefault(e["PodUID"], []).extend(flat)
+    return out
+
+
+def checkpoint_envs(pod_uid: str, resource: str) -> str:
+    """The Allocate response the kubelet kept for the pod (base64 protobuf, searched as bytes)."""
+    doc = json.loads((DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint").read_text())
+    for e in doc["Data"].get("PodDeviceEntries") or []:
+        if e["PodUID"] == pod_uid and e["ResourceName"] == resource:
+            return base64.b64decode(e["AllocResp"]).decode(errors="replace")
+    return ""
+
+
+def agent_events(ns: Ns, name: str) -> list[str]:
+    return [
+        str(e.get("message", ""))
+        for e in ns.events(name)
+        if (e.get("source") or {}).get("component") == "gpusched-agent"
+        or e.get("reportingComponent") == "gpusched-agent"
+    ]
+
+
+def wait_scheduling_failed(ns: Ns, name: str) -> str:
+    def probe() -> str | None:
+        msgs = [str(e.get("message", "")) for e in ns.events(name) if e.get("reason") == "FailedScheduling"]
+        return msgs[-1] if msgs else None
+
+    return str(ns.wait(f"FailedScheduling of {ns.name}/{name}", probe, 60))
+
+
+def plugin_registered(env: KubeletEnv, gpus: int, since: float) -> bool:
+    """The agent serves (and registered) its sockets again after ``since`` (a restarted kubelet empties the
+    directory; a restarted agent makes them anew), and the Node advertises ``gpus`` GPUs with their slots."""
+    socks = [DEVICE_PLUGIN_DIR / n for n in ("gpusched-gpu.sock", "gpusched-gpu-share.sock")]
+    if not all(p.exists() and p.stat().st_mtime >= since for p in socks):
+        return False
+    alloc = env.node.node().get("status", {}).get("allocatable", {})
+    return bool(alloc.get(RES_GPU) == str(gpus) and alloc.get(RES_SHARE) == str(gpus * SLOTS))
+
+
+# ------------------------------------------------------------------------------------------------- tests
+
+
+def test_real_node_advertises_the_agents_resources_and_labels(kubelet_env: KubeletEnv) -> None:
+    node = kubelet_env.node.node()
+    status, labels = node["status"], node["metadata"]["labels"]
+    assert status["nodeInfo"]["kubeletVersion"] == "v1.37.2"
+    assert status["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://")
+    assert status["capacity"][RES_GPU] == "4"
+    assert status["capacity"][RES_SHARE] == str(4 * SLOTS)
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
+    assert labels["nvidia.com/gpu.count"] == "4"
+    assert labels["nvidia.com/gpu.memory"] == "81920"
+
+
+@front_ends
+def test_two_shares_on_one_gpu_start_and_see_that_gpu_and_their_limits(
+    kubelet_env: KubeletEnv, ns: Ns, scheduler: str
+) -> None:
+    image = kubelet_env.node.busybox_image
+    names = [
+        ns.create(share_pod(f"share-{i}", image, scheduler, milli=300, memory_mib=20480)) for i in range(2)
+    ]
+    pods = [ns.running(n) for n in names]
+    gpus = [assignment(p)["gpus"] for p in pods]
+    assert gpus[0] == gpus[1] and len(gpus[0]) == 1, f"gpusched placed the shares on GPUs {gpus}"
+    uuid = GPU_UUIDS[gpus[0][0]]
+    for p in pods:
+        name = p["metadata"]["name"]
+        a = assignment(p)
+        assert a["node"] == kubelet_env.node.name and a["milli"] == 300 and a["memoryMiB"] == 20480
+        for env in (ns.exec_env(name), ns.logs_env(name)):
+            assert visible(env) == [uuid], f"{name}: {env.get('NVIDIA_VISIBLE_DEVICES')}"
+            assert env["GPUSCHED_GPU_MILLI"] == "300"
+            assert env["GPUSCHED_GPU_MEMORY_MIB"] == "20480"
+            assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "20480m"
+            assert env["CUDA_DEVICE_SM_LIMIT"] == "30"
+            assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+        allocated = json.loads(p["metadata"]["annotations"][ANN_ALLOCATED])
+        assert allocated == {"main": {RES_SHARE: [uuid]}}
+
+
+@front_ends
+def test_whole_gpu_pod_sees_exactly_its_assigned_gpus(
+    kubelet_env: KubeletEnv, ns: Ns, scheduler: str
+) -> None:
+    image = kubelet_env.node.busybox_image
+    name = ns.create(gpu_pod("whole", image, 2, scheduler=scheduler))
+    pod = ns.running(name)
+    a = assignment(pod)
+    assert len(a["gpus"]) == 2
+    want = [GPU_UUIDS[i] for i in a["gpus"]]
+    env = ns.exec_env(name)
+    assert visible(env) == want
+    assert visible(ns.logs_env(name)) == want
+    # the kubelet's own books: the devices it allocated to the pod are the assigned GPUs
+    assert sorted(checkpoint_gpus()[pod["metadata"]["uid"]]) == sorted(want)
+
+
+@front_ends
+def test_pod_asking_more_gpus_than_the_node_has_stays_pending(
+    kubelet_env: KubeletEnv, ns: Ns, scheduler: str
+) -> None:
+    image = kubelet_env.node.busybox_image
+    name = ns.create(gpu_pod("too-big", image, 5, scheduler=scheduler))
+    msg = wait_scheduling_failed(ns, name)
+    assert "0/1 nodes are available" in msg, msg
+    assert "gpu" in msg.lower(), msg
+    time.sleep(2)
+    pod = ns.pod(name)
+    assert not pod["spec"].get("nodeName") and pod["status"]["phase"] == "Pending"
+
+
+def test_pod_bound_past_the_scheduler_asking_too_many_gpus_is_refused_by_the_kubelet(
+    kubelet_env: KubeletEnv, ns: Ns
+) -> None:
+    image = kubelet_env.node.busybox_image
+    name = ns.create(gpu_pod("too-big", image, 5, node=kubelet_env.node.name))
+
+    def failed() -> dict[str, Any] | None:
+        st = ns.pod(name)["status"]
+        return st if st.get("phase") == "Failed" else None
+
+    st = ns.wait(f"{name} refused", failed, 60)
+    # the kubelet's device manager refuses it before any call to the agent
+    assert st["reason"] == "UnexpectedAdmissionError", st
+    assert f"available for {RES_GPU}. Requested: 5, Available: 4" in st["message"], st
+
+
+@pytest.mark.parametrize(
+    ("case", "annotation", "expect"),
+    [
+        ("missing", None, f"annotation {ANN_ASSIGNMENT} is missing"),
+        ("malformed", "{not json", f"annotation {ANN_ASSIGNMENT} is not JSON"),
+        ("bad-gpus", '{"node": "NODE", "gpus": "0"}', "field gpus is not a list of GPU indices"),
+        ("other-node", '{"node": "elsewhere", "gpus": [0]}', "field node is 'elsewhere'"),
+        ("gpu-not-on-node", '{"node": "NODE", "gpus": [7]}', "field gpus names GPU 7, which is not on"),
+    ],
+)
+def test_bad_assignment_fails_allocate_with_an_event_naming_pod_and_field(
+    kubelet_env: KubeletEnv, ns: Ns, case: str, annotation: str | None, expect: str
+) -> None:
+    node = kubelet_env.node.name
+    ann = {ANN_ASSIGNMENT: annotation.replace("NODE", node)} if annotation else {}
+    name = ns.create(gpu_pod(f"bad-{case}", kubelet_env.node.busybox_image, 1, node=node, annotations=ann))
+
+    def failed() -> dict[str, Any] | None:
+        st = ns.pod(name)["status"]
+        return st if st.get("phase") == "Failed" else None
+
+    st = ns.wait(f"{name} refused at admission", failed, 60)
+    assert st.get("reason") == "UnexpectedAdmissionError", st
+    assert expect in st.get("message", ""), st  # the kubelet passes the agent's error on
+    msgs = ns.wait(f"the agent's event on {name}", lambda: agent_events(ns, name), 30)
+    assert any(f"pod {ns.name}/{name}" in m and ANN_ASSIGNMENT in m and expect in m for m in msgs), msgs
+    assert not ns.pod(name)["status"].get("containerStatuses", [{}])[0].get("state", {}).get("running")
+
+
+@front_ends
+def test_kubelet_and_agent_restarts_lose_nothing_and_allocate_nothing_twice(
+    kubelet_env: KubeletEnv, ns: Ns, scheduler: str
+) -> None:
+    node, image = kubelet_env.node, kubelet_env.node.busybox_image
+    first = [
+        ns.create(share_pod("share-a", image, scheduler, milli=500, memory_mib=10240)),
+        ns.create(gpu_pod("whole-b", image, 1, scheduler=scheduler)),
+    ]
+    before = {n: ns.running(n) for n in first}
+    envs = {n: visible(ns.exec_env(n)) for n in first}
+
+    def unchanged(names: list[str]) -> None:
+        for n in names:
+            p = ns.running(n)
+            assert container_id(p) == container_id(before[n]), f"{n} was restarted"
+            for key in (ANN_ASSIGNMENT, ANN_ALLOCATED):
+                assert p["metadata"]["annotations"][key] == before[n]["metadata"]["annotations"][key], (
+                    n,
+                    key,
+                )
+            assert visible(ns.exec_env(n)) == envs[n]
+
+    def add(name: str) -> None:
+        ns.create(gpu_pod(name, image, 1, scheduler=scheduler))
+        before[name] = ns.running(name)
+        envs[name] = visible(ns.exec_env(name))
+
+    def no_gpu_twice() -> None:
+        whole = [n for n in before if n.startswith("whole")]
+        used = [u for n in whole for u in envs[n]]
+        assert len(used) == len(set(used)), {n: envs[n] for n in whole}
+        cp = checkpoint_gpus()
+        devices = [d for uid, ids in cp.items() for d in ids]
+        assert len(devices) == len(set(devices)), cp
+        for n in whole:
+            assert sorted(cp[before[n]["metadata"]["uid"]]) == sorted(envs[n])
+
+    t0 = time.time()
+    node.restart_kubelet()
+    ns.wait("the agent registered with the new kubelet", lambda: plugin_registered(kubelet_env, 4, t0), 60)
+    restart_s = time.time() - t0
+    unchanged(first)
+    add("whole-c")
+    no_gpu_twice()
+
+    t1 = time.time()
+    node.restart_agent()
+    ns.wait("the restarted agent registered", lambda: plugin_registered(kubelet_env, 4, t1), 60)
+    unchanged([*first, "whole-c"])
+    add("whole-d")
+    no_gpu_twice()
+    ns.create(share_pod("share-e", image, scheduler, memory_mib=4096))
+    e = ns.running("share-e")
+    assert visible(ns.exec_env("share-e")) == [GPU_UUIDS[assignment(e)["gpus"][0]]]
+    assert restart_s < 60
+
+
+# ------------------------------------------------------------------------ last: GPUs become unhealthy
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "bad_gpu"), [(s, i + 1) for i, s in enumerate(FRONT_ENDS.values())], ids=list(FRONT_ENDS)
+)
+def test_xid_makes_the_gpu_unhealthy_and_new_pods_avoid_it(
+    kubelet_env: KubeletEnv, ns: Ns, scheduler: str, bad_gpu: int
+) -> None:
+    node = kubelet_env.node
+    node.inject_xid(bad_gpu, 79)  # "GPU has fallen off the bus": critical
+
+    def unhealthy() -> set[int] | None:
+        n = node.node()
+        ann = n["metadata"].get("annotations", {}).get(ANN_UNHEALTHY_GPUS, "")
+        bad = {int(i) for i in ann.split(",") if i}
+        alloc = int(n["status"]["allocatable"].get(RES_GPU, "0"))
+        return bad if bad_gpu in bad and alloc == 4 - len(bad) else None
+
+    bad = ns.wait(f"GPU {bad_gpu} unhealthy on the Node (annotation and allocatable)", unhealthy, 60)
+    assert node.node()["status"]["capacity"][RES_GPU] == "4"  # the count stays: indices do not shift
+    healthy = [i for i in range(4) if i not in bad]
+    name = ns.create(gpu_pod("after-xid", node.busybox_image, len(healthy), scheduler=scheduler))
+    pod = ns.running(name)
+    assert sorted(assignment(pod)["gpus"]) == healthy
+    seen = visible(ns.exec_env(name))
+    assert sorted(seen) == sorted(GPU_UUIDS[i] for i in healthy)
+    assert not {GPU_UUIDS[i] for i in bad} & set(seen)
+    # and a share now finds no room at all: every healthy GPU is taken whole
+    share = ns.create(share_pod("share-after-xid", node.busybox_image, scheduler, milli=100))
+    msg = wait_scheduling_failed(ns, share)
+    assert "0/1 nodes are available" in msg, msg
