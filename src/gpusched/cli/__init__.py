@@ -2,7 +2,8 @@
 
 - ``simulate`` — the simulator (``cli/simulate.py``);
 - ``bench ...`` — benchmarks (``cli/bench.py``);
-- ``scheduler``, ``extender`` — the Kubernetes front ends (``cli/serve.py``);
+- ``scheduler``, ``extender``, ``webhook`` — the Kubernetes front ends and the share pods' admission
+  webhook (``cli/serve.py``);
 - ``testenv up|down`` — the test control plane (``cli/testenv.py``);
 - ``policies``, ``check-trace`` (``cli/traces.py``); ``agent ...`` (``gpusched.agent.cli``).
 
@@ -17,7 +18,7 @@ import typer
 from gpusched.agent.cli import agent_app
 from gpusched.cli.bench import bench_app
 from gpusched.cli.common import run_cli
-from gpusched.cli.serve import extender, scheduler
+from gpusched.cli.serve import extender, scheduler, webhook
 from gpusched.cli.simulate import simulate
 from gpusched.cli.testenv import testenv_app
 from gpusched.cli.traces import check_trace, policies
@@ -27,6 +28,7 @@ app.command()(simulate)
 app.add_typer(bench_app, name="bench")
 app.command("scheduler")(scheduler)
 app.command()(extender)
+app.command()(webhook)
 app.add_typer(testenv_app, name="testenv")
 app.add_typer(agent_app, name="agent")
 app.command()(policies)

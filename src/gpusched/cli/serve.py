@@ -1,7 +1,9 @@
-"""``gpusched scheduler`` and ``gpusched extender``: the two Kubernetes front ends, served.
+"""``gpusched scheduler``, ``gpusched extender`` and ``gpusched webhook``: the two Kubernetes front ends
+and the share pods' admission webhook, served.
 
-The options are defined here, once; ``python -m gpusched.k8s.cli_scheduler`` and ``python -m
-gpusched.extender.cli_extender`` (older entry points, kept) parse them through ``standalone``.
+The options are defined here, once; ``python -m gpusched.k8s.cli_scheduler``, ``python -m
+gpusched.extender.cli_extender`` (older entry points, kept) and ``python -m gpusched.webhook`` (the
+webhook Deployment's) parse them through ``standalone``.
 """
 
 from __future__ import annotations
@@ -113,6 +115,29 @@ def extender(
     )
 
 
+@reports_errors
+def webhook(
+    tls_cert_file: Annotated[
+        Path, typer.Option(help="PEM certificate the webhook serves (the Secret's tls.crt).", exists=True)
+    ] = Path("/etc/gpusched/tls/tls.crt"),
+    tls_key_file: Annotated[
+        Path, typer.Option(help="PEM key of that certificate (the Secret's tls.key).", exists=True)
+    ] = Path("/etc/gpusched/tls/tls.key"),
+    port: Annotated[int, typer.Option(help="HTTPS port for /mutate and /healthz.")] = 8443,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+) -> None:
+    """Mutating admission webhook: give every container of a GPU share (gpusched.io/gpu-milli and/or
+    gpusched.io/gpu-memory) the node agent's gpusched.io/gpu-share: 1 slot, and deny share requests that
+    cannot be scheduled, naming the container and the field."""
+    import logging
+
+    from gpusched.webhook.server import serve
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve(host, port, tls_cert_file, tls_key_file)
+
+
 def standalone(command: Callable[..., None], name: str, argv: Sequence[str] | None = None) -> None:
     """Run one command alone, as ``python -m`` entry points do: the same options, parsed from
     ``argv`` (default: ``sys.argv[1:]``), and errors raised as they are (no ``run_cli``)."""
@@ -130,3 +155,7 @@ def scheduler_main(argv: Sequence[str] | None = None) -> None:
 
 def extender_main(argv: Sequence[str] | None = None) -> None:
     standalone(extender, "extender", argv)
+
+
+def webhook_main(argv: Sequence[str] | None = None) -> None:
+    standalone(webhook, "webhook", argv)

@@ -1,5 +1,6 @@
-"""``python -m gpusched.webhook``: the webhook's light entry point for its Deployment."""
+"""``python -m gpusched.webhook``: ``gpusched webhook``, the light entry point of the webhook's Deployment.
+The options are ``gpusched.cli.serve``'s."""
 
-from gpusched.webhook.command import main
+from gpusched.cli.serve import webhook_main
 
-main()
+webhook_main()
