@@ -59,72 +59,34 @@ def kubelet_env(control_plane_bin: Path, tmp_path_factory: pytest.TempPathFactor
     tmp = tmp_path_factory.mktemp("kubelet")
     # no kwok: it would take the real Node over
     with started(control_plane_bin, scheduler_config=config, controller_manager=True, kwok=False) as cp:
-        env = KubeletEnv(cp, RealNode(cp, [], images_dir=images), client.CoreV1Api(cp.api_client()))
-        kubeconfig = str(cp.kubeconfig_path)
-        # the `gpusched` command (its console-script entry point), with this interpreter
-        gpusched = [
-            sys.executable,
-            "-c",
-            "import sys; from gpusched.cli import main; sys.argv[0] = 'gpusched'; main()",
-        ]
+        gpus = [{"model": GPU_MODEL, "uuid": u, "numaNode": 0} for u in GPU_UUIDS]
+        node = RealNode(cp, gpus, images_dir=images, slots=SLOTS)
+        env = KubeletEnv(cp, node, client.CoreV1Api(cp.api_client()))
         env.logs = {"extender": tmp / "extender.log", "scheduler": tmp / "scheduler.log"}
+        kubeconfig = str(cp.kubeconfig_path)
+        # the `gpusched` command (its console-script entry point), run by this interpreter
+        main = "import sys; from gpusched.cli import main; sys.argv[0] = 'gpusched'; main()"
+        gpusched = [sys.executable, "-c", main]
+        extender = ["extender", "--kubeconfig", kubeconfig, "--host", "127.0.0.1", "--port", str(ext_port),
+                    "--policy", "default"]  # fmt: skip
+        scheduler = ["scheduler", "--kubeconfig", kubeconfig, "--scheduler-name", STANDALONE,
+                     "--namespace", "default", "--lease-name", "gpusched-kubelet-e2e",
+                     "--port", str(sched_port), "--flush-s", "2"]  # fmt: skip
         try:
-            _spawn(
-                "extender",
-                [
-                    *gpusched,
-                    "extender",
-                    "--kubeconfig",
-                    kubeconfig,
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(ext_port),
-                    "--policy",
-                    "default",
-                ],
-                env.logs["extender"],
-                env.procs,
-            )
-            _spawn(
-                "scheduler",
-                [
-                    *gpusched,
-                    "scheduler",
-                    "--kubeconfig",
-                    kubeconfig,
-                    "--scheduler-name",
-                    STANDALONE,
-                    "--namespace",
-                    "default",
-                    "--lease-name",
-                    "gpusched-kubelet-e2e",
-                    "--port",
-                    str(sched_port),
-                    "--flush-s",
-                    "2",
-                ],
-                env.logs["scheduler"],
-                env.procs,
-            )
-            gpus = [{"model": GPU_MODEL, "uuid": u, "numaNode": 0} for u in GPU_UUIDS]
-            env.node = RealNode(cp, gpus, images_dir=images, slots=SLOTS)
+            _spawn("extender", [*gpusched, *extender], env.logs["extender"], env.procs)
+            _spawn("scheduler", [*gpusched, *scheduler], env.logs["scheduler"], env.procs)
             try:
-                env.node.start()
+                node.start()
             except NodeError as exc:
                 pytest.fail(f"the real node did not start: {exc}", pytrace=False)
             for name, port in (("extender", ext_port), ("scheduler", sched_port)):
-                wait_until(
-                    lambda port=port, name=name: (
-                        env.check_alive() or _http_ok(f"http://127.0.0.1:{port}/readyz")
-                    ),
-                    timeout=60,
-                    what=f"the {name} ready",
-                )
+                url = f"http://127.0.0.1:{port}/readyz"
+                ready = lambda url=url: env.check_alive() or _http_ok(url)  # noqa: E731
+                wait_until(ready, timeout=60, what=f"the {name} ready")
             yield env
         finally:
             try:
-                env.node.stop()
+                node.stop()
             finally:
                 for p in env.procs.values():
                     p.terminate()

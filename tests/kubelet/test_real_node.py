@@ -138,6 +138,11 @@ def agent_events(ns: Ns, name: str) -> list[str]:
     ]
 
 
+def _failed(ns: Ns, name: str) -> dict[str, Any] | None:
+    st = ns.pod(name)["status"]
+    return dict(st) if st.get("phase") == "Failed" else None
+
+
 def wait_scheduling_failed(ns: Ns, name: str) -> str:
     def probe() -> str | None:
         msgs = [str(e.get("message", "")) for e in ns.events(name) if e.get("reason") == "FailedScheduling"]
@@ -353,6 +358,14 @@ def test_xid_makes_the_gpu_unhealthy_and_new_pods_avoid_it(
 
     bad = ns.wait(f"GPU {bad_gpu} unhealthy on the Node (annotation and allocatable)", unhealthy, 60)
     assert node.node()["status"]["capacity"][RES_GPU] == "4"  # the count stays: indices do not shift
+    # a pod whose assignment names the failed GPU (placed before it failed, or by stale books) is refused,
+    # though the kubelet offers a healthy device
+    stale = json.dumps({"node": node.name, "gpus": [bad_gpu], "milli": 1000, "memoryMiB": 0})
+    old = ns.create(
+        gpu_pod("stale", node.busybox_image, 1, node=node.name, annotations={ANN_ASSIGNMENT: stale})
+    )
+    st = ns.wait(f"{old} refused", lambda: _failed(ns, old), 60)
+    assert f"names GPU {bad_gpu} ({GPU_UUIDS[bad_gpu]}), which is unhealthy" in st["message"], st
     healthy = [i for i in range(4) if i not in bad]
     name = ns.create(gpu_pod("after-xid", node.busybox_image, len(healthy), scheduler=scheduler))
     pod = ns.running(name)

@@ -194,6 +194,14 @@ class Allocator:
                     f"node {self.devices.node} (it has {len(self.devices.whole_gpus)} GPUs: 0.."
                     f"{len(self.devices.whole_gpus) - 1})"
                 )
+            with self.devices.cond:
+                failed = d.uuid in self.devices.unhealthy
+            if failed:
+                # placed before the GPU failed (or by books that missed it): never hand out a failed GPU
+                raise AllocationError(
+                    f"pod {key}: annotation gpusched.io/assignment field gpus names GPU {i} ({d.uuid}), "
+                    f"which is unhealthy on node {self.devices.node}"
+                )
             out.append(d)
         if resource == RES_SHARE and len(out) != 1:
             raise AllocationError(
