@@ -269,9 +269,9 @@ def _fits_after(snap: ClusterState, pod: PodSpec, n: int, subset: tuple[str, ...
 
 def random_instance(seed: int) -> tuple[ClusterState, PodSpec]:
     rng = np.random.default_rng(seed)
-    nodes = [gpu_node(f"n{i}", int(rng.choice([1, 2, 2, 4])), cpu=16_000) for i in range(3)]
+    nodes = [gpu_node(f"n{i}", int(rng.choice([2, 2, 4])), cpu=16_000) for i in range(3)]
     snap = ClusterState(nodes)
-    for i in range(int(rng.integers(3, 7))):
+    for i in range(int(rng.integers(5, 10))):
         if rng.random() < 0.7:
             p = share(f"r{i}", int(rng.choice([200, 300, 500, 700])), cpu=int(rng.choice([1000, 4000])))
         else:
@@ -296,16 +296,21 @@ def test_exact_plan_has_the_brute_force_fewest_moves(seed: int) -> None:
     if not any(snap.gpu_count >= pend.num_gpu):
         pytest.skip("no node has enough GPUs")
     want = brute_force_moves(snap, pend)
-    plan = plan_for(BESTFIT, snap, pend, Rules(max_moves=10), WorkBudget(exact_dests=10, exact_targets=10))
+    rules = Rules(max_moves=10)
+    both = plan_for(BESTFIT, snap, pend, rules, WorkBudget(exact_dests=10, exact_targets=10))
+    exact = plan_for(BESTFIT, snap, pend, rules, WorkBudget(greedy=False, exact_dests=10, exact_targets=10))
+    greedy = plan_for(BESTFIT, snap, pend, rules, WorkBudget(exact=False))
     if want is None:
-        assert not plan.feasible
+        assert not both.feasible and not exact.feasible and not greedy.feasible
         return
-    assert plan.feasible, plan.reason
-    assert plan.move_count == want, (plan.method, plan.greedy_moves, plan.exact_moves)
-    assert plan.optimal
-    greedy = plan_for(BESTFIT, snap, pend, Rules(max_moves=10), WorkBudget(exact=False))
+    for plan in (both, exact):
+        assert plan.feasible, plan.reason
+        assert plan.move_count == want, (plan.method, plan.greedy_moves, plan.exact_moves)
+        assert plan.optimal
+        carry_out(snap, plan, [pend])
+    if want:
+        assert exact.method is Method.MILP
     assert not greedy.feasible or greedy.move_count >= want
-    carry_out(snap, plan, [pend])
 
 
 # ------------------------------------------------------------------------------------- consolidation

@@ -265,13 +265,13 @@ def solve_exact(
         if not x[x_var[el.unit_of[key]]]:
             continue
         a = allocs[key]
-        pick = [(v, d, gs) for v, d, gs in choices if x[v]]
+        pick = [c for c in choices if x[c[0]]]
         if len(pick) != 1:
             return ExactFailure(f"MILP answer gives pod {key} {len(pick)} destinations", m.n)
-        v, d, gs = pick[0]
+        v, d, to_gpus = pick[0]
         if a.pod.is_whole:
-            gs = tuple(sorted(g for w, g in whole_w[v] if x[w]))
-        moves.append(Move(key, snap.names[a.node], a.gpus, snap.names[d], gs, a.pod.gpu_demand_milli))
+            to_gpus = tuple(sorted(g for w, g in whole_w[v] if x[w]))
+        moves.append(Move(key, snap.names[a.node], a.gpus, snap.names[d], to_gpus, a.pod.gpu_demand_milli))
     p_gpus = tuple(sorted(j for (n, j), z in z_var.items() if n == chosen and x[z]))
     moves.sort(key=lambda mv: (-mv.gpu_milli, mv.pod))
     return ExactAnswer(

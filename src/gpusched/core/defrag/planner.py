@@ -302,7 +302,7 @@ def _plan_one(ctx: _Ctx, pod: PodSpec, exclude: set[str]) -> Plan:
             break
         if c.size > ctx.rules.max_moves - ctx.tally.moves or (best is not None and c.size >= best.move_count):
             continue
-        if ctx.work.exhausted:
+        if ctx.work.exhausted or not budget.greedy:
             break
         p = _greedy_try(ctx, el, pod, c)
         if p is not None and (best is None or p.move_count < best.move_count):
@@ -313,7 +313,7 @@ def _plan_one(ctx: _Ctx, pod: PodSpec, exclude: set[str]) -> Plan:
     method = Method.GREEDY
     exact_moves: int | None = None
     reason = ""
-    if budget.exact and not proven and not ctx.work.exhausted:
+    if (budget.exact or not budget.greedy) and not proven and not ctx.work.exhausted:
         limit = best.move_count if best is not None else _NO_PLAN
         pool = sorted(
             (c for c in cands if c.bound < limit), key=lambda c: (c.bound, c.size, int(rank[c.node]))

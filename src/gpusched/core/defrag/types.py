@@ -123,6 +123,8 @@ class WorkBudget:
 
     max_work: int = 400
     exact: bool = True
+    greedy: bool = True
+    """False: the exact model alone (for measuring it against the heuristic)."""
     exact_targets: int = 6
     exact_dests: int = 10
     exact_max_binaries: int = 6000
