@@ -1,0 +1,647 @@
+"""Protocol 3, "churn": a busy shared cluster in steady state, with and without defragmentation.
+
+Pods are drawn (seeded, with replacement) from a workload's pod mix — the synthetic default or
+an Alibaba trace — and arrive as a Poisson stream whose rate makes the offered load ρ (GPU milli
+× lifetime per second, over the cluster's GPU milli) the one asked for. Each pod lives:
+
+- ``lifetime="trace"``: its own trace lifetime (``deleted - created`` of the row drawn, so size
+  and lifetime keep their joint distribution), capped at ``max_lifetime_s``;
+- ``lifetime="lognormal"``: a seeded log-normal with median ``median_lifetime_s`` (σ 1.8, the
+  synthetic default's shape), capped the same way.
+
+A pod that does not fit waits in a pending queue (kube-scheduler's order, ``core.pending``),
+retried as the replay does (after departures and every ``retry_interval_s``, a failed shape
+skipping its twins in the pass); with ``max_pending_s`` a pod gives up after waiting that long.
+The run lasts ``horizon_s``; the first ``warmup_s`` are not measured.
+
+Defragmentation (``DefragConfig``), always within a move budget — moves so far ≤
+``move_budget`` × pods arrived so far, each pod moved at most ``max_moves_per_pod`` times:
+
+- ``off``;
+- ``triggered``: at each periodic retry, for the pods pending longer than ``wait_threshold_s``
+  (queue order, at most ``plans_per_tick``), ``core.defrag.plan_for`` plans the fewest moves
+  that make room; a plan is carried out at once (``apply_plan`` on a ``Statement``: every
+  moved pod evicted and booked at its destination, then the pending pod on its node — the
+  nominated node is reserved, nothing else takes the room between);
+- ``periodic``: every ``period_s``, ``core.defrag.consolidate`` proposes up to
+  ``consolidation_moves`` moves that most reduce FGD fragmentation for the target workload,
+  carried out at once, and the queue is retried.
+
+A moved pod keeps its departure time plus ``restart_penalty_s`` (work lost to the restart). The
+engine is ``sim.engine``'s event heap; nothing reads a clock.
+
+Measured over the steady window [warmup, horizon]: allocation (time-weighted mean, mean while a
+GPU pod is pending — "under saturation" —, peak, and a sample every ``sample_every_s``); pending
+time p50/p99 by request size for the pods that arrived in the window (a pod that gave up or is
+still pending counts with the time it waited, a lower bound); GPU-hours stranded, two ways:
+idle GPU while a GPU pod waits, and the FGD fragmentation for the target workload (sampled);
+moves (count, distinct pods, fraction of the pods that arrived).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+
+from gpusched.core.cluster import ClusterState
+from gpusched.core.defrag import (
+    Method,
+    Move,
+    PriorityRule,
+    Rules,
+    WorkBudget,
+    apply_plan,
+    consolidate,
+    plan_for,
+)
+from gpusched.core.errors import InvalidInput
+from gpusched.core.fragmentation import TargetWorkload, cluster_fragmentation
+from gpusched.core.model import NodeSpec, PodSpec
+from gpusched.core.pending import pending_order
+from gpusched.core.policies import PolicyContext, make_profile
+from gpusched.core.scheduler import schedule_one
+from gpusched.core.statement import Statement
+from gpusched.sim.engine import EventQueue, Priority
+from gpusched.sim.paper import tie_ranks
+from gpusched.sim.replay import CLASS_ORDER, request_class
+from gpusched.sim.synthetic import LIFETIME_SIGMA
+from gpusched.sim.traces import TracePod
+
+_KICK = -1
+_TICK = -2
+_CONSOLIDATE = -3
+MODES = ("off", "triggered", "periodic")
+LIFETIMES = ("trace", "lognormal")
+
+
+@dataclass(frozen=True)
+class ChurnConfig:
+    load: float = 1.0
+    horizon_s: int = 86_400
+    warmup_s: int = 21_600
+    seed: int = 0
+    policy: str = "default"
+    lifetime: str = "trace"
+    median_lifetime_s: int = 540
+    max_lifetime_s: int = 21_600
+    retry_interval_s: int = 60
+    max_pending_s: int | None = None
+    sample_every_s: int = 600
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("load", 0 < self.load <= 10, "must be in (0, 10]"),
+            ("horizon_s", self.horizon_s > 0, "must be > 0"),
+            ("warmup_s", 0 <= self.warmup_s < self.horizon_s, "must be in [0, horizon_s)"),
+            ("lifetime", self.lifetime in LIFETIMES, f"must be one of {', '.join(LIFETIMES)}"),
+            ("median_lifetime_s", self.median_lifetime_s > 0, "must be > 0"),
+            ("max_lifetime_s", self.max_lifetime_s > 0, "must be > 0"),
+            ("retry_interval_s", self.retry_interval_s > 0, "must be > 0"),
+            ("max_pending_s", self.max_pending_s is None or self.max_pending_s > 0, "must be > 0"),
+            ("sample_every_s", self.sample_every_s > 0, "must be > 0"),
+        )
+        for name, ok, why in checks:
+            if not ok:
+                raise InvalidInput(f"ChurnConfig.{name} {why}, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True)
+class DefragConfig:
+    mode: str = "off"
+    move_budget: float = 0.02
+    wait_threshold_s: int = 600
+    plans_per_tick: int = 2
+    replan_after_s: int = 600
+    max_moves_per_plan: int = 8
+    max_moves_per_pod: int = 1
+    period_s: int = 3600
+    consolidation_moves: int = 16
+    restart_penalty_s: int = 0
+    priority: PriorityRule = PriorityRule.NOT_HIGHER
+    work: WorkBudget = field(default_factory=lambda: WorkBudget(max_work=200))
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("mode", self.mode in MODES, f"must be one of {', '.join(MODES)}"),
+            ("move_budget", 0 <= self.move_budget <= 1, "must be in [0, 1]"),
+            ("wait_threshold_s", self.wait_threshold_s >= 0, "must be >= 0"),
+            ("plans_per_tick", self.plans_per_tick > 0, "must be > 0"),
+            ("replan_after_s", self.replan_after_s >= 0, "must be >= 0"),
+            ("max_moves_per_plan", self.max_moves_per_plan > 0, "must be > 0"),
+            ("max_moves_per_pod", self.max_moves_per_pod > 0, "must be > 0"),
+            ("period_s", self.period_s > 0, "must be > 0"),
+            ("consolidation_moves", self.consolidation_moves > 0, "must be > 0"),
+            ("restart_penalty_s", self.restart_penalty_s >= 0, "must be >= 0"),
+        )
+        for name, ok, why in checks:
+            if not ok:
+                raise InvalidInput(f"DefragConfig.{name} {why}, got {getattr(self, name)!r}")
+
+    @property
+    def label(self) -> str:
+        if self.mode == "off":
+            return "off"
+        return f"{self.mode} ({100 * self.move_budget:g} % budget)"
+
+
+@dataclass
+class ChurnResult:
+    """One churn run's figures (see the module doc); ``to_dict`` gives plain values."""
+
+    mode: str
+    label: str
+    move_budget: float
+    seed: int
+    load: float
+    policy: str
+    lifetime: str
+    pods_arrived: int
+    pods_measured: int
+    mean_alloc_pct: float
+    saturated_alloc_pct: float
+    saturated_time_pct: float
+    peak_alloc_pct: float
+    pending: dict[str, dict[str, float]]
+    stranded_idle_gpu_hours: float
+    stranded_frag_gpu_hours: float
+    moves: int
+    pods_moved: int
+    moved_pct: float
+    plans: dict[str, int]
+    samples: list[tuple[int, float, int]] = field(default_factory=list)
+    """(time s, allocation %, pending pods) every ``sample_every_s``."""
+
+    def to_dict(self, samples: bool = True) -> dict[str, object]:
+        d = asdict(self)
+        d["samples"] = [[int(t), float(a), int(n)] for t, a, n in self.samples] if samples else []
+        return d
+
+
+def _percentiles(values: list[int]) -> dict[str, float]:
+    arr = np.asarray(values or [0], dtype=np.float64)
+    p50, p90, p99, mx = (float(v) for v in np.percentile(arr, [50, 90, 99, 100]))
+    return {"p50_s": p50, "p90_s": p90, "p99_s": p99, "max_s": mx}
+
+
+def draw_pods(
+    pool: Sequence[TracePod], nodes: Sequence[NodeSpec], cfg: ChurnConfig
+) -> tuple[list[PodSpec], list[int], list[int]]:
+    """The run's pods, their arrival times and lifetimes (seconds), seeded by ``cfg.seed``.
+
+    Sizes (and, for ``lifetime="trace"``, lifetimes) are drawn from ``pool`` with replacement;
+    the Poisson rate makes the offered load ``cfg.load`` of the cluster's GPU milli."""
+    if not pool:
+        raise InvalidInput("churn: the workload has no pods to draw from")
+    cap = sum(n.gpu_count for n in nodes) * 1000
+    if cap == 0:
+        raise InvalidInput("churn: the cluster has no GPUs")
+    rng = np.random.default_rng([cfg.seed, 0xC4A2])
+    if cfg.lifetime == "trace":
+        missing = [tp.spec.key for tp in pool if tp.created is None or tp.deleted is None]
+        if missing:
+            raise InvalidInput(
+                f"churn: lifetime 'trace' needs creation and deletion times; pod {missing[0]} "
+                f"(and {len(missing) - 1} more) lacks them: use lifetime 'lognormal'"
+            )
+        life_pool = np.array([max(1, int(tp.deleted or 0) - int(tp.created or 0)) for tp in pool])
+    demand = np.array([tp.spec.gpu_demand_milli for tp in pool], dtype=np.float64)
+
+    def lifetimes(idx: np.ndarray, r: np.random.Generator) -> np.ndarray:
+        if cfg.lifetime == "trace":
+            life = life_pool[idx]
+        else:
+            life = np.rint(cfg.median_lifetime_s * np.exp(LIFETIME_SIGMA * r.standard_normal(len(idx))))
+        return np.clip(life, 1, cfg.max_lifetime_s).astype(np.int64)
+
+    probe_rng = np.random.default_rng([cfg.seed, 0xE57])
+    probe = probe_rng.integers(0, len(pool), size=200_000)
+    mean_work = float(np.mean(demand[probe] * lifetimes(probe, probe_rng)))
+    if mean_work <= 0:
+        raise InvalidInput("churn: no pod of the workload asks for a GPU")
+    rate = cfg.load * cap / mean_work  # pods per second
+    expected = int(rate * cfg.horizon_s * 1.2) + 100
+    gaps = rng.exponential(1 / rate, size=expected)
+    times = np.cumsum(gaps)
+    while times[-1] < cfg.horizon_s:
+        times = np.concatenate([times, times[-1] + np.cumsum(rng.exponential(1 / rate, size=expected))])
+    times = times[times < cfg.horizon_s].astype(np.int64)
+    idx = rng.integers(0, len(pool), size=len(times))
+    life = lifetimes(idx, rng)
+    width = len(str(len(times)))
+    specs = [replace(pool[j].spec, name=f"c{i:0{width}d}-{pool[j].spec.name}") for i, j in enumerate(idx)]
+    return specs, [int(t) for t in times], [int(v) for v in life]
+
+
+class Churn:
+    """One churn run: the books, the queue, the event heap, the defragmenter and the tallies."""
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeSpec],
+        pool: Sequence[TracePod],
+        cfg: ChurnConfig,
+        defrag: DefragConfig,
+        *,
+        workload: TargetWorkload | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.cfg, self.defrag, self.on_progress = cfg, defrag, on_progress
+        self.specs, self.created, self.life = draw_pods(pool, nodes, cfg)
+        self.snap = ClusterState(nodes)
+        self.tw = workload or TargetWorkload.from_pods([tp.spec for tp in pool])
+        ctx = PolicyContext(workload=self.tw, rng=np.random.default_rng([cfg.seed, 0xD0]))
+        self.profile = make_profile(cfg.policy, ctx)
+        self.ranks = tie_ranks(nodes, cfg.seed)
+        self.shapes = [s.shape() for s in self.specs]
+        self.keys = [pending_order(s.priority, self.created[i], i) for i, s in enumerate(self.specs)]
+        self.index = {s.key: i for i, s in enumerate(self.specs)}
+        n = len(self.specs)
+        self.running = [False] * n
+        self.pending = [False] * n
+        self.depart_at = [0] * n
+        self.waited: dict[int, int] = {}
+        self.gave_up: dict[int, int] = {}
+        self.queue: list[tuple[int, int, int]] = []
+        self.events: EventQueue[int] = EventQueue()
+        for i in range(n):
+            self.events.push(self.created[i], Priority.ARRIVAL, i)
+        if defrag.mode == "periodic":
+            self.events.push(defrag.period_s, Priority.RETRY, _CONSOLIDATE)
+        self.now = 0
+        self.arrived = 0
+        self.alloc = 0
+        self.peak = 0
+        self.cap = self.snap.total_gpu_milli
+        self.dirty = False
+        self.tick_armed = False
+        self.kick_pending = False
+        self.gpu_pending = 0  # GPU pods in the queue
+        # integrals over the steady window
+        self.int_alloc = 0
+        self.int_alloc_sat = 0
+        self.sat_time = 0
+        self.int_idle_pending = 0
+        self.samples: list[tuple[int, float, int]] = []
+        self.frag_samples: list[float] = []
+        self.next_sample = 0
+        # defragmentation
+        self.moves = 0
+        self.moved: dict[str, int] = {}
+        self.last_plan: dict[int, int] = {}
+        self.plans: dict[str, int] = {
+            "attempted": 0,
+            "carried_out": 0,
+            "no_plan": 0,
+            "fits_now": 0,
+            "milp": 0,
+            "greedy": 0,
+            "optimal": 0,
+            "failed_apply": 0,
+            "consolidations": 0,
+            "work": 0,
+        }
+
+    # ---------------------------------------------------------------------------- the run
+    def run(self, audit: bool = False) -> ChurnResult:
+        horizon = self.cfg.horizon_s
+        while self.events:
+            ev = self.events.peek()
+            assert ev is not None
+            if ev.time >= horizon:
+                break
+            self._advance(ev.time)
+            self.events.pop()
+            if ev.priority == Priority.ARRIVAL:
+                self._arrive(ev.payload)
+            elif ev.priority == Priority.DEPARTURE:
+                self._depart(ev.payload, ev.time)
+            elif ev.priority == Priority.TIMEOUT:
+                self._time_out(ev.payload)
+            else:
+                self._retry(ev.payload)
+            if audit and (errs := self.snap.verify()):
+                raise AssertionError(f"accounting broken at t={self.now}: {errs}")
+        self._advance(horizon)
+        if errs := self.snap.verify():
+            raise AssertionError(f"accounting broken after the churn run: {errs}")
+        return self._result()
+
+    def _advance(self, t: int) -> None:
+        """Integrate from ``now`` to ``t`` (the state is constant in between), sampling on the way."""
+        while self.next_sample <= t and self.next_sample < self.cfg.horizon_s:
+            self.samples.append((self.next_sample, self._pct(), len(self.queue)))
+            if self.next_sample >= self.cfg.warmup_s:
+                self.frag_samples.append(cluster_fragmentation(self.snap, self.tw))
+            self.next_sample += self.cfg.sample_every_s
+        lo = max(self.now, self.cfg.warmup_s)
+        if t > lo:
+            dt = t - lo
+            self.int_alloc += self.alloc * dt
+            if self.gpu_pending:
+                self.int_alloc_sat += self.alloc * dt
+                self.sat_time += dt
+                self.int_idle_pending += (self.cap - self.alloc) * dt
+        self.now = max(self.now, t)
+
+    def _pct(self) -> float:
+        return 100.0 * self.alloc / self.cap if self.cap else 0.0
+
+    # ---------------------------------------------------------------------------- handlers
+    def _arrive(self, i: int) -> None:
+        self.arrived += 1
+        if not self._try_place(i):
+            self._enqueue(i)
+        if self.on_progress is not None and self.arrived % 500 == 0:
+            self.on_progress(self.arrived, len(self.specs))
+
+    def _depart(self, i: int, t: int) -> None:
+        if not self.running[i] or self.depart_at[i] != t:
+            return  # moved since (its departure was pushed again)
+        self.snap.forget(self.specs[i].key)
+        self.running[i] = False
+        self.alloc -= self.specs[i].gpu_demand_milli
+        self.dirty = True
+        if self.queue and not self.kick_pending:
+            self.events.push(self.now, Priority.RETRY, _KICK)
+            self.kick_pending = True
+
+    def _time_out(self, i: int) -> None:
+        if self.pending[i]:
+            self._unqueue(i)
+            self.gave_up[i] = self.now - self.created[i]
+
+    def _retry(self, kind: int) -> None:
+        if kind == _CONSOLIDATE:
+            self._consolidate()
+            self.events.push(self.now + self.defrag.period_s, Priority.RETRY, _CONSOLIDATE)
+            return
+        if self.dirty and self.queue:
+            self._retry_pass()
+        self.dirty = False
+        if kind == _KICK:
+            self.kick_pending = False
+            return
+        if self.defrag.mode == "triggered" and self.queue:
+            self._triggered()
+        self.tick_armed = bool(self.queue)
+        if self.tick_armed:
+            self.events.push(self.now + self.cfg.retry_interval_s, Priority.RETRY, _TICK)
+
+    # ---------------------------------------------------------------------------- helpers
+    def _enqueue(self, i: int) -> None:
+        self.pending[i] = True
+        bisect.insort(self.queue, self.keys[i])
+        if self.specs[i].num_gpu:
+            self.gpu_pending += 1
+        if self.cfg.max_pending_s is not None:
+            self.events.push(self.created[i] + self.cfg.max_pending_s, Priority.TIMEOUT, i)
+        if not self.tick_armed:
+            self.events.push(self.now + self.cfg.retry_interval_s, Priority.RETRY, _TICK)
+            self.tick_armed = True
+
+    def _unqueue(self, i: int) -> None:
+        k = bisect.bisect_left(self.queue, self.keys[i])
+        assert self.queue[k] == self.keys[i]
+        del self.queue[k]
+        self.pending[i] = False
+        if self.specs[i].num_gpu:
+            self.gpu_pending -= 1
+
+    def _started(self, i: int) -> None:
+        self.running[i] = True
+        self.alloc += self.specs[i].gpu_demand_milli
+        self.peak = max(self.peak, self.alloc) if self.now >= self.cfg.warmup_s else self.peak
+        self.waited[i] = self.now - self.created[i]
+        self.depart_at[i] = self.now + self.life[i]
+        self.events.push(self.depart_at[i], Priority.DEPARTURE, i)
+
+    def _try_place(self, i: int) -> bool:
+        r = schedule_one(self.profile, self.specs[i], self.snap, tiebreak=self.ranks, diagnose_failures=False)
+        if r.scheduled:
+            self._started(i)
+        return r.scheduled
+
+    def _retry_pass(self) -> None:
+        failed: set[tuple[object, ...]] = set()
+        for key in list(self.queue):
+            i = key[2]
+            if self.shapes[i] in failed:
+                continue
+            if self._try_place(i):
+                self._unqueue(i)
+            else:
+                failed.add(self.shapes[i])
+
+    def _budget_left(self) -> int:
+        return int(self.defrag.move_budget * self.arrived) - self.moves
+
+    def _rules(self, max_moves: int) -> Rules:
+        return Rules(
+            priority=self.defrag.priority,
+            max_moves=max_moves,
+            max_moves_per_pod=self.defrag.max_moves_per_pod,
+            moved=self.moved,
+        )
+
+    def _triggered(self) -> None:
+        d = self.defrag
+        tried_shapes: set[tuple[object, ...]] = set()
+        plans = 0
+        for key in list(self.queue):
+            if plans >= d.plans_per_tick:
+                break
+            i = key[2]
+            if not self.pending[i] or self.now - self.created[i] < d.wait_threshold_s:
+                continue
+            if self.shapes[i] in tried_shapes:
+                continue
+            if self.now - self.last_plan.get(i, -(1 << 40)) < d.replan_after_s:
+                continue
+            left = self._budget_left()
+            if left <= 0:
+                return
+            tried_shapes.add(self.shapes[i])
+            self.last_plan[i] = self.now
+            plans += 1
+            self.plans["attempted"] += 1
+            spec = self.specs[i]
+            plan = plan_for(
+                self.profile,
+                self.snap,
+                spec,
+                self._rules(min(left, d.max_moves_per_plan)),
+                d.work,
+                tiebreak=self.ranks,
+            )
+            self.plans["work"] += plan.work
+            if not plan.feasible:
+                self.plans["no_plan"] += 1
+                continue
+            if plan.method is Method.FITS_NOW:
+                self.plans["fits_now"] += 1
+            elif plan.method is Method.MILP:
+                self.plans["milp"] += 1
+            else:
+                self.plans["greedy"] += 1
+            self.plans["optimal"] += int(plan.optimal)
+            with Statement(self.snap) as st:
+                why = apply_plan(st, self.profile, plan, {spec.key: spec})
+                if why is not None:
+                    self.plans["failed_apply"] += 1
+                    continue  # discarded on leaving the block
+                st.commit()
+            self.plans["carried_out"] += 1
+            self._moved(plan.moves)
+            self._unqueue(i)
+            self._started(i)
+
+    def _moved(self, moves: Sequence[Move]) -> None:
+        for mv in moves:
+            self.moves += 1
+            self.moved[mv.pod] = self.moved.get(mv.pod, 0) + 1
+            j = self.index[mv.pod]
+            if self.defrag.restart_penalty_s:
+                self.depart_at[j] += self.defrag.restart_penalty_s
+                self.events.push(self.depart_at[j], Priority.DEPARTURE, j)
+        if moves:
+            self.dirty = True
+
+    def _consolidate(self) -> None:
+        left = self._budget_left()
+        if left <= 0:
+            return
+        k = min(left, self.defrag.consolidation_moves)
+        self.plans["consolidations"] += 1
+        plan = consolidate(self.profile, self.snap, self.tw, k, self._rules(k), self.defrag.work)
+        self.plans["work"] += plan.work
+        if not plan.moves:
+            return
+        with Statement(self.snap) as st:
+            why = apply_plan(st, self.profile, plan)
+            if why is not None:
+                self.plans["failed_apply"] += 1
+                return
+            st.commit()
+        self._moved(plan.moves)
+        if self.queue:
+            self._retry_pass()
+            self.dirty = False
+
+    def _result(self) -> ChurnResult:
+        cfg = self.cfg
+        window = cfg.horizon_s - cfg.warmup_s
+        measured = [i for i in range(len(self.specs)) if cfg.warmup_s <= self.created[i] < cfg.horizon_s]
+        groups: dict[str, list[int]] = {}
+        for i in measured:
+            if i in self.waited:
+                w = self.waited[i]
+            elif i in self.gave_up:
+                w = self.gave_up[i]
+            else:
+                w = cfg.horizon_s - self.created[i]  # still pending: censored
+            groups.setdefault(request_class(self.specs[i]), []).append(w)
+        rank = {c: k for k, c in enumerate(CLASS_ORDER)}
+        pending: dict[str, dict[str, float]] = {}
+        for cls in sorted(groups, key=lambda c: (rank.get(c, len(rank)), c)):
+            row: dict[str, float] = {"pods": len(groups[cls])}
+            idx = [i for i in measured if request_class(self.specs[i]) == cls]
+            row["placed"] = sum(1 for i in idx if i in self.waited)
+            row["gave_up"] = sum(1 for i in idx if i in self.gave_up)
+            row["still_pending"] = sum(1 for i in idx if self.pending[i])
+            row.update(_percentiles(groups[cls]))
+            pending[cls] = row
+        frag_hours = float(np.mean(self.frag_samples)) * window / 3600 / 1000 if self.frag_samples else 0.0
+        return ChurnResult(
+            mode=self.defrag.mode,
+            label=self.defrag.label,
+            move_budget=self.defrag.move_budget,
+            seed=cfg.seed,
+            load=cfg.load,
+            policy=cfg.policy,
+            lifetime=cfg.lifetime,
+            pods_arrived=self.arrived,
+            pods_measured=len(measured),
+            mean_alloc_pct=100.0 * self.int_alloc / (self.cap * window),
+            saturated_alloc_pct=100.0 * self.int_alloc_sat / (self.cap * self.sat_time)
+            if self.sat_time
+            else 0.0,
+            saturated_time_pct=100.0 * self.sat_time / window,
+            peak_alloc_pct=100.0 * self.peak / self.cap,
+            pending=pending,
+            stranded_idle_gpu_hours=self.int_idle_pending / 1000 / 3600,
+            stranded_frag_gpu_hours=frag_hours,
+            moves=self.moves,
+            pods_moved=len(self.moved),
+            moved_pct=100.0 * self.moves / max(self.arrived, 1),
+            plans=dict(self.plans),
+            samples=self.samples,
+        )
+
+
+def run_churn(
+    nodes: Sequence[NodeSpec],
+    pool: Sequence[TracePod],
+    cfg: ChurnConfig,
+    defrag: DefragConfig | None = None,
+    *,
+    workload: TargetWorkload | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+    audit: bool = False,
+) -> ChurnResult:
+    """One churn run (see the module doc)."""
+    return Churn(nodes, pool, cfg, defrag or DefragConfig(), workload=workload, on_progress=on_progress).run(
+        audit
+    )
+
+
+@dataclass
+class ChurnReport:
+    """Churn runs side by side: per seed, the run without defragmentation and the runs with it."""
+
+    workload: str
+    config: dict[str, object]
+    results: list[ChurnResult]
+    plots: list[str] = field(default_factory=list)
+
+    def baseline(self, seed: int) -> ChurnResult:
+        (r,) = (r for r in self.results if r.seed == seed and r.mode == "off")
+        return r
+
+    def gains(self) -> list[dict[str, object]]:
+        """Per run with defragmentation, the change against the same seed's run without it."""
+        out: list[dict[str, object]] = []
+        for r in self.results:
+            if r.mode == "off":
+                continue
+            b = self.baseline(r.seed)
+            row: dict[str, object] = {
+                "label": r.label,
+                "mode": r.mode,
+                "move_budget": r.move_budget,
+                "seed": r.seed,
+                "alloc_gain_pts": round(r.mean_alloc_pct - b.mean_alloc_pct, 3),
+                "saturated_alloc_gain_pts": round(r.saturated_alloc_pct - b.saturated_alloc_pct, 3),
+                "moved_pct": round(r.moved_pct, 3),
+                "stranded_idle_gpu_hours_change": round(
+                    r.stranded_idle_gpu_hours - b.stranded_idle_gpu_hours, 2
+                ),
+            }
+            for cls in ("4 GPUs", "8 GPUs"):
+                if cls in r.pending and cls in b.pending:
+                    before, after = b.pending[cls]["p99_s"], r.pending[cls]["p99_s"]
+                    row[f"p99_{cls.split()[0]}gpu_ratio"] = round(after / before, 3) if before else None
+            out.append(row)
+        return out
+
+    def to_dict(self, samples: bool = False) -> dict[str, object]:
+        return {
+            "workload": self.workload,
+            "protocol": "churn",
+            "config": self.config,
+            "results": [r.to_dict(samples) for r in self.results],
+            "gains": self.gains(),
+            "plots": list(self.plots),
+        }
