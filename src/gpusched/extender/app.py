@@ -66,6 +66,7 @@ from gpusched.extender.protocol import (
     dumps,
     parse_json,
 )
+from gpusched.metrics.cluster import cluster_stats
 from gpusched.metrics.scheduling import CONTENT_TYPE, SchedulerMetrics
 
 log = logging.getLogger(__name__)
@@ -352,7 +353,8 @@ def make_app(
         return _json(summary())
 
     async def metrics_(request: web.Request) -> web.Response:
-        m.gpu_allocation.set(summary()["gpu_allocation_ratio"])
+        with extender.cluster.snapshot() as snap:
+            m.set_cluster(cluster_stats(snap, extender.profile.workload))
         return web.Response(body=m.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
     async def shutdown(app: web.Application) -> None:

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from kubernetes import client
 
-from gpusched.core.fragmentation import TargetWorkload, cluster_fragmentation
+from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.framework import Profile, run_bind
 from gpusched.core.model import PodSpec
 from gpusched.core.policies import POLICIES, PolicyContext, make_profile
@@ -51,7 +51,8 @@ from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.informer import Reflector
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
 from gpusched.k8s.state import TERMINAL, LiveCluster, pod_key, start_informers
-from gpusched.metrics.scheduling import SchedulerMetrics
+from gpusched.metrics.cluster import cluster_stats
+from gpusched.metrics.scheduling import SchedulerMetrics, diagnosis_labels
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,8 @@ class SchedulerConfig:
     flush_s: float = 30.0
     frag_interval_s: float = 5.0
     identity: str = ""
+    lease_name: str = "gpusched-scheduler"
+    """The leader Lease (the ``name`` of ``leader_election_master_status``)."""
     preemption: bool = True
     """When a pod fits nowhere, evict lower-priority pods to make room (kube-scheduler's
     DefaultPreemption: minimal victims, least-harm node; ``core/plugins/preemption.py``)."""
@@ -91,7 +94,8 @@ class StandaloneScheduler:
         )
         self.queue = SchedulingQueue(flush_s=cfg.flush_s)
         self.events = EventRecorder(self.core, cfg.scheduler_name, cfg.identity)
-        self.metrics = metrics or SchedulerMetrics()
+        self.metrics = metrics or SchedulerMetrics(profile=cfg.scheduler_name)
+        self.metrics.set_leader(cfg.lease_name, False)
         self.leading = threading.Event()
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(cfg.bind_workers, thread_name_prefix="bind")
@@ -141,11 +145,11 @@ class StandaloneScheduler:
         self.queue.move_all_to_active()
         self._profile = None
         self.leading.set()
-        self.metrics.is_leader.set(1)
+        self.metrics.set_leader(self.config.lease_name, True)
 
     def stop_leading(self) -> None:
         self.leading.clear()
-        self.metrics.is_leader.set(0)
+        self.metrics.set_leader(self.config.lease_name, False)
 
     def stop(self, timeout: float = 10.0) -> None:
         self.stop_leading()
@@ -259,14 +263,16 @@ class StandaloneScheduler:
             self.metrics.observe_attempt("unschedulable", dt)
             msg = r.diagnosis.message() if r.diagnosis else r.status.message()
             self.events.failed(qp.obj, msg)
+            self.metrics.pod_unschedulable(qp.key, *diagnosis_labels(r.diagnosis, r.status))
             if victims:
                 with self._plock:
                     self._nominated[qp.key] = (pod, node_name, tuple(v.key for v in victims))
-                self.metrics.preemption_attempts.inc()
+                self.metrics.preempted(len(victims))
                 self._pool.submit(self._preempt, pod, node_name, victims)
             self.queue.done(qp.key, unschedulable=True)
             return
         self.metrics.observe_attempt("scheduled", dt)
+        self.metrics.pod_scheduled(qp.key)
         self.queue.done(qp.key)
         self._pool.submit(self._bind, profile, qp, pod, r.node_name, r.gpus)
 
@@ -313,7 +319,6 @@ class StandaloneScheduler:
                 if getattr(e, "status", None) != 404:  # already gone is fine
                     log.warning("preempting %s for %s failed: %s", v.key, pod.key, describe(e))
                     continue
-            self.metrics.preemption_victims.inc()
             self.events.preempted({"name": v.name, "namespace": v.namespace, "uid": v.uid}, pod.key, node)
         try:
             status = {"status": {"nominatedNodeName": node}}
@@ -350,13 +355,12 @@ class StandaloneScheduler:
 
     # --------------------------------------------------------------- metrics
     def refresh_gauges(self) -> None:
-        self.metrics.pending.set(len(self.queue))
+        self.metrics.set_pending(self.queue.counts())
+        self.metrics.pods_pending(qp.key for qp in self.queue.pending())
         now = time.monotonic()
         if now - self._gauges_at < self.config.frag_interval_s:
             return
         self._gauges_at = now
         tw = (self._profile.workload if self._profile is not None else None) or self.workload()
         with self.cluster.snapshot() as snap:
-            self.metrics.gpu_allocation.set(snap.gpu_allocation_ratio())
-            if tw is not None and len(snap):
-                self.metrics.fragmentation.set(cluster_fragmentation(snap, tw))
+            self.metrics.set_cluster(cluster_stats(snap, tw))

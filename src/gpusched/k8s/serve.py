@@ -39,7 +39,7 @@ def serve_scheduler(
 
     api = api_client(kubeconfig, qps_pool=max(32, 2 * config.bind_workers))
     identity = default_identity()
-    config = dataclasses.replace(config, identity=identity)
+    config = dataclasses.replace(config, identity=identity, lease_name=lease_name)
     sched = StandaloneScheduler(api, config)
     stop = threading.Event()
 

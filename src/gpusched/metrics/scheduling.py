@@ -1,39 +1,203 @@
-"""Scheduling metrics, named after kube-scheduler's where one exists.
+"""Scheduling metrics, named and labelled as kube-scheduler's where one exists
+(kubernetes/kubernetes ``pkg/scheduler/metrics/metrics.go``), so its dashboards work on gpusched:
 
-- ``gpusched_schedule_attempts_total{result}`` — scheduled | unschedulable | error
-- ``gpusched_scheduling_attempt_duration_seconds{result}`` — one ``schedule_one`` cycle
+- ``scheduler_schedule_attempts_total{result,profile}`` — scheduled | unschedulable | error
+- ``scheduler_scheduling_attempt_duration_seconds{result,profile}`` — one scheduling cycle
+- ``scheduler_pending_pods{queue}`` — active | backoff | unschedulable | gated
+- ``scheduler_unschedulable_pods{plugin,profile}`` — pending pods by the plugin that last
+  rejected them (kube-scheduler counts a pod once per rejecting plugin; here: its main plugin)
+- ``scheduler_preemption_attempts_total`` — preemptions started (victims chosen)
+- ``scheduler_preemption_victims`` — histogram: victims of each preemption
+- ``leader_election_master_status{name}`` — 1 on the replica holding the Lease (client-go's name)
+
+gpusched's own:
+
 - ``gpusched_binding_duration_seconds{result}`` — annotate + bind through the API
 - ``gpusched_extender_request_duration_seconds{verb}`` — extender filter/prioritize/bind/preempt
-- ``gpusched_pending_pods`` — pods waiting for gpusched
-- ``gpusched_gpu_allocation_ratio`` — allocated / total GPU milli
-- ``gpusched_gpu_fragmentation_ratio`` — fragmented / idle GPU milli (FGD's measure)
-- ``gpusched_is_leader`` — 1 on the replica holding the Lease
-- ``gpusched_preemption_attempts_total`` — preemptions started (victims chosen)
-- ``gpusched_preemption_victims_total`` — pods evicted to make room
+- ``gpusched_is_leader`` — as ``leader_election_master_status`` (kept: tests and scripts read it)
+- ``gpusched_gpu_allocation_ratio`` — allocated / total GPU milli, whole cluster
+- ``gpusched_pending_pods_by_reason{reason}`` — pending pods by the reason most nodes gave
+- per ``{model,pool}`` (``metrics.cluster``): ``gpusched_nodes``, ``gpusched_gpus{state}``,
+  ``gpusched_gpus_allocated``, ``gpusched_gpu_memory_bytes``,
+  ``gpusched_gpu_memory_allocated_bytes``, ``gpusched_gpus_free``, ``gpusched_gpus_stranded``,
+  ``gpusched_gpu_fragmentation_ratio``
+- per GPU ``{node,gpu,model,pool}``: ``gpusched_gpu_allocated_ratio``, ``gpusched_gpu_healthy``
+- queues (hook, fed once queues exist: ``set_queue_usage``): ``gpusched_queue_gpus_used{queue}``,
+  ``gpusched_queue_gpus_quota{queue}``, ``gpusched_queue_pending_pods{queue}``
 """
 
 from __future__ import annotations
 
+import threading
+from collections import Counter as Tally
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from gpusched.core.status import Diagnosis, Status
+from gpusched.metrics.cluster import ClusterStats
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_VICTIM_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # kube-scheduler: exponential 1, 2, 7 buckets
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
+PENDING_QUEUES = ("active", "backoff", "unschedulable", "gated")
+
+
+@dataclass(frozen=True)
+class QueueUsage:
+    """One queue's GPUs in use, its quota (GPUs) and its pending pods (the hook for queues)."""
+
+    queue: str
+    gpus_used: float
+    gpus_quota: float
+    pending_pods: int
+
+
+class ClusterCollector(Collector):
+    """Exposes the last ``ClusterStats`` and pending-pod reasons (series of nodes, GPUs and
+    reasons that are gone disappear with the next refresh)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stats: ClusterStats | None = None
+        self._unschedulable: dict[str, tuple[str, str]] = {}  # pod key -> (plugin, reason)
+        self._queues: list[QueueUsage] = []
+        self.profile = "gpusched"
+
+    def set_stats(self, stats: ClusterStats) -> None:
+        with self._lock:
+            self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            stats, unsched, queues = self._stats, dict(self._unschedulable), list(self._queues)
+        yield from self._unschedulable_families(unsched)
+        yield from self._queue_families(queues)
+        if stats is None:
+            return
+        gl = ["model", "pool"]
+        fams = {
+            "nodes": GaugeMetricFamily("gpusched_nodes", "GPU nodes, by GPU model and node pool.", labels=gl),
+            "gpus": GaugeMetricFamily(
+                "gpusched_gpus",
+                "GPUs by model, pool and state (idle, shared, full, unhealthy).",
+                labels=[*gl, "state"],
+            ),
+            "alloc": GaugeMetricFamily(
+                "gpusched_gpus_allocated", "GPUs allocated (shares summed).", labels=gl
+            ),
+            "mem": GaugeMetricFamily("gpusched_gpu_memory_bytes", "GPU memory on the nodes.", labels=gl),
+            "mem_alloc": GaugeMetricFamily(
+                "gpusched_gpu_memory_allocated_bytes", "GPU memory allocated to pods.", labels=gl
+            ),
+            "free": GaugeMetricFamily("gpusched_gpus_free", "Free GPU capacity, in GPUs.", labels=gl),
+            "stranded": GaugeMetricFamily(
+                "gpusched_gpus_stranded",
+                "Free GPU capacity (in GPUs) the target workload cannot use: FGD's fragmentation.",
+                labels=gl,
+            ),
+            "frag": GaugeMetricFamily(
+                "gpusched_gpu_fragmentation_ratio", "Stranded over free GPU capacity.", labels=gl
+            ),
+        }
+        for (model, pool), g in sorted(stats.groups.items()):
+            lv = [model, pool]
+            fams["nodes"].add_metric(lv, g.nodes)
+            for state, n in g.gpus.items():
+                fams["gpus"].add_metric([*lv, state], n)
+            fams["alloc"].add_metric(lv, g.gpus_allocated)
+            fams["mem"].add_metric(lv, g.gpu_memory_bytes)
+            fams["mem_alloc"].add_metric(lv, g.gpu_memory_allocated_bytes)
+            fams["free"].add_metric(lv, g.free_gpus)
+            fams["stranded"].add_metric(lv, g.stranded_gpus)
+            fams["frag"].add_metric(lv, g.fragmentation_ratio)
+        yield from fams.values()
+        pl = ["node", "gpu", "model", "pool"]
+        ratio = GaugeMetricFamily(
+            "gpusched_gpu_allocated_ratio", "Share of one GPU allocated to pods (0..1).", labels=pl
+        )
+        healthy = GaugeMetricFamily(
+            "gpusched_gpu_healthy", "1 unless the agent marked the GPU unhealthy.", labels=pl
+        )
+        for s in stats.per_gpu:
+            lv = [s.node, str(s.gpu), s.model, s.pool]
+            ratio.add_metric(lv, s.allocated_ratio)
+            healthy.add_metric(lv, 1.0 if s.healthy else 0.0)
+        yield ratio
+        yield healthy
+
+    def _unschedulable_families(self, unsched: Mapping[str, tuple[str, str]]) -> Iterable[Metric]:
+        by_plugin = GaugeMetricFamily(
+            "scheduler_unschedulable_pods",
+            "Pending pods the scheduler found unschedulable, by the plugin that rejected them.",
+            labels=["plugin", "profile"],
+        )
+        by_reason = GaugeMetricFamily(
+            "gpusched_pending_pods_by_reason",
+            "Unschedulable pending pods by the reason most nodes gave.",
+            labels=["reason"],
+        )
+        for plugin, n in sorted(Tally(p for p, _ in unsched.values()).items()):
+            by_plugin.add_metric([plugin, self.profile], n)
+        for reason, n in sorted(Tally(r for _, r in unsched.values()).items()):
+            by_reason.add_metric([reason], n)
+        return (by_plugin, by_reason)
+
+    @staticmethod
+    def _queue_families(queues: list[QueueUsage]) -> Iterable[Metric]:
+        used = GaugeMetricFamily(
+            "gpusched_queue_gpus_used", "GPUs in use by a queue's pods.", labels=["queue"]
+        )
+        quota = GaugeMetricFamily("gpusched_queue_gpus_quota", "GPUs a queue may use.", labels=["queue"])
+        pend = GaugeMetricFamily("gpusched_queue_pending_pods", "Pods waiting in a queue.", labels=["queue"])
+        for q in queues:
+            used.add_metric([q.queue], q.gpus_used)
+            quota.add_metric([q.queue], q.gpus_quota)
+            pend.add_metric([q.queue], q.pending_pods)
+        return (used, quota, pend)
+
 
 class SchedulerMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *, profile: str = "gpusched") -> None:
         self.registry = registry or CollectorRegistry()
+        self.profile = profile
         r = self.registry
         self.attempts = Counter(
-            "gpusched_schedule_attempts", "Scheduling attempts by result.", ["result"], registry=r
+            "scheduler_schedule_attempts",
+            "Number of attempts to schedule pods, by the result and the profile.",
+            ["result", "profile"],
+            registry=r,
         )
         self.attempt_duration = Histogram(
-            "gpusched_scheduling_attempt_duration_seconds",
-            "Latency of one scheduling cycle.",
-            ["result"],
+            "scheduler_scheduling_attempt_duration_seconds",
+            "Scheduling attempt latency in seconds (scheduling algorithm + binding decision).",
+            ["result", "profile"],
             buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.pending_pods = Gauge(
+            "scheduler_pending_pods",
+            "Number of pending pods, by the queue type (active, backoff, unschedulable, gated).",
+            ["queue"],
+            registry=r,
+        )
+        self.preemption_attempts = Counter(
+            "scheduler_preemption_attempts", "Total preemption attempts in the cluster till now.", registry=r
+        )
+        self.preemption_victims = Histogram(
+            "scheduler_preemption_victims", "Number of selected preemption victims.", buckets=_VICTIM_BUCKETS,
+            registry=r,
+        )  # fmt: skip
+        self.leader_status = Gauge(
+            "leader_election_master_status",
+            "1 when this replica is the leader of the named lease, else 0.",
+            ["name"],
             registry=r,
         )
         self.binding_duration = Histogram(
@@ -50,27 +214,74 @@ class SchedulerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.pending = Gauge("gpusched_pending_pods", "Pods waiting to be scheduled by gpusched.", registry=r)
-        self.gpu_allocation = Gauge(
-            "gpusched_gpu_allocation_ratio", "Allocated GPU milli over total GPU milli.", registry=r
-        )
-        self.fragmentation = Gauge(
-            "gpusched_gpu_fragmentation_ratio", "Fragmented GPU milli over idle GPU milli.", registry=r
-        )
         self.is_leader = Gauge(
             "gpusched_is_leader", "1 when this replica holds the leader Lease.", registry=r
         )
-
-        self.preemption_attempts = Counter(
-            "gpusched_preemption_attempts", "Preemptions started: victims chosen and evicted.", registry=r
+        self.gpu_allocation = Gauge(
+            "gpusched_gpu_allocation_ratio", "Allocated GPU milli over total GPU milli.", registry=r
         )
-        self.preemption_victims = Counter(
-            "gpusched_preemption_victims", "Pods evicted to make room for higher-priority pods.", registry=r
-        )
+        self.cluster = ClusterCollector()
+        self.cluster.profile = profile
+        r.register(self.cluster)
 
+    # ------------------------------------------------------------ feeding
     def observe_attempt(self, result: str, seconds: float) -> None:
-        self.attempts.labels(result).inc()
-        self.attempt_duration.labels(result).observe(seconds)
+        self.attempts.labels(result, self.profile).inc()
+        self.attempt_duration.labels(result, self.profile).observe(seconds)
+
+    def set_leader(self, lease: str, leading: bool) -> None:
+        self.is_leader.set(1 if leading else 0)
+        self.leader_status.labels(lease).set(1 if leading else 0)
+
+    def set_pending(self, counts: Mapping[str, int]) -> None:
+        """``counts`` by queue; the queues of ``PENDING_QUEUES`` it does not name are 0."""
+        for q in PENDING_QUEUES:
+            self.pending_pods.labels(q).set(counts.get(q, 0))
+
+    def preempted(self, victims: int) -> None:
+        self.preemption_attempts.inc()
+        self.preemption_victims.observe(victims)
+
+    def pod_unschedulable(self, key: str, plugin: str, reason: str) -> None:
+        with self.cluster._lock:
+            self.cluster._unschedulable[key] = (plugin or "unknown", reason or "unknown")
+
+    def pods_pending(self, keys: Iterable[str]) -> None:
+        """Forget the unschedulable reasons of pods no longer pending (``keys``: the pending ones)."""
+        keep = set(keys)
+        with self.cluster._lock:
+            for k in [k for k in self.cluster._unschedulable if k not in keep]:
+                del self.cluster._unschedulable[k]
+
+    def pod_scheduled(self, key: str) -> None:
+        with self.cluster._lock:
+            self.cluster._unschedulable.pop(key, None)
+
+    def set_cluster(self, stats: ClusterStats) -> None:
+        self.cluster.set_stats(stats)
+        total = sum(sum(g.gpus.values()) for g in stats.groups.values())
+        alloc = sum(g.gpus_allocated for g in stats.groups.values())
+        self.gpu_allocation.set(alloc / total if total else 0.0)
+
+    def set_queue_usage(self, usage: Iterable[QueueUsage]) -> None:
+        """The hook for queues (issue: queues and quotas): call it with every queue's usage on
+        each refresh; the ``gpusched_queue_*`` series, the "Tenants and queues" dashboard and the
+        ``GPUSchedQueueQuotaExhausted`` alert read them."""
+        with self.cluster._lock:
+            self.cluster._queues = list(usage)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def diagnosis_labels(diagnosis: Diagnosis | None, status: Status) -> tuple[str, str]:
+    """(plugin, reason) of a pod that fits nowhere: the reason most nodes gave (ties: the first
+    in sorted order) and its plugin; a PreFilter rejection, else the status, when no node did."""
+    if diagnosis is not None and diagnosis.pre_filter is not None and not diagnosis.pre_filter.ok:
+        return diagnosis.pre_filter.plugin, diagnosis.pre_filter.message()
+    if diagnosis is not None and diagnosis.failures:
+        counts = diagnosis.reason_counts()
+        reason = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+        plugin = next(f.plugin for f in diagnosis.failures if f.reason == reason)
+        return plugin, reason
+    return status.plugin, status.message()
