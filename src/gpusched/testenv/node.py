@@ -525,10 +525,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         return ok and not any(t.get("key", "").startswith("node.kubernetes.io/") for t in taints)
 
     def allocatable(self, resource: str) -> int:
-        return int(((self.node().get("status") or {}).get("allocatable") or {}).get(resource, "0"))
+        return _count(((self.node().get("status") or {}).get("allocatable") or {}).get(resource, "0"))
 
     def capacity(self, resource: str) -> int:
-        return int(((self.node().get("status") or {}).get("capacity") or {}).get(resource, "0"))
+        return _count(((self.node().get("status") or {}).get("capacity") or {}).get(resource, "0"))
 
     # -- the agent -------------------------------------------------------------------------------------
 
@@ -803,6 +803,13 @@ def _iptables_chains(cmd: str) -> set[tuple[str, str]]:
         elif line.startswith(":") and line.split()[1] == "-":
             chains.add((table, line[1:].split()[0]))
     return chains
+
+
+def _count(quantity: str) -> int:
+    """A whole-number quantity as the API serialises it (``8``, ``1k``, ``8k``)."""
+    from kubernetes.utils import parse_quantity  # optional dependency, like every API use here
+
+    return int(parse_quantity(quantity))  # type: ignore[no-untyped-call]
 
 
 def _epoch(rfc3339: str) -> float:
