@@ -65,7 +65,7 @@ from gpusched.core.policies import PolicyContext, make_profile
 from gpusched.core.scheduler import schedule_one
 from gpusched.core.statement import Statement
 from gpusched.sim.engine import EventQueue, Priority
-from gpusched.sim.paper import tie_ranks
+from gpusched.sim.paper import PaperRun, build_sequence, run_paper, tie_ranks
 from gpusched.sim.replay import CLASS_ORDER, request_class
 from gpusched.sim.synthetic import LIFETIME_SIGMA
 from gpusched.sim.traces import TracePod
@@ -214,7 +214,8 @@ def draw_pods(
             life = life_pool[idx]
         else:
             life = np.rint(cfg.median_lifetime_s * np.exp(LIFETIME_SIGMA * r.standard_normal(len(idx))))
-        return np.clip(life, 1, cfg.max_lifetime_s).astype(np.int64)
+        out: np.ndarray = np.clip(life, 1, cfg.max_lifetime_s).astype(np.int64)
+        return out
 
     probe_rng = np.random.default_rng([cfg.seed, 0xE57])
     probe = probe_rng.integers(0, len(pool), size=200_000)
@@ -645,3 +646,120 @@ class ChurnReport:
             "gains": self.gains(),
             "plots": list(self.plots),
         }
+
+
+# ------------------------------------------------------------------------ paper protocol, one-shot
+@dataclass
+class PaperConsolidation:
+    """The paper protocol for one seed with a one-shot consolidation at each checkpoint (arrived
+    GPU demand reaching that % of the cluster), against the same seed without it (``run_paper``)."""
+
+    seed: int
+    policy: str
+    max_moves: int
+    alloc_at_100_without: float
+    alloc_at_130_without: float
+    alloc_at_100: float
+    alloc_at_130: float
+    moves: dict[int, int]
+    """Checkpoint % -> moves made there."""
+    placed_after: dict[int, int]
+    """Checkpoint % -> pods that had failed before it and were placed right after the moves."""
+    frag_drop_milli: dict[int, float]
+    pods: int
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def run_paper_consolidated(
+    nodes: Sequence[NodeSpec],
+    pods: Sequence[PodSpec],
+    seed: int,
+    *,
+    policy: str = "default",
+    tune: float = 1.3,
+    checkpoints: Sequence[int] = (100, 130),
+    max_moves: int = 64,
+    workload: TargetWorkload | None = None,
+    work: WorkBudget | None = None,
+) -> PaperConsolidation:
+    """``sim.paper``'s protocol (same pod stream, tie-break and profile as ``run_paper``), with,
+    when arrived demand first reaches each checkpoint %, ``core.defrag.consolidate`` (up to
+    ``max_moves`` moves, carried out) and then one retry of every pod that failed so far — what a
+    descheduler buys. Allocation is binned as ``PaperRun.curve`` does; the retries count at the
+    checkpoint's arrived demand."""
+    tw = workload or TargetWorkload.from_pods(pods)
+    base = run_paper(nodes, pods, policy, seed, tune=tune, workload=tw)
+    snap = ClusterState(nodes)
+    profile = make_profile(policy, PolicyContext(workload=tw, rng=np.random.default_rng([seed, 0xABC])))
+    seq = build_sequence(pods, snap.total_gpu_milli, seed, tune)
+    ranks = tie_ranks(nodes, seed)
+    arrived: list[int] = []
+    used: list[int] = []
+    acc_arrived = acc_used = 0
+    failed: list[PodSpec] = []
+    todo = sorted(checkpoints)
+    moves: dict[int, int] = {}
+    placed_after: dict[int, int] = {}
+    frag_drop: dict[int, float] = {}
+    budget = work or WorkBudget(max_work=10_000)
+    for pod in seq:
+        acc_arrived += pod.gpu_demand_milli
+        r = schedule_one(profile, pod, snap, tiebreak=ranks, diagnose_failures=False)
+        if r.scheduled:
+            acc_used += pod.gpu_demand_milli
+        else:
+            failed.append(pod)
+        arrived.append(acc_arrived)
+        used.append(acc_used)
+        last = pod is seq[-1]
+        while todo and (acc_arrived * 100 >= todo[0] * snap.total_gpu_milli or last):
+            c = todo.pop(0)  # the last checkpoint (130 %) is where the stream ends
+            plan = consolidate(profile, snap, tw, max_moves, Rules(max_moves=max_moves), budget)
+            with Statement(snap) as st:
+                if apply_plan(st, profile, plan) is None:
+                    st.commit()
+                    moves[c] = plan.move_count
+                    frag_drop[c] = float((plan.frag_before or 0.0) - (plan.frag_after or 0.0))
+                else:
+                    moves[c] = 0
+                    frag_drop[c] = 0.0
+            still: list[PodSpec] = []
+            n_placed = 0
+            for p in failed:
+                rr = schedule_one(profile, p, snap, tiebreak=ranks, diagnose_failures=False)
+                if rr.scheduled:
+                    acc_used += p.gpu_demand_milli
+                    n_placed += 1
+                    arrived.append(acc_arrived)
+                    used.append(acc_used)
+                else:
+                    still.append(p)
+            failed = still
+            placed_after[c] = n_placed
+    if errs := snap.verify():
+        raise AssertionError(f"accounting broken after the consolidated paper run: {errs}")
+    run = PaperRun(
+        policy=policy,
+        seed=seed,
+        total_gpu_milli=snap.total_gpu_milli,
+        arrived=np.asarray(arrived, dtype=np.int64),
+        used=np.asarray(used, dtype=np.int64),
+        frag=np.zeros(len(arrived)),
+        failed=len(failed),
+        pods=len(seq),
+    )
+    return PaperConsolidation(
+        seed=seed,
+        policy=policy,
+        max_moves=max_moves,
+        alloc_at_100_without=base.alloc_at(100),
+        alloc_at_130_without=base.alloc_at(130),
+        alloc_at_100=run.alloc_at(100),
+        alloc_at_130=run.alloc_at(130),
+        moves=moves,
+        placed_after=placed_after,
+        frag_drop_milli=frag_drop,
+        pods=len(seq),
+    )

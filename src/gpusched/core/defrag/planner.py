@@ -341,7 +341,11 @@ def _plan_one(ctx: _Ctx, pod: PodSpec, exclude: set[str]) -> Plan:
                     method = Method.MILP  # the exact model confirmed the greedy plan's size
                 outside = [c.bound for c in cands if c.node not in set(targets)]
                 final = answer.move_count if answer is not None else _NO_PLAN
-                proven = ans.solved_optimal and not truncated[0] and all(b >= final for b in outside)
+                # proven: the model's optimum over a complete neighbourhood that no node outside
+                # could beat, or any plan that meets the smallest bound of all nodes
+                proven = final <= min_bound or (
+                    ans.solved_optimal and not truncated[0] and all(b >= final for b in outside)
+                )
             else:
                 reason = ans.reason
                 if ans.infeasible and not truncated[0] and best is not None:
