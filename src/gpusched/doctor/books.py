@@ -1,0 +1,86 @@
+"""A snapshot turned into the scheduler's books, as the standalone scheduler builds them
+(``gpusched.k8s.state.LiveCluster``: bound pods booked where their assignment says), with the
+pending pods, the objects by name and what could not be read."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpusched.core.cluster import ClusterState
+from gpusched.core.fragmentation import TargetWorkload
+from gpusched.core.framework import Profile
+from gpusched.core.model import PodSpec
+from gpusched.core.policies import PolicyContext, make_profile
+from gpusched.doctor.snapshot import Snapshot
+from gpusched.k8s.convert import InvalidRequest, node_from_k8s, pod_from_k8s
+from gpusched.k8s.state import TERMINAL, LiveCluster, pod_key
+
+
+def is_pending(obj: Mapping[str, Any]) -> bool:
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    return (
+        not spec.get("nodeName") and status.get("phase") not in TERMINAL and not meta.get("deletionTimestamp")
+    )
+
+
+@dataclass
+class Books:
+    snapshot: Snapshot
+    state: ClusterState
+    node_objs: dict[str, Mapping[str, Any]]
+    pod_objs: dict[str, Mapping[str, Any]]
+    pending: dict[str, PodSpec]
+    invalid: dict[str, str] = field(default_factory=dict)
+    """Objects that cannot be read (``node/NAME`` or ``pod/NS/NAME`` -> why)."""
+    conflicts: list[str] = field(default_factory=list)
+    """Bound pods whose recorded assignment did not fit the books (overcommit: drift)."""
+    policy: str = "default"
+    _profile: Profile | None = None
+
+    @classmethod
+    def of(cls, snap: Snapshot, policy: str = "default") -> Books:
+        invalid: dict[str, str] = {}
+        live = LiveCluster(on_invalid=lambda o, why: invalid.__setitem__(f"pod/{pod_key(o)}", why))
+        node_objs: dict[str, Mapping[str, Any]] = {}
+        for n in snap.nodes:
+            name = str((n.get("metadata") or {}).get("name"))
+            node_objs[name] = n
+            try:
+                node_from_k8s(n)
+            except InvalidRequest as e:
+                invalid[f"node/{name}"] = str(e)
+                continue
+            live.upsert_node(n)
+        pod_objs: dict[str, Mapping[str, Any]] = {}
+        pending: dict[str, PodSpec] = {}
+        for p in snap.pods:
+            key = pod_key(p)
+            pod_objs[key] = p
+            if is_pending(p):
+                try:
+                    pending[key] = pod_from_k8s(p)
+                except InvalidRequest as e:
+                    invalid[f"pod/{key}"] = str(e)
+                continue
+            live.upsert_pod(p)
+        with live.snapshot() as st:
+            state = st
+        return cls(snap, state, node_objs, pod_objs, pending, invalid, list(live.conflicts), policy)
+
+    @property
+    def profile(self) -> Profile:
+        """The profile the standalone scheduler runs (``policy``, the workload of every pod seen)."""
+        if self._profile is None:
+            pods = [a.pod for a in self.state.allocations.values()] + list(self.pending.values())
+            wl = TargetWorkload.from_pods(pods or [PodSpec("w", 1, 1)])
+            self._profile = make_profile(self.policy, PolicyContext(wl, np.random.default_rng(0)))
+        return self._profile
+
+    @property
+    def workload(self) -> TargetWorkload:
+        pods = [a.pod for a in self.state.allocations.values()] + list(self.pending.values())
+        return TargetWorkload.from_pods(pods or [PodSpec("w", 1, 1)])

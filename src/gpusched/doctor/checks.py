@@ -1,0 +1,314 @@
+"""Node-level and device-plugin-level findings, read from the API objects.
+
+Node: the GPU inventory (``nvidia.com/gpu`` capacity, the product, memory and count labels of
+gpu-feature-discovery or gpusched's agent), its health (``gpusched.io/unhealthy-gpus``, the
+``gpusched.io/gpu-unhealthy`` taint, the Ready condition), the driver labels, whether the device
+plugin registered (allocatable ``nvidia.com/gpu``, and ``gpusched.io/gpu-share`` for shares) and
+whether allocatable matches the inventory.
+
+Device plugin / container: the scheduler's ``gpusched.io/assignment`` against the device
+plugin's ``gpusched.io/allocated`` (``{container: {resource: [device IDs]}}``, GPU UUIDs, share
+slots ``UUID::k``), mapped to scheduler indices through the node's ``gpusched.io/gpu-topology``
+annotation (``{"gpus": [{"index", "uuid"}, ...]}``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from gpusched.doctor.findings import Finding
+from gpusched.k8s.convert import (
+    ANN_ASSIGNMENT,
+    LABEL_MEMORY,
+    LABEL_PRODUCT,
+    RES_GPU,
+    RES_SHARE,
+    InvalidRequest,
+    node_from_k8s,
+    parse_assignment,
+    pod_from_k8s,
+)
+
+ANN_ALLOCATED = "gpusched.io/allocated"  # the node agent's (gpusched.agent.allocation.ANN_ALLOCATED)
+ANN_TOPOLOGY = "gpusched.io/gpu-topology"  # the node agent's (gpusched.agent.labels.ANN_TOPOLOGY)
+ANN_UNHEALTHY = "gpusched.io/unhealthy-gpus"
+TAINT_UNHEALTHY = "gpusched.io/gpu-unhealthy"
+LABEL_COUNT = "nvidia.com/gpu.count"
+DRIVER_PREFIXES = ("nvidia.com/cuda.driver", "nvidia.com/cuda.runtime", "nvidia.com/gpu.driver")
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def _ann(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    return _meta(obj).get("annotations") or {}
+
+
+def _int(v: object) -> int | None:
+    try:
+        return int(str(v))
+    except ValueError:
+        return None
+
+
+# ------------------------------------------------------------------------------------- node
+def node_findings(node: Mapping[str, Any]) -> list[Finding]:
+    """Inventory, health, driver labels, registration and allocatable of one Node object."""
+    meta = _meta(node)
+    name = str(meta.get("name"))
+    labels: Mapping[str, str] = meta.get("labels") or {}
+    status = node.get("status") or {}
+    cap: Mapping[str, Any] = status.get("capacity") or {}
+    alloc: Mapping[str, Any] = status.get("allocatable") or cap
+    out: list[Finding] = []
+
+    def add(sev: str, code: str, msg: str, **ev: Any) -> None:
+        out.append(Finding("node", sev, code, msg, ev, name))
+
+    try:
+        spec = node_from_k8s(node)
+    except InvalidRequest as e:
+        add("error", "node-unreadable", f"node {name} cannot be booked: {e}")
+        return out
+    product, count_label = labels.get(LABEL_PRODUCT), labels.get(LABEL_COUNT)
+    inventory = {
+        "gpus": spec.gpu_count,
+        "model": spec.gpu_model,
+        "gpu_memory_mib": spec.gpu_memory_mib,
+        LABEL_PRODUCT: product,
+        LABEL_MEMORY: labels.get(LABEL_MEMORY),
+        LABEL_COUNT: count_label,
+    }
+    if spec.gpu_count == 0 and not product:
+        add("info", "no-gpus", f"node {name} has no GPUs (no {RES_GPU} and no {LABEL_PRODUCT} label)")
+        return out
+    add(
+        "ok",
+        "inventory",
+        f"{spec.gpu_count} × {spec.gpu_model}"
+        + (f", {spec.gpu_memory_mib} MiB each" if spec.gpu_memory_mib else ""),
+        **inventory,
+    )
+    if spec.gpu_count and not product:
+        add(
+            "warn",
+            "no-product-label",
+            f"node {name}: no {LABEL_PRODUCT} label: its GPUs are booked as "
+            "'unknown-gpu' and pods asking for a model never land there",
+            **inventory,
+        )
+    if spec.gpu_count and not spec.gpu_memory_mib:
+        add(
+            "warn",
+            "no-memory-label",
+            f"node {name}: no {LABEL_MEMORY} label: GPU memory unknown, so no pod "
+            "asking for gpu-memory lands there",
+            **inventory,
+        )
+    # registration: the device plugin advertises nvidia.com/gpu (and gpu-share for shares)
+    if RES_GPU not in cap and RES_GPU not in alloc:
+        add(
+            "error",
+            "device-plugin-not-registered",
+            f"node {name} has a {product} label but no {RES_GPU} "
+            "in capacity: the device plugin (gpusched agent) has not registered",
+            capacity=dict(cap),
+        )
+    elif RES_SHARE not in alloc:
+        add(
+            "info",
+            "no-share-slots",
+            f"node {name}: no {RES_SHARE} in allocatable: gpusched's agent is not "
+            "the device plugin here, so GPU shares cannot be admitted",
+            allocatable=dict(alloc),
+        )
+    else:
+        add(
+            "ok",
+            "device-plugin-registered",
+            f"{RES_GPU} and {RES_SHARE} advertised",
+            allocatable={RES_GPU: alloc.get(RES_GPU), RES_SHARE: alloc.get(RES_SHARE)},
+        )
+    # allocatable against the inventory
+    n_cap, n_alloc = _int(cap.get(RES_GPU, alloc.get(RES_GPU, 0))), _int(alloc.get(RES_GPU, 0))
+    if (
+        count_label is not None
+        and _int(count_label) is not None
+        and n_cap is not None
+        and _int(count_label) != n_cap
+    ):
+        add(
+            "error",
+            "inventory-mismatch",
+            f"node {name}: label {LABEL_COUNT}={count_label} but capacity "
+            f"{RES_GPU}={n_cap}: the labels and the device plugin disagree",
+            label=count_label,
+            capacity=n_cap,
+        )
+    if n_cap is not None and n_alloc is not None and n_alloc < n_cap:
+        add(
+            "warn",
+            "allocatable-below-capacity",
+            f"node {name}: allocatable {RES_GPU}={n_alloc} < capacity "
+            f"{n_cap}: the kubelet holds back {n_cap - n_alloc} unhealthy device(s)",
+            capacity=n_cap,
+            allocatable=n_alloc,
+        )
+    # health
+    bad = sorted(spec.unhealthy_gpus)
+    if bad:
+        add(
+            "error",
+            "unhealthy-gpu",
+            f"node {name}: GPU(s) {', '.join(map(str, bad))} unhealthy "
+            f"(annotation {ANN_UNHEALTHY}): they take no new pod",
+            unhealthy=bad,
+            annotation=_ann(node).get(ANN_UNHEALTHY),
+        )
+    taints = [t for t in (node.get("spec") or {}).get("taints") or [] if t.get("key") == TAINT_UNHEALTHY]
+    if taints:
+        add("warn", "unhealthy-taint", f"node {name}: tainted {TAINT_UNHEALTHY}", taints=taints)
+    conds = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+    if conds and conds.get("Ready") != "True":
+        add("error", "node-not-ready", f"node {name} is not Ready ({conds.get('Ready')})", conditions=conds)
+    if (node.get("spec") or {}).get("unschedulable"):
+        add("warn", "cordoned", f"node {name} is cordoned (spec.unschedulable)")
+    driver = {k: v for k, v in labels.items() if k.startswith(DRIVER_PREFIXES)}
+    if driver:
+        add("ok", "driver-labels", ", ".join(f"{k}={v}" for k, v in sorted(driver.items())), **driver)
+    else:
+        add(
+            "info",
+            "no-driver-labels",
+            f"node {name}: no driver labels (nvidia.com/cuda.driver-version.*): "
+            "pods selecting a driver version never land here",
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------- device plugin
+def topology_indices(node: Mapping[str, Any] | None) -> dict[str, int]:
+    """GPU UUID -> scheduler index from the node's topology annotation ({} when absent or bad)."""
+    raw = _ann(node or {}).get(ANN_TOPOLOGY)
+    if not raw:
+        return {}
+    try:
+        gpus = json.loads(raw)["gpus"]
+        return {str(g["uuid"]): int(g["index"]) for g in gpus}
+    except (ValueError, KeyError, TypeError):
+        return {}
+
+
+def allocated_devices(pod: Mapping[str, Any]) -> tuple[list[str], str]:
+    """Device IDs of nvidia.com/gpu and gpu-share that the device plugin recorded (share slots
+    cut to their GPU's UUID), and "" or why the annotation could not be read."""
+    raw = _ann(pod).get(ANN_ALLOCATED)
+    if raw is None:
+        return [], ""
+    try:
+        data = json.loads(raw)
+        ids = [
+            str(d)
+            for res in data.values()
+            for r, devs in res.items()
+            if r in (RES_GPU, RES_SHARE)
+            for d in devs
+        ]
+    except (ValueError, AttributeError, TypeError):
+        return [], f"annotation {ANN_ALLOCATED} is not valid JSON of containers to devices: {raw!r}"
+    return [d.split("::", 1)[0] for d in ids], ""
+
+
+def drift_findings(pod: Mapping[str, Any], node: Mapping[str, Any] | None) -> list[Finding]:
+    """What the scheduler believes (the assignment) against what the node did (nodeName, the
+    device plugin's allocation). Empty for a pod not bound or without GPUs."""
+    meta, spec = _meta(pod), pod.get("spec") or {}
+    key = f"{meta.get('namespace', 'default')}/{meta.get('name')}"
+    bound = spec.get("nodeName")
+    out: list[Finding] = []
+
+    def add(sev: str, code: str, msg: str, **ev: Any) -> None:
+        out.append(Finding("device", sev, code, msg, ev, key))
+
+    try:
+        core = pod_from_k8s(pod, constraints="lenient")
+        assignment = parse_assignment(pod)
+    except InvalidRequest as e:
+        add("error", "pod-unreadable", str(e))
+        return out
+    if not bound or not core.num_gpu:
+        return out
+    raw = _ann(pod).get(ANN_ASSIGNMENT)
+    if assignment is None:
+        add(
+            "warn",
+            "no-assignment",
+            f"pod {key} is bound to {bound} with GPUs but has no {ANN_ASSIGNMENT}: "
+            "not placed by gpusched; the books give it the freest GPUs",
+        )
+        return out
+    a_node, a_gpus = assignment
+    if a_node != bound:
+        add(
+            "error",
+            "drift-node",
+            f"drift: {ANN_ASSIGNMENT} says node {a_node}, the pod runs on {bound}",
+            assignment=raw,
+            node_name=bound,
+        )
+    devices, why = allocated_devices(pod)
+    if why:
+        add("error", "allocated-unreadable", f"pod {key}: {why}")
+        return out
+    if not devices:
+        add(
+            "info",
+            "no-allocation-record",
+            f"pod {key}: no {ANN_ALLOCATED} from the device plugin (not "
+            "gpusched's agent on this node, or not admitted yet): drift cannot be checked",
+            assignment=raw,
+        )
+        return out
+    index = topology_indices(node)
+    unknown = [d for d in devices if d not in index]
+    got = sorted({index[d] for d in devices if d in index})
+    ev = {"assignment": raw, "allocated": _ann(pod).get(ANN_ALLOCATED), "allocated_gpus": got}
+    if unknown and index:
+        add(
+            "error",
+            "drift-unknown-device",
+            f"drift: the device plugin handed pod {key} device(s) "
+            f"{', '.join(sorted(set(unknown)))} that node {bound}'s {ANN_TOPOLOGY} does not list",
+            **ev,
+        )
+    elif not index:
+        n_dev = len(set(devices))
+        if n_dev != len(a_gpus):
+            add(
+                "error",
+                "drift-count",
+                f"drift: {ANN_ASSIGNMENT} names {len(a_gpus)} GPU(s), the device plugin handed out {n_dev}",
+                **ev,
+            )
+        else:
+            add(
+                "info",
+                "allocation-unmapped",
+                f"pod {key}: node {bound} has no {ANN_TOPOLOGY}: only the GPU "
+                "count could be compared (it agrees)",
+                **ev,
+            )
+    elif got != sorted(a_gpus):
+        add(
+            "error",
+            "drift-gpus",
+            f"drift: the scheduler booked GPU(s) {sorted(a_gpus)} of {bound} for pod "
+            f"{key}, the device plugin handed out GPU(s) {got}",
+            **ev,
+        )
+    else:
+        add("ok", "allocation-agrees", f"device plugin handed out GPU(s) {got} as assigned", **ev)
+    return out

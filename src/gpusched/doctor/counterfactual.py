@@ -1,0 +1,257 @@
+"""The smallest change that makes a pending pod fit, each checked by running the core on a copy
+of the books. Pure: core objects in, ``Counterfactual`` out; no I/O.
+
+Tried, for a pod that fits nowhere now:
+
+- a GPU model no node has: the models the cluster has, each checked;
+- more GPU memory (or more GPUs) than any node's GPUs have: the largest figure that fits;
+- untolerated taints: the tolerations of one node's taints, the set that opens most nodes;
+- failed GPUs: the nodes where the pod fits once their GPUs are healthy again;
+- fragmentation: the fewest moves of running pods (``core.defrag.plan_for``) after which it lands;
+- quotas: a hook (``quota_counterfactual``); gpusched has no queues yet.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import numpy as np
+
+from gpusched.core.cluster import ClusterState
+from gpusched.core.defrag import Rules, WorkBudget, plan_for
+from gpusched.core.framework import CycleState, Profile
+from gpusched.core.model import GPU_MILLI, PodSpec, Taint, Toleration
+from gpusched.core.scheduler import filter_nodes, pre_filter
+from gpusched.core.status import Code, Diagnosis
+from gpusched.doctor.findings import Counterfactual
+
+MAX_MOVES = 8
+TOLERATED_EFFECTS = ("NoSchedule", "NoExecute")
+
+
+def feasible_nodes(profile: Profile, pod: PodSpec, snap: ClusterState) -> list[int]:
+    """The nodes where ``pod`` passes PreFilter and every Filter now (the core's cycle)."""
+    state = CycleState()
+    if not pre_filter(state, profile, pod, snap).ok:
+        return []
+    return [int(i) for i in np.flatnonzero(filter_nodes(state, profile, pod, snap).passed)]
+
+
+def _gib(mib: int) -> str:
+    return f"{mib / 1024:g} GiB"
+
+
+def _names(snap: ClusterState, nodes: list[int], k: int = 3) -> str:
+    shown = ", ".join(snap.names[i] for i in nodes[:k])
+    return shown + (f" and {len(nodes) - k} more" if len(nodes) > k else "")
+
+
+def quota_counterfactual(pod: PodSpec) -> Counterfactual | None:
+    """The hook for queues: "waits for quota in queue Q" once gpusched has queues and quotas.
+    None now: no queue holds any pod back."""
+    return None
+
+
+def model_counterfactual(profile: Profile, pod: PodSpec, snap: ClusterState) -> list[Counterfactual]:
+    if not pod.gpu_models or set(pod.gpu_models) & set(snap.models):
+        return []
+    out = []
+    for m in snap.models:
+        fits = feasible_nodes(profile, replace(pod, gpu_models=frozenset({m})), snap)
+        if fits:
+            out.append(
+                Counterfactual(
+                    "gpu-model",
+                    f"fits if gpu-models allows {m} (on {_names(snap, fits)})",
+                    1,
+                    True,
+                    snap.names[fits[0]],
+                    {"gpu_models": [m], "nodes": len(fits)},
+                )
+            )
+    out.sort(key=lambda c: -int(c.change["nodes"]))
+    return out[:1]
+
+
+def memory_counterfactual(profile: Profile, pod: PodSpec, snap: ClusterState) -> list[Counterfactual]:
+    """Asks more GPU memory per GPU than any GPU (of its models) has: the largest figure that fits."""
+    if not pod.gpu_memory_mib:
+        return []
+    sizes = sorted(
+        {
+            nd.gpu_memory_mib
+            for nd in snap.nodes
+            if nd.gpu_count and nd.gpu_memory_mib and (not pod.gpu_models or nd.gpu_model in pod.gpu_models)
+        },
+        reverse=True,
+    )
+    if not sizes or sizes[0] >= pod.gpu_memory_mib:
+        return []
+    for size in sizes:
+        fits = feasible_nodes(profile, replace(pod, gpu_memory_mib=size), snap)
+        if fits:
+            return [
+                Counterfactual(
+                    "gpu-memory",
+                    f"fits if gpu-memory ≤ {_gib(size)} (asks {_gib(pod.gpu_memory_mib)}; "
+                    f"the largest GPU has {_gib(sizes[0])}; fits on {_names(snap, fits)})",
+                    1,
+                    True,
+                    snap.names[fits[0]],
+                    {"gpu_memory_mib": size, "asked_mib": pod.gpu_memory_mib},
+                )
+            ]
+    return []
+
+
+def count_counterfactual(profile: Profile, pod: PodSpec, snap: ClusterState) -> list[Counterfactual]:
+    most = int(snap.gpu_count.max()) if len(snap) else 0
+    if not pod.is_whole or pod.num_gpu <= most or most == 0:
+        return []
+    for k in range(most, 0, -1):
+        fits = feasible_nodes(profile, replace(pod, num_gpu=k), snap)
+        if fits:
+            return [
+                Counterfactual(
+                    "gpu-count",
+                    f"fits if nvidia.com/gpu ≤ {k} (asks {pod.num_gpu}; no node has more than {most})",
+                    1,
+                    True,
+                    snap.names[fits[0]],
+                    {"num_gpu": k},
+                )
+            ]
+    return []
+
+
+def _untolerated(pod: PodSpec, taints: tuple[Taint, ...]) -> tuple[Taint, ...]:
+    return tuple(
+        t
+        for t in taints
+        if t.effect in TOLERATED_EFFECTS and not any(tol.tolerates(t) for tol in pod.tolerations)
+    )
+
+
+def toleration_counterfactual(
+    profile: Profile, pod: PodSpec, snap: ClusterState, diag: Diagnosis
+) -> list[Counterfactual]:
+    tainted = [snap.index[f.node] for f in diag.failures if f.plugin == "TaintToleration"]
+    groups = Counter(_untolerated(pod, snap.nodes[i].taints) for i in tainted)
+    best: Counterfactual | None = None
+    for taints, _n in groups.most_common(8):
+        if not taints:
+            continue
+        tols = tuple(Toleration(t.key, "Equal", t.value, t.effect) for t in taints)
+        fits = feasible_nodes(profile, replace(pod, tolerations=pod.tolerations + tols), snap)
+        if fits and (best is None or len(fits) > int(best.change["nodes"])):
+            shown = ", ".join(
+                f"{t.key}={t.value}:{t.effect}" if t.value else f"{t.key}:{t.effect}" for t in taints
+            )
+            best = Counterfactual(
+                "toleration",
+                f"needs a toleration for {shown} (then fits on {_names(snap, fits)})",
+                len(tols),
+                True,
+                snap.names[fits[0]],
+                {
+                    "tolerations": [
+                        {"key": t.key, "operator": "Equal", "value": t.value, "effect": t.effect}
+                        for t in taints
+                    ],
+                    "nodes": len(fits),
+                },
+            )
+    return [best] if best else []
+
+
+def healthy_counterfactual(profile: Profile, pod: PodSpec, snap: ClusterState) -> list[Counterfactual]:
+    """Nodes where the pod would fit were their failed GPUs healthy (books rebuilt on a copy)."""
+    if not snap.any_unhealthy or not pod.num_gpu:
+        return []
+    nodes = [replace(nd, unhealthy_gpus=frozenset()) for nd in snap.nodes]
+    healed = ClusterState(nodes)
+    for a in snap.allocations.values():
+        healed.assume(a.pod, a.node, a.gpus, check=False)
+    fits = [i for i in feasible_nodes(profile, pod, healed) if snap.nodes[i].unhealthy_gpus]
+    if not fits:
+        return []
+    nd = snap.nodes[fits[0]]
+    bad = ", ".join(map(str, sorted(nd.unhealthy_gpus)))
+    return [
+        Counterfactual(
+            "healthy-gpu",
+            f"fits on {nd.name} once its GPU(s) {bad} are healthy again (repair or replace them, "
+            f"then the agent clears gpusched.io/unhealthy-gpus)",
+            1,
+            True,
+            nd.name,
+            {"node": nd.name, "unhealthy": sorted(nd.unhealthy_gpus), "nodes": len(fits)},
+        )
+    ]
+
+
+def moves_counterfactual(profile: Profile, pod: PodSpec, snap: ClusterState) -> list[Counterfactual]:
+    """The fewest moves of running pods after which the pod lands (``core.defrag.plan_for``)."""
+    if not pod.num_gpu:
+        return []
+    plan = plan_for(profile, snap, pod, Rules(max_moves=MAX_MOVES), WorkBudget())
+    if not plan.feasible or not plan.moves or not plan.placements:
+        return []
+    moved = [m.pod for m in plan.moves]
+    kind = "shares" if all(0 < m.gpu_milli < GPU_MILLI for m in plan.moves) else "pods"
+    where = plan.placements[0]
+    n = len(moved)
+    return [
+        Counterfactual(
+            "moves",
+            f"fits on {where.node} if {kind} {', '.join(moved)} move ({n} move{'s' * (n != 1)})",
+            n,
+            True,
+            where.node,
+            {"plan": plan.to_dict(), "moves": n},
+        )
+    ]
+
+
+def counterfactuals(
+    profile: Profile, pod: PodSpec, snap: ClusterState, diag: Diagnosis | None
+) -> list[Counterfactual]:
+    """Every change found (smallest first). ``snap`` is left as it was."""
+    fits = feasible_nodes(profile, pod, snap)
+    if fits:
+        return [
+            Counterfactual(
+                "fits-now",
+                f"fits now on {_names(snap, fits)}: nothing to change; is its "
+                "scheduler (spec.schedulerName) running?",
+                0,
+                True,
+                snap.names[fits[0]],
+                {"nodes": len(fits)},
+            )
+        ]
+    out: list[Counterfactual] = []
+    q = quota_counterfactual(pod)
+    if q is not None:
+        out.append(q)
+    out += model_counterfactual(profile, pod, snap)
+    out += memory_counterfactual(profile, pod, snap)
+    out += count_counterfactual(profile, pod, snap)
+    if diag is not None:
+        out += toleration_counterfactual(profile, pod, snap, diag)
+    out += healthy_counterfactual(profile, pod, snap)
+    resolvable = diag is None or any(f.code == Code.UNSCHEDULABLE for f in diag.failures)
+    if resolvable and not any(c.kind in ("gpu-model", "gpu-memory", "gpu-count") for c in out):
+        out += moves_counterfactual(profile, pod, snap)
+    if not out:
+        if pod.gpu_models and not set(pod.gpu_models) & set(snap.models):
+            msg = (
+                f"no node has this GPU model ({'|'.join(sorted(pod.gpu_models))}; the cluster has "
+                f"{', '.join(snap.models) or 'none'}), and no other model fits either"
+            )
+        else:
+            msg = f"no change found within {MAX_MOVES} moves: it needs more capacity (or fewer pods running)"
+        out.append(Counterfactual("none", msg, 1 << 20, False))
+    out.sort(key=lambda c: c.cost)
+    return out

@@ -1,0 +1,229 @@
+"""The doctor's input: the API's Node and Pod objects, from a live cluster or a file.
+
+The file format is JSON (``SNAPSHOT_KIND``, version 1)::
+
+    {"kind": "gpusched.io/doctor-snapshot", "version": 1, "source": "...",
+     "nodes": [<Node as the API shows it>, ...], "pods": [<Pod as the API shows it>, ...]}
+
+A bound pod's GPUs are its ``gpusched.io/assignment`` annotation, as on a live cluster, and the
+device plugin's allocation its ``gpusched.io/allocated`` annotation; a Node's failed GPUs its
+``gpusched.io/unhealthy-gpus`` annotation. ``snapshot_of_state`` writes the simulator's books in
+this form (``gpusched simulate --snapshot FILE``): node labels, taints, allocatable, GPU model and
+memory; pods with their requests, node selector, tolerations, priority and assignment. Pod
+affinity and topology spread are not written (the simulator's traces have none).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpusched.core.cluster import ClusterState
+from gpusched.core.errors import ResourceError
+from gpusched.core.model import NodeSpec, PodSpec
+from gpusched.doctor.errors import SnapshotError
+from gpusched.k8s.convert import (
+    ANN_ASSIGNMENT,
+    ANN_GANG,
+    ANN_MODELS,
+    ANN_QUEUE,
+    LABEL_MEMORY,
+    LABEL_PRODUCT,
+    RES_GPU,
+    RES_MEMORY,
+    RES_MILLI,
+    assignment_annotation,
+)
+
+SNAPSHOT_KIND = "gpusched.io/doctor-snapshot"
+SNAPSHOT_VERSION = 1
+ANN_UNHEALTHY = "gpusched.io/unhealthy-gpus"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Nodes and pods as the API shows them (plain dicts), and where they came from."""
+
+    nodes: Sequence[Mapping[str, Any]]
+    pods: Sequence[Mapping[str, Any]]
+    source: str = ""
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": SNAPSHOT_KIND,
+            "version": SNAPSHOT_VERSION,
+            "source": self.source,
+            "nodes": list(self.nodes),
+            "pods": list(self.pods),
+        }
+
+
+# ------------------------------------------------------------------------- core -> API objects
+def node_object(nd: NodeSpec) -> dict[str, Any]:
+    alloc: dict[str, str] = {"cpu": f"{nd.cpu_milli}m", "memory": f"{nd.memory_mib}Mi"}
+    if nd.max_pods:
+        alloc["pods"] = str(nd.max_pods)
+    labels = dict(nd.labels)
+    if nd.gpu_count:
+        alloc[RES_GPU] = str(nd.gpu_count)
+        labels.setdefault(LABEL_PRODUCT, nd.gpu_model)
+        if nd.gpu_memory_mib:
+            labels.setdefault(LABEL_MEMORY, str(nd.gpu_memory_mib))
+    alloc.update((k, str(v)) for k, v in nd.extended.items())
+    meta: dict[str, Any] = {"name": nd.name, "labels": labels}
+    if nd.unhealthy_gpus:
+        meta["annotations"] = {ANN_UNHEALTHY: ",".join(str(g) for g in sorted(nd.unhealthy_gpus))}
+    obj: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "metadata": meta}
+    if nd.taints:
+        obj["spec"] = {"taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in nd.taints]}
+    obj["status"] = {
+        "capacity": dict(alloc),
+        "allocatable": alloc,
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }
+    return obj
+
+
+def pod_object(pod: PodSpec, node: str = "", gpus: Sequence[int] = ()) -> dict[str, Any]:
+    req: dict[str, str] = {}
+    if pod.cpu_milli:
+        req["cpu"] = f"{pod.cpu_milli}m"
+    if pod.memory_mib:
+        req["memory"] = f"{pod.memory_mib}Mi"
+    if pod.is_whole:
+        req[RES_GPU] = str(pod.num_gpu)
+        if pod.gpu_memory_mib:
+            req[RES_MEMORY] = str(pod.gpu_memory_mib)
+    elif pod.num_gpu:
+        if pod.gpu_milli:
+            req[RES_MILLI] = str(pod.gpu_milli)
+        if pod.gpu_memory_mib:
+            req[RES_MEMORY] = str(pod.gpu_memory_mib)
+    req.update((k, str(v)) for k, v in pod.extended.items())
+    ann: dict[str, str] = {}
+    if pod.gpu_models:
+        ann[ANN_MODELS] = "|".join(sorted(pod.gpu_models))
+    if pod.gang:
+        ann[ANN_GANG] = pod.gang
+    if pod.queue:
+        ann[ANN_QUEUE] = pod.queue
+    if node and pod.num_gpu:
+        ann[ANN_ASSIGNMENT] = assignment_annotation(node, tuple(gpus), pod)
+    spec: dict[str, Any] = {
+        "containers": [{"name": "main", "resources": {"requests": req, "limits": dict(req)}}],
+    }
+    if pod.priority:
+        spec["priority"] = pod.priority
+    if pod.node_selector:
+        spec["nodeSelector"] = dict(pod.node_selector)
+    if pod.tolerations:
+        spec["tolerations"] = [
+            {
+                k: v
+                for k, v in (
+                    ("key", t.key),
+                    ("operator", t.operator),
+                    ("value", t.value),
+                    ("effect", t.effect),
+                )
+                if v
+            }
+            for t in pod.tolerations
+        ]
+    if node:
+        spec["nodeName"] = node
+    meta: dict[str, Any] = {
+        "name": pod.name,
+        "namespace": pod.namespace,
+        "uid": pod.uid or f"uid-{pod.namespace}-{pod.name}",
+        "labels": dict(pod.labels),
+        "annotations": ann,
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": spec,
+        "status": {"phase": "Running" if node else "Pending"},
+    }
+
+
+def snapshot_of_state(
+    state: ClusterState, pending: Sequence[PodSpec] = (), *, source: str = "gpusched simulate"
+) -> Snapshot:
+    """The simulator's books (every booked pod where it is booked) and its pending pods."""
+    nodes = [node_object(nd) for nd in state.nodes]
+    pods = [pod_object(a.pod, state.names[a.node], a.gpus) for a in state.allocations.values()]
+    pods += [pod_object(p) for p in pending if p.key not in state.allocations]
+    return Snapshot(nodes, pods, source)
+
+
+def save_snapshot(
+    path: Path | str,
+    state: ClusterState,
+    pending: Sequence[PodSpec] = (),
+    *,
+    source: str = "gpusched simulate",
+) -> Path:
+    """Write ``snapshot_of_state`` to ``path`` (JSON); raises ResourceError naming the file."""
+    p = Path(path)
+    data = snapshot_of_state(state, pending, source=source).to_json()
+    try:
+        p.write_text(json.dumps(data, separators=(",", ":")))
+    except OSError as e:
+        raise ResourceError(f"snapshot {p}: cannot write it: {e.strerror or e}") from None
+    return p
+
+
+def write_snapshot(path: Path | str, snap: Snapshot) -> Path:
+    p = Path(path)
+    try:
+        p.write_text(json.dumps(snap.to_json(), separators=(",", ":")))
+    except OSError as e:
+        raise ResourceError(f"snapshot {p}: cannot write it: {e.strerror or e}") from None
+    return p
+
+
+# ----------------------------------------------------------------------------------- reading
+def _objects(data: Mapping[str, Any], name: str, where: str) -> list[Mapping[str, Any]]:
+    items = data.get(name)
+    if not isinstance(items, list):
+        raise SnapshotError(f"{where}: field {name!r} must be a list of {name[:-1]} objects")
+    for i, o in enumerate(items):
+        meta = o.get("metadata") if isinstance(o, dict) else None
+        if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
+            raise SnapshotError(f"{where}: {name}[{i}] has no metadata.name")
+        for part in ("spec", "status"):
+            if part in o and not isinstance(o[part], dict):
+                raise SnapshotError(f"{where}: {name}[{i}] ({meta['name']}): {part} must be an object")
+    return items
+
+
+def parse_snapshot(data: object, where: str = "snapshot") -> Snapshot:
+    """A snapshot from its JSON value; SnapshotError names the field that is wrong."""
+    if not isinstance(data, dict):
+        raise SnapshotError(f"{where}: not a JSON object (a doctor snapshot has kind {SNAPSHOT_KIND!r})")
+    if data.get("kind") != SNAPSHOT_KIND:
+        raise SnapshotError(f"{where}: field kind is {data.get('kind')!r}, expected {SNAPSHOT_KIND!r}")
+    if data.get("version") != SNAPSHOT_VERSION:
+        raise SnapshotError(f"{where}: field version is {data.get('version')!r}; this doctor reads version 1")
+    return Snapshot(
+        _objects(data, "nodes", where), _objects(data, "pods", where), str(data.get("source") or where)
+    )
+
+
+def load_snapshot(path: Path | str) -> Snapshot:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise SnapshotError(f"snapshot {p}: cannot read it: {e.strerror or e}") from None
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise SnapshotError(f"snapshot {p}: not JSON ({e})") from None
+    return parse_snapshot(data, f"snapshot {p}")

@@ -1,0 +1,44 @@
+"""A snapshot of a live cluster through the Kubernetes API (kubeconfig or in-cluster)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from gpusched.doctor.errors import ApiUnreachable
+from gpusched.doctor.snapshot import Snapshot
+
+API_TIMEOUT_S = 10.0
+
+
+def from_api(kubeconfig: str | None = None, *, timeout_s: float = API_TIMEOUT_S) -> Snapshot:
+    """List every Node and Pod. Raises ApiUnreachable naming the server (or the kubeconfig) when
+    the API cannot be read."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config.config_exception import ConfigException
+    from urllib3.exceptions import HTTPError
+
+    from gpusched.k8s.client import api_client
+
+    path = kubeconfig or os.environ.get("KUBECONFIG") or ""
+    where = f"kubeconfig {path}" if path else "in-cluster config"
+    try:
+        api = api_client(kubeconfig)
+    except (ConfigException, OSError, ValueError, TypeError) as e:
+        hint = "" if path else " (no --kubeconfig and $KUBECONFIG unset)"
+        raise ApiUnreachable(f"Kubernetes API: cannot load {where}{hint}: {e}") from None
+    host = api.configuration.host
+    v1 = client.CoreV1Api(api)
+    try:
+        raw_nodes: Any = v1.list_node(_preload_content=False, _request_timeout=timeout_s)
+        raw_pods: Any = v1.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=timeout_s)
+        nodes, pods = json.loads(raw_nodes.data), json.loads(raw_pods.data)
+    except ApiException as e:
+        raise ApiUnreachable(f"Kubernetes API at {host}: {e.status} {e.reason}") from None
+    except (HTTPError, OSError) as e:
+        raise ApiUnreachable(f"Kubernetes API at {host} is unreachable: {type(e).__name__}: {e}") from None
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+    return Snapshot(nodes.get("items") or [], pods.get("items") or [], f"API {host}")
