@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import numpy as np
+import numpy.typing as npt
 
 from gpusched.core.cluster import I64, BoolArr, ClusterState
 from gpusched.core.framework import F64, CycleState, StateKey
@@ -27,7 +28,7 @@ _REASONS = {
     _ANTI: ("node(s) didn't match pod anti-affinity rules", Code.UNSCHEDULABLE),
     _EXISTING: ("node(s) didn't satisfy existing pods anti-affinity rules", Code.UNSCHEDULABLE),
 }
-I8 = np.ndarray[tuple[int], np.dtype[np.int8]]
+I8 = npt.NDArray[np.int8]
 
 VERDICTS: StateKey[I8] = StateKey("InterPodAffinity")
 """Per node: OK, AFFINITY, ANTI or EXISTING (the first rule it breaks), written by PreFilter."""

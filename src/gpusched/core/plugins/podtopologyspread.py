@@ -13,6 +13,7 @@ A node without the topology key fails, and no eviction would change that.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from gpusched.core.cluster import I64, BoolArr, ClusterState
 from gpusched.core.framework import F64, CycleState, StateKey
@@ -24,7 +25,7 @@ from gpusched.core.status import Code, Status
 
 _OK, _SKEW, _MISSING = 0, 1, 2
 REASON = "node(s) didn't match pod topology spread constraints"
-I8 = np.ndarray[tuple[int], np.dtype[np.int8]]
+I8 = npt.NDArray[np.int8]
 
 VERDICTS: StateKey[I8] = StateKey("PodTopologySpread")
 """Per node: OK, SKEW or MISSING under the pod's hard constraints, written by PreFilter."""
