@@ -191,9 +191,11 @@ class SchedulerMetrics:
             "scheduler_preemption_attempts", "Total preemption attempts in the cluster till now.", registry=r
         )
         self.preemption_victims = Histogram(
-            "scheduler_preemption_victims", "Number of selected preemption victims.", buckets=_VICTIM_BUCKETS,
+            "scheduler_preemption_victims",
+            "Number of selected preemption victims.",
+            buckets=_VICTIM_BUCKETS,
             registry=r,
-        )  # fmt: skip
+        )
         self.leader_status = Gauge(
             "leader_election_master_status",
             "1 when this replica is the leader of the named lease, else 0.",
