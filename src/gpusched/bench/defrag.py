@@ -48,6 +48,19 @@ from gpusched.sim.workload import Workload
 Progress = Callable[[int, int], None]
 
 
+def sample_nodes(workload: Workload, nodes: int, seed: int = 0) -> Workload:
+    """``workload`` on a seeded random sample of ``nodes`` of its nodes (GPU nodes only), with the
+    same pods: the churn protocol draws its mix from them and scales the arrival rate to the
+    sample's GPUs, so a trace's cluster can be studied at a size a run can afford."""
+    gpu_nodes = [n for n in workload.nodes if n.gpu_count]
+    if not 0 < nodes <= len(gpu_nodes):
+        raise InvalidInput(f"sample of {nodes} nodes: the workload has {len(gpu_nodes)} GPU nodes")
+    rng = np.random.default_rng([seed, 0x5A3])
+    keep = sorted(int(i) for i in rng.choice(len(gpu_nodes), size=nodes, replace=False))
+    label = f"{workload.label} (a sample of {nodes} of its {len(gpu_nodes)} GPU nodes, seed {seed})"
+    return Workload([gpu_nodes[i] for i in keep], workload.pods, label)
+
+
 def churn_runs(modes: Sequence[str], budgets: Sequence[float], seeds: Sequence[int]) -> int:
     """How many runs ``churn_comparison`` makes (for a progress bar's total)."""
     return len(seeds) * (1 + len([m for m in modes if m != "off"]) * len(budgets))
