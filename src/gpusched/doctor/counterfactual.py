@@ -255,3 +255,20 @@ def counterfactuals(
         out.append(Counterfactual("none", msg, 1 << 20, False))
     out.sort(key=lambda c: c.cost)
     return out
+
+
+def changed_pod(pod: PodSpec, cf: Counterfactual) -> PodSpec:
+    """``pod`` with the change of a counterfactual that changes the pod itself (toleration,
+    gpu-model, gpu-memory, gpu-count); the pod unchanged for the others (moves and repairs change
+    the cluster, not the pod)."""
+    ch = cf.change
+    if cf.kind == "toleration":
+        tols = tuple(Toleration(t["key"], t["operator"], t["value"], t["effect"]) for t in ch["tolerations"])
+        return replace(pod, tolerations=pod.tolerations + tols)
+    if cf.kind == "gpu-model":
+        return replace(pod, gpu_models=frozenset(ch["gpu_models"]))
+    if cf.kind == "gpu-memory":
+        return replace(pod, gpu_memory_mib=int(ch["gpu_memory_mib"]))
+    if cf.kind == "gpu-count":
+        return replace(pod, num_gpu=int(ch["num_gpu"]))
+    return pod
