@@ -219,9 +219,20 @@ def bench(
         _console().print(t)
 
 
-def kubectl_main() -> None:
-    """``kubectl-gpusched``: kubectl's plugin for ``kubectl gpusched doctor ...`` (the whole
-    ``gpusched`` command line, under kubectl's name)."""
-    from gpusched.cli import app
+def kubectl_app() -> typer.Typer:
+    """The ``kubectl gpusched`` plugin's commands: ``doctor ...`` and ``ui``."""
+    from gpusched.cli.ui import ui
 
-    app(prog_name="kubectl gpusched")
+    app = typer.Typer(
+        add_completion=False,
+        no_args_is_help=True,
+        help="gpusched as a kubectl plugin: doctor and the GPU map.",
+    )
+    app.add_typer(doctor_app, name="doctor")
+    app.command("ui")(ui)
+    return app
+
+
+def kubectl_main() -> None:
+    """``kubectl-gpusched`` (kubectl runs it for ``kubectl gpusched doctor ...``)."""
+    kubectl_app()(prog_name="kubectl gpusched")
