@@ -251,3 +251,18 @@ def test_saved_snapshot_rebuilds_the_same_books(tmp_path: Any) -> None:
     assert b.state.nodes[0].taints == st.nodes[0].taints and b.state.nodes[1].unhealthy_gpus == {3}
     assert list(b.pending) == ["default/p"]
     assert parse_snapshot(json.loads(path.read_text())).source == "gpusched simulate"
+
+
+def test_simulator_snapshot_holds_the_simulated_books(tmp_path: Any) -> None:
+    from gpusched.doctor.simsnap import paper_books, save_paper_snapshot
+    from gpusched.sim.synthetic import SyntheticConfig
+    from gpusched.sim.workload import load_workload
+
+    wl = load_workload(None, None, SyntheticConfig(nodes=20, pods=120, seed=0))
+    path = save_paper_snapshot(tmp_path / "sim.json", wl.nodes, wl.pods, "fgd", 42)
+    st, failed = paper_books(wl.nodes, [p.spec for p in wl.pods], "fgd", 42)
+    b = Books.of(load_snapshot(path))
+    assert b.state.gpu_free.tolist() == st.gpu_free.tolist() and not b.conflicts
+    assert set(b.pending) == {p.key for p in failed} and b.pending
+    r = doctor_pod(b, next(iter(b.pending)))
+    assert r.reasons and r.counterfactuals  # every pending pod gets reasons and an answer

@@ -134,7 +134,24 @@ def render_cluster(r: ClusterReport, out: Console | None = None) -> None:
         out.print(t)
     drift = [f for f in r.findings if f.code.startswith("drift")]
     out.print(Text(f"Drift: {len(drift)} pod(s)", style="bold red" if drift else "bold green"))
-    _findings(out, r.findings)
+    _findings(out, _grouped(r.findings))
+
+
+def _grouped(findings: Sequence[Finding], shown: int = 3) -> list[Finding]:
+    """At most ``shown`` findings of one code, then one line counting the rest."""
+    out: list[Finding] = []
+    by_code: dict[tuple[str, str], list[Finding]] = {}
+    for f in findings:
+        by_code.setdefault((f.level, f.code), []).append(f)
+    for fs in by_code.values():
+        out += fs[:shown]
+        if len(fs) > shown:
+            rest = fs[shown:]
+            names = ", ".join(f.subject for f in rest[:5]) + (", ..." if len(rest) > 5 else "")
+            f0 = fs[0]
+            more = f"and {len(rest)} more like it: {names}"
+            out.append(Finding(f0.level, f0.severity, f0.code, more, {}, ""))
+    return out
 
 
 # ----------------------------------------------------------------------------------- commands
