@@ -266,3 +266,15 @@ def test_simulator_snapshot_holds_the_simulated_books(tmp_path: Any) -> None:
     assert set(b.pending) == {p.key for p in failed} and b.pending
     r = doctor_pod(b, next(iter(b.pending)))
     assert r.reasons and r.counterfactuals  # every pending pod gets reasons and an answer
+
+
+def test_a_failed_gpu_that_does_not_matter_is_not_named_a_cause() -> None:
+    """The pod would not fit on the sick node even were its GPU healthy (the other GPU is held)."""
+    st = ClusterState([node("sick", 2, unhealthy_gpus=frozenset({1})), node("n", 2)])
+    st.assume(whole("w"), 0, [0])
+    st.assume(share("a", 400), 1, [0])
+    st.assume(share("b", 400), 1, [1])
+    r = doctor_pod(books(st, [whole("p", 2)]), "default/p")
+    (f,) = [f for f in r.findings if f.code == "unhealthy-gpu"]
+    assert f.level == "scheduling" and f.severity == "info" and "even healthy" in f.message
+    assert "unhealthy-gpu" not in r.cause and not any(c.kind == "healthy-gpu" for c in r.counterfactuals)

@@ -77,3 +77,26 @@ def test_gpu_map_in_headless_chromium(url: str, tmp_path: Path) -> None:
     shot = IMAGES / "gpu-map.png"
     run_chromium(f"--screenshot={shot}", "--window-size=1500,1000", page, tmp=tmp_path)
     assert shot.stat().st_size > 20_000
+
+
+def test_doctor_output_screenshot(tmp_path: Path) -> None:
+    """``gpusched doctor pod`` as the terminal shows it (rich's SVG export, rendered by Chromium)."""
+    from rich.console import Console
+
+    from gpusched.cli.doctor import render_pod
+    from gpusched.doctor.analysis import doctor_pod
+
+    books = Books.of(demo_snapshot())
+    con = Console(record=True, width=130, force_terminal=True, color_system="truecolor")
+    for key in ("team-a/needs-two-a100", "team-c/needs-h100-toleration", "team-a/notebook-1"):
+        render_pod(doctor_pod(books, key), con)
+        con.print()
+    text = con.export_text(clear=False)
+    assert "fits on a100-0 if shares" in text and "needs a toleration for dedicated=training" in text
+    assert "drift: the scheduler booked GPU(s) [1] of a100-5" in text
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    svg = IMAGES / "doctor-pod.svg"
+    con.save_svg(str(svg), title="gpusched doctor pod")
+    shot = IMAGES / "doctor-pod.png"
+    run_chromium(f"--screenshot={shot}", "--window-size=1400,1150", svg.as_uri(), tmp=tmp_path)
+    assert shot.stat().st_size > 20_000

@@ -44,7 +44,8 @@ def _resolvable_gpu(f: NodeFailure) -> bool:
     return f.plugin == "GPUFit" and f.code == Code.UNSCHEDULABLE
 
 
-def _scheduling_causes(books: Books, pod: PodSpec, diag: Diagnosis) -> list[Finding]:
+def _scheduling_causes(books: Books, pod: PodSpec, diag: Diagnosis, healed: set[str]) -> list[Finding]:
+    """``healed``: the nodes where the pod would fit were their failed GPUs healthy."""
     snap, key = books.state, pod.key
     out: list[Finding] = []
     counts = dict(diag.reason_counts())
@@ -125,27 +126,32 @@ def _scheduling_causes(books: Books, pod: PodSpec, diag: Diagnosis) -> list[Find
         if nd.unhealthy_gpus and nd.name in failed and _resolvable_gpu(failed[nd.name])
     ]
     if sick:
-        out.append(
-            Finding(
-                "scheduling",
-                "error",
-                "unhealthy-gpu",
-                f"{len(sick)} node(s) turn the pod away with failed GPUs: "
-                + ", ".join(f"{nd.name} GPU {sorted(nd.unhealthy_gpus)}" for nd in sick[:4]),
-                {nd.name: sorted(nd.unhealthy_gpus) for nd in sick},
-                key,
-            )
+        blocking = [nd for nd in sick if nd.name in healed]
+        shown = blocking or sick
+        names = ", ".join(f"{nd.name} GPU {sorted(nd.unhealthy_gpus)}" for nd in shown[:4])
+        msg = (
+            f"{len(blocking)} node(s) would take the pod but for failed GPUs: {names}"
+            if blocking
+            else f"{len(sick)} node(s) have failed GPUs ({names}); the pod would not fit there even healthy"
         )
+        ev = {nd.name: sorted(nd.unhealthy_gpus) for nd in shown}
+        out.append(Finding("scheduling", "error" if blocking else "info", "unhealthy-gpu", msg, ev, key))
     if diag.failures and any(_resolvable_gpu(f) for f in diag.failures):
-        free = sum(int(snap.gpu_free[i, : int(snap.gpu_count[i])].sum()) for i in range(len(snap)))
+        near = [snap.index[f.node] for f in diag.failures if _resolvable_gpu(f)]  # only GPUs it could use
+        free = sum(
+            int(
+                snap.gpu_free[i, : int(snap.gpu_count[i])][snap.gpu_exists[i, : int(snap.gpu_count[i])]].sum()
+            )
+            for i in near
+        )
         if pod.num_gpu and free >= pod.gpu_demand_milli:
             out.append(
                 Finding(
                     "scheduling",
                     "warn",
                     "fragmented",
-                    f"{free / GPU_MILLI:g} GPUs are free in all, but in pieces no node can give the pod "
-                    f"({pod.num_gpu} × {pod.gpu_milli} milli)",
+                    f"{free / GPU_MILLI:g} GPUs are free on the nodes it could use, but in pieces "
+                    f"none can give the pod ({pod.num_gpu} × {pod.gpu_milli} milli)",
                     {"free_milli": free},
                     key,
                 )
@@ -232,19 +238,22 @@ def doctor_pod(books: Books, key: str) -> PodReport:
             key, phase, node, (), summary=f"pod {key} is {phase or 'not pending'}; nothing to diagnose"
         )
     diag = diagnosis(books, pod)
-    findings += _scheduling_causes(books, pod, diag)
+    cfs = counterfactuals(books.profile, pod, books.state, diag)
+    healed = {n for c in cfs if c.kind == "healthy-gpu" for n in c.change.get("fits_on", [c.node])}
+    findings += _scheduling_causes(books, pod, diag, healed)
     failed = {f.node: f for f in diag.failures}
     shown = 0
     for name in books.state.names:
         if shown >= _NODE_SHOWN or name not in failed:
             continue
-        if not _resolvable_gpu(failed[name]):
+        if not _resolvable_gpu(failed[name]) or (
+            books.state.nodes[books.state.index[name]].unhealthy_gpus and name not in healed
+        ):
             continue
         trouble = [f for f in node_findings(books.node_objs[name]) if f.severity in ("warn", "error")]
         if trouble:
             findings += trouble
             shown += 1
-    cfs = counterfactuals(books.profile, pod, books.state, diag)
     causes = [f.message for f in findings if f.severity == "error" and f.level == "scheduling"]
     return PodReport(
         key,

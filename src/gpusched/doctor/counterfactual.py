@@ -186,7 +186,12 @@ def healthy_counterfactual(profile: Profile, pod: PodSpec, snap: ClusterState) -
             1,
             True,
             nd.name,
-            {"node": nd.name, "unhealthy": sorted(nd.unhealthy_gpus), "nodes": len(fits)},
+            {
+                "node": nd.name,
+                "unhealthy": sorted(nd.unhealthy_gpus),
+                "nodes": len(fits),
+                "fits_on": [snap.names[i] for i in fits],
+            },
         )
     ]
 

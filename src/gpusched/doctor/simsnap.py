@@ -53,7 +53,7 @@ def save_paper_snapshot(
     specs = [p.spec if isinstance(p, TracePod) else p for p in pods]
     snap, failed = paper_books(nodes, specs, policy, seed, tune=tune)
     seen: set[str] = set()
-    pending = []
+    pending: list[PodSpec] = []
     for p in failed:
         if p.key not in seen and len(pending) < max_pending:
             seen.add(p.key)
