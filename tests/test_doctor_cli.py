@@ -101,3 +101,20 @@ def test_kubectl_plugin_entry_point(snap: Path) -> None:
     r = subprocess.run([sys.executable, "-c", code, "doctor", "pod", "x/y", "--snapshot", str(snap)],
                        capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode == 2 and "error: pod x/y not found" in r.stderr
+
+
+def test_ui_books_cache_reads_live_books_again_but_a_snapshot_once() -> None:
+    from gpusched.doctor.books import Books
+    from gpusched.doctor.ui import BooksCache
+
+    loads: list[int] = []
+
+    def load() -> Books:
+        loads.append(1)
+        return Books.of(demo_snapshot())
+
+    live, fixed = BooksCache(load, 0.0), BooksCache(load, None)
+    live.get(), live.get()
+    assert len(loads) == 2
+    fixed.get(), fixed.get()
+    assert len(loads) == 3
