@@ -219,6 +219,7 @@ class RealNode:
         self._logs_before: set[str] = set()
         self._created_var_lib_kubelet = False
         self._created_container_logs = False
+        self._created_netns_dir = False
         self._chains_before: dict[str, set[tuple[str, str]]] = {}
         self._created_cgroups: list[Path] = []
         self.ip = ""
@@ -302,6 +303,7 @@ class RealNode:
             if value is not None:
                 self._saved_sysctls[key] = value.strip()
         self._netns_before = set(os.listdir(_NETNS_DIR)) if _NETNS_DIR.is_dir() else set()
+        self._created_netns_dir = not _NETNS_DIR.exists()
         self._logs_before = set(os.listdir(_CONTAINER_LOGS)) if _CONTAINER_LOGS.is_dir() else set()
         self._created_var_lib_kubelet = not Path("/var/lib/kubelet").exists()
         self._created_container_logs = not _CONTAINER_LOGS.exists()
@@ -721,6 +723,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 _run_quiet(["umount", "-l", str(_NETNS_DIR / ns)])
                 with contextlib.suppress(OSError):
                     (_NETNS_DIR / ns).unlink()
+        if self._created_netns_dir:
+            with contextlib.suppress(OSError):
+                _NETNS_DIR.rmdir()  # only if empty
 
     def _remove_cgroups(self) -> None:
         left = []
