@@ -270,3 +270,35 @@ def test_drift_between_assignment_and_device_plugin_allocation(env: Env) -> None
     record(assigned)  # the device plugin's allocation brought back to the assignment
     r = env.doctor("pod", f"{env.ns}/p")
     assert [f["code"] for f in r["findings"] if f["level"] == "device"] == ["allocation-agrees"]
+
+
+def test_gpu_map_from_the_live_api(env: Env) -> None:
+    """``gpusched ui``'s endpoints on the live API: the map, a pending pod's reasons and its
+    counterfactual, a bad name answered 404 naming it."""
+    import urllib.error
+    import urllib.request
+
+    from gpusched.cli.doctor import load_books
+    from gpusched.doctor.ui import BooksCache, serve
+
+    node = env.node("ml", 2, taints=[{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}])
+    env.pod("p", {"nvidia.com/gpu": "1"})
+    env.schedule(pending=["p"])
+    server = serve(BooksCache(lambda: load_books(None, str(env.cp.kubeconfig_path)), 0.0), "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with urllib.request.urlopen(f"{url}/api/map") as r:
+            m = json.load(r)
+        (n,) = [n for n in m["nodes"] if n["name"] == node]
+        assert len(n["gpus"]) == 2 and n["taints"] == ["dedicated=ml:NoSchedule"]
+        (p,) = [p for p in m["pending"] if p["pod"] == f"{env.ns}/p"]
+        assert "untolerated taint {dedicated: ml}" in p["message"]
+        with urllib.request.urlopen(f"{url}/api/pod?name={env.ns}/p") as r:
+            assert json.load(r)["counterfactuals"][0]["kind"] == "toleration"
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"{url}/api/pod?name={env.ns}/nope")
+        assert e.value.code == 404 and f"{env.ns}/nope" in json.load(e.value)["error"]
+        with urllib.request.urlopen(f"{url}/") as r:
+            assert b"gpusched" in r.read()
+    finally:
+        server.shutdown()

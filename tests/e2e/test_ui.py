@@ -83,8 +83,8 @@ def test_doctor_output_screenshot(tmp_path: Path) -> None:
     """``gpusched doctor pod`` as the terminal shows it (rich's SVG export, rendered by Chromium)."""
     from rich.console import Console
 
-    from gpusched.cli.doctor import render_pod
     from gpusched.doctor.analysis import doctor_pod
+    from gpusched.doctor.render import render_pod
 
     books = Books.of(demo_snapshot())
     con = Console(record=True, width=130, force_terminal=True, color_system="truecolor")
