@@ -146,6 +146,20 @@ def test_registers_every_resource_and_again_after_the_kubelet_restarts(env: dict
     w.close()
 
 
+def test_beside_nvidias_plugin_only_the_share_slots_are_served() -> None:
+    # --no-nvidia-resources (the chart's agent.resources.nvidiaGpu=false): NVIDIA's device plugin keeps
+    # nvidia.com/gpu and the MIG resources, and the kubelet must never see two plugins for one resource.
+    inv = FakeBackend.from_dict(json.loads(json.dumps(DOC)), "t").inventory()
+    assert NodeDevices(NODE, inv).resources() == [
+        RES_GPU, RES_SHARE, "nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb"
+    ]
+    beside = NodeDevices(NODE, inv, nvidia_resources=False)
+    assert beside.resources() == [RES_SHARE]
+    assert {s.resource for s in DevicePlugin(beside, MemoryPods()).servers} == {RES_SHARE}
+    mig_only = FakeBackend.from_dict({"gpus": [DOC["gpus"][1]]}, "t")  # type: ignore[index]
+    assert NodeDevices(NODE, mig_only.inventory(), nvidia_resources=False).resources() == []
+
+
 def test_registration_is_retried_until_the_kubelet_is_there(tmp_path: Path) -> None:
     d = Path(tempfile.mkdtemp(prefix="gp", dir="/tmp"))
     try:

@@ -677,14 +677,7 @@ def agent_run_options() -> set[str]:
     "nvidia_gpu",
     [
         "true",
-        pytest.param(
-            "false",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="`gpusched agent run` has no --no-nvidia-resources yet (asked of the agent's owner); "
-                "this passes, and must lose its mark, once it has",
-            ),
-        ),
+        "false",
     ],
 )
 def test_helm_agent_flags_are_the_agents(helm: list[str], nvidia_gpu: str) -> None:

@@ -35,13 +35,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpusched.core.errors import GpuschedError
 from gpusched.k8s.convert import ANN_ASSIGNMENT, RES_GPU
 
 RES_SHARE = "gpusched.io/gpu-share"
 ANN_ALLOCATED = "gpusched.io/allocated"
 
 
-class AllocationError(Exception):
+class AllocationError(GpuschedError):
     """An Allocate that must fail; the message names the pod and the field."""
 
 

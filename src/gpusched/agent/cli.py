@@ -99,6 +99,13 @@ def run_cmd(
     kubelet_socket: Annotated[Path | None, typer.Option(help="Default: <plugin-dir>/kubelet.sock.")] = None,
     slots: Annotated[int, typer.Option(help="gpusched.io/gpu-share slots per GPU.")] = 16,
     cdi: Annotated[bool, typer.Option(help="Also return CDI device names nvidia.com/gpu=<UUID>.")] = False,
+    nvidia_resources: Annotated[
+        bool,
+        typer.Option(
+            help="Serve nvidia.com/gpu and nvidia.com/mig-* (off beside NVIDIA's device plugin: then only "
+            "gpusched.io/gpu-share)."
+        ),
+    ] = True,
     mig_strategy: Annotated[str | None, typer.Option(help="none or mixed.")] = None,
     gfd_labels: Annotated[bool, typer.Option(help="Write GFD's labels (same values as GFD).")] = True,
     metrics_port: Annotated[int, typer.Option(help="Prometheus port (dcgm-exporter's is 9400).")] = 9400,
@@ -122,6 +129,7 @@ def run_cmd(
         plugin_dir=plugin_dir,
         kubelet_socket=kubelet_socket,
         slots=slots,
+        nvidia_resources=nvidia_resources,
         cdi=cdi,
         mig_strategy=mig_strategy,
         write_gfd_labels=gfd_labels,

@@ -40,6 +40,7 @@ import yaml
 
 from gpusched.agent import migprofiles
 from gpusched.agent.inventory import GpuDevice, Inventory, MigInstance, Readings, XidEvent
+from gpusched.core.errors import InvalidInput
 
 ENV_VAR = "GPUSCHED_FAKE_GPUS"
 
@@ -61,7 +62,7 @@ KNOWN_MODELS: dict[str, tuple[int, tuple[int, int]]] = {
 }
 
 
-class FakeConfigError(ValueError):
+class FakeConfigError(InvalidInput):
     pass
 
 

@@ -16,9 +16,10 @@ import re
 from dataclasses import dataclass
 
 from gpusched.agent.inventory import MigInstance
+from gpusched.core.errors import InvalidInput
 
 
-class MigError(ValueError):
+class MigError(InvalidInput):
     """A MIG instance the GPU model cannot have."""
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gpusched.agent.inventory import GpuDevice, Inventory, MigInstance, Readings, XidEvent
+from gpusched.core.errors import GpuschedError
 
 DMI_PRODUCT = Path("/sys/class/dmi/id/product_name")
 
@@ -28,7 +29,7 @@ def mig_profile_name(gi_slices: int, ci_slices: int, mig_mib: int, total_bytes: 
     return name if ci_slices == gi_slices else f"{ci_slices}c.{name}"
 
 
-class NvmlUnavailable(RuntimeError):
+class NvmlUnavailable(GpuschedError, RuntimeError):
     pass
 
 

@@ -74,6 +74,9 @@ class NodeDevices:
     node: str
     inventory: Inventory
     slots: int = DEFAULT_SLOTS
+    # False beside NVIDIA's device plugin (GPU Operator): it serves nvidia.com/gpu and the MIG resources, and
+    # the agent only gpusched.io/gpu-share (the kubelet keeps one plugin per resource: the last registered).
+    nvidia_resources: bool = True
     unhealthy: set[str] = field(default_factory=set)  # GPU UUIDs
     version: int = 0
     cond: threading.Condition = field(default_factory=threading.Condition)
@@ -93,9 +96,9 @@ class NodeDevices:
     def resources(self) -> list[str]:
         from gpusched.agent.labels import mig_resources
 
-        out = []
-        if self.whole_gpus:
-            out += [RES_GPU, RES_SHARE]
+        if not self.nvidia_resources:
+            return [RES_SHARE] if self.whole_gpus else []
+        out = [RES_GPU, RES_SHARE] if self.whole_gpus else []
         return out + sorted(mig_resources(self.inventory))
 
     def devices(self, resource: str) -> list[tuple[str, GpuDevice]]:

@@ -24,6 +24,7 @@ class AgentConfig:
     plugin_dir: Path = DEFAULT_PLUGIN_DIR
     kubelet_socket: Path | None = None
     slots: int = DEFAULT_SLOTS
+    nvidia_resources: bool = True
     cdi: bool = False
     mig_strategy: str | None = None
     write_gfd_labels: bool = True
@@ -45,7 +46,9 @@ class Agent:
 
     def __post_init__(self) -> None:
         inv = self.backend.inventory()
-        self.devices = NodeDevices(self.config.node, inv, slots=self.config.slots)
+        self.devices = NodeDevices(
+            self.config.node, inv, slots=self.config.slots, nvidia_resources=self.config.nvidia_resources
+        )
         self.plugin = DevicePlugin(
             self.devices,
             self.pods,

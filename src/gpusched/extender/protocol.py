@@ -32,6 +32,7 @@ import numpy.typing as npt
 import orjson
 from kubernetes.utils.quantity import parse_quantity
 
+from gpusched.core.errors import InvalidInput
 from gpusched.core.workload import typical_workload as typical_workload  # the core's one default
 
 MAX_PRIORITY = 10
@@ -65,7 +66,7 @@ MAX_QUANTITY = 10**18
 """The largest pod resource quantity accepted (in its own unit: cores, bytes, GPUs, ...)."""
 
 
-class BadRequest(ValueError):
+class BadRequest(InvalidInput):
     """A request that cannot be served; ``status`` is the HTTP status to answer with."""
 
     def __init__(self, message: str, status: int = 400) -> None:
