@@ -1,0 +1,415 @@
+"""The dashboards and the alert rules on a real Prometheus (Debian's ``prometheus``), scraping the real
+standalone scheduler (two: a leader, and a standby whose Lease someone else holds), the extender and
+the node agent (fake GPUs, on the test control plane's API) while a workload runs on kwok nodes.
+
+Every panel query of every shipped dashboard and every alert expression goes through Prometheus's
+HTTP API: each must parse, and each must return data, except the queue placeholders (nothing feeds
+``gpusched_queue_*`` until queues exist) and the alerts on kube-state-metrics' series (not run here).
+Each alert that can be made to fire on kwok must fire (state ``firing`` in ``/api/v1/alerts``); the
+rules are loaded with ``for: 0s`` and a p99 threshold of 1 µs, the only changes from the shipped file.
+
+The scenario: 6 GPU shares of 700 milli fill the three 2-GPU "pa" nodes (every GPU keeps 300 milli
+the 700-milli workload cannot use: stranded), a pod asks for a GPU model no node has (pending, while
+the A10 of "pb" idles), the agent's fake GPU reports XID 79 (the agent marks it unhealthy on the Node,
+the scheduler's books follow), the extender answers filter and prioritize, and at the end the
+scheduler and the extender are killed (``up == 0``).
+
+Counts are printed in the test's output (``-s``) and recorded as user properties.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpusched.metrics.alerts import JOBS, Thresholds, alerts
+from gpusched.metrics.dashboards import PLACEHOLDER_METRICS, panel_queries
+from gpusched.metrics.generate import DASHBOARD_DIR, rules_yaml
+from gpusched.testenv import ControlPlane, free_port, wait_until
+from realparts import unavailable
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+GROUP = "gpusched.io/e2e-group"
+KSM_ALERTS = {"GPUSchedGPUNodeNotReady", "GPUSchedResourceQuotaExhausted"}  # kube-state-metrics' series
+PLACEHOLDER_ALERTS = {"GPUSchedQueueQuotaExhausted"}  # gpusched_queue_*: no queues yet
+DOWN_ALERTS = {"GPUSchedSchedulerDown", "GPUSchedExtenderDown"}  # fired last: the processes are killed
+
+
+def _binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        unavailable(f"{name} is not installed (Debian: apt-get install prometheus)")
+    return path
+
+
+class Prometheus:
+    def __init__(self, tmp: Path, targets: dict[str, list[int]]) -> None:
+        self.port = free_port()
+        rules = tmp / "rules.yaml"
+        rules.write_text(rules_yaml(Thresholds(p99_seconds=1e-6), for_override="0s"))
+        config = {
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(rules)],
+            "scrape_configs": [
+                {"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in ports]}]}
+                for job, ports in targets.items()
+            ],
+        }
+        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self.log = (tmp / "prometheus.log").open("ab")
+        self.proc = subprocess.Popen(
+            [_binary("prometheus"), f"--config.file={tmp / 'prometheus.yml'}",
+             f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        wait_until(self._ready, timeout=60, what="prometheus ready", interval=0.5)
+
+    def _ready(self) -> bool:
+        if self.proc.poll() is not None:
+            pytest.fail(f"prometheus exited with {self.proc.returncode}; see {self.log.name}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def api(self, path: str, **params: str) -> Any:
+        url = f"http://127.0.0.1:{self.port}/api/v1/{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:  # 400 bad_data: the body says why
+            return json.loads(e.read())
+
+    def query(self, expr: str) -> tuple[str, list[dict[str, Any]]]:
+        """(error or "", result) of an instant query."""
+        out = self.api("query", query=expr)
+        if out.get("status") != "success":
+            return f"{out.get('errorType')}: {out.get('error')}", []
+        return "", list(out["data"]["result"])
+
+    def firing(self) -> set[str]:
+        return {
+            a["labels"]["alertname"] for a in self.api("alerts")["data"]["alerts"] if a["state"] == "firing"
+        }
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+class Scene:
+    def __init__(self, cp: ControlPlane, tmp: Path) -> None:
+        from kubernetes import client
+
+        from gpusched.k8s.client import api_client
+
+        self.cp, self.tmp = cp, tmp
+        self.tag = uuid.uuid4().hex[:8]
+        self.ns = f"prom-{self.tag}"
+        self.scheduler = f"gpusched-{self.tag}"
+        self.api = api_client(str(cp.kubeconfig_path), qps_pool=16)
+        self.v1 = client.CoreV1Api(self.api)
+        self.coord = client.CoordinationV1Api(self.api)
+        self.v1.create_namespace({"metadata": {"name": self.ns}})
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._stop = threading.Event()
+
+    # ------------------------------------------------------------------ cluster
+    def nodes(self) -> None:
+        specs = [(f"pa-{self.tag}-{i}", "Tesla-T4", 15360, "pa", 2) for i in range(3)]
+        specs.append((f"pb-{self.tag}", "A10", 24576, "pb", 1))
+        for name, model, mem, pool, gpus in specs:
+            res = {"cpu": "32", "memory": "128Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
+            labels = {"type": "kwok", GROUP: self.tag, "nvidia.com/gpu.product": model,
+                      "nvidia.com/gpu.memory": str(mem), "gpusched.io/pool": pool}  # fmt: skip
+            body = {
+                "metadata": {
+                    "name": name,
+                    "labels": labels,
+                    "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+                },
+                "status": {"capacity": res, "allocatable": res},
+            }
+            self.v1.create_node(body, _preload_content=False)
+
+        def ready() -> bool:
+            items = json.loads(
+                self.v1.list_node(label_selector=f"{GROUP}={self.tag}", _preload_content=False).data
+            )
+            return len(items["items"]) == len(specs) and all(
+                any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))
+                and not n["spec"].get("taints")
+                for n in items["items"]
+            )
+
+        wait_until(ready, timeout=240, what="kwok nodes Ready", control_plane=self.cp, interval=1)
+
+    def pod(self, name: str, res: dict[str, str], selector: dict[str, str]) -> None:
+        body = {
+            "metadata": {"name": name, "namespace": self.ns},
+            "spec": {
+                "schedulerName": self.scheduler,
+                "nodeSelector": {GROUP: self.tag, **selector},
+                "containers": [
+                    {"name": "c", "image": "pause", "resources": {"requests": res, "limits": res}}
+                ],
+            },
+        }
+        self.v1.create_namespaced_pod(self.ns, body, _preload_content=False)
+
+    def pods(self) -> list[dict[str, Any]]:
+        return list(json.loads(self.v1.list_namespaced_pod(self.ns, _preload_content=False).data)["items"])
+
+    def hold_lease(self, name: str) -> None:
+        """A Lease held by a leader Prometheus does not see, renewed every 2 s (so the standby never
+        takes it): replicas up, none of them leading."""
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        spec = {"holderIdentity": "elsewhere", "leaseDurationSeconds": 15, "renewTime": now}
+        body = {"metadata": {"name": name, "namespace": self.ns}, "spec": spec}
+        self.coord.create_namespaced_lease(self.ns, body)
+
+        def renew() -> None:
+            while not self._stop.wait(2.0):
+                t = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+                try:
+                    self.coord.patch_namespaced_lease(name, self.ns, {"spec": {"renewTime": t}})
+                except Exception:  # the namespace is going away
+                    return
+
+        threading.Thread(target=renew, daemon=True).start()
+
+    # ---------------------------------------------------------------- processes
+    def spawn(self, name: str, *cmd: str) -> subprocess.Popen[bytes]:
+        log = (self.tmp / f"{name}.log").open("ab")
+        p = subprocess.Popen([sys.executable, *cmd], stdout=log, stderr=subprocess.STDOUT)
+        self.procs[name] = p
+        return p
+
+    def scheduler_proc(self, name: str, port: int, lease: str, scheduler_name: str) -> None:
+        self.spawn(name, "-m", "gpusched.k8s.cli_scheduler", "--kubeconfig", str(self.cp.kubeconfig_path),
+                   "--scheduler-name", scheduler_name, "--namespace", self.ns, "--lease-name", lease,
+                   "--port", str(port))  # fmt: skip
+
+    def extender_proc(self, port: int) -> None:
+        kubeconfig = str(self.cp.kubeconfig_path)
+        self.spawn("extender", "-m", "gpusched.extender.cli_extender", "--kubeconfig", kubeconfig,
+                   "--host", "127.0.0.1", "--port", str(port), "--policy", "default")  # fmt: skip
+
+    def agent_proc(self, node: str, port: int) -> None:
+        fake = self.tmp / "gpus.yaml"
+        ok = {"utilization": 40, "memoryUsedMiB": 1024, "temperature": 41, "power": 70.5}
+        busy = {"utilization": 70, "memoryUsedMiB": 9000, "temperature": 60, "power": 65.0}
+        t4 = {"model": "Tesla T4", "memoryMiB": 15360}
+        gpus = [{**t4, "readings": ok}, {**t4, "xids": [79], "readings": busy}]  # XID 79: fell off the bus
+        fake.write_text(yaml.safe_dump({"hostname": node, "gpus": gpus}))
+        plugins = self.tmp / "dp"
+        plugins.mkdir(exist_ok=True)
+        self.spawn("agent", "-m", "gpusched.agent", "run", "--fake", str(fake), "--node", node,
+                   "--kubeconfig", str(self.cp.kubeconfig_path), "--plugin-dir", str(plugins),
+                   "--metrics-port", str(port), "--log-level", "warning")  # fmt: skip
+
+    def extender_call(self, port: int, verb: str, pod: dict[str, Any], nodes: list[str]) -> int:
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/{verb}", data=json.dumps({"Pod": pod, "NodeNames": nodes}).encode(),
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return int(r.status)
+
+    def traffic(self, ext_port: int, pending: dict[str, Any], nodes: list[str]) -> None:
+        """Keep the workload running while Prometheus watches (rates over a minute need events in
+        it): the extender asked about the pending pod every second, a CPU-only pod created on a pa
+        node every 2 s (a binding) and the one before it deleted."""
+
+        def run() -> None:
+            i = 0
+            while not self._stop.wait(1.0):
+                try:
+                    self.extender_call(ext_port, "filter", pending, nodes)
+                    self.extender_call(ext_port, "prioritize", pending, nodes)
+                    if i % 2 == 0:
+                        self.pod(f"churn-{i}", {"cpu": "100m"}, {"gpusched.io/pool": "pa"})
+                        if i >= 4:
+                            self.v1.delete_namespaced_pod(f"churn-{i - 4}", self.ns, grace_period_seconds=0,
+                                                          _preload_content=False)  # fmt: skip
+                except Exception:  # the processes are being killed at the end
+                    pass
+                i += 1
+
+        threading.Thread(target=run, daemon=True, name="traffic").start()
+
+    def cleanup(self) -> None:
+        self._stop.set()
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs.values():
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.v1.delete_namespace(self.ns, _preload_content=False)
+        self.v1.delete_collection_node(label_selector=f"{GROUP}={self.tag}", _preload_content=False)
+
+
+@pytest.fixture
+def scene(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Scene]:
+    _binary("prometheus")
+    s = Scene(control_plane, tmp_path)
+    try:
+        yield s
+    finally:
+        s.cleanup()
+
+
+def _dashboard_queries() -> list[tuple[str, str, str]]:
+    out = []
+    for path in sorted((ROOT / DASHBOARD_DIR).glob("*.json")):
+        for title, expr in panel_queries(json.loads(path.read_text())):
+            out.append((path.stem, title, expr.replace("$__rate_interval", "1m")))
+    return out
+
+
+def test_every_panel_query_and_alert_on_a_real_prometheus(
+    scene: Scene, record_property: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s = scene
+    s.nodes()
+    ports = {"scheduler": free_port(), "standby": free_port(), "extender": free_port(), "agent": free_port()}
+    s.hold_lease(f"standby-{s.tag}")
+    s.scheduler_proc("scheduler", ports["scheduler"], f"lease-{s.tag}", s.scheduler)
+    s.scheduler_proc("standby", ports["standby"], f"standby-{s.tag}", f"{s.scheduler}-standby")
+    s.extender_proc(ports["extender"])
+    targets = {JOBS[0]: [ports["scheduler"], ports["standby"]], JOBS[1]: [ports["extender"]]}
+    prom = Prometheus(s.tmp, {**targets, JOBS[2]: [ports["agent"]]})
+    try:
+        # the workload: six 700-milli shares on the pa nodes, one pod for a GPU model nobody has
+        for i in range(6):
+            s.pod(f"share-{i}", {"cpu": "1", "gpusched.io/gpu-milli": "700"}, {"gpusched.io/pool": "pa"})
+        s.pod("wants-h100", {"cpu": "1", "nvidia.com/gpu": "1"}, {"nvidia.com/gpu.product": "H100"})
+
+        def bound() -> bool:
+            return sum(1 for p in s.pods() if p["spec"].get("nodeName")) >= 6
+
+        wait_until(bound, timeout=120, what="6 shares bound", control_plane=s.cp, interval=1)
+        pa0 = f"pa-{s.tag}-0"
+        s.agent_proc(pa0, ports["agent"])  # after the binds: it maps pa-0's pods onto its GPUs at start
+
+        pending = next(p for p in s.pods() if p["metadata"]["name"] == "wants-h100")
+        names = [f"pa-{s.tag}-{i}" for i in range(3)] + [f"pb-{s.tag}"]
+
+        def extender_ready() -> bool:
+            try:
+                return s.extender_call(ports["extender"], "filter", pending, names) == 200
+            except OSError:
+                return False
+
+        wait_until(extender_ready, timeout=60, what="the extender answers", interval=1)
+        assert s.extender_call(ports["extender"], "prioritize", pending, names) == 200
+        s.traffic(ports["extender"], pending, names)
+
+        missing: list[str] = []
+
+        def scraped() -> bool:
+            needed = [
+                'min(up{job=~"gpusched-.*"}) == 1',
+                'count(up{job=~"gpusched-.*"}) == 4',
+                'gpusched_gpu_healthy{node="' + pa0 + '"} == 0',  # the agent's XID 79 reached the books
+                'DCGM_FI_DEV_GPU_UTIL{pod!=""}',  # the agent mapped pods onto its GPUs
+                "gpusched_gpus_stranded > 0",
+                "gpusched_pending_pods_by_reason",
+                "rate(gpusched_binding_duration_seconds_count[1m]) > 0",
+                "rate(gpusched_extender_request_duration_seconds_count[1m]) > 0",
+            ]
+            missing[:] = [q for q in needed if not prom.query(q)[1]]
+            return not missing
+
+        try:
+            wait_until(scraped, timeout=120, what="every series scraped", interval=1)
+        except TimeoutError:
+            pytest.fail(f"never scraped: {missing} (the processes' logs: {s.tmp})", pytrace=False)
+
+        # ---- every dashboard panel query
+        queries = _dashboard_queries()
+        errors, empty, with_data, placeholders = [], [], 0, 0
+        for dash, title, expr in queries:
+            err, result = prom.query(expr)
+            if err:
+                errors.append(f"{dash} / {title}: {expr}: {err}")
+            elif any(m in expr for m in PLACEHOLDER_METRICS):
+                placeholders += 1
+                assert not result, f"{dash} / {title}: a placeholder has data now: update the test"
+            elif result:
+                with_data += 1
+            else:
+                empty.append(f"{dash} / {title}: {expr}")
+        assert not errors, "\n".join(errors)
+        assert not empty, "queries without data:\n" + "\n".join(empty)
+
+        # ---- every alert expression, and the alerts that fire on kwok
+        all_alerts = {a.name: a for a in alerts(Thresholds(p99_seconds=1e-6))}
+        live = set(all_alerts) - KSM_ALERTS - PLACEHOLDER_ALERTS - DOWN_ALERTS
+        wait_until(lambda: prom.firing() >= live, timeout=90, interval=1,
+                   what=f"alerts firing: {sorted(live)}")  # fmt: skip
+        expr_data = 0
+        for name, a in all_alerts.items():
+            err, result = prom.query(a.expr)
+            assert not err, f"{name}: {err}"
+            if name in live:
+                assert result, f"{name} fires but its expression returned nothing"
+                expr_data += 1
+            elif name in KSM_ALERTS | PLACEHOLDER_ALERTS:
+                assert not result
+        fired_live = prom.firing() & set(all_alerts)
+        # kill the scheduler and the extender: up == 0 (their own alerts resolve: their series go stale)
+        for name in ("scheduler", "extender"):
+            s.procs[name].kill()
+            s.procs[name].wait()
+        wait_until(lambda: prom.firing() >= DOWN_ALERTS, timeout=60, interval=1, what="down alerts firing")
+        for name in sorted(DOWN_ALERTS):
+            err, result = prom.query(all_alerts[name].expr)
+            assert not err and result, name
+            expr_data += 1
+        fired = sorted(fired_live | (prom.firing() & set(all_alerts)))
+    finally:
+        prom.stop()
+
+    summary = {
+        "panel_queries": len(queries),
+        "panel_queries_with_data": with_data,
+        "panel_queries_placeholder_no_data": placeholders,
+        "alert_expressions": len(all_alerts),
+        "alert_expressions_with_data": expr_data,
+        "alerts_fired": fired,
+        "alerts_not_fireable_here": sorted(KSM_ALERTS | PLACEHOLDER_ALERTS),
+    }
+    for k, v in summary.items():
+        record_property(k, v)
+    with capsys.disabled():
+        print("\nprometheus e2e:", json.dumps(summary))
+    assert with_data + placeholders == len(queries)
+    assert set(fired) == set(all_alerts) - KSM_ALERTS - PLACEHOLDER_ALERTS
