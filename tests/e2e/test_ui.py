@@ -1,6 +1,7 @@
 """The GPU map in headless Chromium (Debian's ``chromium``): the page served by ``gpusched ui``
 from the demo cluster's snapshot, its content read back from the DOM after the scripts ran, and
-a screenshot saved for the README (docs/images/gpu-map.png)."""
+screenshots of the map and of ``doctor pod``'s output (in the test's temporary folder; with
+``GPUSCHED_SCREENSHOTS=docs/images`` where the README takes them from)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,12 @@ from gpusched.doctor.books import Books
 from gpusched.doctor.demo import demo_snapshot
 from gpusched.doctor.ui import BooksCache, serve
 
-IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
+
+def images(tmp: Path) -> Path:
+    """Where the screenshots go: ``$GPUSCHED_SCREENSHOTS`` (docs/images for the README), else ``tmp``."""
+    out = Path(os.environ.get("GPUSCHED_SCREENSHOTS") or tmp / "images")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 def chromium() -> str:
@@ -73,8 +79,7 @@ def test_gpu_map_in_headless_chromium(url: str, tmp_path: Path) -> None:
     assert "GPU model mismatch" in dom
     # the counterfactual of the selected pod
     assert "fits on a100-0 if shares" in dom and "(2 moves)" in dom
-    IMAGES.mkdir(parents=True, exist_ok=True)
-    shot = IMAGES / "gpu-map.png"
+    shot = images(tmp_path) / "gpu-map.png"
     run_chromium(f"--screenshot={shot}", "--window-size=1500,1000", page, tmp=tmp_path)
     assert shot.stat().st_size > 20_000
 
@@ -94,9 +99,8 @@ def test_doctor_output_screenshot(tmp_path: Path) -> None:
     text = con.export_text(clear=False)
     assert "fits on a100-0 if shares" in text and "needs a toleration for dedicated=training" in text
     assert "drift: the scheduler booked GPU(s) [1] of a100-5" in text
-    IMAGES.mkdir(parents=True, exist_ok=True)
-    svg = IMAGES / "doctor-pod.svg"
+    svg = images(tmp_path) / "doctor-pod.svg"
     con.save_svg(str(svg), title="gpusched doctor pod")
-    shot = IMAGES / "doctor-pod.png"
+    shot = svg.with_suffix(".png")
     run_chromium(f"--screenshot={shot}", "--window-size=1400,1150", svg.as_uri(), tmp=tmp_path)
     assert shot.stat().st_size > 20_000
