@@ -44,6 +44,13 @@ def simulate(
     out: Annotated[Path, typer.Option(help="Folder for plots and results.json.")] = Path("gpusched-out"),
     plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
     bounds: Annotated[bool, typer.Option(help="Paper protocol: compute the packing ceiling.")] = True,
+    snapshot: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also save a snapshot for `gpusched doctor --snapshot` / `gpusched ui`: the end state of the "
+            "first policy and seed (paper protocol), with the pods that did not fit."
+        ),
+    ] = None,
     jobs: JobsOpt = DEFAULT_JOBS,
     json_out: JsonOpt = False,
 ) -> None:
@@ -59,6 +66,10 @@ def simulate(
         _paper(wl, pols, seed_list, tune, jobs, out, plots, bounds, json_out)
     else:
         _replay(wl, pols, seed_list[0], load_factor, out, plots, json_out)
+    if snapshot is not None:
+        from gpusched.doctor.simsnap import save_paper_snapshot
+
+        save_paper_snapshot(snapshot, wl.nodes, wl.pods, pols[0], seed_list[0], tune=tune)
 
 
 def _paper(
