@@ -166,17 +166,25 @@ def paper_consolidation(
     seeds: Sequence[int] = (42, 43, 44),
     policy: str = "default",
     max_moves: int = 64,
+    targeted: bool = False,
     on_progress: Progress | None = None,
 ) -> dict[str, object]:
     """The paper protocol with a one-shot consolidation of up to ``max_moves`` moves at 100 % and
-    130 % arrived (then the failed pods retried once), against the same seeds without it."""
+    130 % arrived (then the failed pods retried once; with ``targeted``, the moves left planned
+    for the failed pods, biggest first), against the same seeds without it."""
     specs = [tp.spec for tp in workload.pods]
     tw = TargetWorkload.from_pods(specs)
     runs: list[PaperConsolidation] = []
     for k, seed in enumerate(seeds):
         runs.append(
             run_paper_consolidated(
-                workload.nodes, specs, seed, policy=policy, max_moves=max_moves, workload=tw
+                workload.nodes,
+                specs,
+                seed,
+                policy=policy,
+                max_moves=max_moves,
+                workload=tw,
+                targeted=targeted,
             )
         )
         if on_progress:
@@ -187,7 +195,7 @@ def paper_consolidation(
 
     return {
         "workload": workload.label,
-        "protocol": "paper + one-shot consolidation",
+        "protocol": "paper + one-shot consolidation" + (" + targeted plans" if targeted else ""),
         "policy": policy,
         "max_moves": max_moves,
         "alloc_at_100_without": mean("alloc_at_100_without"),
@@ -195,6 +203,7 @@ def paper_consolidation(
         "alloc_at_130_without": mean("alloc_at_130_without"),
         "alloc_at_130": mean("alloc_at_130"),
         "moves": {str(c): int(sum(r.moves.get(c, 0) for r in runs)) for c in (100, 130)},
+        "targeted_placed": {str(c): int(sum(r.targeted_placed.get(c, 0) for r in runs)) for c in (100, 130)},
         "per_seed": [r.to_dict() for r in runs],
     }
 
@@ -204,12 +213,12 @@ PENDING_SHAPES = (8, 4, 2)
 
 
 def fragmented_cluster(
-    nodes: int, seed: int, fill: float = 0.88
+    nodes: int, seed: int, fill: float = 0.9
 ) -> tuple[ClusterState, list[PodSpec], TargetWorkload]:
     """A synthetic cluster of ``nodes`` nodes fragmented by churn: the default mix at 130 % demand
-    placed in order (what fits), then GPU pods removed at random (departures) until ``fill`` of the
-    GPUs is allocated (the churn runs' steady state is near 87 %). Returns the books, the pod pool
-    and its target workload."""
+    placed in order (what fits), then one-GPU pods and shares removed at random (departures: they
+    are most of the pods) until ``fill`` of the GPUs is allocated (the churn runs' steady state is
+    near 87 %). Returns the books, the pod pool and its target workload."""
     ns, pods = synthetic_workload(SyntheticConfig(nodes=nodes, seed=seed, gpu_demand_pct=130))
     specs = [tp.spec for tp in pods]
     tw = TargetWorkload.from_pods(specs)
@@ -219,7 +228,7 @@ def fragmented_cluster(
     rng = np.random.default_rng([seed, 0xF7A6])
     for p in specs:
         schedule_one(profile, p, snap, tiebreak=ranks, diagnose_failures=False)
-    running = sorted(k for k, a in snap.allocations.items() if a.pod.num_gpu)
+    running = sorted(k for k, a in snap.allocations.items() if a.pod.num_gpu == 1)
     for i in rng.permutation(len(running)):
         if snap.gpu_allocation_ratio() <= fill:
             break

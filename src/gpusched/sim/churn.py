@@ -667,6 +667,8 @@ class PaperConsolidation:
     """Checkpoint % -> pods that had failed before it and were placed right after the moves."""
     frag_drop_milli: dict[int, float]
     pods: int
+    targeted_placed: dict[int, int] = field(default_factory=dict)
+    """Checkpoint % -> failed pods placed by a plan of moves made for them (``targeted``)."""
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -683,12 +685,16 @@ def run_paper_consolidated(
     max_moves: int = 64,
     workload: TargetWorkload | None = None,
     work: WorkBudget | None = None,
+    targeted: bool = False,
+    targeted_attempts: int = 40,
 ) -> PaperConsolidation:
     """``sim.paper``'s protocol (same pod stream, tie-break and profile as ``run_paper``), with,
     when arrived demand first reaches each checkpoint %, ``core.defrag.consolidate`` (up to
     ``max_moves`` moves, carried out) and then one retry of every pod that failed so far — what a
-    descheduler buys. Allocation is binned as ``PaperRun.curve`` does; the retries count at the
-    checkpoint's arrived demand."""
+    descheduler buys. With ``targeted``, what is left of ``max_moves`` then goes to the pods that
+    failed, biggest first (at most ``targeted_attempts`` of them): ``plan_for`` finds the fewest
+    moves that let each land. Allocation is binned as ``PaperRun.curve`` does; the retries count at
+    the checkpoint's arrived demand."""
     tw = workload or TargetWorkload.from_pods(pods)
     base = run_paper(nodes, pods, policy, seed, tune=tune, workload=tw)
     snap = ClusterState(nodes)
@@ -703,6 +709,7 @@ def run_paper_consolidated(
     moves: dict[int, int] = {}
     placed_after: dict[int, int] = {}
     frag_drop: dict[int, float] = {}
+    targeted_placed: dict[int, int] = {}
     budget = work or WorkBudget(max_work=10_000)
     for pod in seq:
         acc_arrived += pod.gpu_demand_milli
@@ -725,6 +732,25 @@ def run_paper_consolidated(
                 else:
                     moves[c] = 0
                     frag_drop[c] = 0.0
+            if targeted:  # the pods that failed, biggest first, each with the fewest moves
+                left = max_moves - moves[c]
+                for p in sorted(failed, key=lambda p: -p.gpu_demand_milli)[:targeted_attempts]:
+                    if left <= 0:
+                        break
+                    tp = plan_for(profile, snap, p, Rules(max_moves=left), budget, tiebreak=ranks)
+                    if not tp.feasible or not tp.moves:
+                        continue
+                    with Statement(snap) as st:
+                        if apply_plan(st, profile, tp, {p.key: p}) is not None:
+                            continue
+                        st.commit()
+                    left -= tp.move_count
+                    moves[c] += tp.move_count
+                    acc_used += p.gpu_demand_milli
+                    arrived.append(acc_arrived)
+                    used.append(acc_used)
+                    targeted_placed[c] = targeted_placed.get(c, 0) + 1
+                failed = [p for p in failed if p.key not in snap.allocations]
             still: list[PodSpec] = []
             n_placed = 0
             for p in failed:
@@ -762,4 +788,5 @@ def run_paper_consolidated(
         placed_after=placed_after,
         frag_drop_milli=frag_drop,
         pods=len(seq),
+        targeted_placed=targeted_placed,
     )
