@@ -52,8 +52,17 @@ def test_groups_count_gpus_by_state_memory_and_allocation() -> None:
     assert train.free_gpus == pytest.approx(0.3)
     assert st.groups[("A100", DEFAULT_POOL)].gpus == {"idle": 1, "shared": 0, "full": 0, "unhealthy": 1}
     assert all(g.stranded_gpus == 0.0 for g in st.groups.values())  # no target workload: nothing stranded
-    assert len(st.per_gpu) == 5 and [g.allocated_ratio for g in st.per_gpu[:2]] == [1.0, 0.7]
-    assert [g.healthy for g in st.per_gpu] == [True, True, True, False, True]
+    g = st.per_gpu
+    assert g.nodes == ("a1", "a2", "t1") and g.pools == ("train", DEFAULT_POOL, DEFAULT_POOL)
+    rows = [
+        (g.nodes[i], j, g.models[i], g.pools[i]) for i, j in zip(g.node.tolist(), g.gpu.tolist(), strict=True)
+    ]
+    assert rows == [
+        ("a1", 0, "A100", "train"), ("a1", 1, "A100", "train"), ("a2", 0, "A100", DEFAULT_POOL),
+        ("a2", 1, "A100", DEFAULT_POOL), ("t1", 0, "T4", DEFAULT_POOL),
+    ]  # fmt: skip
+    assert g.allocated_ratio.tolist() == [1.0, 0.7, 0.0, 0.0, 0.0]
+    assert g.healthy.tolist() == [True, True, True, False, True]
 
 
 def test_stranded_is_fgd_fragmentation_per_group() -> None:
@@ -99,7 +108,26 @@ def test_exposition_uses_kube_scheduler_names_and_labels() -> None:
     assert got[("gpusched_gpu_allocation_ratio", ())] == pytest.approx(1.7 / 5)
     gpu = (("gpu", "1"), ("model", "A100"), ("node", "a1"), ("pool", "train"))
     assert got[("gpusched_gpu_allocated_ratio", gpu)] == pytest.approx(0.7)
+    assert (
+        got[("gpusched_gpu_healthy", (("gpu", "1"), ("model", "A100"), ("node", "a2"), ("pool", "default")))]
+        == 0
+    )
+    assert sum(1 for name, _ in got if name == "gpusched_gpu_healthy") == 5
     assert not any(name.startswith("gpusched_queue") for name, _ in got)  # no queues yet: no series
+
+
+def test_cluster_refresh_is_rate_limited() -> None:
+    m, calls = SchedulerMetrics(), []
+
+    def compute():  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return cluster_stats(_state(), None)
+
+    m.refresh_cluster(compute, min_interval_s=60)
+    m.refresh_cluster(compute, min_interval_s=60)
+    assert len(calls) == 1 and b"gpusched_gpus{" in m.exposition()
+    m.refresh_cluster(compute, min_interval_s=0)
+    assert len(calls) == 2
 
 
 def test_pending_reasons_follow_the_pods_and_forget_the_gone() -> None:

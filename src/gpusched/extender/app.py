@@ -66,7 +66,7 @@ from gpusched.extender.protocol import (
     dumps,
     parse_json,
 )
-from gpusched.metrics.cluster import cluster_stats
+from gpusched.metrics.cluster import ClusterStats, cluster_stats
 from gpusched.metrics.scheduling import CONTENT_TYPE, SchedulerMetrics
 
 log = logging.getLogger(__name__)
@@ -352,9 +352,12 @@ def make_app(
     async def state(request: web.Request) -> web.Response:
         return _json(summary())
 
-    async def metrics_(request: web.Request) -> web.Response:
+    def stats() -> ClusterStats:
         with extender.cluster.snapshot() as snap:
-            m.set_cluster(cluster_stats(snap, extender.profile.workload))
+            return cluster_stats(snap, extender.profile.workload)
+
+    async def metrics_(request: web.Request) -> web.Response:
+        m.refresh_cluster(stats)
         return web.Response(body=m.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
     async def shutdown(app: web.Application) -> None:

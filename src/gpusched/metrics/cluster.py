@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from gpusched.core.cluster import ClusterState
 from gpusched.core.fragmentation import TargetWorkload, node_fragmentation
@@ -61,55 +62,89 @@ class GroupStats:
 
 
 @dataclass(frozen=True)
-class GPUStat:
-    node: str
-    gpu: int
-    model: str
-    pool: str
-    allocated_ratio: float
-    healthy: bool
+class PerGPU:
+    """The GPU map: the GPU nodes (``nodes``, ``models``, ``pools``) and one entry per GPU in the
+    arrays (``node``: an index into ``nodes``)."""
+
+    nodes: tuple[str, ...]
+    models: tuple[str, ...]
+    pools: tuple[str, ...]
+    node: npt.NDArray[np.int64]
+    gpu: npt.NDArray[np.int64]
+    allocated_ratio: npt.NDArray[np.float64]
+    healthy: npt.NDArray[np.bool_]
+
+    def __len__(self) -> int:
+        return len(self.gpu)
 
 
 @dataclass
 class ClusterStats:
     groups: dict[tuple[str, str], GroupStats]
-    per_gpu: list[GPUStat]
+    per_gpu: PerGPU
 
 
-def cluster_stats(snap: ClusterState, tw: TargetWorkload | None, *, per_gpu: bool = True) -> ClusterStats:
-    """The books in ``snap`` grouped by (GPU model, pool); GPU-less nodes are left out.
-    ``per_gpu``: also one ``GPUStat`` per GPU (the GPU map)."""
-    groups: dict[tuple[str, str], GroupStats] = {}
-    gpus: list[GPUStat] = []
+def cluster_stats(snap: ClusterState, tw: TargetWorkload | None) -> ClusterStats:
+    """The books in ``snap`` grouped by (GPU model, pool), GPU-less nodes left out, and per GPU.
+    Vectorised: about 10 ms at 5000 nodes of 8 GPUs (it runs under the books' lock)."""
     n = len(snap)
     stranded = node_fragmentation(snap, tw) if tw is not None and n else np.zeros(n)
-    mib = 1024 * 1024
-    for i, nd in enumerate(snap.nodes):
-        count = int(snap.gpu_count[i])
-        if not count:
-            continue
+    gpu_nodes = np.flatnonzero(snap.gpu_count > 0)
+    keys: dict[tuple[str, str], int] = {}
+    gid = np.empty(len(gpu_nodes), dtype=np.int64)
+    pools: list[str] = []
+    for k, i in enumerate(gpu_nodes):
+        nd = snap.nodes[i]
         pool = node_pool(nd.labels)
-        g = groups.setdefault((nd.gpu_model, pool), GroupStats())
-        g.nodes += 1
-        free = snap.gpu_free[i, :count]
-        used = snap.gpu_cap[i, :count] - free
-        for j in range(count):
-            healthy = bool(snap.gpu_exists[i, j])
-            if not healthy:
-                state = "unhealthy"
-            elif used[j] == 0 and snap.gpu_mem_free[i, j] == snap.gpu_mem_cap[i, j]:
-                state = "idle"
-            elif free[j] == 0:
-                state = "full"
-            else:
-                state = "shared"
-            g.gpus[state] += 1
-            if per_gpu:
-                gpus.append(GPUStat(nd.name, j, nd.gpu_model, pool, float(used[j]) / GPU_MILLI, healthy))
-        g.gpus_allocated += float(used.sum()) / GPU_MILLI
-        g.gpu_memory_bytes += int(snap.gpu_mem_cap[i, :count].sum()) * mib
-        mem_used = snap.gpu_mem_cap[i, :count] - snap.gpu_mem_free[i, :count]
-        g.gpu_memory_allocated_bytes += int(mem_used.sum()) * mib
-        g.free_gpus += float(free.sum()) / GPU_MILLI
-        g.stranded_gpus += float(stranded[i]) / GPU_MILLI
-    return ClusterStats(groups, gpus)
+        pools.append(pool)
+        gid[k] = keys.setdefault((nd.gpu_model, pool), len(keys))
+    m = len(keys)
+    count = snap.gpu_count[gpu_nodes]
+    present = np.arange(snap.gpu_free.shape[1])[None, :] < count[:, None]
+    exists = snap.gpu_exists[gpu_nodes] & present
+    free = np.where(present, snap.gpu_free[gpu_nodes], 0)
+    used = np.where(present, snap.gpu_cap[gpu_nodes] - snap.gpu_free[gpu_nodes], 0)
+    mem_cap = np.where(present, snap.gpu_mem_cap[gpu_nodes], 0)
+    mem_used = mem_cap - np.where(present, snap.gpu_mem_free[gpu_nodes], 0)
+    idle = exists & (used == 0) & (mem_used == 0)
+    full = exists & ~idle & (free == 0)
+    states = {
+        "idle": idle,
+        "shared": exists & ~idle & ~full,
+        "full": full,
+        "unhealthy": present & ~exists,
+    }
+
+    def by_group(per_node: npt.NDArray[np.generic]) -> npt.NDArray[np.float64]:
+        return np.bincount(gid, weights=per_node.astype(np.float64), minlength=m).astype(np.float64)
+
+    nodes_n = np.bincount(gid, minlength=m)
+    state_n = {st: by_group(a.sum(axis=1)) for st, a in states.items()}
+    alloc = by_group(used.sum(axis=1)) / GPU_MILLI
+    mem_b = by_group(mem_cap.sum(axis=1)) * 2**20
+    mem_u = by_group(mem_used.sum(axis=1)) * 2**20
+    free_g = by_group(free.sum(axis=1)) / GPU_MILLI
+    strand = by_group(stranded[gpu_nodes]) / GPU_MILLI
+    groups = {
+        key: GroupStats(
+            nodes=int(nodes_n[g]),
+            gpus={st: int(state_n[st][g]) for st in GPU_STATES},
+            gpus_allocated=float(alloc[g]),
+            gpu_memory_bytes=int(mem_b[g]),
+            gpu_memory_allocated_bytes=int(mem_u[g]),
+            free_gpus=float(free_g[g]),
+            stranded_gpus=float(strand[g]),
+        )
+        for key, g in keys.items()
+    }
+    rows, cols = np.nonzero(present)  # row-major: node by node, GPU by GPU
+    per_gpu = PerGPU(
+        nodes=tuple(snap.names[i] for i in gpu_nodes),
+        models=tuple(snap.nodes[i].gpu_model for i in gpu_nodes),
+        pools=tuple(pools),
+        node=rows.astype(np.int64),
+        gpu=cols.astype(np.int64),
+        allocated_ratio=used[rows, cols] / GPU_MILLI,
+        healthy=exists[rows, cols],
+    )
+    return ClusterStats(groups, per_gpu)
