@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -413,3 +414,53 @@ def test_every_panel_query_and_alert_on_a_real_prometheus(
         print("\nprometheus e2e:", json.dumps(summary))
     assert with_data + placeholders == len(queries)
     assert set(fired) == set(all_alerts) - KSM_ALERTS - PLACEHOLDER_ALERTS
+
+
+def test_chart_ships_the_dashboards_and_rules(
+    control_plane: ControlPlane, control_plane_bin: Path, tmp_path: Path
+) -> None:
+    """helm template with both monitoring flags: one ConfigMap per dashboard with the sidecar's label and
+    the committed JSON (created on the real API server), and a PrometheusRule whose spec is the rules
+    file; with the flags off (the default) neither is rendered."""
+    from kubernetes import client
+
+    helm = control_plane_bin / "helm"
+    if not helm.is_file():
+        unavailable(f"helm is not built in {control_plane_bin} (hack/build-control-plane.sh builds it)")
+    env = {k: str(tmp_path / k.lower()) for k in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")}
+    chart = ROOT / "deploy/helm/gpusched"
+
+    def render(*flags: str) -> list[dict[str, Any]]:
+        cmd = [str(helm), "template", "gpusched", str(chart), "--namespace", "monitoring", *flags]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+        assert out.returncode == 0, out.stderr
+        return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+    on = render(
+        "--set", "monitoring.dashboards.enabled=true", "--set", "monitoring.prometheusRule.enabled=true"
+    )
+    maps = [d for d in on if d["kind"] == "ConfigMap" and "grafana_dashboard" in d["metadata"]["labels"]]
+    committed = {p.name: p.read_text() for p in (ROOT / DASHBOARD_DIR).glob("*.json")}
+    assert {n for m in maps for n in m["data"]} == set(committed) and len(maps) == len(committed)
+    for m in maps:
+        assert m["metadata"]["labels"]["grafana_dashboard"] == "1"
+        ((name, text),) = m["data"].items()
+        assert json.loads(text) == json.loads(committed[name])
+    (rule,) = [d for d in on if d["kind"] == "PrometheusRule"]
+    assert rule["spec"] == yaml.safe_load(rules_yaml())
+    off = render()
+    assert not [
+        d
+        for d in off
+        if d["kind"] == "PrometheusRule" or "grafana_dashboard" in d["metadata"].get("labels", {})
+    ]
+
+    v1 = client.CoreV1Api(control_plane.api_client())
+    ns = f"mon-{uuid.uuid4().hex[:8]}"
+    v1.create_namespace({"metadata": {"name": ns}})
+    try:
+        for m in maps:  # the API server takes them as they are (names, labels, sizes)
+            v1.create_namespaced_config_map(ns, {**m, "metadata": {**m["metadata"], "namespace": ns}})
+        assert len(v1.list_namespaced_config_map(ns, label_selector="grafana_dashboard=1").items) == len(maps)
+    finally:
+        v1.delete_namespace(ns, _preload_content=False)
