@@ -47,8 +47,8 @@ def simulate(
     snapshot: Annotated[
         Path | None,
         typer.Option(
-            help="Also save a snapshot for `gpusched doctor --snapshot` / `gpusched ui`: the end state of the "
-            "first policy and seed (paper protocol), with the pods that did not fit."
+            help="Also save a snapshot for `gpusched doctor --snapshot` / `gpusched ui`: the end state "
+            "of the first policy and seed (paper protocol), with the pods that did not fit."
         ),
     ] = None,
     jobs: JobsOpt = DEFAULT_JOBS,
