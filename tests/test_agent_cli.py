@@ -1,10 +1,13 @@
-"""``gpusched agent discover / labels / compare-smi`` on a fake node."""
+"""``gpusched agent discover / labels / compare-smi`` (``gpusched.cli.agent``) on a fake node."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from gpusched.agent.smi import compare
@@ -74,3 +77,47 @@ def test_compare_with_nvidia_smi() -> None:
         "GPU 0 memory MiB: agent 40960, nvidia-smi 81920",
         "GPU 0 MIG enabled: agent True, nvidia-smi False",
     ]
+
+
+def test_discover_text_and_errors_of_the_agent_commands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One line per GPU; a bad option value or a missing node name is one ``error:`` line, exit 2."""
+    f = tmp_path / "gpus.yaml"
+    f.write_text(FAKE)
+    r = CliRunner().invoke(app, ["agent", "discover", "--fake", str(f)])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert lines[0] == "cli-node: driver 550.107.02, CUDA 12.4, 3 GPU(s)"
+    assert len(lines) == 4 and lines[3].endswith(", MIG ['7g.80gb']")
+    r = CliRunner().invoke(app, ["agent", "labels", "--fake", str(f), "--mig-strategy", "single"])
+    assert (r.exit_code, r.output) == (
+        2,
+        "error: MIG strategy 'single' is not supported by the gpusched agent; use mixed\n",
+    )
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    r = CliRunner().invoke(app, ["agent", "run", "--fake", str(f), "--no-api"])
+    assert (r.exit_code, r.output) == (2, "error: --node or $NODE_NAME is required\n")
+
+
+def test_compare_smi_exits_1_on_a_difference(tmp_path: Path) -> None:
+    f = tmp_path / "gpus.yaml"
+    f.write_text(FAKE)
+    discovered = tmp_path / "discover.json"
+    discovered.write_text(CliRunner().invoke(app, ["agent", "discover", "--json", "--fake", str(f)]).output)
+    smi = tmp_path / "smi.xml"
+    smi.write_text(SMI)
+    r = CliRunner().invoke(app, ["agent", "compare-smi", str(discovered), str(smi)])
+    assert r.exit_code == 1, r.output
+    assert r.output.splitlines()[0] == "GPU count: agent 3, nvidia-smi 1"
+    assert r.output.splitlines()[-1] == "2 difference(s)"
+
+
+def test_python_m_gpusched_agent_runs_the_same_commands(tmp_path: Path) -> None:
+    """The DaemonSet's entry point (``python -m gpusched.agent run ...``) is the CLI's agent app."""
+    f = tmp_path / "gpus.yaml"
+    f.write_text(FAKE)
+    cmd = [sys.executable, "-m", "gpusched.agent", "labels", "--fake", str(f)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == CliRunner().invoke(app, ["agent", "labels", "--fake", str(f)]).output

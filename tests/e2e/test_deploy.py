@@ -667,7 +667,7 @@ def test_helm_agent_beside_nvidia_device_plugin(helm: list[str]) -> None:
 def agent_run_options() -> set[str]:
     from typer.main import get_command
 
-    from gpusched.agent.cli import agent_app
+    from gpusched.cli.agent import agent_app
 
     run_cmd = get_command(agent_app).commands["run"]  # type: ignore[attr-defined]
     return {o for p in run_cmd.params for o in (*p.opts, *p.secondary_opts)}

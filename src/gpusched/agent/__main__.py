@@ -1,8 +1,9 @@
-"""``python -m gpusched.agent ...``: the agent's commands without the rest of gpusched's CLI (a lighter
-process
-for the DaemonSet than ``gpusched agent ...``, which loads the scheduler and simulator too)."""
+"""``python -m gpusched.agent ...``: the agent's commands (``gpusched.cli.agent``) under their own
+program name, the DaemonSet's entry point (``python -m gpusched.agent run ...``). Importing
+``gpusched.cli.agent`` loads the ``gpusched`` CLI package with it, so this process is no lighter
+than ``gpusched agent ...``."""
 
-from gpusched.agent.cli import agent_app
+from gpusched.cli.agent import agent_app
 
 if __name__ == "__main__":
     agent_app(prog_name="gpusched-agent")

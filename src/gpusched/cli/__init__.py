@@ -6,7 +6,9 @@
   webhook (``cli/serve.py``);
 - ``testenv up|down`` — the test control plane (``cli/testenv.py``);
 - ``doctor pod|node|cluster|snapshot|bench`` (``cli/doctor.py``), ``ui`` — the GPU map (``cli/ui.py``);
-- ``policies``, ``check-trace`` (``cli/traces.py``); ``agent ...`` (``gpusched.agent.cli``).
+- ``policies``, ``check-trace`` (``cli/traces.py``);
+- ``agent discover|labels|run|bench|compare-smi`` — the node agent (``cli/agent.py``; also
+  ``python -m gpusched.agent``, the DaemonSet's entry point).
 
 Every command module parses options and calls one function of the layer below under
 ``run_cli`` (``cli/common.py``); what is printed goes through ``cli/render.py``.
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import typer
 
-from gpusched.agent.cli import agent_app
+from gpusched.cli.agent import agent_app
 from gpusched.cli.bench import bench_app
 from gpusched.cli.common import run_cli
 from gpusched.cli.doctor import doctor_app

@@ -4,6 +4,7 @@ knows how."""
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import typer
 from rich.console import Console, Group
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -286,3 +288,54 @@ def extender_attack_tables(report: dict[str, Any]) -> Group:
         mem.add_column(k.replace("_", " "), justify="right")
     mem.add_row(*(str(v) for v in report["rss_mb"].values()))
     return Group(lat, att, mem)
+
+
+# ------------------------------------------------------------------------------ the node agent
+# ``gpusched agent ...`` prints plain lines (``typer.echo``: never wrapped, no markup) and the
+# standard library's JSON, as it did before it moved here: scripts and hack/gpu-check.sh read them.
+def read_json(path: Path) -> Any:
+    """A JSON file a command reads (``compare-smi``'s ``discover --json`` output)."""
+    return json.loads(path.read_text())
+
+
+def agent_inventory(inv: Any, readings: Mapping[int, Any], json_out: bool) -> None:
+    """``agent discover``: the inventory with each GPU's readings as sorted JSON, or one line per GPU.
+    ``inv`` is a ``gpusched.agent.inventory.Inventory``, ``readings`` its ``Readings`` by GPU index
+    (not imported here: the front ends' entry points reach this module, and the agent stays
+    imported by the CLI's agent commands alone)."""
+    if json_out:
+        doc = inv.to_json()
+        doc["readings"] = {str(i): r.__dict__ for i, r in readings.items()}
+        typer.echo(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    typer.echo(
+        f"{inv.hostname}: driver {inv.driver_version}, CUDA {inv.cuda_driver_version[0]}."
+        f"{inv.cuda_driver_version[1]}, {len(inv.devices)} GPU(s)"
+    )
+    for d in inv.devices:
+        mig = f", MIG {[m.profile for m in d.mig_instances]}" if d.mig_enabled else ""
+        typer.echo(
+            f"  {d.index}: {d.name} {d.memory_mib} MiB {d.uuid} {d.pci_bus_id} "
+            f"cc {d.compute_major}.{d.compute_minor} numa {d.numa_node} "
+            f"nvlink {list(d.nvlink_peers)}{mig}"
+        )
+
+
+def agent_labels(labels: Mapping[str, str], annotations: Mapping[str, str]) -> None:
+    """``agent labels``: ``key=value`` lines, the labels sorted, then the annotations."""
+    for k in sorted(labels):
+        typer.echo(f"{k}={labels[k]}")
+    for k, v in annotations.items():
+        typer.echo(f"{k}={v}")
+
+
+def agent_bench(result: Mapping[str, Any]) -> None:
+    """``agent bench``: one measurement as indented JSON."""
+    typer.echo(json.dumps(result, indent=2))
+
+
+def agent_smi_differences(diffs: Sequence[str]) -> None:
+    """``agent compare-smi``: one line per difference, then the verdict."""
+    for d in diffs:
+        typer.echo(d)
+    typer.echo("agent and nvidia-smi agree" if not diffs else f"{len(diffs)} difference(s)")

@@ -1,17 +1,25 @@
-"""``gpusched agent ...``: the node agent's commands (imports are lazy: the CLI starts fast everywhere)."""
+"""``gpusched agent discover|labels|run|bench|compare-smi``: the node agent's commands
+(``gpusched.agent``); also ``python -m gpusched.agent ...``, the DaemonSet's entry point.
+
+Imports of the agent are lazy: the CLI starts fast everywhere, machines without a driver too.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
-import sys
 import threading
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+from gpusched.cli.common import reports_errors
+from gpusched.core.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from gpusched.agent.inventory import GpuBackend
 
 agent_app = typer.Typer(
     no_args_is_help=True, help="The node agent: GPU discovery, labels, device plugin, metrics."
@@ -25,47 +33,34 @@ FakeOpt = Annotated[
 ]
 
 
-def backend_from(fake: Path | None):  # type: ignore[no-untyped-def]
-    """The fake backend when a file is given or $GPUSCHED_FAKE_GPUS is set, else real NVML."""
-    from gpusched.agent.fake import ENV_VAR, FakeBackend, FakeConfigError
-    from gpusched.agent.nvml import NvmlBackend, NvmlUnavailable
+def backend_from(fake: Path | None) -> GpuBackend:
+    """The fake backend when a file is given or $GPUSCHED_FAKE_GPUS is set, else real NVML
+    (``FakeConfigError``, ``NvmlUnavailable``: an ``error:`` line under ``reports_errors``)."""
+    from gpusched.agent.fake import ENV_VAR, FakeBackend
+    from gpusched.agent.nvml import NvmlBackend
 
-    try:
-        if fake is not None:
-            return FakeBackend.from_file(fake)
-        if os.environ.get(ENV_VAR):
-            return FakeBackend.from_env()
-        return NvmlBackend(os.environ.get("NODE_NAME"))
-    except (FakeConfigError, NvmlUnavailable) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+    if fake is not None:
+        return FakeBackend.from_file(fake)
+    if os.environ.get(ENV_VAR):
+        return FakeBackend.from_env()
+    return NvmlBackend(os.environ.get("NODE_NAME"))
 
 
 @agent_app.command("discover")
+@reports_errors
 def discover_cmd(fake: FakeOpt = None, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Print the node's GPU inventory."""
+    from gpusched.cli import render
+
     b = backend_from(fake)
     inv = b.inventory()
-    if as_json:
-        doc = inv.to_json()
-        doc["readings"] = {str(d.index): b.readings(d.index).__dict__ for d in inv.devices}
-        typer.echo(json.dumps(doc, indent=2, sort_keys=True))
-    else:
-        typer.echo(
-            f"{inv.hostname}: driver {inv.driver_version}, CUDA {inv.cuda_driver_version[0]}."
-            f"{inv.cuda_driver_version[1]}, {len(inv.devices)} GPU(s)"
-        )
-        for d in inv.devices:
-            mig = f", MIG {[m.profile for m in d.mig_instances]}" if d.mig_enabled else ""
-            typer.echo(
-                f"  {d.index}: {d.name} {d.memory_mib} MiB {d.uuid} {d.pci_bus_id} "
-                f"cc {d.compute_major}.{d.compute_minor} numa {d.numa_node} "
-                f"nvlink {list(d.nvlink_peers)}{mig}"
-            )
+    readings = {d.index: b.readings(d.index) for d in inv.devices} if as_json else {}
+    render.agent_inventory(inv, readings, as_json)
     b.close()
 
 
 @agent_app.command("labels")
+@reports_errors
 def labels_cmd(
     fake: FakeOpt = None,
     mig_strategy: Annotated[
@@ -74,21 +69,20 @@ def labels_cmd(
 ) -> None:
     """Print the node labels (GFD's names and values) and gpusched's topology annotation."""
     from gpusched.agent import labels
+    from gpusched.cli import render
 
     b = backend_from(fake)
     inv = b.inventory()
     try:
         lab = labels.gfd_labels(inv, mig_strategy)
-    except ValueError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
-    for k in sorted(lab):
-        typer.echo(f"{k}={lab[k]}")
-    typer.echo(f"{labels.ANN_TOPOLOGY}={labels.topology_annotation(inv)}")
+    except ValueError as e:  # an unknown or unsupported --mig-strategy
+        raise InvalidInput(str(e)) from None
+    render.agent_labels(lab, {labels.ANN_TOPOLOGY: labels.topology_annotation(inv)})
     b.close()
 
 
 @agent_app.command("run")
+@reports_errors
 def run_cmd(
     fake: FakeOpt = None,
     node: Annotated[str | None, typer.Option(help="This node's name (default: $NODE_NAME).")] = None,
@@ -121,8 +115,7 @@ def run_cmd(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     name = node or os.environ.get("NODE_NAME")
     if not name:
-        typer.echo("error: --node or $NODE_NAME is required", err=True)
-        raise typer.Exit(2)
+        raise InvalidInput("--node or $NODE_NAME is required")
     kube = MemoryPods() if no_api else KubePods(kubeconfig)
     cfg = AgentConfig(
         node=name,
@@ -145,6 +138,7 @@ def run_cmd(
 
 
 @agent_app.command("bench")
+@reports_errors
 def bench_cmd(
     gpus: Annotated[int, typer.Option(help="Fake GPUs on the node.")] = 8,
     calls: Annotated[int, typer.Option(help="Allocate calls to time.")] = 2000,
@@ -152,21 +146,22 @@ def bench_cmd(
 ) -> None:
     """Allocate latency (gRPC over a unix socket, fake GPUs and pods) and the agent's idle CPU and RSS."""
     from gpusched.agent.bench import bench_allocate, bench_idle
+    from gpusched.cli import render
 
-    typer.echo(json.dumps(bench_allocate(gpus, calls, pending), indent=2))
-    typer.echo(json.dumps(bench_idle(gpus), indent=2))
+    render.agent_bench(bench_allocate(gpus, calls, pending))
+    render.agent_bench(bench_idle(gpus))
 
 
 @agent_app.command("compare-smi")
+@reports_errors
 def compare_cmd(
     discover_json: Annotated[Path, typer.Argument(help="Output of `gpusched agent discover --json`.")],
     smi_xml: Annotated[Path, typer.Argument(help="Output of `nvidia-smi -q -x`.")],
 ) -> None:
     """Compare the agent's inventory with nvidia-smi's; exit 1 on a difference."""
     from gpusched.agent.smi import compare
+    from gpusched.cli import render
 
-    diffs = compare(json.loads(discover_json.read_text()), smi_xml.read_text())
-    for d in diffs:
-        typer.echo(d)
-    typer.echo("agent and nvidia-smi agree" if not diffs else f"{len(diffs)} difference(s)")
-    sys.exit(1 if diffs else 0)
+    diffs = compare(render.read_json(discover_json), smi_xml.read_text())
+    render.agent_smi_differences(diffs)
+    raise typer.Exit(1 if diffs else 0)
