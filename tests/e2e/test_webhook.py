@@ -11,79 +11,21 @@ on loopback whose certificate comes from a CA made here (the caBundle).
 
 from __future__ import annotations
 
-import base64
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from gpusched.testenv import ControlPlane, ControlPlaneError, free_port, wait_until
-from gpusched.testenv.pki import generate_pki
+from gpusched.testenv import ControlPlane, ControlPlaneError
+from webhookfixture import Webhook
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
-WEBHOOK_CONFIG = REPO / "deploy" / "manifests" / "webhook" / "02-mutatingwebhookconfiguration.yaml"
 SHARE = "gpusched.io/gpu-share"
 NAMESPACE = "team-a"
-
-
-class Webhook:
-    """``python -m gpusched.webhook`` on 127.0.0.1 with a certificate of its own CA."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.pki = generate_pki(tmp / "pki")  # its serving certificate is for 127.0.0.1 and localhost
-        self.port = free_port()
-        self.log = tmp / "webhook.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        cmd = [
-            *(sys.executable, "-m", "gpusched.webhook", "--host", "127.0.0.1", "--port", str(self.port)),
-            *("--tls-cert-file", str(self.pki.serving_cert), "--tls-key-file", str(self.pki.serving_key)),
-        ]
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        import ssl
-        import urllib.request
-
-        ctx = ssl.create_default_context(cafile=str(self.pki.ca_cert))
-
-        def healthy() -> bool:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the webhook exited:\n{self.log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(
-                    f"https://127.0.0.1:{self.port}/healthz", context=ctx, timeout=2
-                ) as r:
-                    return bool(r.status == 200)
-            except OSError:
-                return False
-
-        wait_until(healthy, timeout=30, what="the webhook's /healthz", interval=0.2)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def configuration(self) -> dict[str, Any]:
-        """deploy/manifests' MutatingWebhookConfiguration, pointed at this process."""
-        (doc,) = [d for d in yaml.safe_load_all(WEBHOOK_CONFIG.read_text()) if d]
-        ca = base64.b64encode(self.pki.ca_cert.read_bytes()).decode()
-        for hook in doc["webhooks"]:
-            hook["clientConfig"] = {"url": f"https://127.0.0.1:{self.port}/mutate", "caBundle": ca}
-        return dict(doc)
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +41,7 @@ def cluster(
     hook = Webhook(tmp)
     try:
         hook.start()
-        cp.kubectl("apply", "-f", "-", input=json.dumps(hook.configuration()))
+        hook.register(cp)
         for ns in (NAMESPACE, "gpusched-system", "opted-out"):
             cp.kubectl("create", "namespace", ns)
         cp.kubectl("label", "namespace", "opted-out", "gpusched.io/webhook=disabled")

@@ -1,8 +1,10 @@
 """Fixtures for the real-kubelet tests: one control plane (kube-scheduler with the gpusched extender profile,
 the controller manager, no kwok), both gpusched front ends as processes (``gpusched scheduler`` and
 ``gpusched extender``), and one real node (``gpusched.testenv.RealNode``: containerd, runc, CNI, the
-kubelet, gpusched's agent on fake GPUs), shared by the whole session. Each test gets its own namespace, and
-its pods are deleted (and gone from the node) before the next test starts.
+kubelet, gpusched's agent on fake GPUs), shared by the whole session. gpusched's mutating webhook
+(``webhook``, registered as deploy/manifests/webhook/ registers it) joins the session at the first test that
+asks for it. Each test gets its own namespace, and its pods are deleted (and gone from the node) before the
+next test starts.
 
 Without root, containerd, runc, the CNI plugins, the kubelet or the node images the tests are skipped, unless
 ``$CI`` is set: then they fail, so that CI can never pass by skipping them.
@@ -24,6 +26,7 @@ from kubeletlib import EXTENDER_CONFIG, GPU_MODEL, GPU_UUIDS, SLOTS, STANDALONE,
 from gpusched.testenv import free_port, wait_until
 from gpusched.testenv.node import NodeError, NodePartsMissingError, RealNode, find_node_images, missing_parts
 from realparts import started, unavailable
+from webhookfixture import Webhook
 
 
 def _spawn(name: str, cmd: list[str], log: Path, procs: dict[str, subprocess.Popen[bytes]]) -> None:
@@ -96,6 +99,22 @@ def kubelet_env(control_plane_bin: Path, tmp_path_factory: pytest.TempPathFactor
                     except subprocess.TimeoutExpired:
                         p.kill()
                         p.wait()
+
+
+@pytest.fixture(scope="session")
+def webhook(kubelet_env: KubeletEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
+    """``python -m gpusched.webhook``, registered with the session's apiserver: from the first test that asks
+    for it on, every share pod is sent to it (pods that carry their slot already pass unchanged)."""
+    hook = Webhook(tmp_path_factory.mktemp("webhook"))
+    try:
+        hook.start()
+        assert hook.proc is not None
+        kubelet_env.procs["webhook"], kubelet_env.logs["webhook"] = hook.proc, hook.log  # check_alive
+        hook.register(kubelet_env.cp)
+        yield hook
+    finally:
+        kubelet_env.procs.pop("webhook", None)
+        hook.stop()
 
 
 @pytest.fixture

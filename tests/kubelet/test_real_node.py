@@ -21,6 +21,7 @@ from gpusched.agent.allocation import ANN_ALLOCATED, RES_SHARE
 from gpusched.agent.health import ANN_UNHEALTHY_GPUS
 from gpusched.k8s.convert import ANN_ASSIGNMENT, RES_GPU, RES_MEMORY, RES_MILLI
 from gpusched.testenv.node import DEVICE_PLUGIN_DIR
+from webhookfixture import Webhook
 
 pytestmark = pytest.mark.kubelet
 
@@ -61,15 +62,14 @@ def _pod(
 
 
 def share_pod(
-    name: str, image: str, scheduler: str, *, milli: int = 0, memory_mib: int = 0
+    name: str, image: str, scheduler: str, *, milli: int = 0, memory_mib: int = 0, slot: bool = True
 ) -> dict[str, Any]:
-    """A GPU share (``gpusched.io/gpu-milli`` and/or ``gpusched.io/gpu-memory``) as a user writes it today:
-    with the ``gpusched.io/gpu-share: 1`` slot request that makes the kubelet call the agent's ``Allocate``.
-
-    The one place share pods are built: once gpusched's mutating webhook adds the slot request, add a variant
-    that leaves it out here and expects the webhook to put it in.
+    """A GPU share (``gpusched.io/gpu-milli`` and/or ``gpusched.io/gpu-memory``). With ``slot`` it carries the
+    ``gpusched.io/gpu-share: 1`` slot request that makes the kubelet call the agent's ``Allocate`` (as a user
+    writes it where no webhook runs); without, it is written as users write it, and gpusched's mutating
+    webhook (the ``webhook`` fixture) must add the slot. The one place share pods are built.
     """
-    res = {RES_SHARE: "1"}
+    res = {RES_SHARE: "1"} if slot else {}
     if milli:
         res[RES_MILLI] = str(milli)
     if memory_mib:
@@ -199,6 +199,61 @@ def test_two_shares_on_one_gpu_start_and_see_that_gpu_and_their_limits(
             assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "20480m"
             assert env["CUDA_DEVICE_SM_LIMIT"] == "30"
             assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+        allocated = json.loads(p["metadata"]["annotations"][ANN_ALLOCATED])
+        assert allocated == {"main": {RES_SHARE: [uuid]}}
+
+
+@front_ends
+def test_shares_written_without_the_slot_get_it_from_the_webhook_and_start_on_one_gpu(
+    kubelet_env: KubeletEnv, webhook: Webhook, ns: Ns, scheduler: str
+) -> None:
+    """As users write shares: only ``gpu-memory`` (which must work) and only ``gpu-milli``, no slot. The
+    webhook adds ``gpusched.io/gpu-share: 1``, so the kubelet calls the agent's ``Allocate`` for both."""
+    image = kubelet_env.node.busybox_image
+    shares = {"memory-only": (0, 20480), "milli-only": (300, 0)}  # (milli, memory MiB)
+    bodies = {
+        name: share_pod(name, image, scheduler, milli=milli, memory_mib=mib, slot=False)
+        for name, (milli, mib) in shares.items()
+    }
+    for body in bodies.values():
+        res = body["spec"]["containers"][0]["resources"]
+        assert RES_SHARE not in res["limits"] and RES_SHARE not in res["requests"]
+        ns.create(body)
+    pods = {n: ns.running(n) for n in bodies}
+    gpus = [assignment(p)["gpus"] for p in pods.values()]
+    assert gpus[0] == gpus[1] and len(gpus[0]) == 1, f"gpusched placed the shares on GPUs {gpus}"
+    uuid = GPU_UUIDS[gpus[0][0]]
+    want = {
+        "memory-only": {
+            "GPUSCHED_GPU_MILLI": "0",
+            "GPUSCHED_GPU_MEMORY_MIB": "20480",
+            "CUDA_DEVICE_MEMORY_LIMIT_0": "20480m",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20480M",
+        },
+        "milli-only": {
+            "GPUSCHED_GPU_MILLI": "300",
+            "GPUSCHED_GPU_MEMORY_MIB": "0",
+            "CUDA_DEVICE_SM_LIMIT": "30",
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
+        },
+    }
+    limits = {
+        "CUDA_DEVICE_MEMORY_LIMIT_0", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+        "CUDA_DEVICE_SM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+    }  # fmt: skip
+    for name, p in pods.items():
+        # the stored pod carries the slot the webhook added, beside the user's request, in limits and requests
+        res = p["spec"]["containers"][0]["resources"]
+        for field in ("limits", "requests"):
+            user = bodies[name]["spec"]["containers"][0]["resources"][field]
+            assert res[field] == {**user, RES_SHARE: "1"}, (name, field, res[field])
+        a = assignment(p)
+        assert a["node"] == kubelet_env.node.name
+        assert (a["milli"], a["memoryMiB"]) == shares[name], (name, a)
+        for env in (ns.exec_env(name), ns.logs_env(name)):
+            assert visible(env) == [uuid], f"{name}: {env.get('NVIDIA_VISIBLE_DEVICES')}"
+            assert {k: env.get(k) for k in want[name]} == want[name], name
+            assert not (limits - want[name].keys()) & env.keys(), f"{name}: a limit it did not ask for"
         allocated = json.loads(p["metadata"]["annotations"][ANN_ALLOCATED])
         assert allocated == {"main": {RES_SHARE: [uuid]}}
 
