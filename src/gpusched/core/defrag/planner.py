@@ -315,21 +315,34 @@ def _plan_one(ctx: _Ctx, pod: PodSpec, exclude: set[str]) -> Plan:
     reason = ""
     if (budget.exact or not budget.greedy) and not proven and not ctx.work.exhausted:
         limit = best.move_count if best is not None else _NO_PLAN
+        dest_cache: dict[str, list[int]] = {}
+        truncated = [False]
+
+        def destinations(a: Allocation) -> list[int]:
+            got = dest_cache.get(a.pod.key)
+            if got is None:
+                got = _ranked_destinations(ctx, a, truncated)
+                dest_cache[a.pod.key] = got
+            return got
+
+        def placeable(c: _Candidate) -> bool:
+            """Every pod of its greedy set has somewhere to go (a pod with nowhere to go, such as
+            a lone 8-GPU pod, would make the node's model infeasible)."""
+            return all(destinations(snap.allocations[k]) for u in c.units for k in el.units[u].members)
+
+        # the neighbourhood: the greedy plan's node (the model may find a smaller set there),
+        # then the nodes whose greedy sets are smallest and placeable, among those whose bound
+        # could beat it
         pool = sorted(
-            (c for c in cands if c.bound < limit), key=lambda c: (c.bound, c.size, int(rank[c.node]))
+            (c for c in cands if c.bound < limit), key=lambda c: (c.size, c.bound, int(rank[c.node]))
         )
-        targets = [c.node for c in pool[: budget.exact_targets]]
+        targets = [snap.index[best.placements[0].node]] if best is not None else []
+        for c in pool:
+            if len(targets) >= budget.exact_targets or ctx.work.exhausted:
+                break
+            if c.node not in targets and placeable(c):
+                targets.append(c.node)
         if targets:
-            dest_cache: dict[str, list[int]] = {}
-            truncated = [False]
-
-            def destinations(a: Allocation) -> list[int]:
-                got = dest_cache.get(a.pod.key)
-                if got is None:
-                    got = _ranked_destinations(ctx, a, truncated)
-                    dest_cache[a.pod.key] = got
-                return got
-
             ctx.work.spend()
             ans = solve_exact(snap, pod, el, targets, destinations, ctx.rules, ctx.tally, budget)
             if isinstance(ans, ExactAnswer):
