@@ -199,6 +199,23 @@ def test_malformed_annotation_is_logged_naming_node_and_annotation(caplog: pytes
     assert cluster.node_names() == []  # nothing is booked on a node whose health cannot be read
 
 
+def test_a_known_node_that_turns_unreadable_is_withheld_until_it_reads_again() -> None:
+    # Keeping its last spec would go on offering a GPU the agent has just reported failed.
+    cluster = LiveCluster()
+    cluster.upsert_pod(pod("on-0", {"gpusched.io/gpu-milli": "500"}, "n0", (0,)))
+    cluster.upsert_node(node("n0", gpus=2))
+    cluster.upsert_node(node("n0", gpus=2, unhealthy="1,x"))  # malformed: GPU 1 failed, and more
+    with cluster.snapshot() as snap:
+        assert snap.verify() == [] and set(snap.allocations) == {"default/on-0"}  # still booked
+        assert not fitting_gpus(snap, SHARE, 0).any() and not fitting_gpus(snap, WHOLE, 0).any()
+        cpu_only = PodSpec("cpu-only", cpu_milli=100)
+        assert not schedule_one(profile("default"), cpu_only, snap, assume=False).scheduled
+    cluster.upsert_node(node("n0", gpus=2, unhealthy="1"))  # readable again
+    with cluster.snapshot() as snap:
+        assert fitting_gpus(snap, SHARE, 0).tolist() == [True, False]
+        assert snap.nodes[0].taints == ()
+
+
 # ------------------------------------------------------------------------------------------ property
 
 

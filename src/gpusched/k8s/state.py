@@ -17,14 +17,18 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from gpusched.core.cluster import AccountingError, ClusterState
 from gpusched.core.devices import pick_gpus
-from gpusched.core.model import Allocation, NodeSpec, PodSpec
+from gpusched.core.model import Allocation, NodeSpec, PodSpec, Taint
 from gpusched.k8s.convert import InvalidRequest, node_from_k8s, parse_assignment, pod_from_k8s
 
 log = logging.getLogger(__name__)
+
+UNREADABLE_TAINT = Taint("gpusched.io/node-unreadable", "true", "NoSchedule")
+"""Put (in the books only) on a known node whose Node object stopped converting."""
 
 TERMINAL = ("Succeeded", "Failed")
 
@@ -67,11 +71,32 @@ class LiveCluster:
         try:
             spec = node_from_k8s(obj)
         except InvalidRequest as e:
-            log.warning("ignoring node: %s", e)
+            self._withhold_node(obj, e)
             return
         with self.lock:
             if self._nodes.get(spec.name) != spec:
                 self._nodes[spec.name] = spec
+                self._state = None
+
+    def _withhold_node(self, obj: Mapping[str, Any], error: InvalidRequest) -> None:
+        """A node that cannot be read (e.g. a malformed health annotation) takes no new pod: never seen
+        before, it is ignored; known, it keeps its last readable spec (so the pods on it stay booked)
+        with every GPU withheld and a NoSchedule taint, until it reads again. Its last spec may offer a
+        GPU that has failed since."""
+        name = (obj.get("metadata") or {}).get("name", "")
+        with self.lock:
+            old = self._nodes.get(name)
+            if old is None:
+                log.warning("ignoring node: %s", error)
+                return
+            log.warning("withholding node %s from new pods until it reads again: %s", name, error)
+            withheld = replace(
+                old,
+                unhealthy_gpus=frozenset(range(old.gpu_count)),
+                taints=(*(t for t in old.taints if t != UNREADABLE_TAINT), UNREADABLE_TAINT),
+            )
+            if withheld != old:
+                self._nodes[name] = withheld
                 self._state = None
 
     def delete_node(self, name: str) -> None:
