@@ -33,7 +33,6 @@ import orjson
 from kubernetes.utils.quantity import parse_quantity
 
 from gpusched.core.errors import InvalidInput
-from gpusched.core.workload import typical_workload as typical_workload  # the core's one default
 
 MAX_PRIORITY = 10
 """``MaxExtenderPriority``: extender scores are 0..10."""

@@ -18,7 +18,8 @@ import orjson
 from gpusched.core.errors import InvalidInput, ResourceError
 from gpusched.core.framework import Profile
 from gpusched.core.policies import POLICIES, PolicyContext, make_profile
-from gpusched.extender.protocol import DEFAULT_MAX_BODY_BYTES, DEFAULT_SYNC_WAIT_S, typical_workload
+from gpusched.core.workload import typical_workload
+from gpusched.extender.protocol import DEFAULT_MAX_BODY_BYTES, DEFAULT_SYNC_WAIT_S
 
 log = logging.getLogger("gpusched.extender")
 
@@ -27,7 +28,7 @@ DEFAULT_PORT = 8888
 
 def build_profile(policy: str, seed: int = 0) -> Profile:
     """The standard filters and ``policy``'s score; fragmentation-aware policies (``default``,
-    ``fgd``) judge fragments against the typical workload of ``protocol.typical_workload``."""
+    ``fgd``) judge fragments against the typical workload of ``core.workload.typical_workload``."""
     return make_profile(policy, PolicyContext(workload=typical_workload(), rng=np.random.default_rng(seed)))
 
 
