@@ -121,3 +121,20 @@ def test_python_m_gpusched_agent_runs_the_same_commands(tmp_path: Path) -> None:
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
     assert r.stdout == CliRunner().invoke(app, ["agent", "labels", "--fake", str(f)]).output
+
+
+def test_the_daemonsets_entry_point_loads_no_scheduler_and_no_simulator() -> None:
+    # python -m gpusched.agent runs on every GPU node: the options are gpusched.cli.agent's, but loading
+    # them must not pull in the rest of the CLI (the simulator, the core's policies, numpy, scipy).
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, gpusched.agent.__main__ as _; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'scipy', 'matplotlib') "
+        "or m.startswith(('gpusched.sim', 'gpusched.core.policies', 'gpusched.k8s', "
+        "'gpusched.cli.commands'))))"
+    )
+    cmd = [sys.executable, "-c", code]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -11,38 +11,31 @@
   ``python -m gpusched.agent``, the DaemonSet's entry point).
 
 Every command module parses options and calls one function of the layer below under
-``run_cli`` (``cli/common.py``); what is printed goes through ``cli/render.py``.
+``run_cli`` (``cli/common.py``); what is printed goes through ``cli/render.py``. The app that gathers
+them is ``cli/commands.py``, imported only when asked for: ``python -m gpusched.agent`` (the DaemonSet)
+loads ``cli/agent.py`` alone, not the simulator and the schedulers.
 """
 
 from __future__ import annotations
 
-import typer
-
-from gpusched.cli.agent import agent_app
-from gpusched.cli.bench import bench_app
-from gpusched.cli.common import run_cli
-from gpusched.cli.doctor import doctor_app
-from gpusched.cli.serve import extender, scheduler, webhook
-from gpusched.cli.simulate import simulate
-from gpusched.cli.testenv import testenv_app
-from gpusched.cli.traces import check_trace, policies
-from gpusched.cli.ui import ui
-
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="GPU scheduling for Kubernetes.")
-app.command()(simulate)
-app.add_typer(bench_app, name="bench")
-app.command("scheduler")(scheduler)
-app.command()(extender)
-app.command()(webhook)
-app.add_typer(testenv_app, name="testenv")
-app.add_typer(agent_app, name="agent")
-app.command()(policies)
-app.command("check-trace")(check_trace)
-app.add_typer(doctor_app, name="doctor")
-app.command("ui")(ui)
+from typing import Any
 
 __all__ = ["app", "extender", "main", "run_cli", "scheduler"]
 
 
 def main() -> None:
+    from gpusched.cli.commands import app
+
     app()
+
+
+def __getattr__(name: str) -> Any:  # the app and its commands, loaded on first use (PEP 562)
+    if name in ("app", "extender", "scheduler", "webhook"):
+        from gpusched.cli import commands
+
+        return getattr(commands, name)
+    if name == "run_cli":
+        from gpusched.cli.common import run_cli
+
+        return run_cli
+    raise AttributeError(f"module 'gpusched.cli' has no attribute {name!r}")

@@ -10,17 +10,8 @@ from typing import Annotated
 import typer
 
 from gpusched.cli import render
-from gpusched.cli.common import (
-    DEFAULT_JOBS,
-    JobsOpt,
-    JsonOpt,
-    NodesOpt,
-    PodsOpt,
-    PolicyOpt,
-    check_policies,
-    parse_seeds,
-    reports_errors,
-)
+from gpusched.cli.common import DEFAULT_JOBS, JobsOpt, JsonOpt, NodesOpt, PodsOpt, parse_seeds, reports_errors
+from gpusched.cli.policies import PolicyOpt, check_policies
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: placement quality and decision latency.")
 

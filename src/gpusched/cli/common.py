@@ -16,11 +16,9 @@ from typing import Annotated, ParamSpec
 import typer
 
 from gpusched.core.errors import GpuschedError
-from gpusched.core.policies import POLICIES
 
 P = ParamSpec("P")
 
-DEFAULT_POLICIES = ["default", "fgd", "bestfit"]
 DEFAULT_JOBS = max(1, min(4, os.cpu_count() or 1))
 ERROR_EXIT = 2  # as click's usage errors: the input was wrong, not the program
 
@@ -69,18 +67,7 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def check_policies(policies: list[str] | None) -> list[str]:
-    chosen = policies or DEFAULT_POLICIES
-    bad = [p for p in chosen if p not in POLICIES]
-    if bad:
-        raise typer.BadParameter(f"unknown policy {', '.join(bad)}; choose from {', '.join(POLICIES)}")
-    return chosen
-
-
 NodesOpt = Annotated[Path | None, typer.Option("--nodes", help="Node list CSV (Alibaba openb format).")]
 PodsOpt = Annotated[Path | None, typer.Option("--pods", help="Pod list CSV (Alibaba openb format).")]
-PolicyOpt = Annotated[
-    list[str] | None, typer.Option("--policy", "-p", help=f"Policy: {', '.join(POLICIES)}.")
-]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 JobsOpt = Annotated[int, typer.Option("--jobs", "-j", help="Parallel processes.")]

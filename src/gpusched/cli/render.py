@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import typer
@@ -18,8 +18,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from gpusched.sim.replay import ReplayResult
-from gpusched.sim.report import PackingReport, ReplayReport
+if TYPE_CHECKING:  # the simulator's types, for annotations only: python -m gpusched.agent loads no simulator
+    from gpusched.sim.replay import ReplayResult
+    from gpusched.sim.report import PackingReport, ReplayReport
 
 out_console = Console()
 err_console = Console(stderr=True)
@@ -77,9 +78,9 @@ def packing(report: PackingReport, title: str, json_out: bool, results_file: Pat
     out_console.print(packing_table(report, title))
     out_console.print(free_table(report))
     for f in report.plots or []:
-        out_console.print(f"plot: {f}")
+        out_console.print(f"plot: {f}", soft_wrap=True)
     if results_file is not None:
-        out_console.print(f"results: {results_file}")
+        out_console.print(f"results: {results_file}", soft_wrap=True)  # a path to copy: never wrapped
 
 
 def replay(report: ReplayReport, title: str, json_out: bool) -> None:

@@ -14,7 +14,8 @@ from typing import Annotated, Any
 
 import typer
 
-from gpusched.cli.common import check_policies, reports_errors
+from gpusched.cli.common import reports_errors
+from gpusched.cli.policies import check_policies
 from gpusched.extender.protocol import DEFAULT_MAX_BODY_BYTES, DEFAULT_SYNC_WAIT_S
 
 

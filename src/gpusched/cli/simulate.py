@@ -9,17 +9,8 @@ from typing import Annotated
 import typer
 
 from gpusched.cli import render
-from gpusched.cli.common import (
-    DEFAULT_JOBS,
-    JobsOpt,
-    JsonOpt,
-    NodesOpt,
-    PodsOpt,
-    PolicyOpt,
-    check_policies,
-    parse_seeds,
-    reports_errors,
-)
+from gpusched.cli.common import DEFAULT_JOBS, JobsOpt, JsonOpt, NodesOpt, PodsOpt, parse_seeds, reports_errors
+from gpusched.cli.policies import PolicyOpt, check_policies
 from gpusched.sim.report import ReplayReport, output_folder, packing_experiment, write_results
 from gpusched.sim.synthetic import SyntheticConfig
 from gpusched.sim.workload import Workload, compress_arrivals, load_workload
