@@ -400,3 +400,28 @@ def test_absurd_pod_quantities_are_refused_at_once(resource: str, value: str) ->
     t.join(20.0)
     assert outcome, f"converting {resource}: {value} did not return"
     assert f"containers[0] {resource}" in outcome[0] and value in outcome[0]
+
+
+@pytest.mark.parametrize(
+    ("value", "movable"), [(None, True), ("true", True), ("false", False), (" False ", False)]
+)
+def test_the_defrag_annotation_opts_a_pod_out_of_moves(value: str | None, movable: bool) -> None:
+    from gpusched.k8s.convert import ANN_DEFRAG
+
+    obj = _defrag_pod({ANN_DEFRAG: value} if value is not None else {})
+    assert pod_from_k8s(obj).movable is movable
+
+
+@pytest.mark.parametrize("value", ["no", "", "0"])
+def test_a_malformed_defrag_annotation_names_pod_and_annotation(value: str) -> None:
+    from gpusched.k8s.convert import ANN_DEFRAG
+
+    with pytest.raises(InvalidRequest, match=rf"pod default/p: annotation {ANN_DEFRAG} must be"):
+        pod_from_k8s(_defrag_pod({ANN_DEFRAG: value}))
+
+
+def _defrag_pod(annotations: dict[str, str]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "p", "namespace": "default", "annotations": annotations},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {"gpusched.io/gpu-milli": "300"}}}]},
+    }

@@ -76,6 +76,8 @@ ANN_MODELS = "gpusched.io/gpu-models"
 ANN_ASSIGNMENT = "gpusched.io/assignment"
 ANN_QUEUE = "gpusched.io/queue"
 ANN_GANG = "gpusched.io/gang"
+ANN_DEFRAG = "gpusched.io/defrag"
+"""``"false"``: defragmentation never moves this pod (``PodSpec.movable``); ``"true"`` or absent: it may."""
 LABEL_PRODUCT = "nvidia.com/gpu.product"
 LABEL_MEMORY = "nvidia.com/gpu.memory"
 MANAGED_RESOURCES = (RES_GPU, RES_MILLI, RES_MEMORY)
@@ -198,6 +200,17 @@ def _gpu_request(req: Mapping[str, Decimal], key: str, *, running: bool) -> tupl
     return 0, 0, 0
 
 
+def _movable(ann: Mapping[str, Any], key: str) -> bool:
+    value = ann.get(ANN_DEFRAG)
+    if value is None:
+        return True
+    if not isinstance(value, str) or value.strip().lower() not in ("true", "false"):
+        raise InvalidRequest(
+            f"pod {key}: annotation {ANN_DEFRAG} must be \"true\" or \"false\", got {value!r}"
+        )
+    return value.strip().lower() == "true"
+
+
 def pod_from_k8s(pod: Mapping[str, Any], *, constraints: str = "enforce") -> PodSpec:
     """The core's view of a pod. Raises InvalidRequest (naming pod and field) for a request
     that cannot be scheduled as written.
@@ -270,6 +283,7 @@ def pod_from_k8s(pod: Mapping[str, Any], *, constraints: str = "enforce") -> Pod
             ),
             gang=ann.get(ANN_GANG, ""),
             queue=ann.get(ANN_QUEUE, ""),
+            movable=_movable(ann, key),
         )
     except InvalidSpec as e:
         raise InvalidRequest(str(e)) from None
