@@ -512,3 +512,30 @@ def test_older_entry_points_take_the_same_options(module: str, command: str) -> 
 
     assert options(proc.stdout) == options(res.output)
     assert "--kubeconfig" in options(proc.stdout) and "--policy" in options(proc.stdout)
+
+
+def test_bench_defrag_compares_off_with_each_mode_and_budget(tmp_path: Path) -> None:
+    args = ["bench", "defrag", "--sample", "30", "--seeds", "0", "--hours", "2", "--budgets", "0.02"]
+    res = runner().invoke(app, [*args, "--modes", "triggered", "--out", str(tmp_path), "--json"])
+    assert res.exit_code == 0, res.output
+    report = parse_json(res.stdout)
+    labels = [row["label"] for row in report["summary"]]
+    assert labels[0] == "off" and any(lbl.startswith("triggered") for lbl in labels), labels
+    assert all(0 <= row["moved_pct"] <= 2 for row in report["summary"])  # the budget holds
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert written == ["churn_allocation_seed0.png", "churn_budget_curve.png"]
+
+
+@pytest.mark.parametrize("budgets", ["0", "1.5", "a,b", ""])
+def test_bench_defrag_refuses_bad_budgets(budgets: str) -> None:
+    res = runner().invoke(app, ["bench", "defrag", "--budgets", budgets, "--no-plots"])
+    assert res.exit_code == 2
+    assert "budgets" in res.output
+
+
+def test_bench_defrag_planner_reports_each_size() -> None:
+    res = runner().invoke(app, ["bench", "defrag-planner", "--nodes", "60", "--instances", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    (row,) = parse_json(res.stdout)["sizes"]
+    assert row["nodes"] == 60 and row["instances"] <= 2
+    assert set(row) >= {"greedy", "exact", "both", "heuristic_gap_moves"}

@@ -340,3 +340,65 @@ def agent_smi_differences(diffs: Sequence[str]) -> None:
     for d in diffs:
         typer.echo(d)
     typer.echo("agent and nvidia-smi agree" if not diffs else f"{len(diffs)} difference(s)")
+
+
+# ---------------------------------------------------------------------------------- defragmentation
+def churn(
+    report: Mapping[str, Any], rows: Sequence[Mapping[str, object]], plots: Sequence[str], json_out: bool
+) -> None:
+    """The churn comparison: the whole report as JSON, or one row per run label (means over seeds)."""
+    if json_out:
+        emit_json({**report, "summary": list(rows)})
+        return
+    sizes = [c for c in ("share", "1 GPU", "2 GPUs", "4 GPUs", "8 GPUs") if rows and f"{c} p99_s" in rows[0]]
+    table = Table(
+        title="Defragmentation under churn (means over seeds)",
+        caption="share … 8: p99 pending seconds by request size (GPUs)",
+    )
+    table.add_column("run", ratio=1)
+    for col in ("alloc%", "sat.%", "moved%", "idle GPU·h"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for c in sizes:
+        table.add_column(c.split()[0], justify="right", no_wrap=True)
+    for r in rows:
+        table.add_row(
+            str(r["label"]),
+            f"{r['mean_alloc_pct']:.2f}",
+            f"{r['saturated_alloc_pct']:.2f}",
+            f"{r['moved_pct']:.2f}",
+            f"{r['stranded_idle_gpu_hours']:.0f}",
+            *(f"{r[f'{c} p99_s']:.0f}" for c in sizes),
+        )
+    out_console.print(table)
+    for f in plots:
+        out_console.print(f"plot: {f}", soft_wrap=True)
+
+
+def defrag_planner(report: Mapping[str, Any], json_out: bool) -> None:
+    """The planner's cost per cluster size: JSON, or a table."""
+    if json_out:
+        emit_json(report)
+        return
+    table = Table(title="Defragmentation planner: time to plan for one pending pod")
+    for col in (
+        "nodes",
+        "plans",
+        "heuristic p50/p99 ms",
+        "exact p50/p99 ms",
+        "both p50/p99 ms",
+        "found",
+        "proven fewest",
+        "heuristic gap",
+    ):
+        table.add_column(col, justify="right")
+    for r in report["sizes"]:
+        gap = r["heuristic_gap_moves"]
+        table.add_row(
+            str(r["nodes"]),
+            str(r["instances"]),
+            *(f"{r[m]['p50_ms']:.0f} / {r[m]['p99_ms']:.0f}" for m in ("greedy", "exact", "both")),
+            f"{r['both']['found']}/{r['instances']}",
+            f"{r['both']['proven_optimal']}/{r['instances']}",
+            f"{gap['equal']}/{gap['instances']} equal" if gap["instances"] else "-",
+        )
+    out_console.print(table)
