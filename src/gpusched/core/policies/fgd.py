@@ -34,7 +34,10 @@ class FGDScore:
     def _compute(self, pod: PodSpec, snap: ClusterState, nodes: I64) -> tuple[I64, I64]:
         before, after = placement_frag(snap, pod, nodes, self.workload)
         with np.errstate(over="ignore", invalid="ignore"):
-            s = np.trunc(100 * sigmoid((before[:, None] - after) / 1000))
+            # Rounded to 1e-6 before truncating: the fragmentation sums differ in their last bits with the
+            # batch of nodes they were computed in, and a score a hair under an integer must not truncate
+            # one lower for one batch and not for another (the score cache and a fresh pass must agree).
+            s = np.trunc(np.round(100 * sigmoid((before[:, None] - after) / 1000), 6))
         s = np.where(np.isfinite(after), s, -1)
         col = np.argmax(s, axis=1)  # first maximum = lowest GPU index
         best = s[np.arange(len(nodes)), col].astype(np.int64)
