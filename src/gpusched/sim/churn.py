@@ -66,7 +66,7 @@ from gpusched.core.scheduler import schedule_one
 from gpusched.core.statement import Statement
 from gpusched.sim.engine import EventQueue, Priority
 from gpusched.sim.paper import PaperRun, build_sequence, run_paper, tie_ranks
-from gpusched.sim.replay import CLASS_ORDER, request_class
+from gpusched.sim.replay import CLASS_ORDER, request_class, retry_pass
 from gpusched.sim.synthetic import LIFETIME_SIGMA
 from gpusched.sim.traces import TracePod
 
@@ -426,15 +426,7 @@ class Churn:
         return r.scheduled
 
     def _retry_pass(self) -> None:
-        failed: set[tuple[object, ...]] = set()
-        for key in list(self.queue):
-            i = key[2]
-            if self.shapes[i] in failed:
-                continue
-            if self._try_place(i):
-                self._unqueue(i)
-            else:
-                failed.add(self.shapes[i])
+        retry_pass(self.queue, self.shapes, self._try_place, self._unqueue)
 
     def _budget_left(self) -> int:
         return int(self.defrag.move_budget * self.arrived) - self.moves

@@ -134,6 +134,26 @@ def _waits(values: list[int]) -> dict[str, float]:
     return {"pending_p50_s": p50, "pending_p90_s": p90, "pending_p99_s": p99, "pending_max_s": mx}
 
 
+def retry_pass(
+    queue: Sequence[QueueKey],
+    shapes: Sequence[tuple[object, ...]],
+    try_place: Callable[[int], bool],
+    unqueue: Callable[[int], None],
+) -> None:
+    """One pass over the pending queue in order (``QueueKey``s): each pod placed is
+    taken off it; once a shape fails, its other pods are skipped (room only shrinks during a pass).
+    The replay's and the churn protocol's retries."""
+    failed: set[tuple[object, ...]] = set()
+    for key in list(queue):
+        i = key[2]
+        if shapes[i] in failed:
+            continue
+        if try_place(i):
+            unqueue(i)
+        else:
+            failed.add(shapes[i])
+
+
 class Replay:
     """One replay of a trace under one policy: the books, the pending queue, the event heap and
     the tallies, with one handler per event kind (``Priority``): ``arrive``, ``depart``,
@@ -307,17 +327,7 @@ class Replay:
         self.pending[i] = False
 
     def _retry_pass(self) -> None:
-        """The queue in order; once a shape fails, its other pods are skipped (room only shrinks
-        during a pass)."""
-        failed: set[tuple[object, ...]] = set()
-        for key in list(self.queue):
-            i = key[2]
-            if self.shapes[i] in failed:
-                continue
-            if self._try_place(i):
-                self._unqueue(i)
-            else:
-                failed.add(self.shapes[i])
+        retry_pass(self.queue, self.shapes, self._try_place, self._unqueue)
 
     def _result(self) -> ReplayResult:
         cap, start = self.cap, self.start
