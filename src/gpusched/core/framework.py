@@ -28,7 +28,7 @@ Multi-pod decisions (gangs, preemption) go through ``gpusched.core.statement.Sta
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, cast, runtime_checkable
 
@@ -81,6 +81,16 @@ class CycleState:
 
     def __contains__(self, key: StateKey[Any]) -> bool:
         return key in self._data
+
+    def read_or_fill(self, key: StateKey[T], fill: Callable[[], object]) -> T:
+        """The value at ``key``; when it is absent, ``fill()`` first (a plugin's PreFilter, for a
+        caller that skipped it), which must write it."""
+        if key not in self._data:
+            fill()
+        value = self.read(key)
+        if value is None:
+            raise KeyError(f"{key!r} was not written by its fill")
+        return value
 
 
 @runtime_checkable

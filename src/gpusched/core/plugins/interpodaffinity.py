@@ -49,12 +49,7 @@ class InterPodAffinity:
 
     def _read(self, state: CycleState, pod: PodSpec, snap: ClusterState) -> I8:
         """The verdicts PreFilter wrote (run here when the caller skipped PreFilter)."""
-        verdict = state.read(VERDICTS)
-        if verdict is None:
-            self.pre_filter(state, pod, snap)
-            verdict = state.read(VERDICTS)
-            assert verdict is not None
-        return verdict
+        return state.read_or_fill(VERDICTS, lambda: self.pre_filter(state, pod, snap))
 
     def _verdicts(self, pod: PodSpec, snap: ClusterState) -> I8:
         verdict = np.full(len(snap), _OK, dtype=np.int8)

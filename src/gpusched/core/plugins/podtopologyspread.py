@@ -42,12 +42,7 @@ class PodTopologySpread:
 
     def _read(self, state: CycleState, pod: PodSpec, snap: ClusterState) -> I8:
         """The verdicts PreFilter wrote (run here when the caller skipped PreFilter)."""
-        verdict = state.read(VERDICTS)
-        if verdict is None:
-            self.pre_filter(state, pod, snap)
-            verdict = state.read(VERDICTS)
-            assert verdict is not None
-        return verdict
+        return state.read_or_fill(VERDICTS, lambda: self.pre_filter(state, pod, snap))
 
     def _admitted(self, state: CycleState, pod: PodSpec, snap: ClusterState, c: SpreadConstraint) -> BoolArr:
         """The nodes whose domains count for ``c`` (its node affinity and taint policies)."""
