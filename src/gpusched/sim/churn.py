@@ -66,7 +66,7 @@ from gpusched.core.scheduler import schedule_one
 from gpusched.core.statement import Statement
 from gpusched.sim.engine import EventQueue, Priority
 from gpusched.sim.paper import PaperRun, build_sequence, run_paper, tie_ranks
-from gpusched.sim.replay import CLASS_ORDER, request_class, retry_pass
+from gpusched.sim.replay import CLASS_ORDER, queue_remove, request_class, retry_pass
 from gpusched.sim.synthetic import LIFETIME_SIGMA
 from gpusched.sim.traces import TracePod
 
@@ -404,9 +404,7 @@ class Churn:
             self.tick_armed = True
 
     def _unqueue(self, i: int) -> None:
-        k = bisect.bisect_left(self.queue, self.keys[i])
-        assert self.queue[k] == self.keys[i]
-        del self.queue[k]
+        queue_remove(self.queue, self.keys[i])
         self.pending[i] = False
         if self.specs[i].num_gpu:
             self.gpu_pending -= 1

@@ -76,7 +76,7 @@ class ReplayResult:
         return d
 
 
-def _remove(queue: list[QueueKey], key: QueueKey) -> None:
+def queue_remove(queue: list[QueueKey], key: QueueKey) -> None:
     """Remove ``key`` from the sorted ``queue`` (the pending queue in retry order)."""
     i = bisect.bisect_left(queue, key)
     assert queue[i] == key, f"pod {key[2]} is not in the pending queue"
@@ -323,7 +323,7 @@ class Replay:
         return r.scheduled
 
     def _unqueue(self, i: int) -> None:
-        _remove(self.queue, self.keys[i])
+        queue_remove(self.queue, self.keys[i])
         self.pending[i] = False
 
     def _retry_pass(self) -> None:
