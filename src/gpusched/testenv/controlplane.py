@@ -91,6 +91,25 @@ def _kubeconfig(server: str, ca_cert: Path, ident: _Identity, user: str) -> dict
     }
 
 
+
+def stop_process(
+    popen: subprocess.Popen[bytes], sig: int, timeout: float, *, group: bool = False
+) -> None:
+    """Send ``sig`` to a running process (to its process group with ``group``), wait ``timeout``
+    seconds for it to exit, then SIGKILL it and wait. Nothing happens to one that already exited."""
+    if popen.poll() is not None:
+        return
+    send = os.killpg if group else os.kill
+    with contextlib.suppress(ProcessLookupError):
+        send(popen.pid, sig)
+    try:
+        popen.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            send(popen.pid, signal.SIGKILL)
+        popen.wait()
+
+
 class ControlPlane:
     """etcd + kube-apiserver (+ kube-scheduler, kube-controller-manager, kwok) in a temporary directory.
 
@@ -314,15 +333,7 @@ class ControlPlane:
         and until then ``check_alive`` does not count it as dead."""
         proc = self._process(name)
         proc.down = True
-        if proc.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.popen.pid, sig)
-            try:
-                proc.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.popen.pid, signal.SIGKILL)
-                proc.popen.wait()
+        stop_process(proc.popen, sig, timeout, group=True)
 
     def restart(self, name: str) -> None:
         """Start process ``name`` again with the same command line, environment, port and data (SIGKILLing it

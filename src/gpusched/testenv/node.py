@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from gpusched.testenv.binaries import ControlPlaneError, find_build_script
-from gpusched.testenv.controlplane import ControlPlane, free_port
+from gpusched.testenv.controlplane import ControlPlane, free_port, stop_process
 from gpusched.testenv.pki import issue_certificate
 
 #: Directory holding pause.tar, busybox.tar and images.env (skips hack/build-node-images.sh).
@@ -596,15 +596,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         if d is None or d.popen is None:
             return
         d.stopping = True
-        if d.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(d.popen.pid, sig)
-            try:
-                d.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(d.popen.pid, signal.SIGKILL)
-                d.popen.wait()
+        stop_process(d.popen, sig, timeout)
         d.stopping = False
         d.popen = None
 
