@@ -278,3 +278,15 @@ def test_a_failed_gpu_that_does_not_matter_is_not_named_a_cause() -> None:
     (f,) = [f for f in r.findings if f.code == "unhealthy-gpu"]
     assert f.level == "scheduling" and f.severity == "info" and "even healthy" in f.message
     assert "unhealthy-gpu" not in r.cause and not any(c.kind == "healthy-gpu" for c in r.counterfactuals)
+
+
+def test_doctor_reads_the_names_the_node_agent_writes() -> None:
+    # The layers keep gpusched.doctor from importing gpusched.agent, so doctor spells the agent's
+    # annotation and taint names itself: they must stay the agent's.
+    from gpusched.agent import allocation, health, labels
+    from gpusched.doctor import checks
+
+    assert checks.ANN_ALLOCATED == allocation.ANN_ALLOCATED
+    assert checks.ANN_TOPOLOGY == labels.ANN_TOPOLOGY
+    assert checks.ANN_UNHEALTHY == health.ANN_UNHEALTHY_GPUS
+    assert checks.TAINT_UNHEALTHY == health.TAINT_UNHEALTHY

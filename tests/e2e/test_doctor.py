@@ -18,6 +18,10 @@ from typing import Any
 
 import pytest
 
+# the node agent's own names: doctor must read what the agent writes
+from gpusched.agent.allocation import ANN_ALLOCATED
+from gpusched.agent.health import ANN_UNHEALTHY_GPUS as ANN_UNHEALTHY
+from gpusched.agent.labels import ANN_TOPOLOGY
 from gpusched.k8s.convert import ANN_ASSIGNMENT, ANN_MODELS
 from gpusched.testenv import ControlPlane, wait_until
 from gpusched.testenv.kwoknodes import kwok_gpu_node
@@ -25,9 +29,6 @@ from gpusched.testenv.kwoknodes import kwok_gpu_node
 pytestmark = pytest.mark.e2e
 
 GROUP = "gpusched.io/e2e-group"
-ANN_ALLOCATED = "gpusched.io/allocated"
-ANN_TOPOLOGY = "gpusched.io/gpu-topology"
-ANN_UNHEALTHY = "gpusched.io/unhealthy-gpus"
 
 
 class Env:

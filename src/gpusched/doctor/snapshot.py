@@ -24,6 +24,7 @@ from typing import Any
 from gpusched.core.cluster import ClusterState
 from gpusched.core.errors import ResourceError
 from gpusched.core.model import NodeSpec, PodSpec
+from gpusched.doctor.checks import ANN_UNHEALTHY
 from gpusched.doctor.errors import SnapshotError
 from gpusched.k8s.convert import (
     ANN_ASSIGNMENT,
@@ -40,7 +41,6 @@ from gpusched.k8s.convert import (
 
 SNAPSHOT_KIND = "gpusched.io/doctor-snapshot"
 SNAPSHOT_VERSION = 1
-ANN_UNHEALTHY = "gpusched.io/unhealthy-gpus"
 
 
 @dataclass(frozen=True)
