@@ -317,3 +317,22 @@ def test_cli_command_modules_only_parse_options_and_call_the_layer_below() -> No
         "x.py:3: write()",
         "x.py:3: open()",
     ]
+
+
+def duplicate_test_basenames(root: Path) -> dict[str, list[str]]:
+    """Test modules that share a file name. The suite runs in pytest's default ``prepend`` import mode, where
+    ``tests/x/test_a.py`` and ``tests/y/test_a.py`` collide ("import file mismatch") once both are collected in
+    one run — as CI collects them, though a run of one folder does not."""
+    seen: dict[str, list[str]] = {}
+    for p in sorted(root.rglob("test_*.py")):
+        seen.setdefault(p.name, []).append(str(p.relative_to(root)))
+    return {name: paths for name, paths in seen.items() if len(paths) > 1}
+
+
+def test_test_modules_have_unique_file_names(tmp_path: Path) -> None:
+    assert duplicate_test_basenames(REPO / "tests") == {}
+    # the checker finds a collision when there is one
+    (tmp_path / "e2e").mkdir()
+    (tmp_path / "test_a.py").write_text("")
+    (tmp_path / "e2e" / "test_a.py").write_text("")
+    assert duplicate_test_basenames(tmp_path) == {"test_a.py": ["e2e/test_a.py", "test_a.py"]}
