@@ -58,6 +58,7 @@ def pod(
     milli: int = 1000,
     memory: int = 0,
     phase: str = "Pending",
+    bound_rv: int | None = None,
 ) -> dict[str, Any]:
     ann = {}
     if assignment == "default":
@@ -73,6 +74,7 @@ def pod(
             "uid": f"uid-{name}",
             "creationTimestamp": created,
             "annotations": ann,
+            **({"resourceVersion": str(bound_rv)} if bound_rv is not None else {}),
         },
         "spec": {"nodeName": NODE, "containers": containers},
         "status": {"phase": phase},
@@ -275,6 +277,21 @@ def test_the_oldest_matching_pending_pod_is_served_first(env: dict[str, Any]) ->
     assert allocate(st, "GPU-0000").envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-0000"
     assert allocate(st, "GPU-0000", "GPU-3333").envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-0000,GPU-3333"
     assert "no Pending pod" in allocate_error(st, "GPU-0000")
+
+
+def test_pods_are_served_in_the_order_they_were_bound_which_is_the_kubelets(env: dict[str, Any]) -> None:
+    """Two shares created in one order and bound in the other (the real kubelet's test caught it): the
+    kubelet admits, and calls Allocate for, the one bound first; its resource version is the smaller."""
+    env["pods"].pods += [
+        pod("mem", created="2026-01-01T00:00:01Z", bound_rv=120, gpus=[0], milli=0, memory=20480,
+            containers=share_containers(None, 20480)),
+        pod("milli", created="2026-01-01T00:00:02Z", bound_rv=118, gpus=[0], milli=300, memory=0,
+            containers=share_containers(300, None)),
+    ]  # fmt: skip
+    st = env["stub"](RES_SHARE)
+    first, second = allocate(st, "GPU-3333::0"), allocate(st, "GPU-3333::1")
+    assert (first.envs["GPUSCHED_GPU_MILLI"], first.envs["GPUSCHED_GPU_MEMORY_MIB"]) == ("300", "0")
+    assert (second.envs["GPUSCHED_GPU_MILLI"], second.envs["GPUSCHED_GPU_MEMORY_MIB"]) == ("0", "20480")
 
 
 def test_a_share_gets_its_gpu_and_its_limits_as_env(env: dict[str, Any]) -> None:

@@ -121,6 +121,21 @@ def allocated_of(pod: Mapping[str, Any]) -> dict[str, dict[str, list[str]]]:
     return data if isinstance(data, dict) else {}
 
 
+def admission_order(pod: Mapping[str, Any]) -> tuple[int, str, str]:
+    """The order in which the kubelet admits bound pods, and so calls ``Allocate`` (which does not say for
+    which pod): the order they were bound. The kubelet watches the pods bound to its node and admits each new
+    one as its event arrives, one at a time; the events come in the order of their resource versions. A pod
+    bound but not yet admitted has seen no write since its binding (the kubelet has not written its status and
+    the agent writes ``gpusched.io/allocated`` only after ``Allocate``), so its resource version is its
+    binding's. Creation time, the kubelet's order within one batch, breaks ties and stands in where the
+    resource version is not a number (the API calls it opaque; etcd's are revisions). Ordering by creation
+    time alone gave a pod bound second the GPU share of the pod bound first (two share pods created in one
+    order and bound in the other)."""
+    m = pod.get("metadata") or {}
+    rv = str(m.get("resourceVersion") or "")
+    return (int(rv) if rv.isdigit() else 2**63), str(m.get("creationTimestamp") or ""), pod_key(pod)
+
+
 def match_pod(
     pods: Sequence[Mapping[str, Any]],
     node: str,
@@ -128,16 +143,11 @@ def match_pod(
     n_devices: int,
     allocated: Mapping[str, set[tuple[str, str]]],
 ) -> tuple[Mapping[str, Any], str] | None:
-    """The (pod, container name) an ``Allocate`` of ``n_devices`` of ``resource`` is for: the oldest Pending
-    pod on
-    ``node`` with a container asking for exactly that many and not yet allocated (``allocated``: pod UID ->
-    {(container, resource)} known in memory, besides the pod's annotation)."""
-
-    def order(p: Mapping[str, Any]) -> tuple[str, str]:
-        m = p.get("metadata") or {}
-        return str(m.get("creationTimestamp") or ""), pod_key(p)
-
-    for pod in sorted(pods, key=order):
+    """The (pod, container name) an ``Allocate`` of ``n_devices`` of ``resource`` is for: the first Pending
+    pod on ``node``, in the order the kubelet admits them (``admission_order``), with a container asking for
+    exactly that many and not yet allocated (``allocated``: pod UID -> {(container, resource)} known in
+    memory, besides the pod's annotation)."""
+    for pod in sorted(pods, key=admission_order):
         if (pod.get("spec") or {}).get("nodeName") != node:
             continue
         if (pod.get("status") or {}).get("phase", "Pending") != "Pending":
