@@ -123,36 +123,72 @@ class GroupResult:
 
     status: Status
     results: tuple[ScheduleResult, ...]
-    """One per pod placed, in order; on failure the last one is the pod that did not fit."""
+    """One per pod tried, in order; on failure the last one is the pod that did not fit."""
 
     @property
     def scheduled(self) -> bool:
         return self.status.ok
 
+    @property
+    def placed(self) -> tuple[ScheduleResult, ...]:
+        """The pods that stay assumed (none on failure)."""
+        return tuple(r for r in self.results if r.scheduled) if self.status.ok else ()
+
+    @property
+    def left_out(self) -> tuple[str, ...]:
+        """Keys of the pods tried that did not fit though the group was placed (beyond
+        ``min_count``); they stay pending."""
+        return tuple(r.pod.key for r in self.results if not r.scheduled) if self.status.ok else ()
+
 
 def schedule_all(
-    profile: Profile, pods: Sequence[PodSpec], snap: ClusterState, *, tiebreak: I64 | None = None
+    profile: Profile,
+    pods: Sequence[PodSpec],
+    snap: ClusterState,
+    *,
+    tiebreak: I64 | None = None,
+    min_count: int | None = None,
 ) -> GroupResult:
     """Place every pod of ``pods`` or none of them (gang semantics).
 
     Pods are placed one after another, each seeing the ones before it. If one does not fit,
     everything placed so far is undone and the status names that pod and why; ``snap`` is
     then exactly as it was. On success every pod stays assumed in ``snap``.
+
+    With ``min_count`` (a gang's minimum member count, 0..len(pods)) a pod that does not fit is
+    left out and the rest are tried, as long as ``min_count`` can still be reached; the group is
+    placed when at least ``min_count`` fit at once (``GroupResult.left_out`` names the others),
+    and otherwise nothing stays booked. The profile's PostFilters (preemption) run for pods that
+    do not fit as in ``schedule_one``; gangs pass a profile without them.
     """
     keys = [p.key for p in pods]
     if len(set(keys)) != len(keys):
         dup = next(k for k in keys if keys.count(k) > 1)
         raise AccountingError(f"pod {dup} appears twice in one group")
+    need = len(pods) if min_count is None else min_count
+    if not 0 <= need <= len(pods):
+        raise AccountingError(f"min_count {min_count} outside 0..{len(pods)} for a group of {len(pods)}")
     results: list[ScheduleResult] = []
+    placed = 0
     with Statement(snap) as st:
-        for pod in pods:
+        for i, pod in enumerate(pods):
             r = st.schedule(profile, pod, tiebreak=tiebreak, diagnose_failures=True)
             results.append(r)
-            if not r.scheduled:
-                why = r.diagnosis.message() if r.diagnosis else r.status.message()
-                code = r.status.code if r.status.code != Code.SUCCESS else Code.UNSCHEDULABLE
+            if r.scheduled:
+                placed += 1
+                continue
+            if placed + (len(pods) - i - 1) >= need:
+                continue  # left out: the minimum can still be reached without it
+            why = r.diagnosis.message() if r.diagnosis else r.status.message()
+            code = r.status.code if r.status.code != Code.SUCCESS else Code.UNSCHEDULABLE
+            if min_count is None:
                 msg = f"pod {pod.key} ({len(results)} of {len(pods)}) does not fit: {why}"
-                return GroupResult(Status(code, (msg,), "Statement"), tuple(results))
+            else:
+                msg = (
+                    f"{placed} of at least {need} pods fit at once (of {len(pods)}); "
+                    f"pod {pod.key} does not fit: {why}"
+                )
+            return GroupResult(Status(code, (msg,), "Statement"), tuple(results))
         st.commit()
     return GroupResult(Status.success(), tuple(results))
 

@@ -13,6 +13,10 @@ Runs when a pod fits nowhere, after kube-scheduler's DefaultPreemption (a pod wh
    one by one, most important first (highest priority, then the smallest GPU demand), keeping
    each one that leaves room for the preemptor: what stays evicted is a minimal set in that
    order. The statement is discarded: the snapshot is untouched.
+   Gangs go whole (gang-aware): a lower-priority pod of a gang (``PodSpec.gang``) is evicted
+   only with every other member of its gang, wherever they run, and only when all of them are of
+   lower priority; otherwise it is no victim and another is chosen. Reprieves, too, put a
+   whole gang back at once.
 3. **Node**: the fewest harm, compared in order: the highest victim priority, the sum of victim
    priorities, the number of victims, the GPU milli evicted, then node index.
 
@@ -27,6 +31,7 @@ from collections.abc import Sequence
 
 from gpusched.core.cluster import ClusterState
 from gpusched.core.framework import CycleState, FilterPlugin, PostFilterResult, PreFilterPlugin, Profile
+from gpusched.core.gang import gang_key
 from gpusched.core.model import Allocation, PodSpec
 from gpusched.core.scheduler import fits
 from gpusched.core.statement import Statement
@@ -74,25 +79,26 @@ class DefaultPreemption:
     def victims_on(
         self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int
     ) -> list[Allocation] | None:
-        """A minimal set of lower-priority pods on ``node`` whose eviction lets ``pod`` fit, or
-        None when evicting all of them is not enough. ``snap`` is left as it was."""
-        lower = [
-            snap.allocations[k] for k in sorted(snap.node_pods[node])
-            if snap.allocations[k].pod.priority < pod.priority
-        ]  # fmt: skip
-        if not lower:
+        """A minimal set of lower-priority pods on ``node`` (with the rest of their gangs,
+        wherever they run) whose eviction lets ``pod`` fit, or None when evicting all of them is
+        not enough. ``snap`` is left as it was."""
+        units = _victim_units(pod, snap, node)
+        if not units:
             return None
         with Statement(snap) as st:
-            for a in lower:
-                st.evict(a.pod.key)
+            for u in units:
+                for a in u:
+                    st.evict(a.pod.key)
             if not fits(self.what_if, pod, snap, node):
                 return None
-            victims = []
-            for a in sorted(lower, key=lambda a: (-a.pod.priority, a.pod.gpu_demand_milli, a.pod.key)):
-                st.assume(a.pod, a.node, a.gpus)  # reprieve it, if the preemptor still fits
+            victims: list[Allocation] = []
+            for u in sorted(units, key=_reprieve_order):
+                for a in u:  # reprieve the unit, if the preemptor still fits
+                    st.assume(a.pod, a.node, a.gpus)
                 if not fits(self.what_if, pod, snap, node):
-                    st.evict(a.pod.key)
-                    victims.append(a)
+                    for a in u:
+                        st.evict(a.pod.key)
+                    victims.extend(u)
             # leaving the block discards the statement: the snapshot is as it was
         return victims
 
@@ -123,3 +129,40 @@ class DefaultPreemption:
             return PostFilterResult(Status.unschedulable(why, self.name))
         _, node, victims = best
         return PostFilterResult(Status.success(), node, tuple(v.pod.key for v in victims))
+
+
+def _victim_units(pod: PodSpec, snap: ClusterState, node: int) -> list[tuple[Allocation, ...]]:
+    """The lower-priority pods on ``node`` as units of eviction: a pod alone, or a gang whole
+    (every member booked anywhere), left out unless every member is of lower priority."""
+    units: list[tuple[Allocation, ...]] = []
+    gangs: dict[str, list[Allocation]] | None = None
+    seen: set[str] = set()
+    for k in sorted(snap.node_pods[node]):
+        a = snap.allocations[k]
+        if a.pod.priority >= pod.priority:
+            continue
+        g = gang_key(a.pod)
+        if not g:
+            units.append((a,))
+            continue
+        if g in seen:
+            continue
+        seen.add(g)
+        if gangs is None:
+            gangs = {}
+            for b in snap.allocations.values():
+                if b.pod.gang:
+                    gangs.setdefault(gang_key(b.pod), []).append(b)
+        members = sorted(gangs[g], key=lambda b: b.pod.key)
+        if all(b.pod.priority < pod.priority for b in members):
+            units.append(tuple(members))
+    return units
+
+
+def _reprieve_order(unit: tuple[Allocation, ...]) -> tuple[int, int, str]:
+    """Most important first: highest priority, then the smallest GPU demand, then key."""
+    return (
+        -max(a.pod.priority for a in unit),
+        sum(a.pod.gpu_demand_milli for a in unit),
+        unit[0].pod.key,
+    )

@@ -1,0 +1,163 @@
+"""One batch scheduling cycle: gangs as units, tenant queues' quotas, reclaim.
+
+``run_cycle`` tries pending units (``gang.group_units``) one at a time against a snapshot:
+
+1. **Order**: units that stay within their queue's own quota first, then those that would borrow,
+   the queue with the smallest weighted dominant share first (``queues.fairshare``); within that,
+   the pending order the units came in (priority, creation, arrival).
+2. **Quota**: the unit's charge (all its pods) must pass ``QueueBook.check``. A pod naming an
+   unknown queue, or one with child queues, waits with the error as its reason; nothing is bound.
+3. **Placement**: ``gang.place_gang``: at least the gang's minimum at once, or nothing booked.
+   Once placed, each pod is charged to its queue with the GPU model it landed on; if a per-model
+   quota then refuses, the unit is undone and waits.
+4. **Reclaim**: a unit refused by quota, or that does not fit, while its queue would stay within
+   its own quota, gets victims among borrowing queues' pods (``queues.reclaim``). With
+   ``evict_now`` (the simulator) they are evicted from the snapshot and the book at once and the
+   unit is tried again; otherwise the outcome names them for the front end to evict (the unit
+   waits until they are gone).
+5. A single pod outside any gang that does not fit gets the profile's PostFilter (preemption)
+   answer when queues are off; gangs wait as units with the reason of the pod that did not fit.
+
+At the end of a cycle no gang is partly booked by it, and every pod it booked is charged.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpusched.core.cluster import I64, ClusterState
+from gpusched.core.framework import Profile
+from gpusched.core.gang import Unit, place_gang
+from gpusched.core.queues.fairshare import surplus_order
+from gpusched.core.queues.quota import QueueBook
+from gpusched.core.queues.reclaim import Budgets, plan_reclaim, unit_charge
+from gpusched.core.queues.spec import InvalidQueue
+from gpusched.core.queues.usage import charge_of
+from gpusched.core.scheduler import ScheduleResult, schedule_one
+
+
+class Outcome(enum.Enum):
+    PLACED = "placed"  # booked in the snapshot (and charged): bind its pods
+    WAITING = "waiting"  # nothing booked; ``reason`` says why
+    RECLAIM = "reclaim"  # nothing booked; evict ``victims`` (borrowed quota), then try again
+    PREEMPT = "preempt"  # nothing booked; evict ``victims`` (priority), nominated ``node``
+
+
+@dataclass(frozen=True, slots=True)
+class UnitOutcome:
+    unit: Unit
+    outcome: Outcome
+    placed: tuple[ScheduleResult, ...] = ()
+    """The pods booked (PLACED), in order."""
+    reason: str = ""
+    victims: tuple[str, ...] = ()
+    """Pods to evict (RECLAIM, PREEMPT); with ``evict_now`` those already evicted (PLACED)."""
+    nominated_node: int = -1
+    budget_violations: int = 0
+
+
+def _order(units: Sequence[Unit], book: QueueBook | None) -> list[Unit]:
+    if book is None:
+        return list(units)
+
+    def key(iu: tuple[int, Unit]) -> tuple[object, ...]:
+        i, u = iu
+        if u.queue not in book.tree or not book.tree.is_leaf(u.queue):
+            return (0, 0, i)
+        return (*surplus_order(book, u.queue, unit_charge(u.pods)), i)
+
+    return [u for _, u in sorted(enumerate(units), key=key)]
+
+
+def _charge_placed(book: QueueBook, snap: ClusterState, unit: Unit, placed: Sequence[ScheduleResult]) -> str:
+    """Charge the placed pods with their nodes' models; on a refusal undo charges and bookings."""
+    done: list[str] = []
+    for r in placed:
+        charge = charge_of(r.pod, snap.nodes[r.node].gpu_model)
+        v = book.check(unit.queue, charge)
+        if not v.ok:
+            for k in done:
+                book.release(k)
+            for q in placed:
+                snap.forget(q.pod.key)
+            return v.reason
+        book.charge(r.pod.key, unit.queue, charge)
+        done.append(r.pod.key)
+    return ""
+
+
+def _evict(snap: ClusterState, book: QueueBook, victims: Sequence[str]) -> None:
+    for k in victims:
+        snap.forget(k)
+        if k in book.charged:
+            book.release(k)
+
+
+def run_cycle(
+    profile: Profile,
+    snap: ClusterState,
+    units: Sequence[Unit],
+    *,
+    book: QueueBook | None = None,
+    budgets: Budgets | None = None,
+    tiebreak: I64 | None = None,
+    evict_now: bool = False,
+    reclaim: bool = True,
+) -> list[UnitOutcome]:
+    """Try every unit once, in the order of the module's rules; one outcome per unit, in the
+    order tried. ``book`` None: no queues (a plain priority queue over gangs)."""
+    out: list[UnitOutcome] = []
+    for unit in _order(units, book):
+        out.append(_one(profile, snap, unit, book, budgets, tiebreak, evict_now, reclaim))
+    return out
+
+
+def _one(
+    profile: Profile, snap: ClusterState, unit: Unit, book: QueueBook | None,
+    budgets: Budgets | None, tiebreak: I64 | None, evict_now: bool, reclaim: bool,
+) -> UnitOutcome:
+    refusal = ""
+    if book is not None:
+        try:
+            book.tree.leaf(unit.queue, who=f"pod {unit.pods[0].key}")
+        except InvalidQueue as e:
+            return UnitOutcome(unit, Outcome.WAITING, reason=str(e))
+        v = book.check(unit.queue, unit_charge(unit.pods))
+        refusal = "" if v.ok else f"quota: {v.reason}"
+    if not refusal:
+        r = place_gang(profile, unit, snap, tiebreak=tiebreak)
+        if r.scheduled:
+            why = _charge_placed(book, snap, unit, r.placed) if book is not None else ""
+            if not why:
+                return UnitOutcome(unit, Outcome.PLACED, r.placed)
+            refusal = f"quota: {why}"
+        else:
+            refusal = r.status.message()
+    if book is not None and reclaim:
+        plan = plan_reclaim(profile, snap, book, unit, budgets=budgets, tiebreak=tiebreak)
+        if plan.ok:
+            if not evict_now:
+                return UnitOutcome(
+                    unit, Outcome.RECLAIM, reason=refusal, victims=plan.victims,
+                    budget_violations=plan.budget_violations,
+                )
+            _evict(snap, book, plan.victims)
+            again = _one(profile, snap, unit, book, budgets, tiebreak, False, False)
+            if again.outcome is Outcome.PLACED:
+                return UnitOutcome(
+                    unit, Outcome.PLACED, again.placed, victims=plan.victims,
+                    budget_violations=plan.budget_violations,
+                )
+            return UnitOutcome(
+                unit, Outcome.WAITING, reason=f"reclaimed but did not land: {again.reason}",
+                victims=plan.victims, budget_violations=plan.budget_violations,
+            )
+    if book is None and unit.gang is None and profile.post_filters:
+        r1 = schedule_one(profile, unit.pods[0], snap, tiebreak=tiebreak, assume=False)
+        if r1.victims:
+            return UnitOutcome(
+                unit, Outcome.PREEMPT, reason=refusal, victims=r1.victims, nominated_node=r1.nominated_node
+            )
+    return UnitOutcome(unit, Outcome.WAITING, reason=refusal)

@@ -1,0 +1,187 @@
+"""Reclaim: a queue takes back the quota it lent, by evicting pods of queues that borrow.
+
+When a unit (a gang or a pod) of queue ``A`` is refused by quota, or does not fit the cluster,
+while ``A`` would stay within its own quota, the pods of borrowing queues (those over their own
+quota) are what stands in its way. ``plan_reclaim`` chooses victims among them:
+
+- whole gangs only (a borrower's gang goes whole or stays);
+- lowest priority first, then the largest units (fewest victims), then by key;
+- never from a queue within its quota: a unit is taken only while its queue, with the victims
+  chosen so far gone, still borrows;
+- disruption budgets respected: units whose eviction breaks none are tried first; only when they
+  are not enough are the others tried, and the plan counts the pods over budget;
+- enough that the unit's quota check passes *and* its pods fit the cluster at once
+  (``gang.place_gang`` on the snapshot with the victims gone), then trimmed: each victim, most
+  important first, is spared if the unit still fits without evicting it.
+
+Nothing is booked or evicted: the book and the snapshot end as they began. The front end evicts
+the victims (``ReclaimPlan.victims``) and places the unit once they are gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from gpusched.core.cluster import I64, ClusterState
+from gpusched.core.framework import Profile
+from gpusched.core.gang import Unit, gang_key, place_gang
+from gpusched.core.model import Allocation, PodSpec
+from gpusched.core.queues.quota import QueueBook
+from gpusched.core.queues.usage import Usage, charge_of
+from gpusched.core.statement import Statement
+
+
+class Budgets(Protocol):
+    """Disruption budgets as reclaim reads them (``gpusched.core.disruption.DisruptionBudgets``
+    fits): ``split`` orders pods into those whose eviction would break a budget, counted in
+    order as kube-scheduler does, and the others."""
+
+    def split(self, pods: Sequence[PodSpec]) -> tuple[list[PodSpec], list[PodSpec]]: ...
+
+
+def violations(budgets: Budgets | None, pods: Iterable[PodSpec]) -> int:
+    """Pods of ``pods`` whose eviction together breaks a budget (0 without budgets)."""
+    return 0 if budgets is None else len(budgets.split(list(pods))[0])
+
+
+@dataclass(frozen=True, slots=True)
+class ReclaimPlan:
+    """``victims``: pod keys to evict (whole gangs), empty with ``reason`` when no plan helps;
+    ``budget_violations``: pods evicted beyond their disruption budgets (0 when avoidable)."""
+
+    victims: tuple[str, ...]
+    budget_violations: int = 0
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.victims)
+
+
+@dataclass(frozen=True, slots=True)
+class _Victim:
+    key: str
+    queue: str
+    allocations: tuple[Allocation, ...]
+
+    @property
+    def priority(self) -> int:
+        return max(a.pod.priority for a in self.allocations)
+
+    @property
+    def size(self) -> int:
+        return sum(a.pod.gpu_demand_milli for a in self.allocations)
+
+
+def unit_charge(pods: Sequence[PodSpec]) -> Usage:
+    """The quota charge of pods before they land (no model known)."""
+    return Usage.total(charge_of(p) for p in pods)
+
+
+def _borrower_units(book: QueueBook, snap: ClusterState, claimant: str) -> list[_Victim]:
+    root = book.tree.root(claimant)
+    groups: dict[str, list[Allocation]] = {}
+    queues: dict[str, str] = {}
+    for pod_key, (queue, _u) in book.charged.items():
+        if queue == claimant or book.tree.root(queue) != root or pod_key not in snap.allocations:
+            continue
+        a = snap.allocations[pod_key]
+        g = gang_key(a.pod) or pod_key
+        groups.setdefault(g, []).append(a)
+        queues[g] = queue
+    return [_Victim(k, queues[k], tuple(v)) for k, v in groups.items() if book.over_nominal(queues[k])]
+
+
+def _fits(
+    profile: Profile, unit: Unit, snap: ClusterState, book: QueueBook, chosen: Sequence[_Victim],
+    charge: Usage, tiebreak: I64 | None,
+) -> bool:
+    released = []
+    try:
+        for v in chosen:
+            for a in v.allocations:
+                released.append((a.pod.key, *book.release(a.pod.key)))
+        return book.check(unit.queue, charge).ok and _physical(profile, unit, snap, chosen, tiebreak)
+    finally:
+        for key, queue, usage in released:
+            book.charge(key, queue, usage)
+
+
+def _undo(unit: Unit, snap: ClusterState) -> bool:
+    for p in unit.pods:
+        if p.key in snap.allocations:
+            snap.forget(p.key)
+    return True
+
+
+def plan_reclaim(
+    profile: Profile,
+    snap: ClusterState,
+    book: QueueBook,
+    unit: Unit,
+    *,
+    budgets: Budgets | None = None,
+    tiebreak: I64 | None = None,
+) -> ReclaimPlan:
+    """Victims among borrowing queues' pods that let ``unit`` (of a leaf queue that would stay
+    within its own quota) be admitted and placed; see the module's rules."""
+    charge = unit_charge(unit.pods)
+    if not book.within(unit.queue, charge):
+        return ReclaimPlan((), reason=f"queue {unit.queue} would borrow itself: it reclaims nothing")
+    cands = sorted(
+        _borrower_units(book, snap, unit.queue), key=lambda v: (v.priority, -v.size, v.key)
+    )
+    if not cands:
+        return ReclaimPlan((), reason="no borrowing queue holds pods to reclaim")
+    safe = [v for v in cands if violations(budgets, (a.pod for a in v.allocations)) == 0]
+    passes = [(safe, True), (cands, False)] if budgets is not None else [(cands, False)]
+    for pool, strict in passes:
+        chosen = _choose(profile, unit, snap, book, pool, charge, budgets, tiebreak, strict)
+        if chosen is not None:
+            pods = [a.pod for v in chosen for a in v.allocations]
+            return ReclaimPlan(tuple(sorted(p.key for p in pods)), violations(budgets, pods))
+    return ReclaimPlan((), reason="evicting every borrowed pod would not make room")
+
+
+def _choose(
+    profile: Profile, unit: Unit, snap: ClusterState, book: QueueBook, pool: Sequence[_Victim],
+    charge: Usage, budgets: Budgets | None, tiebreak: I64 | None, strict: bool,
+) -> list[_Victim] | None:
+    chosen: list[_Victim] = []
+    released: list[tuple[str, str, Usage]] = []
+    found = False
+    try:
+        for v in pool:
+            if not book.over_nominal(v.queue):
+                continue  # its queue is back within its quota: it keeps the rest
+            if strict and violations(budgets, (a.pod for w in [*chosen, v] for a in w.allocations)):
+                continue  # together with those chosen it would break a budget
+            chosen.append(v)
+            for a in v.allocations:
+                released.append((a.pod.key, *book.release(a.pod.key)))
+            if book.check(unit.queue, charge).ok:
+                found = _physical(profile, unit, snap, chosen, tiebreak)
+                if found:
+                    break
+    finally:
+        for key, queue, usage in released:
+            book.charge(key, queue, usage)
+    if not found:
+        return None
+    for v in sorted(chosen, key=lambda v: (-v.priority, v.size, v.key)):  # spare the most important
+        rest = [w for w in chosen if w is not v]
+        if _fits(profile, unit, snap, book, rest, charge, tiebreak):
+            chosen = rest
+    return chosen
+
+
+def _physical(
+    profile: Profile, unit: Unit, snap: ClusterState, chosen: Sequence[_Victim], tiebreak: I64 | None
+) -> bool:
+    with Statement(snap) as st:
+        for v in chosen:
+            for a in v.allocations:
+                st.evict(a.pod.key)
+        return place_gang(profile, unit, snap, tiebreak=tiebreak).scheduled and _undo(unit, snap)
