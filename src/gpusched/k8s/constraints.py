@@ -119,6 +119,12 @@ def _label_selector(
         raise InvalidRequest(f"{where}: {e}") from None
 
 
+def label_selector(obj: object, where: str) -> LabelSelector | None:
+    """A ``metav1.LabelSelector`` (e.g. a PodDisruptionBudget's ``spec.selector``): None when
+    null, ``LabelSelector()`` when empty; a malformed one is an ``InvalidRequest`` naming ``where``."""
+    return _label_selector(obj, where, {})
+
+
 def spread_constraints(
     spec: Mapping[str, Any], key: str, labels: Mapping[str, str]
 ) -> tuple[SpreadConstraint, ...]:
