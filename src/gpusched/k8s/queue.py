@@ -8,6 +8,11 @@
   when the cluster changes (``cluster_changed``: a pod deleted, a node added or changed) once
   their backoff (1 s doubling to 10 s) has passed, and in any case after ``flush_s``.
 - **in flight**: popped and being decided; the scheduler calls ``done`` when finished.
+- **gated**: pods with scheduling gates (``gate``), held nowhere else, only counted.
+
+``counts`` splits the unschedulable pods as kube-scheduler's queues do: **backoff** once a
+cluster change (or a failed binding) released them and they wait out their backoff, else
+**unschedulable** (waiting for a change).
 
 An update of a pending pod replaces its object; an update that changes what scheduling
 reads (spec, annotations other than our own) moves an unschedulable pod back to active.
@@ -71,6 +76,7 @@ class SchedulingQueue:
         self._active: dict[str, int] = {}  # key -> generation of its valid heap entry
         self._unschedulable: set[str] = set()
         self._in_flight: set[str] = set()
+        self._gated: set[str] = set()
         self._gen = itertools.count()
         self._seq = itertools.count()
         self._event_seq = 0
@@ -83,6 +89,7 @@ class SchedulingQueue:
         binding, so it waits its backoff before the next attempt."""
         fp = fingerprint(obj)
         with self._cond:
+            self._gated.discard(key)
             qp = self._pods.get(key)
             if qp is not None and qp.uid == str((obj.get("metadata") or {}).get("uid", "")):
                 changed = qp.fingerprint != fp
@@ -110,6 +117,13 @@ class SchedulingQueue:
             self._pods.pop(key, None)
             self._active.pop(key, None)
             self._unschedulable.discard(key)
+            self._gated.discard(key)
+
+    def gate(self, key: str) -> None:
+        """The pod has scheduling gates: out of the queue until they go, counted as gated."""
+        with self._cond:
+            self.remove(key)
+            self._gated.add(key)
 
     def cluster_changed(self) -> None:
         """Resources were freed or added: unschedulable pods may fit now (after backoff)."""
@@ -193,9 +207,12 @@ class SchedulingQueue:
 
     def counts(self) -> dict[str, int]:
         with self._cond:
+            backoff = sum(1 for k in self._unschedulable if self._pods[k].event_seq < self._event_seq)
             return {
                 "active": len(self._active),
-                "unschedulable": len(self._unschedulable),
+                "backoff": backoff,
+                "unschedulable": len(self._unschedulable) - backoff,
+                "gated": len(self._gated),
                 "in_flight": len(self._in_flight),
             }
 

@@ -183,8 +183,11 @@ class StandaloneScheduler:
             if spec.get("nodeName") and (phase in TERMINAL or meta.get("deletionTimestamp")):
                 self.queue.cluster_changed()
             return
-        if spec.get("schedulingGates"):
-            self.queue.remove(key)  # gated (e.g. by Kueue): not ours to place until the gates go
+        if spec.get("schedulingGates"):  # gated (e.g. by Kueue): not ours to place until the gates go
+            if spec.get("schedulerName") == self.config.scheduler_name:
+                self.queue.gate(key)  # counted as gated
+            else:
+                self.queue.remove(key)
             return
         if spec.get("schedulerName") == self.config.scheduler_name:
             self.queue.add_or_update(obj, key)
