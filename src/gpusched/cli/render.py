@@ -244,6 +244,19 @@ def latency_table(rows: Sequence[Mapping[str, object]]) -> Table:
     return t
 
 
+def metrics_overhead_table(rows: Sequence[Mapping[str, object]]) -> Table:
+    t = Table(title="schedule_one without/with the scheduler's metrics (alternate decisions)")
+    heads = ("nodes", "p50 ms", "×", "p99 ms", "×", "CPU µs", "×", "scrape ms")
+    for h in heads:
+        t.add_column(h, justify="right", no_wrap=True)
+    for r in rows:
+        cells = [str(r["nodes"])]
+        for key in ("p50_ms", "p99_ms", "cpu_us"):
+            cells += [f"{r[key + '_off']:.3g}/{r[key + '_on']:.3g}", str(r[key + "_ratio"])]
+        t.add_row(*cells, str(r["scrape_ms"]))
+    return t
+
+
 def preemption_table(rows: Sequence[Mapping[str, object]]) -> Table:
     t = Table(title="scheduling cycles that preempt")
     cols = ("nodes", "alloc_pct", "preempting", "victims_per_preemption", "p50_ms", "p90_ms", "max_ms")
@@ -402,3 +415,54 @@ def defrag_planner(report: Mapping[str, Any], json_out: bool) -> None:
             f"{gap['equal']}/{gap['instances']} equal" if gap["instances"] else "-",
         )
     out_console.print(table)
+
+
+def defrag_plan(report: Mapping[str, Any], json_out: bool) -> None:
+    """``defrag plan``: the whole dry run as JSON, or a table of moves per plan, the gain and the
+    PodDisruptionBudgets."""
+    if json_out:
+        emit_json(report)
+        return
+    gain = report["gain"]
+    plans = report["plans"]
+    if not plans:
+        out_console.print("No pending GPU pod: nothing to plan for.")
+    for p in plans:
+        target = ", ".join(p["for"]) or "consolidation"
+        if not p["feasible"]:
+            out_console.print(f"[yellow]{target}[/]: no plan ({p['method']}): {p['reason']}", soft_wrap=True)
+            continue
+        proven = "fewest moves proven" if p["optimal"] else "fewest not proven"
+        ms = p["seconds"] * 1000
+        head = f"[bold]{target}[/]: {len(p['moves'])} move(s), {p['method']} ({proven}), {ms:.0f} ms"
+        out_console.print(head, soft_wrap=True)
+        if p["moves"]:
+            table = Table(show_edge=False)
+            for col in ("#", "pod", "from", "to", "GPUs"):
+                table.add_column(col, overflow="fold")
+            for i, m in enumerate(p["moves"], 1):
+                table.add_row(
+                    str(i),
+                    m["pod"],
+                    f"{m['from_node']} {m['from_gpus']}",
+                    f"{m['to_node']} {m['to_gpus']}",
+                    f"{m['gpu_milli'] / 1000:g}",
+                )
+            out_console.print(table)
+        for pl in p["placements"]:
+            out_console.print(f"  then {pl['pod']} lands on {pl['node']} GPUs {pl['gpus']}", soft_wrap=True)
+    out_console.print(
+        f"Gain: {gain['pods_landing']} pending pod(s) land ({gain['gpus_landing']:g} GPUs) after "
+        f"{report['moves']} move(s); fragmentation {gain['fragmentation_before_gpus']:g} → "
+        f"{gain['fragmentation_after_gpus']:g} GPUs",
+        soft_wrap=True,
+    )
+    if report["budgets"]:
+        table = Table(title="PodDisruptionBudgets", show_edge=False)
+        for col in ("budget", "allowed", "used", "holds in place"):
+            table.add_column(col, justify="left" if col == "budget" else "right", overflow="fold")
+        for b in report["budgets"]:
+            table.add_row(b["budget"], str(b["allowed"]), str(b["used"]), str(b["holds"]))
+        out_console.print(table)
+    for what, why in report["invalid"].items():
+        err_console.print(f"[yellow]unreadable[/] {what}: {why}", soft_wrap=True)
