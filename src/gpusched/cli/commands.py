@@ -6,6 +6,7 @@ import typer
 
 from gpusched.cli.agent import agent_app
 from gpusched.cli.bench import bench_app
+from gpusched.cli.defrag import defrag_app
 from gpusched.cli.doctor import doctor_app
 from gpusched.cli.serve import extender, scheduler, webhook
 from gpusched.cli.simulate import simulate
@@ -24,6 +25,7 @@ app.add_typer(agent_app, name="agent")
 app.command()(policies)
 app.command("check-trace")(check_trace)
 app.add_typer(doctor_app, name="doctor")
+app.add_typer(defrag_app, name="defrag")
 app.command("ui")(ui)
 
 __all__ = ["app", "extender", "scheduler", "webhook"]
