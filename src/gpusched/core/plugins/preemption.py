@@ -17,8 +17,14 @@ Runs when a pod fits nowhere, after kube-scheduler's DefaultPreemption (a pod wh
    only with every other member of its gang, wherever they run, and only when all of them are of
    lower priority; otherwise it is no victim and another is chosen. Reprieves, too, put a
    whole gang back at once.
-3. **Node**: the fewest harm, compared in order: the highest victim priority, the sum of victim
-   priorities, the number of victims, the GPU milli evicted, then node index.
+   With PodDisruptionBudgets (``budgets``, data the front end reads: ``core.disruption``), the
+   would-be victims are split as kube-scheduler's ``SelectVictimsOnNode`` does — those whose
+   eviction would break a budget (counted in that order) and the others — and the violating
+   ones are reprieved first; a victim left from that group counts as one PDB violation.
+3. **Node**: the fewest harm, compared in order (kube-scheduler's ``pickOneNodeForPreemption``):
+   the fewest PDB violations, the highest victim priority, the sum of victim priorities, the
+   number of victims, the GPU milli evicted, then node index. So a choice that breaks no
+   budget wins whenever one exists.
 
 The result names the node and the victims (``PostFilterResult``); the front end evicts them
 and schedules the pod again once they are gone. The decision itself books nothing.
@@ -27,9 +33,10 @@ and schedules the pod again once they are gone. The decision itself books nothin
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gpusched.core.cluster import ClusterState
+from gpusched.core.disruption import NO_BUDGETS, DisruptionBudgets
 from gpusched.core.framework import CycleState, FilterPlugin, PostFilterResult, PreFilterPlugin, Profile
 from gpusched.core.gang import gang_key
 from gpusched.core.model import Allocation, PodSpec
@@ -44,11 +51,18 @@ class DefaultPreemption:
     name = "DefaultPreemption"
 
     def __init__(
-        self, filters: Sequence[FilterPlugin], *, min_candidates: int = 100, candidate_pct: int = 10
+        self,
+        filters: Sequence[FilterPlugin],
+        *,
+        min_candidates: int = 100,
+        candidate_pct: int = 10,
+        budgets: Callable[[], DisruptionBudgets] | None = None,
     ) -> None:
         if min_candidates < 1 or not 0 < candidate_pct <= 100:
             raise ValueError("min_candidates must be >= 1 and candidate_pct in 1..100")
         self.filters = tuple(filters)
+        self.budgets = budgets or (lambda: NO_BUDGETS)
+        """The PodDisruptionBudgets now (the front end's reader; data, read once per PostFilter)."""
         self.min_candidates = min_candidates
         self.candidate_pct = candidate_pct
         self.what_if = Profile(
@@ -82,6 +96,15 @@ class DefaultPreemption:
         """A minimal set of lower-priority pods on ``node`` (with the rest of their gangs,
         wherever they run) whose eviction lets ``pod`` fit, or None when evicting all of them is
         not enough. ``snap`` is left as it was."""
+        found = self.select_victims(pod, snap, node, NO_BUDGETS)
+        return None if found is None else found[0]
+
+    def select_victims(
+        self, pod: PodSpec, snap: ClusterState, node: int, budgets: DisruptionBudgets
+    ) -> tuple[list[Allocation], int] | None:
+        """``victims_on`` with disruption budgets (kube-scheduler's ``SelectVictimsOnNode``):
+        (victims, how many of them break a budget). The units whose eviction would break a
+        budget (counted most important first) are reprieved before the others."""
         units = _victim_units(pod, snap, node)
         if not units:
             return None
@@ -91,8 +114,13 @@ class DefaultPreemption:
                     st.evict(a.pod.key)
             if not fits(self.what_if, pod, snap, node):
                 return None
+            order = sorted(units, key=_reprieve_order)
+            violating: set[str] = set()
+            if budgets:
+                violating = {p.key for p in budgets.split([a.pod for u in order for a in u])[0]}
+                order.sort(key=lambda u: not any(a.pod.key in violating for a in u))  # stable
             victims: list[Allocation] = []
-            for u in sorted(units, key=_reprieve_order):
+            for u in order:
                 for a in u:  # reprieve the unit, if the preemptor still fits
                     st.assume(a.pod, a.node, a.gpus)
                 if not fits(self.what_if, pod, snap, node):
@@ -100,7 +128,7 @@ class DefaultPreemption:
                         st.evict(a.pod.key)
                     victims.extend(u)
             # leaving the block discards the statement: the snapshot is as it was
-        return victims
+        return victims, sum(1 for v in victims if v.pod.key in violating)
 
     # -------------------------------------------------------------- PostFilter
     def post_filter(
@@ -110,12 +138,15 @@ class DefaultPreemption:
             return PostFilterResult(
                 Status.unschedulable("not eligible due to preemptionPolicy=Never.", self.name)
             )
-        best: tuple[tuple[int, int, int, int, int], int, list[Allocation]] | None = None
+        best: tuple[tuple[int, int, int, int, int, int], int, list[Allocation]] | None = None
+        budgets = self.budgets()
         for node in self._candidates(pod, snap, diagnosis):
-            victims = self.victims_on(state, pod, snap, node)
-            if victims is None:
+            found = self.select_victims(pod, snap, node, budgets)
+            if found is None:
                 continue
+            victims, violations = found
             key = (
+                violations,
                 max(v.pod.priority for v in victims) if victims else -_PRIORITY_OFFSET,
                 sum(v.pod.priority + _PRIORITY_OFFSET for v in victims),
                 len(victims),

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpusched.core.disruption import DisruptionBudgets
 from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.framework import (
     FilterPlugin,
@@ -86,15 +87,22 @@ def standard_preferences() -> tuple[WeightedPreference, ...]:
     )
 
 
-def make_profile(policy: str, ctx: PolicyContext | None = None, *, preemption: bool = False) -> Profile:
+def make_profile(
+    policy: str,
+    ctx: PolicyContext | None = None,
+    *,
+    preemption: bool = False,
+    budgets: Callable[[], DisruptionBudgets] | None = None,
+) -> Profile:
     """A profile with the standard filters and preferences and ``policy`` as its only score
-    plugin; with ``preemption``, DefaultPreemption as its PostFilter."""
+    plugin; with ``preemption``, DefaultPreemption as its PostFilter (honouring the disruption
+    budgets ``budgets()`` returns, when given)."""
     if policy not in _FACTORIES:
         raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     plugin = _FACTORIES[policy](ctx or PolicyContext())
     workload = plugin.workload if isinstance(plugin, (DefaultScore, FGDScore)) else None
     filters = standard_filters()
-    post = (DefaultPreemption(filters),) if preemption else ()
+    post = (DefaultPreemption(filters, budgets=budgets),) if preemption else ()
     return Profile(
         name=policy,
         pre_filters=tuple(f for f in filters if isinstance(f, PreFilterPlugin)),
