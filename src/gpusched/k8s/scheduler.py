@@ -44,11 +44,13 @@ from gpusched.core.policies import POLICIES, PolicyContext, make_profile
 from gpusched.core.scheduler import schedule_one
 from gpusched.core.statement import schedule_with_nominated
 from gpusched.core.workload import WorkloadSource
-from gpusched.k8s.binder import APIBinder, describe, read_pod
+from gpusched.k8s.binder import APIBinder, read_pod
 from gpusched.k8s.binding import Result, Settler, bind_until_settled
 from gpusched.k8s.convert import InvalidRequest, pod_from_k8s
+from gpusched.k8s.disruption import BudgetReader
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.informer import Reflector
+from gpusched.k8s.preemption import Preemptor
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
 from gpusched.k8s.state import TERMINAL, LiveCluster, pod_key, start_informers
 from gpusched.metrics.cluster import cluster_stats
@@ -96,6 +98,8 @@ class StandaloneScheduler:
         self.events = EventRecorder(self.core, cfg.scheduler_name, cfg.identity)
         self.metrics = metrics or SchedulerMetrics(profile=cfg.scheduler_name)
         self.metrics.set_leader(cfg.lease_name, False)
+        self.budgets = BudgetReader(client.PolicyV1Api(api))  # PodDisruptionBudgets, for preemption
+        self._preemptor = Preemptor(self.core, self.events)  # victims leave by the Eviction API
         self.leading = threading.Event()
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(cfg.bind_workers, thread_name_prefix="bind")
@@ -117,6 +121,7 @@ class StandaloneScheduler:
     # ------------------------------------------------------------ lifecycle
     def start(self, lead: bool = True) -> StandaloneScheduler:
         self._reflectors = start_informers(self.core, self.cluster, self._on_pod)
+        self.budgets.start()
         self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
         self._thread.start()
         if lead:
@@ -157,6 +162,7 @@ class StandaloneScheduler:
         self.queue.close()
         for r in self._reflectors:
             r.stop()
+        self.budgets.stop()
         if self._thread is not None:
             self._thread.join(timeout)
         self._pool.shutdown(wait=True, cancel_futures=False)
@@ -312,22 +318,16 @@ class StandaloneScheduler:
         return not any(v in snap.allocations for v in waiting)
 
     def _preempt(self, pod: PodSpec, node: str, victims: list[PodSpec]) -> None:
-        """Delete the victims (UID preconditions), tell them why, nominate the node. Once they
-        are gone the informer moves the preemptor back to the active queue."""
-        for v in victims:
-            body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=v.uid) if v.uid else None)
-            try:
-                self.core.delete_namespaced_pod(v.name, v.namespace, body=body, _preload_content=False)
-            except Exception as e:
-                if getattr(e, "status", None) != 404:  # already gone is fine
-                    log.warning("preempting %s for %s failed: %s", v.key, pod.key, describe(e))
-                    continue
-            self.events.preempted({"name": v.name, "namespace": v.namespace, "uid": v.uid}, pod.key, node)
-        try:
-            status = {"status": {"nominatedNodeName": node}}
-            self.core.patch_namespaced_pod_status(pod.name, pod.namespace, status, _preload_content=False)
-        except Exception as e:
-            log.debug("nominating %s for %s: %s", node, pod.key, describe(e))
+        """Evict the victims through the Eviction API and nominate the node (``k8s/preemption.py``).
+        Victims a budget kept, or that failed, are no longer waited for: the preemptor decides
+        again (after the next cluster change or flush) instead of waiting on them forever."""
+        run = self._preemptor.run(pod, node, victims, self.budgets.budgets())
+        if run.blocked or run.failed:
+            with self._plock:
+                if run.leaving:
+                    self._nominated[pod.key] = (pod, node, tuple(run.leaving))
+                else:
+                    self._nominated.pop(pod.key, None)
 
     # --------------------------------------------------------------- profile
     def _current_profile(self, pod: PodSpec, snap: Any) -> Profile:
@@ -337,7 +337,9 @@ class StandaloneScheduler:
         grown = seen >= 2 * self._profile_seen and now - self._profile_at >= 5.0
         if stale or (grown and self.workloads.learns and self.config.policy in _WORKLOAD_POLICIES):
             ctx = PolicyContext(self.workload(extra=pod), np.random.default_rng(0))
-            base = make_profile(self.config.policy, ctx, preemption=self.config.preemption)
+            base = make_profile(
+                self.config.policy, ctx, preemption=self.config.preemption, budgets=self.budgets.budgets
+            )
             self._profile = dataclasses.replace(base, binds=(self._binder,))
             self._profile_at, self._profile_seen = now, seen
         assert self._profile is not None

@@ -1,0 +1,118 @@
+"""Carrying out a preemption: victims leave through the Eviction API, the preemptor is nominated.
+
+The core chose the node and the victims (``DefaultPreemption``, with the PodDisruptionBudgets
+as data, so that a choice breaking no budget wins when one exists). ``Preemptor.run`` then:
+
+1. evicts each victim through ``pods/eviction`` (``k8s/eviction.py``) with its UID as a
+   precondition and its own grace period: it terminates gracefully and keeps its GPUs in the
+   books until the API deletes it;
+2. when the API refuses a victim for its budget (429): if the choice *knowingly* broke that
+   budget — no choice spared every budget, and kube-scheduler would delete the victim anyway
+   (``violate_budgets``, the default) — the victim is deleted gracefully instead, with an event
+   naming the budget; otherwise (the budget changed since it was read) the victim stays, and the
+   preemptor is told to decide again later (``PreemptionRun.blocked``);
+3. sets the preemptor's ``status.nominatedNodeName`` when any victim is leaving; the scheduler
+   keeps the room on that node for it (``schedule_with_nominated``) until it binds.
+
+Each victim leaving gets a ``Preempted`` event; the preemptor a ``PreemptionBlocked`` warning
+when a budget kept a victim.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpusched.core.disruption import DisruptionBudgets
+from gpusched.core.model import PodSpec
+from gpusched.k8s.binder import describe
+from gpusched.k8s.events import EventRecorder
+from gpusched.k8s.eviction import Eviction, Evictor, Outcome
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PreemptionRun:
+    """What became of one preemption's victims."""
+
+    leaving: list[str] = field(default_factory=list)
+    """Victims evicted (or deleted) and terminating, or already gone."""
+    blocked: list[Eviction] = field(default_factory=list)
+    """Victims a budget kept (not forced): the preemptor decides again after ``retry_after_s``."""
+    failed: list[Eviction] = field(default_factory=list)
+    forced: list[str] = field(default_factory=list)
+    """Victims deleted despite their budget (no choice spared every budget)."""
+    nominated: bool = False
+
+    @property
+    def retry_after_s(self) -> float:
+        return max((b.retry_after_s for b in self.blocked), default=0.0)
+
+
+def _meta(p: PodSpec) -> dict[str, Any]:
+    return {"name": p.name, "namespace": p.namespace, "uid": p.uid}
+
+
+class Preemptor:
+    """``core``: a ``CoreV1Api``; ``events``: the scheduler's recorder."""
+
+    def __init__(self, core: Any, events: EventRecorder, *, violate_budgets: bool = True) -> None:
+        self.core = core
+        self.events = events
+        self.evictor = Evictor(core)
+        self.violate_budgets = violate_budgets
+
+    def run(
+        self, pod: PodSpec, node: str, victims: Sequence[PodSpec], budgets: DisruptionBudgets
+    ) -> PreemptionRun:
+        """Evict ``victims`` for ``pod`` (to land on ``node``), as the module says."""
+        ordered = sorted(victims, key=lambda v: (-v.priority, v.key))  # most important first, as counted
+        knowingly = {p.key for p in budgets.split(ordered)[0]} if budgets else set()
+        out = PreemptionRun()
+        for v in victims:
+            ev = self.evictor.evict(v.namespace, v.name, v.uid)
+            if ev.outcome is Outcome.BLOCKED and v.key in knowingly and self.violate_budgets:
+                forced = self.evictor.delete(v.namespace, v.name, v.uid)
+                if forced.done:
+                    out.forced.append(v.key)
+                    why = f" (PodDisruptionBudget {ev.budget or '?'} violated: no choice spared every budget)"
+                    self._left(out, v, pod, node, why)
+                else:
+                    out.failed.append(forced)
+                continue
+            if ev.outcome is Outcome.BLOCKED:
+                out.blocked.append(ev)
+                continue
+            if ev.done:
+                self._left(out, v, pod, node, "")
+                continue
+            out.failed.append(ev)
+            log.warning("preempting %s for %s: %s", v.key, pod.key, ev.message)
+        if out.blocked:
+            names = ", ".join(f"{b.key} ({b.budget or 'a PodDisruptionBudget'})" for b in out.blocked)
+            msg = f"preemption on node {node} waits: eviction refused by the disruption budget of {names}"
+            self.events.failed(_pod_obj(pod), msg, reason="PreemptionBlocked", condition=False)
+        if out.leaving:
+            out.nominated = self.nominate(pod, node)
+        return out
+
+    def _left(self, out: PreemptionRun, v: PodSpec, pod: PodSpec, node: str, why: str) -> None:
+        out.leaving.append(v.key)
+        self.events.preempted(_meta(v), pod.key + why, node)
+
+    def nominate(self, pod: PodSpec, node: str) -> bool:
+        """Set ``status.nominatedNodeName`` of the preemptor (kept until it binds)."""
+        try:
+            status = {"status": {"nominatedNodeName": node}}
+            self.core.patch_namespaced_pod_status(pod.name, pod.namespace, status, _preload_content=False)
+            return True
+        except Exception as e:
+            log.debug("nominating %s for %s: %s", node, pod.key, describe(e))
+            return False
+
+
+def _pod_obj(p: PodSpec) -> dict[str, Any]:
+    return {"metadata": _meta(p)}

@@ -1,0 +1,176 @@
+"""Disruption-safe preemption on the real control plane: victims leave through the Eviction API
+(policy/v1) and terminate gracefully, a victim a PodDisruptionBudget protects is skipped when
+another choice exists, and the preemptor keeps ``status.nominatedNodeName`` (and its room) while
+its victims terminate. And the Eviction API client's outcomes, as the real API answers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from test_standalone import Env
+
+from gpusched.k8s.disruption import BudgetReader
+from gpusched.k8s.eviction import Evictor, Outcome
+from gpusched.testenv import ControlPlane, wait_until
+
+pytestmark = pytest.mark.e2e
+
+HOLD = "gpusched.io/e2e-hold"
+
+
+@pytest.fixture
+def env(control_plane: ControlPlane) -> Iterator[Env]:
+    e = Env(control_plane)
+    try:
+        yield e
+    finally:
+        for p in e.list_pods():  # let held pods go, or the namespace never ends
+            if p["metadata"].get("finalizers"):
+                unhold(e, p["metadata"]["name"])
+        e.cleanup()
+
+
+def unhold(env: Env, name: str) -> None:
+    env.v1.patch_namespaced_pod(name, env.ns, {"metadata": {"finalizers": None}}, _preload_content=False)
+
+
+def running(
+    env: Env, name: str, node: str, labels: dict[str, str], pclass: str, hold: bool = False
+) -> dict[str, Any]:
+    """A pod already bound to ``node`` (placed by someone else), one whole GPU."""
+    body = env.pod(name, {"cpu": "1", "nvidia.com/gpu": "1"}, labels=labels)
+    body["spec"].update(nodeName=node, priorityClassName=pclass, terminationGracePeriodSeconds=30)
+    if hold:
+        body["metadata"]["finalizers"] = [HOLD]
+    return body
+
+
+def pod(env: Env, name: str) -> dict[str, Any]:
+    return json.loads(env.v1.read_namespaced_pod(name, env.ns, _preload_content=False).data)  # type: ignore[no-any-return]
+
+
+def pdb(env: Env, name: str, app: str, min_available: int) -> None:
+    from kubernetes import client
+
+    body = {
+        "metadata": {"name": name},
+        "spec": {"minAvailable": min_available, "selector": {"matchLabels": {"app": app}}},
+    }
+    client.PolicyV1Api(env.api).create_namespaced_pod_disruption_budget(env.ns, body, _preload_content=False)
+
+
+def classes(env: Env, values: dict[str, int]) -> Any:
+    from kubernetes import client
+
+    api = client.SchedulingV1Api(env.api)
+    for name, value in values.items():
+        body = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name}}
+        api.create_priority_class({**body, "value": value}, _preload_content=False)
+    return api
+
+
+def budget_allows(env: Env, name: str, allowed: int) -> None:
+    from kubernetes import client
+
+    policy = client.PolicyV1Api(env.api)
+
+    def ready() -> bool:
+        b = json.loads(
+            policy.read_namespaced_pod_disruption_budget(name, env.ns, _preload_content=False).data
+        )
+        st = b.get("status") or {}
+        return (
+            st.get("observedGeneration") == b["metadata"]["generation"]
+            and st.get("disruptionsAllowed") == allowed
+        )
+
+    wait_until(ready, timeout=60, what=f"PodDisruptionBudget {name} processed (allows {allowed})")
+
+
+def test_preemption_skips_the_victim_a_budget_protects_and_keeps_the_nomination(env: Env) -> None:
+    from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
+
+    low, mid, high = (f"{p}-{env.tag}" for p in ("low", "mid", "high"))
+    api = classes(env, {low: 0, mid: 5, high: 1000})
+    n0, n1 = f"{env.tag}-n0", f"{env.tag}-n1"
+    sched = None
+    try:
+        env.nodes([(n0, 16000, 65536, 1, "T4"), (n1, 16000, 65536, 1, "T4")])
+        # n0: a priority-0 database replica its budget protects; n1: a priority-5 batch pod.
+        # Without the budget the database is the cheaper victim (lower priority).
+        env.create_pods([
+            running(env, "db-0", n0, {"app": "db"}, low),
+            running(env, "batch", n1, {"app": "batch"}, mid, hold=True),
+        ])  # fmt: skip
+        pdb(env, "db", "db", 1)
+        budget_allows(env, "db", 0)
+        sched = StandaloneScheduler(env.api, SchedulerConfig(scheduler_name=env.scheduler)).start()
+        assert sched.budgets.wait_synced(30)
+        urgent = env.pod("urgent", {"cpu": "1", "nvidia.com/gpu": "1"})
+        urgent["spec"]["priorityClassName"] = high
+        env.create_pods([urgent])
+
+        def nominated() -> bool:
+            return (pod(env, "urgent").get("status") or {}).get("nominatedNodeName") == n1
+
+        wait_until(nominated, timeout=60, what="urgent nominated to the batch pod's node")
+        batch = pod(env, "batch")
+        assert batch["metadata"].get("deletionTimestamp"), "the victim is terminating"
+        # it left through the Eviction API: the apiserver marks such a pod DisruptionTarget
+        conds = {c["type"]: c for c in batch["status"].get("conditions", [])}
+        assert conds["DisruptionTarget"]["reason"] == "EvictionByEvictionAPI"
+        assert not pod(env, "db-0")["metadata"].get("deletionTimestamp"), "the protected pod stays"
+        # while the victim terminates the preemptor waits, nominated, and nothing else takes the room
+        filler = env.pod("filler", {"cpu": "1", "nvidia.com/gpu": "1"})
+        filler["spec"]["priorityClassName"] = low  # evicts no one
+        env.create_pods([filler])
+        wait_until(lambda: bool(env.events("FailedScheduling")), timeout=30, what="a FailedScheduling")
+        assert not pod(env, "urgent")["spec"].get("nodeName")
+        assert (pod(env, "urgent").get("status") or {}).get("nominatedNodeName") == n1
+        unhold(env, "batch")  # the grace period ends: the victim is gone
+
+        def urgent_bound() -> bool:
+            return pod(env, "urgent")["spec"].get("nodeName") == n1
+
+        wait_until(urgent_bound, timeout=60, what="urgent bound on its nominated node")
+        assert not pod(env, "filler")["spec"].get("nodeName"), "the room went to the preemptor"
+        sched.events.flush()
+        (ev,) = env.events("Preempted")
+        assert ev["involvedObject"]["name"] == "batch"
+        assert ev["message"] == f"Preempted by {env.ns}/urgent on node {n1}"
+    finally:
+        if sched is not None:
+            sched.stop()
+        for name in (low, mid, high):
+            api.delete_priority_class(name, _preload_content=False)
+
+
+def test_eviction_outcomes_from_the_real_api(env: Env) -> None:
+    from kubernetes import client
+
+    low = f"low-{env.tag}"
+    api = classes(env, {low: 0})
+    n0 = f"{env.tag}-n0"
+    try:
+        env.nodes([(n0, 16000, 65536, 4, "T4")])
+        env.create_pods([running(env, f"w{i}", n0, {"app": "w"}, low) for i in range(3)])
+        pdb(env, "w", "w", 2)
+        budget_allows(env, "w", 1)
+        reader = BudgetReader(client.PolicyV1Api(env.api)).start()
+        assert reader.wait_synced(30)
+        seen = lambda: any(b.name == "w" and b.allowed == 1 for b in reader.budgets().budgets)  # noqa: E731
+        wait_until(seen, timeout=30, what="the reader sees the budget")
+        ev = Evictor(env.v1)
+        uid = pod(env, "w0")["metadata"]["uid"]
+        assert ev.evict(env.ns, "w0", uid, dry_run=True).outcome is Outcome.EVICTED
+        assert not pod(env, "w0")["metadata"].get("deletionTimestamp")  # a dry run changes nothing
+        assert ev.evict(env.ns, "w0", uid).outcome is Outcome.EVICTED
+        blocked = ev.evict(env.ns, "w1")
+        assert (blocked.outcome, blocked.status, blocked.budget) == (Outcome.BLOCKED, 429, "w")
+        assert ev.evict(env.ns, "nope").outcome is Outcome.GONE
+        reader.stop()
+    finally:
+        api.delete_priority_class(low, _preload_content=False)
