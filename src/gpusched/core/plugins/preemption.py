@@ -16,7 +16,7 @@ Runs when a pod fits nowhere, after kube-scheduler's DefaultPreemption (a pod wh
    Gangs go whole (gang-aware): a lower-priority pod of a gang (``PodSpec.gang``) is evicted
    only with every other member of its gang, wherever they run, and only when all of them are of
    lower priority; otherwise it is no victim and another is chosen. Reprieves, too, put a
-   whole gang back at once.
+   whole gang back at once, larger gangs before smaller units of the same priority.
    With PodDisruptionBudgets (``budgets``, data the front end reads: ``core.disruption``), the
    would-be victims are split as kube-scheduler's ``SelectVictimsOnNode`` does — those whose
    eviction would break a budget (counted in that order) and the others — and the violating
@@ -190,10 +190,12 @@ def _victim_units(pod: PodSpec, snap: ClusterState, node: int) -> list[tuple[All
     return units
 
 
-def _reprieve_order(unit: tuple[Allocation, ...]) -> tuple[int, int, str]:
-    """Most important first: highest priority, then the smallest GPU demand, then key."""
+def _reprieve_order(unit: tuple[Allocation, ...]) -> tuple[int, int, int, str]:
+    """Most important first: highest priority, then the most pods (a gang kept whole spares
+    several pods), then the smallest GPU demand, then key."""
     return (
         -max(a.pod.priority for a in unit),
+        -len(unit),
         sum(a.pod.gpu_demand_milli for a in unit),
         unit[0].pod.key,
     )
