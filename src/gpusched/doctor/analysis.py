@@ -14,7 +14,7 @@ from gpusched.core.model import GPU_MILLI, PodSpec
 from gpusched.core.scheduler import diagnose, pre_filter
 from gpusched.core.status import Code, Diagnosis, NodeFailure
 from gpusched.doctor.books import Books
-from gpusched.doctor.checks import drift_findings, node_findings
+from gpusched.doctor.checks import drift_findings
 from gpusched.doctor.counterfactual import counterfactuals
 from gpusched.doctor.errors import UnknownObject
 from gpusched.doctor.findings import ClusterReport, Finding, NodeReport, PodReport
@@ -201,7 +201,7 @@ def doctor_pod(books: Books, key: str) -> PodReport:
                 )
             )
         else:
-            findings += node_findings(nobj)
+            findings += books.node_findings(node)
         findings += drift_findings(obj, nobj)
         a = books.state.allocations.get(key)
         if a is not None:
@@ -250,7 +250,7 @@ def doctor_pod(books: Books, key: str) -> PodReport:
             books.state.nodes[books.state.index[name]].unhealthy_gpus and name not in healed
         ):
             continue
-        trouble = [f for f in node_findings(books.node_objs[name]) if f.severity in ("warn", "error")]
+        trouble = [f for f in books.node_findings(name) if f.severity in ("warn", "error")]
         if trouble:
             findings += trouble
             shown += 1
@@ -308,7 +308,7 @@ def doctor_node(books: Books, name: str) -> NodeReport:
         raise UnknownObject(
             f"node {name} not found in {books.snapshot.source}" + _close(name, list(books.node_objs))
         )
-    findings = node_findings(obj)
+    findings = list(books.node_findings(name))
     for p in books.pod_objs.values():
         if (p.get("spec") or {}).get("nodeName") == name:
             findings += [f for f in drift_findings(p, obj) if f.severity != "ok"]
@@ -361,11 +361,13 @@ def doctor_cluster(books: Books) -> ClusterReport:
         reasons.update(set(p["reasons"]))
     findings: list[Finding] = []
     for name in snap.names:
-        findings += [f for f in node_findings(books.node_objs[name]) if f.severity in ("warn", "error")]
-    for _key, pobj in sorted(books.pod_objs.items()):
+        findings += [f for f in books.node_findings(name) if f.severity in ("warn", "error")]
+    for key, pobj in sorted(books.pod_objs.items()):
         node = (pobj.get("spec") or {}).get("nodeName")
         if node:
-            findings += [f for f in drift_findings(pobj, books.node_objs.get(node)) if f.severity == "error"]
+            a = snap.allocations.get(key)
+            drift = drift_findings(pobj, books.node_objs.get(node), a.pod if a is not None else None)
+            findings += [f for f in drift if f.severity == "error"]
     findings += [
         Finding("device", "error", "drift-overcommit", f"drift: {c}", {}, c.split(":", 1)[0])
         for c in books.conflicts
@@ -391,7 +393,7 @@ def gpu_map(books: Books) -> dict[str, Any]:
     frag = node_fragmentation(snap, books.workload) if len(snap) else np.zeros(0)
     nodes = []
     for i, nd in enumerate(snap.nodes):
-        sev = Counter(f.severity for f in node_findings(books.node_objs[nd.name]))
+        sev = Counter(f.severity for f in books.node_findings(nd.name))
         nodes.append(
             {
                 "name": nd.name,

@@ -13,8 +13,10 @@ import numpy as np
 from gpusched.core.cluster import ClusterState
 from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.framework import Profile
-from gpusched.core.model import PodSpec
+from gpusched.core.model import NodeSpec, PodSpec
 from gpusched.core.policies import PolicyContext, make_profile
+from gpusched.doctor.checks import node_findings
+from gpusched.doctor.findings import Finding
 from gpusched.doctor.snapshot import Snapshot
 from gpusched.k8s.convert import InvalidRequest, node_from_k8s, pod_from_k8s
 from gpusched.k8s.state import TERMINAL, LiveCluster, pod_key
@@ -40,6 +42,8 @@ class Books:
     """Bound pods whose recorded assignment did not fit the books (overcommit: drift)."""
     policy: str = "default"
     _profile: Profile | None = None
+    _workload: TargetWorkload | None = None
+    _findings: dict[str, list[Finding]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, snap: Snapshot, policy: str = "default") -> Books:
@@ -47,14 +51,15 @@ class Books:
         live = LiveCluster(on_invalid=lambda o, why: invalid.__setitem__(f"pod/{pod_key(o)}", why))
         node_objs: dict[str, Mapping[str, Any]] = {}
         for n in snap.nodes:
-            name = str((n.get("metadata") or {}).get("name"))
-            node_objs[name] = n
-            try:
-                node_from_k8s(n)
-            except InvalidRequest as e:
-                invalid[f"node/{name}"] = str(e)
-                continue
-            live.upsert_node(n)
+            node_objs[str((n.get("metadata") or {}).get("name"))] = n
+            live.upsert_node(n)  # each node converted once: the unreadable ones it leaves out
+        booked = set(live.node_names())
+        for name, n in node_objs.items():
+            if name not in booked:
+                try:
+                    node_from_k8s(n)
+                except InvalidRequest as e:
+                    invalid[f"node/{name}"] = str(e)
         pod_objs: dict[str, Mapping[str, Any]] = {}
         pending: dict[str, PodSpec] = {}
         for p in snap.pods:
@@ -75,12 +80,25 @@ class Books:
     def profile(self) -> Profile:
         """The profile the standalone scheduler runs (``policy``, the workload of every pod seen)."""
         if self._profile is None:
-            pods = [a.pod for a in self.state.allocations.values()] + list(self.pending.values())
-            wl = TargetWorkload.from_pods(pods or [PodSpec("w", 1, 1)])
-            self._profile = make_profile(self.policy, PolicyContext(wl, np.random.default_rng(0)))
+            self._profile = make_profile(self.policy, PolicyContext(self.workload, np.random.default_rng(0)))
         return self._profile
 
     @property
     def workload(self) -> TargetWorkload:
-        pods = [a.pod for a in self.state.allocations.values()] + list(self.pending.values())
-        return TargetWorkload.from_pods(pods or [PodSpec("w", 1, 1)])
+        """The target workload: every pod seen, booked or pending (computed once)."""
+        if self._workload is None:
+            pods = [a.pod for a in self.state.allocations.values()] + list(self.pending.values())
+            self._workload = TargetWorkload.from_pods(pods or [PodSpec("w", 1, 1)])
+        return self._workload
+
+    def node_spec(self, name: str) -> NodeSpec | None:
+        """The node as booked (None: not in the books, e.g. unreadable)."""
+        i = self.state.index.get(name)
+        return None if i is None else self.state.nodes[i]
+
+    def node_findings(self, name: str) -> list[Finding]:
+        """``checks.node_findings`` of node ``name``, on the spec already booked (computed once)."""
+        out = self._findings.get(name)
+        if out is None:
+            out = self._findings[name] = node_findings(self.node_objs[name], self.node_spec(name))
+        return out

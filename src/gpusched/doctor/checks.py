@@ -18,6 +18,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from gpusched.core.model import NodeSpec, PodSpec
 from gpusched.doctor.findings import Finding
 from gpusched.k8s.convert import (
     ANN_ASSIGNMENT,
@@ -55,8 +56,9 @@ def _int(v: object) -> int | None:
 
 
 # ------------------------------------------------------------------------------------- node
-def node_findings(node: Mapping[str, Any]) -> list[Finding]:
-    """Inventory, health, driver labels, registration and allocatable of one Node object."""
+def node_findings(node: Mapping[str, Any], spec: NodeSpec | None = None) -> list[Finding]:
+    """Inventory, health, driver labels, registration and allocatable of one Node object;
+    ``spec``: the node as already converted (``node_from_k8s``), else it is converted here."""
     meta = _meta(node)
     name = str(meta.get("name"))
     labels: Mapping[str, str] = meta.get("labels") or {}
@@ -68,11 +70,12 @@ def node_findings(node: Mapping[str, Any]) -> list[Finding]:
     def add(sev: str, code: str, msg: str, **ev: Any) -> None:
         out.append(Finding("node", sev, code, msg, ev, name))
 
-    try:
-        spec = node_from_k8s(node)
-    except InvalidRequest as e:
-        add("error", "node-unreadable", f"node {name} cannot be booked: {e}")
-        return out
+    if spec is None:
+        try:
+            spec = node_from_k8s(node)
+        except InvalidRequest as e:
+            add("error", "node-unreadable", f"node {name} cannot be booked: {e}")
+            return out
     product, count_label = labels.get(LABEL_PRODUCT), labels.get(LABEL_COUNT)
     inventory = {
         "gpus": spec.gpu_count,
@@ -222,9 +225,12 @@ def allocated_devices(pod: Mapping[str, Any]) -> tuple[list[str], str]:
     return [d.split("::", 1)[0] for d in ids], ""
 
 
-def drift_findings(pod: Mapping[str, Any], node: Mapping[str, Any] | None) -> list[Finding]:
+def drift_findings(
+    pod: Mapping[str, Any], node: Mapping[str, Any] | None, booked: PodSpec | None = None
+) -> list[Finding]:
     """What the scheduler believes (the assignment) against what the node did (nodeName, the
-    device plugin's allocation). Empty for a pod not bound or without GPUs."""
+    device plugin's allocation). Empty for a pod not bound or without GPUs. ``booked``: the pod
+    as the books already hold it, else it is converted here."""
     meta, spec = _meta(pod), pod.get("spec") or {}
     key = f"{meta.get('namespace', 'default')}/{meta.get('name')}"
     bound = spec.get("nodeName")
@@ -234,7 +240,7 @@ def drift_findings(pod: Mapping[str, Any], node: Mapping[str, Any] | None) -> li
         out.append(Finding("device", sev, code, msg, ev, key))
 
     try:
-        core = pod_from_k8s(pod, constraints="lenient")
+        core = booked or pod_from_k8s(pod, constraints="lenient")
         assignment = parse_assignment(pod)
     except InvalidRequest as e:
         add("error", "pod-unreadable", str(e))
