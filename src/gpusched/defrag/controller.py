@@ -1,0 +1,418 @@
+"""``gpusched defrag run``: the opt-in defragmentation controller.
+
+Each ``interval_s`` (only while it holds the Lease, ``serve.py``), it reads the cluster into the
+standalone scheduler's books (``live``) and looks for a pending GPU pod of the gpusched scheduler
+(or a gang) that has waited longer than ``wait_s`` and was not tried in the last ``wait_s``. It
+plans for the most important one (``core.defrag.plan_for``, the cluster's PodDisruptionBudgets as
+budgets, the moves of the window so far counted against ``max_moves_per_window`` and
+``max_moves_per_pod``) and carries the plan out:
+
+1. **Reserve.** The pending pod gets ``status.nominatedNodeName`` and the annotation
+   ``gpusched.io/defrag-room`` (node and GPUs): the standalone scheduler keeps that room from
+   pods of lower or equal priority from then on (``k8s/reservation.py``), so no recreated pod
+   takes back what an eviction freed.
+2. **Each move, checked first.** The books are read again and the rest of the plan is carried
+   out on them in a ``Statement`` (``core.defrag.apply_plan``, then undone); if a step no longer
+   holds, the controller plans again from the fresh books (at most ``replans`` times), else the
+   plan is abandoned (``stale``). Then the pod is evicted through the Eviction API (UID
+   precondition, graceful), never past a PodDisruptionBudget: a 429 plans again without that
+   pod, or abandons (``blocked-by-pdb``). The pod gets an Event that names the pod it made room
+   for; the controller waits until it has left before the next step (its owner recreates it;
+   the scheduler places the new pod elsewhere, the room being held).
+3. **Landing.** Once the moves are done the pod should bind on its nominated node; bound in
+   ``bind_timeout_s``: ``completed`` (gain: its GPUs). A pending pod that disappears (or is
+   bound elsewhere) at any step ends the plan at once: no further eviction.
+
+An abandoned plan clears the nomination and the room. Metrics: ``metrics/defrag.py``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from gpusched.core.defrag import Method, Plan, Rules, WorkBudget, apply_plan, plan_for
+from gpusched.core.model import PodSpec
+from gpusched.core.statement import Statement
+from gpusched.defrag.dryrun import pending_targets
+from gpusched.doctor.books import Books
+from gpusched.k8s.events import EventRecorder
+from gpusched.k8s.eviction import Evictor, Outcome
+from gpusched.k8s.reservation import ANN_ROOM, room_annotation
+from gpusched.metrics.defrag import DefragMetrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ControllerConfig:
+    scheduler_name: str = "gpusched"
+    """Plan only for pending pods of this ``spec.schedulerName`` (the scheduler that keeps rooms)."""
+    policy: str = "default"
+    wait_s: float = 300.0
+    """A pod that waited longer than this gets a plan (and is tried again after as long)."""
+    interval_s: float = 10.0
+    max_moves: int = 8
+    """Moves in one plan."""
+    max_moves_per_window: int = 32
+    window_s: float = 3600.0
+    max_moves_per_pod: int = 1
+    """Times one pod may be moved in the window."""
+    plan_timeout_s: float = 5.0
+    leave_timeout_s: float = 120.0
+    """How long an evicted pod may take to leave (its grace period) before the plan is abandoned."""
+    bind_timeout_s: float = 120.0
+    replans: int = 2
+    grace_period_s: int | None = None
+    """None: each evicted pod's own ``terminationGracePeriodSeconds``."""
+    poll_s: float = 0.5
+    identity: str = ""
+    lease_name: str = "gpusched-defrag"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What became of one target (``result``: completed, abandoned, fits-now, infeasible)."""
+
+    pods: tuple[str, ...]
+    result: str
+    reason: str = ""
+    moves: tuple[str, ...] = ()
+
+
+class _Abandon(Exception):
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(reason)
+        self.reason, self.detail = reason, detail
+
+
+def _created(obj: Mapping[str, Any]) -> float:
+    raw = str((obj.get("metadata") or {}).get("creationTimestamp") or "")
+    try:
+        return dt.datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return time.time()
+
+
+def _involved(obj: Mapping[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata") or {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "namespace": meta.get("namespace", "default"),
+        "name": meta.get("name", ""),
+        "uid": meta.get("uid", ""),
+    }
+
+
+class DefragController:
+    def __init__(
+        self,
+        api: Any,
+        read: Callable[[], Books],
+        config: ControllerConfig | None = None,
+        metrics: DefragMetrics | None = None,
+        *,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        from kubernetes import client
+
+        from gpusched.k8s.disruption import BudgetReader
+
+        self.config = cfg = config or ControllerConfig()
+        self.core = client.CoreV1Api(api)
+        self.read = read
+        self.evictor = Evictor(self.core)
+        self.budgets = BudgetReader(client.PolicyV1Api(api))
+        self.events = EventRecorder(self.core, "gpusched-defrag", cfg.identity)
+        self.metrics = metrics or DefragMetrics()
+        self.metrics.set_leader(cfg.lease_name, False)
+        self.wall = wall
+        self.leading = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._moved: deque[tuple[float, str]] = deque()  # (wall time, pod key) of the window's moves
+        self._tried: dict[str, float] = {}
+        self.attempts: list[Attempt] = []
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self, lead: bool = True) -> DefragController:
+        self.budgets.start()
+        self._thread = threading.Thread(target=self._loop, name="defrag", daemon=True)
+        self._thread.start()
+        if lead:
+            self.start_leading()
+        return self
+
+    def start_leading(self) -> None:
+        self.budgets.wait_synced(30.0)
+        self.leading.set()
+        self.metrics.set_leader(self.config.lease_name, True)
+
+    def stop_leading(self) -> None:
+        self.leading.clear()
+        self.metrics.set_leader(self.config.lease_name, False)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.stop_leading()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.budgets.stop()
+        self.events.flush(timeout)
+        self.events.stop()
+
+    def synced(self) -> bool:
+        return self.budgets.synced()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if self.leading.is_set():
+                try:
+                    self.run_once()
+                except Exception:
+                    log.exception("defragmentation cycle failed")
+            self._stop.wait(self.config.interval_s)
+
+    # ------------------------------------------------------------- one cycle
+    def run_once(self) -> Attempt | None:
+        """Plan for the most important pod that waited too long and carry the plan out (one
+        target per cycle). None when no pod waited too long."""
+        books = self.read()
+        group = self._target(books)
+        if group is None:
+            return None
+        keys = tuple(p.key for p in group)
+        now = self.wall()
+        for k in keys:
+            self._tried[k] = now
+        plan = self._plan(books, group)
+        if not plan.feasible or not plan.moves:
+            result = "infeasible" if not plan.feasible else "fits-now"
+            self.metrics.no_plan.labels(result).inc()
+            return self._record(Attempt(keys, result, plan.reason))
+        moved: list[str] = []
+        try:
+            self._carry_out(books, group, plan, moved)
+        except _Abandon as a:
+            log.info("defragmentation for %s abandoned: %s %s", ", ".join(keys), a.reason, a.detail)
+            self.metrics.abandon(a.reason)
+            self._release(keys, f"{a.reason}{': ' + a.detail if a.detail else ''}")
+            return self._record(Attempt(keys, "abandoned", a.reason, tuple(moved)))
+        self.metrics.completed(sum(p.gpu_demand_milli for p in group) / 1000)
+        return self._record(Attempt(keys, "completed", "", tuple(moved)))
+
+    def _record(self, a: Attempt) -> Attempt:
+        self.attempts.append(a)
+        return a
+
+    def _target(self, books: Books) -> list[PodSpec] | None:
+        cfg, now = self.config, self.wall()
+        for group in pending_targets(books):
+            objs = [books.pod_objs[p.key] for p in group]
+            if any((o.get("spec") or {}).get("schedulerName") != cfg.scheduler_name for o in objs):
+                continue
+            if any((o.get("spec") or {}).get("schedulingGates") for o in objs):
+                continue
+            if min(now - _created(o) for o in objs) < cfg.wait_s:
+                continue
+            if any(now - self._tried.get(p.key, -1e18) < cfg.wait_s for p in group):
+                continue
+            return group
+        return None
+
+    def _window_moves(self) -> dict[str, int]:
+        cutoff = self.wall() - self.config.window_s
+        while self._moved and self._moved[0][0] < cutoff:
+            self._moved.popleft()
+        counts: dict[str, int] = {}
+        for _, k in self._moved:
+            counts[k] = counts.get(k, 0) + 1
+        return counts
+
+    def _plan(self, books: Books, group: Sequence[PodSpec], refused: Sequence[str] = ()) -> Plan:
+        cfg = self.config
+        moved = self._window_moves()
+        for k in refused:  # blocked by a budget just now: stays put in this plan
+            moved[k] = cfg.max_moves_per_pod
+        left = max(0, cfg.max_moves_per_window - len(self._moved))
+        rules = Rules(
+            budgets=self.budgets.budgets().budgets,
+            max_moves=min(cfg.max_moves, left),
+            max_moves_per_pod=cfg.max_moves_per_pod,
+            moved=moved,
+        )
+        deadline = time.monotonic() + cfg.plan_timeout_s
+        budget = WorkBudget(should_stop=lambda: time.monotonic() >= deadline)
+        tiebreak = np.arange(len(books.state), dtype=np.int64)  # the scheduler's: nodes in name order
+        t0 = time.perf_counter()
+        plan = plan_for(books.profile, books.state, list(group), rules, budget, tiebreak=tiebreak)
+        self.metrics.planning.labels(plan.method.value).observe(time.perf_counter() - t0)
+        return plan
+
+    # ------------------------------------------------------------ carrying out
+    def _carry_out(self, books: Books, group: Sequence[PodSpec], plan: Plan, moved: list[str]) -> None:
+        cfg = self.config
+        specs = {p.key: p for p in group}
+        keys = tuple(specs)
+        for_whom = ", ".join(keys)
+        self._reserve(books, plan)
+        replans = cfg.replans
+        refused: list[str] = []
+        i = 0
+        while i < len(plan.moves):
+            if not self.leading.is_set() or self._stop.is_set():
+                raise _Abandon("leadership-lost")
+            books = self.read()
+            if self._landed_or_gone(books, keys):
+                return
+            rest = replace(plan, moves=plan.moves[i:])
+            with Statement(books.state) as st:
+                why = apply_plan(st, books.profile, rest, specs)
+            if why is not None:
+                plan, replans = self._replan(books, group, refused, replans, why)
+                i = 0
+                if not plan.moves:
+                    break
+                continue
+            mv = plan.moves[i]
+            obj = books.pod_objs[mv.pod]
+            meta = obj.get("metadata") or {}
+            out = self.evictor.evict(
+                str(meta.get("namespace", "default")),
+                str(meta.get("name", "")),
+                str(meta.get("uid", "")),
+                grace_period_s=cfg.grace_period_s,
+            )
+            self.metrics.evictions.labels(out.outcome.value).inc()
+            if out.outcome is Outcome.BLOCKED:
+                refused.append(mv.pod)
+                plan, replans = self._replan(books, group, refused, replans, out.message, "blocked-by-pdb")
+                i = 0
+                if not plan.moves:
+                    break
+                continue
+            if out.outcome is Outcome.FAILED:
+                raise _Abandon("eviction-failed", f"{mv.pod}: {out.message}")
+            if out.outcome is Outcome.EVICTED:
+                self.metrics.moves.inc()
+                self._moved.append((self.wall(), mv.pod))
+                moved.append(mv.pod)
+                self.events.about(
+                    _involved(obj),
+                    "Normal",
+                    "Defragmented",
+                    f"Evicted to make room for {for_whom} on node {mv.from_node}; "
+                    f"planned to run on node {mv.to_node}",
+                )
+                self._wait_gone(str(meta.get("namespace", "default")), str(meta.get("name", "")), mv.pod)
+            i += 1
+        self._wait_bound(keys)
+
+    def _replan(
+        self, books: Books, group: Sequence[PodSpec], refused: Sequence[str], replans: int, why: str,
+        reason: str = "stale",
+    ) -> tuple[Plan, int]:  # fmt: skip
+        if replans <= 0:
+            raise _Abandon(reason, why)
+        plan = self._plan(books, group, refused)
+        if not plan.feasible:
+            raise _Abandon(reason, f"{why}; no new plan: {plan.reason}")
+        if plan.method is not Method.FITS_NOW:
+            self._reserve(books, plan)
+        return plan, replans - 1
+
+    def _reserve(self, books: Books, plan: Plan) -> None:
+        """Nominate each placement's node and name the room (the scheduler keeps it)."""
+        for pl in plan.placements:
+            obj = books.pod_objs[pl.pod]
+            meta = obj.get("metadata") or {}
+            ns, name = str(meta.get("namespace", "default")), str(meta.get("name", ""))
+            ann = {"metadata": {"annotations": {ANN_ROOM: room_annotation(pl.node, pl.gpus)}}}
+            self.core.patch_namespaced_pod(name, ns, ann, _preload_content=False)
+            status = {"status": {"nominatedNodeName": pl.node}}
+            self.core.patch_namespaced_pod_status(name, ns, status, _preload_content=False)
+            self.events.about(
+                _involved(obj),
+                "Normal",
+                "DefragPlanned",
+                f"Making room on node {pl.node} (GPUs {list(pl.gpus)}): {len(plan.moves)} pod(s) to move "
+                f"({plan.method.value})",
+            )
+
+    def _release(self, keys: Sequence[str], why: str) -> None:
+        for key in keys:
+            ns, name = key.split("/", 1)
+            try:
+                self.core.patch_namespaced_pod(
+                    name, ns, {"metadata": {"annotations": {ANN_ROOM: None}}}, _preload_content=False
+                )
+                self.core.patch_namespaced_pod_status(
+                    name, ns, {"status": {"nominatedNodeName": None}}, _preload_content=False
+                )
+            except Exception as e:  # gone: nothing to release
+                if getattr(e, "status", None) != 404:
+                    log.warning("releasing the room of %s: %s", key, e)
+                continue
+            self.events.about(
+                {"apiVersion": "v1", "kind": "Pod", "namespace": ns, "name": name},
+                "Normal",
+                "DefragAbandoned",
+                f"Defragmentation stopped: {why}",
+            )
+
+    def _read_pod(self, ns: str, name: str) -> dict[str, Any] | None:
+        try:
+            resp: Any = self.core.read_namespaced_pod(name, ns, _preload_content=False)
+        except Exception as e:
+            if getattr(e, "status", None) == 404:
+                return None
+            raise
+        obj: dict[str, Any] = json.loads(resp.data)
+        return obj
+
+    def _landed_or_gone(self, books: Books, keys: Sequence[str]) -> bool:
+        """True when every pod of ``keys`` is bound (the plan's purpose is met); raises _Abandon
+        when one is gone (deleted, finished, being deleted)."""
+        bound = 0
+        for k in keys:
+            obj = books.pod_objs.get(k)
+            if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
+                raise _Abandon("pending-pod-gone", k)
+            if k not in books.pending:
+                if not (obj.get("spec") or {}).get("nodeName"):
+                    raise _Abandon("pending-pod-gone", f"{k} finished")
+                bound += 1
+        return bound == len(keys)
+
+    def _wait_gone(self, ns: str, name: str, key: str) -> None:
+        deadline = time.monotonic() + self.config.leave_timeout_s
+        while time.monotonic() < deadline and not self._stop.is_set():
+            if self._read_pod(ns, name) is None:
+                return
+            self._stop.wait(self.config.poll_s)
+        raise _Abandon("eviction-timeout", f"{key} did not leave in {self.config.leave_timeout_s:g} s")
+
+    def _wait_bound(self, keys: Sequence[str]) -> None:
+        deadline = time.monotonic() + self.config.bind_timeout_s
+        while time.monotonic() < deadline and not self._stop.is_set():
+            bound = 0
+            for k in keys:
+                ns, name = k.split("/", 1)
+                obj = self._read_pod(ns, name)
+                if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
+                    raise _Abandon("pending-pod-gone", k)
+                bound += bool((obj.get("spec") or {}).get("nodeName"))
+            if bound == len(keys):
+                return
+            self._stop.wait(self.config.poll_s)
+        raise _Abandon("not-placed", f"not bound {self.config.bind_timeout_s:g} s after the moves")

@@ -1,0 +1,232 @@
+"""The defragmentation controller (``gpusched defrag run``) on the real control plane.
+
+Two kwok nodes of 8 GPUs, fragmented by share pods of Deployments (600 milli each, so no two
+share a GPU): fillers pinned to each node first leave two GPUs free per node, the shares land
+two per node, the fillers go. Then an 8-GPU pod waits: no node has 8 free GPUs, 12 are free in
+all. The standalone scheduler (which keeps the nominated room) and the controller run
+in-process; kube-controller-manager recreates every evicted share (its Deployment) and keeps
+the PodDisruptionBudgets' status.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from test_standalone import Env
+
+from gpusched.defrag.controller import ControllerConfig, DefragController
+from gpusched.doctor.books import Books
+from gpusched.doctor.source import from_api
+from gpusched.k8s.convert import RES_GPU, RES_MILLI
+from gpusched.k8s.reservation import ANN_ROOM
+from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
+from gpusched.testenv import ControlPlane, wait_until
+
+pytestmark = pytest.mark.e2e
+
+PIN = "gpusched.io/e2e-node"
+HOLD = "gpusched.io/e2e-hold"
+
+
+class DefragEnv(Env):
+    def __init__(self, cp: ControlPlane) -> None:
+        from kubernetes import client
+
+        super().__init__(cp)
+        self.apps = client.AppsV1Api(self.api)
+        self.policy = client.PolicyV1Api(self.api)
+        self.nodes(
+            [(f"{self.tag}-n{i}", 64_000, 262_144, 8, "A100") for i in (1, 2)],
+            labels={f"{self.tag}-n{i}": {PIN: f"{self.tag}-n{i}"} for i in (1, 2)},
+        )
+        self.n1, self.n2 = f"{self.tag}-n1", f"{self.tag}-n2"
+        self.sched = StandaloneScheduler(self.api, SchedulerConfig(scheduler_name=self.scheduler)).start()
+
+    def filler(self, name: str, node: str, gpus: int) -> None:
+        body = self.pod(name, {RES_GPU: str(gpus)})
+        body["spec"]["nodeSelector"][PIN] = node
+        self.create_pods([body])
+
+    def deployment(self, app: str, replicas: int, finalizer: bool = False) -> None:
+        template = self.pod("x", {RES_MILLI: "600"}, labels={"app": app})
+        meta = {"labels": {"app": app}}
+        if finalizer:
+            meta["finalizers"] = [HOLD]  # type: ignore[assignment]
+        body = {
+            "metadata": {"name": app, "namespace": self.ns},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": app}},
+                "template": {"metadata": meta, "spec": template["spec"]},
+            },
+        }
+        self.apps.create_namespaced_deployment(self.ns, body, _preload_content=False)
+
+    def running(self, app: str | None = None) -> dict[str, str]:
+        """Bound, not terminating pods (of ``app``) → node."""
+        return {
+            p["metadata"]["name"]: p["spec"]["nodeName"]
+            for p in self.list_pods()
+            if p["spec"].get("nodeName")
+            and not p["metadata"].get("deletionTimestamp")
+            and (app is None or p["metadata"].get("labels", {}).get("app") == app)
+        }
+
+    def place(self, app: str, replicas: int, on: str, finalizer: bool = False) -> None:
+        """``replicas`` shares of Deployment ``app`` onto node ``on``: the other node is filled."""
+        other = self.n2 if on == self.n1 else self.n1
+        free_on = self.running()
+        used = {n: 0 for n in (self.n1, self.n2)}
+        for n in free_on.values():
+            used[n] += 1
+        self.filler(f"fill-{app}-other", other, 8 - used[other])
+        self.filler(f"fill-{app}-on", on, 8 - used[on] - replicas)
+        wait_until(lambda: len(self.running()) == len(free_on) + 2, timeout=60, what="fillers bound")
+        self.deployment(app, replicas, finalizer)
+        wait_until(lambda: len(self.running(app)) == replicas, timeout=60, what=f"{app} bound")
+        for f in (f"fill-{app}-other", f"fill-{app}-on"):
+            self.v1.delete_namespaced_pod(f, self.ns, grace_period_seconds=0, _preload_content=False)
+        wait_until(lambda: len(self.running()) == len(free_on) + replicas, timeout=60, what="fillers gone")
+
+    def big(self) -> None:
+        self.create_pods([self.pod("big", {RES_GPU: "8"})])
+
+    def pdb(self, app: str, min_available: int) -> None:
+        body = {
+            "metadata": {"name": f"pdb-{app}", "namespace": self.ns},
+            "spec": {"minAvailable": min_available, "selector": {"matchLabels": {"app": app}}},
+        }
+        self.policy.create_namespaced_pod_disruption_budget(self.ns, body, _preload_content=False)
+
+        def settled() -> bool:
+            resp = self.policy.read_namespaced_pod_disruption_budget(
+                f"pdb-{app}", self.ns, _preload_content=False
+            )
+            st = json.loads(resp.data).get("status") or {}
+            return st.get("currentHealthy") == min_available and "disruptionsAllowed" in st
+
+        wait_until(settled, timeout=60, what=f"PDB of {app} computed")
+
+    def controller(self, **kw: Any) -> DefragController:
+        cfg = ControllerConfig(
+            scheduler_name=self.scheduler, wait_s=2.0, interval_s=0.5, poll_s=0.2, bind_timeout_s=60, **kw
+        )
+        kubeconfig = str(self.cp.kubeconfig_path)
+        return DefragController(self.api, lambda: Books.of(from_api(kubeconfig)), cfg)
+
+    def moved_events(self) -> list[dict[str, Any]]:
+        return self.events("Defragmented")
+
+    def unhold(self) -> None:
+        for p in self.list_pods():
+            if p["metadata"].get("finalizers"):
+                patch = {"metadata": {"finalizers": None}}
+                self.v1.patch_namespaced_pod(p["metadata"]["name"], self.ns, patch, _preload_content=False)
+
+    def cleanup(self) -> None:
+        self.sched.stop()
+        self.unhold()
+        super().cleanup()
+
+
+@pytest.fixture
+def denv(control_plane: ControlPlane) -> Iterator[DefragEnv]:
+    e = DefragEnv(control_plane)
+    try:
+        yield e
+    finally:
+        e.cleanup()
+
+
+def counter(ctl: DefragController, name: str, **labels: str) -> float:
+    v = ctl.metrics.registry.get_sample_value(name, labels or None)
+    return float(v or 0.0)
+
+
+def test_the_controller_moves_only_the_planned_pods_and_the_8_gpu_pod_lands(denv: DefragEnv) -> None:
+    denv.place("a", 2, denv.n1)
+    denv.place("b", 2, denv.n2)
+    before = denv.running()
+    denv.big()
+    ctl = denv.controller().start()
+    try:
+        wait_until(lambda: bool(ctl.attempts), timeout=120, what="a plan carried out")
+    finally:
+        ctl.stop()
+    (attempt,) = ctl.attempts
+    assert attempt.result == "completed", attempt
+    assert len(attempt.moves) == 2  # the fewest: one node's two shares
+    big = next(p for p in denv.list_pods() if p["metadata"]["name"] == "big")
+    target = big["spec"]["nodeName"]
+    assert target in (denv.n1, denv.n2)
+    # only the planned pods moved: the others run where they ran
+    evicted = {k.split("/")[1] for k in attempt.moves}
+    assert evicted == {p for p, n in before.items() if n == target}
+    after = denv.running()
+    assert all(after.get(p) == n for p, n in before.items() if p not in evicted)
+    # their replacements run on the other node, none on the 8-GPU pod's
+    assert sum(1 for p, n in after.items() if n == target) == 1  # big alone
+    events = denv.moved_events()
+    assert {e["involvedObject"]["name"] for e in events} == evicted
+    assert all(f"{denv.ns}/big" in e["message"] for e in events)
+    assert counter(ctl, "gpusched_defrag_moves_total") == 2
+    assert counter(ctl, "gpusched_defrag_plans_total", result="completed") == 1
+    assert counter(ctl, "gpusched_defrag_gain_gpus_total") == 8
+
+
+def test_a_pdb_at_its_limit_keeps_its_pods_and_the_plan_routes_around_it(denv: DefragEnv) -> None:
+    denv.place("held", 2, denv.n1)
+    denv.place("free", 2, denv.n2)
+    denv.pdb("held", 2)  # disruptionsAllowed 0
+    held = denv.running("held")
+    denv.big()
+    ctl = denv.controller().start()
+    try:
+        wait_until(lambda: bool(ctl.attempts), timeout=120, what="a plan carried out")
+    finally:
+        ctl.stop()
+    (attempt,) = ctl.attempts
+    assert attempt.result == "completed", attempt
+    assert denv.running("held") == held  # untouched
+    big = next(p for p in denv.list_pods() if p["metadata"]["name"] == "big")
+    assert big["spec"]["nodeName"] == denv.n2
+    assert {e["involvedObject"]["name"] for e in denv.moved_events()} == {
+        k.split("/")[1] for k in attempt.moves
+    }
+    assert counter(ctl, "gpusched_defrag_evictions_total", outcome="blocked") == 0
+
+
+def test_a_plan_whose_pending_pod_disappears_midway_is_abandoned(denv: DefragEnv) -> None:
+    denv.place("a", 2, denv.n1, finalizer=True)  # an evicted share stays Terminating until released
+    denv.place("b", 2, denv.n2, finalizer=True)
+    denv.big()
+    ctl = denv.controller(leave_timeout_s=120).start()
+    try:
+
+        def terminating() -> list[str]:
+            return [p["metadata"]["name"] for p in denv.list_pods() if p["metadata"].get("deletionTimestamp")]
+
+        wait_until(lambda: bool(terminating()), timeout=120, what="the first eviction")
+        first = terminating()
+        denv.v1.delete_namespaced_pod("big", denv.ns, _preload_content=False)
+        wait_until(
+            lambda: "big" not in {p["metadata"]["name"] for p in denv.list_pods()},
+            timeout=30,
+            what="big gone",
+        )
+        denv.unhold()  # the first evicted share may leave now
+        wait_until(lambda: bool(ctl.attempts), timeout=60, what="the plan to end")
+        time.sleep(2)  # a few more cycles: nothing more happens
+    finally:
+        ctl.stop()
+    (attempt,) = ctl.attempts
+    assert (attempt.result, attempt.reason) == ("abandoned", "pending-pod-gone")
+    assert len(attempt.moves) == 1 and len(first) == 1
+    assert [e["involvedObject"]["name"] for e in denv.moved_events()] == first
+    assert counter(ctl, "gpusched_defrag_moves_total") == 1
+    assert counter(ctl, "gpusched_defrag_plans_abandoned_total", reason="pending-pod-gone") == 1
+    assert not any(ANN_ROOM in (p["metadata"].get("annotations") or {}) for p in denv.list_pods())
