@@ -104,3 +104,13 @@ def test_the_workload_is_computed_once() -> None:
     b = Books.of(snapshot_of_state(st_, [whole("p")]))
     assert b.workload is b.workload
     assert b.profile is b.profile
+
+
+def test_the_bench_times_each_step_and_finds_the_moves() -> None:
+    from gpusched.doctor.bench import bench_doctor
+
+    r = bench_doctor(30, repeat=1)
+    assert r["pods"] == 30 * 8 + 1
+    assert set(r["cpu_seconds"]) <= set(r["seconds"]) and len(r["cpu_seconds"]) == 3
+    assert "move" in r["counterfactual"]
+    assert r["counterfactuals_with_a_failed_gpu"]

@@ -125,9 +125,12 @@ def _grouped(findings: Sequence[Finding], shown: int = 3) -> list[Finding]:
 
 
 def bench(result: Mapping[str, Any]) -> None:
-    t = Table("step", "seconds", title=f"doctor pod at {result['nodes']} nodes ({result['pods']} pods)")
+    t = Table(
+        "step", "seconds", "CPU s", title=f"doctor pod at {result['nodes']} nodes ({result['pods']} pods)"
+    )
     for k, v in result["seconds"].items():
-        t.add_row(k, f"{v:.3f}")
+        cpu = result.get("cpu_seconds", {}).get(k)
+        t.add_row(k, f"{v:.3f}", "" if cpu is None else f"{cpu:.3f}")
     console().print(t)
     console().print(f"counterfactual: {result['counterfactual']}")
 
