@@ -86,6 +86,21 @@ class EventRecorder:
             self._submit(lambda: self._condition(pod, message))
         return True
 
+    def about(self, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> bool:
+        """An event on any object (``involved``: its ``apiVersion``, ``kind``, ``namespace``, ``name``,
+        ``uid``; e.g. a PodGroup), once per distinct message; returns whether anything was queued."""
+        k = (str(involved.get("uid") or f"{involved.get('kind')}/{involved.get('name')}"), reason)
+        with self._lock:
+            if self._seen.get(k) == message:
+                return False
+            self._seen[k] = message
+        self._submit(lambda: self._write(dict(involved), type_, reason, message))
+        return True
+
+    def write(self, fn: Callable[[], None]) -> None:
+        """Queue another best-effort write (e.g. a group's status) behind the events."""
+        self._submit(fn)
+
     def forget(self, uid: str) -> None:
         """The pod was bound or deleted: a later failure is news again."""
         with self._lock:
@@ -126,19 +141,17 @@ class EventRecorder:
 
     def _event(self, pod: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         meta = pod.get("metadata") or {}
-        ns = meta.get("namespace", "default")
+        involved = {"apiVersion": "v1", "kind": "Pod", "name": meta.get("name"), "uid": meta.get("uid")}
+        self._write({**involved, "namespace": meta.get("namespace", "default")}, type_, reason, message)
+
+    def _write(self, involved: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        ns = involved.get("namespace") or "default"
         now = _now()
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{meta.get('name')}.", "namespace": ns},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "namespace": ns,
-                "name": meta.get("name"),
-                "uid": meta.get("uid"),
-            },
+            "metadata": {"generateName": f"{involved.get('name')}.", "namespace": ns},
+            "involvedObject": involved,
             "type": type_,
             "reason": reason,
             "message": message[:1024],

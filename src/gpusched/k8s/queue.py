@@ -25,7 +25,7 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,6 +124,27 @@ class SchedulingQueue:
         with self._cond:
             self.remove(key)
             self._gated.add(key)
+
+    def activate(self, keys: Iterable[str]) -> None:
+        """Move these pods from unschedulable to active now (their gang may be complete)."""
+        with self._cond:
+            for key in keys:
+                if key in self._unschedulable:
+                    self._unschedulable.discard(key)
+                    self._push(self._pods[key])
+
+    def park(self, key: str) -> None:
+        """Make the pod unschedulable, whether popped or still waiting in active (the other
+        members of a gang that was just decided as a unit and did not fit)."""
+        with self._cond:
+            if key in self._pods:
+                self._active.pop(key, None)
+                self._in_flight.add(key)
+        self.done(key, unschedulable=True)
+
+    def get(self, key: str) -> QueuedPod | None:
+        with self._cond:
+            return self._pods.get(key)
 
     def cluster_changed(self) -> None:
         """Resources were freed or added: unschedulable pods may fit now (after backoff)."""

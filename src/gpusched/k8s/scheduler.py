@@ -46,10 +46,13 @@ from gpusched.core.statement import schedule_with_nominated
 from gpusched.core.workload import WorkloadSource
 from gpusched.k8s.binder import APIBinder, read_pod
 from gpusched.k8s.binding import Result, Settler, bind_until_settled
+from gpusched.k8s.claims import claims_message
 from gpusched.k8s.convert import InvalidRequest, pod_from_k8s
 from gpusched.k8s.disruption import BudgetReader
 from gpusched.k8s.events import EventRecorder
+from gpusched.k8s.gangs import GangHost, Gangs
 from gpusched.k8s.informer import Reflector
+from gpusched.k8s.podgroups import PodGroups
 from gpusched.k8s.preemption import Preemptor
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
 from gpusched.k8s.reservation import Reservations
@@ -119,10 +122,16 @@ class StandaloneScheduler:
         self._nominated: dict[str, tuple[PodSpec, str, tuple[str, ...]]] = {}
         self.reservations = Reservations()  # rooms defragmentation is making (k8s/reservation.py)
         self._plock = threading.Lock()
+        host = GangHost(
+            self.queue, self.cluster, self.events, self._spec, self._current_profile, self._gang_tiebreak,
+            lambda *bind: self._pool.submit(self._bind, *bind),
+        )  # fmt: skip
+        self.gangs = Gangs(host, lambda on_change: PodGroups(api, on_change))  # k8s/gangs.py
 
     # ------------------------------------------------------------ lifecycle
     def start(self, lead: bool = True) -> StandaloneScheduler:
         self._reflectors = start_informers(self.core, self.cluster, self._on_pod)
+        self.gangs.groups.discover()
         self.budgets.start()
         self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
         self._thread.start()
@@ -131,7 +140,8 @@ class StandaloneScheduler:
         return self
 
     def synced(self) -> bool:
-        return bool(self._reflectors) and all(r.synced.is_set() for r in self._reflectors)
+        informers = bool(self._reflectors) and all(r.synced.is_set() for r in self._reflectors)
+        return informers and self.gangs.groups.synced()
 
     def wait_synced(self, timeout: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout
@@ -164,6 +174,7 @@ class StandaloneScheduler:
         self.queue.close()
         for r in self._reflectors:
             r.stop()
+        self.gangs.groups.stop()
         self.budgets.stop()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -175,6 +186,7 @@ class StandaloneScheduler:
     # -------------------------------------------------------------- informer
     def _on_pod(self, obj: dict[str, Any], deleted: bool) -> None:
         key = pod_key(obj)
+        self.gangs.on_pod(obj, deleted)
         self.reservations.observe(obj, deleted)
         meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
         phase = (obj.get("status") or {}).get("phase")
@@ -221,6 +233,10 @@ class StandaloneScheduler:
         with self.cluster.snapshot() as snap:
             self._note_state(snap)
 
+    def _gang_tiebreak(self, snap: Any) -> Any:
+        self._note_state(snap)
+        return self._tiebreak
+
     def _note_state(self, snap: Any) -> None:
         if snap is not self._last_state:
             if self._last_state is not None:
@@ -249,6 +265,12 @@ class StandaloneScheduler:
             return
         if self.cluster.is_bound_or_assumed(qp.key):
             self.queue.done(qp.key)
+            return
+        if claims := claims_message(qp.obj):  # DRA claims: never bound here (k8s/claims.py)
+            self.events.failed(qp.obj, claims)
+            self.queue.done(qp.key, unschedulable=True)
+            return
+        if self.gangs.schedule(qp):  # a gang member: decided with its group, all or nothing
             return
         t0 = time.perf_counter()
         victims: list[PodSpec] = []

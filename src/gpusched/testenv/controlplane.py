@@ -419,6 +419,10 @@ class ControlPlane:
                 "--disable-admission-plugins=ServiceAccount",
                 "--allow-privileged=true",
                 "--profiling=false",
+                # Kubernetes' own gang API (scheduling.k8s.io/v1beta1 PodGroup, Workload; the pod's
+                # spec.schedulingGroup), which gpusched's standalone scheduler reads (k8s/podgroups.py).
+                "--feature-gates=GenericWorkload=true",
+                "--runtime-config=scheduling.k8s.io/v1beta1=true",
             ],
         )
         ctx = ssl.create_default_context(cafile=str(pki.ca_cert))

@@ -1,0 +1,105 @@
+"""What the standalone scheduler writes on a gang's group object: its status, where its API has one.
+
+- Kubernetes ``scheduling.k8s.io/v1beta1`` PodGroup: the condition ``PodGroupInitiallyScheduled``
+  (True / reason ``Scheduled`` once placed; False / ``Unschedulable`` with the reason before; never
+  back to False once True, as the API documents), through the ``status`` subresource.
+- coscheduling ``scheduling.x-k8s.io/v1alpha1``: ``phase`` (``Pending`` / ``Scheduled``), through
+  ``status``.
+- Volcano ``scheduling.volcano.sh/v1beta1`` (its CRD has no status subresource): ``phase``
+  (``Pending`` / ``Running``) and the ``Unschedulable`` / ``Scheduled`` condition, on the object.
+
+Writes are best effort and asynchronous (behind the events); each distinct state once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+from typing import Any
+
+from gpusched.k8s.events import EventRecorder
+from gpusched.k8s.podgroups import API, GroupRef, GroupSpec
+
+log = logging.getLogger(__name__)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def status_body(api: API, placed: bool, count: int, message: str) -> dict[str, Any]:
+    """The merge patch that records the group as placed (``count`` members) or waiting."""
+    now = _now()
+    if api is API.WORKLOAD:
+        cond = {
+            "type": "PodGroupInitiallyScheduled",
+            "status": "True" if placed else "False",
+            "reason": "Scheduled" if placed else "Unschedulable",
+            "message": message[:1024],
+            "lastTransitionTime": now,
+        }
+        return {"status": {"conditions": [cond]}}
+    if api is API.COSCHEDULING:
+        return {"status": {"phase": "Scheduled" if placed else "Pending"}}  # its status has no count
+    cond = {
+        "type": "Scheduled" if placed else "Unschedulable",
+        "status": "True",
+        "reason": "tasks in gang are ready to be scheduled" if placed else "NotEnoughResources",
+        "message": message[:1024],
+        "lastTransitionTime": now,
+    }
+    return {"status": {"phase": "Running" if placed else "Pending", "conditions": [cond]}}
+
+
+class GroupStatusWriter:
+    def __init__(self, custom: Any, events: EventRecorder) -> None:
+        self.custom = custom
+        self.events = events
+        self._lock = threading.Lock()
+        self._last: dict[GroupRef, tuple[bool, int, str]] = {}
+        self._placed_once: set[GroupRef] = set()
+
+    @staticmethod
+    def involved(group: GroupSpec) -> dict[str, Any]:
+        """The group as an event's ``involvedObject``."""
+        a = group.ref.api.value
+        return {
+            "apiVersion": a.api_version,
+            "kind": a.kind,
+            "namespace": group.ref.namespace,
+            "name": group.ref.name,
+            "uid": group.uid,
+        }
+
+    def placed(self, group: GroupSpec, count: int) -> None:
+        msg = f"{count} pod(s) placed (minimum {group.min_member})"
+        with self._lock:
+            self._placed_once.add(group.ref)
+        self._write(group, True, count, msg)
+
+    def unschedulable(self, group: GroupSpec, message: str) -> None:
+        with self._lock:
+            if group.ref.api is API.WORKLOAD and group.ref in self._placed_once:
+                return  # PodGroupInitiallyScheduled never goes back to False
+        self._write(group, False, 0, message)
+
+    def _write(self, group: GroupSpec, placed: bool, count: int, message: str) -> None:
+        state = (placed, count, message)
+        with self._lock:
+            if self._last.get(group.ref) == state:
+                return
+            self._last[group.ref] = state
+        body = status_body(group.ref.api, placed, count, message)
+        self.events.write(lambda: self._patch(group.ref, body))
+
+    def _patch(self, ref: GroupRef, body: dict[str, Any]) -> None:
+        a = ref.api.value
+        args = (a.group, a.version, ref.namespace, a.plural, ref.name, body)
+        try:
+            if ref.api is API.VOLCANO:
+                self.custom.patch_namespaced_custom_object(*args, _preload_content=False)
+            else:
+                self.custom.patch_namespaced_custom_object_status(*args, _preload_content=False)
+        except Exception as e:  # best effort: the events say it too
+            log.debug("status of %s: %s", ref.describe(), e)

@@ -1,0 +1,265 @@
+"""Gangs through the standalone scheduler on the real control plane, in the three APIs jobs carry:
+Kubernetes' own ``scheduling.k8s.io/v1beta1`` PodGroup, coscheduling's and Volcano's (their CRDs from
+their Go modules, ``hack/build-gang-crds.sh``). Each test has its own namespace, nodes and scheduler
+(``test_standalone.Env``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from test_standalone import Env
+
+from gpusched.k8s.podgroups import ANN_VOLCANO, API, LABEL_COSCHEDULING
+from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
+from gpusched.testenv import ControlPlane, wait_until
+from gpusched.testenv.binaries import BinariesUnavailableError
+from gpusched.testenv.gangcrds import find_gang_crds, install_gang_crds
+from realparts import unavailable
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def gang_apis(control_plane: ControlPlane) -> None:
+    try:
+        directory = find_gang_crds()
+    except BinariesUnavailableError as exc:
+        if exc.go_missing:
+            unavailable(f"the gang CRDs cannot be fetched: Go is not installed. {exc}")
+        pytest.fail(f"the gang CRDs could not be fetched: {exc}", pytrace=False)
+    install_gang_crds(control_plane, directory)
+
+
+@pytest.fixture
+def env(control_plane: ControlPlane, gang_apis: None) -> Iterator[Env]:
+    e = Env(control_plane)
+    try:
+        yield e
+    finally:
+        e.cleanup()
+
+
+class Gangs:
+    """Groups and their pods in one API, and a running scheduler."""
+
+    def __init__(self, env: Env, api: API, flush_s: float = 30.0) -> None:
+        from kubernetes import client
+
+        self.env, self.api = env, api
+        self.custom = client.CustomObjectsApi(env.api)
+        self.sched = StandaloneScheduler(
+            env.api, SchedulerConfig(scheduler_name=env.scheduler, flush_s=flush_s)
+        ).start()
+
+    def group(self, name: str, min_member: int, timeout_s: int | None = None) -> None:
+        a = self.api.value
+        if self.api is API.WORKLOAD:
+            spec: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": min_member}}}
+        else:
+            spec = {"minMember": min_member}
+            if timeout_s is not None:
+                spec["scheduleTimeoutSeconds"] = timeout_s
+        body = {"apiVersion": a.api_version, "kind": a.kind, "metadata": {"name": name}, "spec": spec}
+        self.custom.create_namespaced_custom_object(a.group, a.version, self.env.ns, a.plural, body)
+
+    def member(self, name: str, group: str, gpus: int) -> dict[str, Any]:
+        pod = self.env.pod(name, {"cpu": "100m", "nvidia.com/gpu": str(gpus)})
+        if self.api is API.WORKLOAD:
+            pod["spec"]["schedulingGroup"] = {"podGroupName": group}
+        elif self.api is API.COSCHEDULING:
+            pod["metadata"]["labels"][LABEL_COSCHEDULING] = group
+        else:
+            pod["metadata"]["annotations"][ANN_VOLCANO] = group
+        return pod
+
+    def read(self, name: str) -> dict[str, Any]:
+        a = self.api.value
+        obj = self.custom.get_namespaced_custom_object(a.group, a.version, self.env.ns, a.plural, name)
+        return dict(obj)
+
+    def nodes_of(self) -> dict[str, str | None]:
+        return {p["metadata"]["name"]: p["spec"].get("nodeName") for p in self.env.list_pods()}
+
+    def group_events(self, reason: str, group: str) -> list[str]:
+        return [
+            str(e["message"])
+            for e in self.env.events(reason)
+            if e["involvedObject"].get("kind") == "PodGroup" and e["involvedObject"]["name"] == group
+        ]
+
+    def pod_messages(self, name: str, reason: str = "FailedScheduling") -> list[str]:
+        return [str(e["message"]) for e in self.env.events(reason) if e["involvedObject"]["name"] == name]
+
+    def stop(self) -> None:
+        self.sched.stop()
+
+
+@pytest.fixture
+def gangs(env: Env, request: pytest.FixtureRequest) -> Iterator[Gangs]:
+    g = Gangs(env, getattr(request, "param", API.COSCHEDULING))
+    try:
+        yield g
+    finally:
+        g.stop()
+
+
+def _settle(seconds: float = 3.0) -> None:
+    time.sleep(seconds)  # give a wrong binding the time to happen
+
+
+@pytest.mark.parametrize("gangs", list(API), ids=[a.name.lower() for a in API], indirect=True)
+def test_each_api_lands_a_gang_all_or_nothing(env: Env, gangs: Gangs) -> None:
+    """8 GPUs: a gang of 2 x 4 GPUs lands whole; a gang of 3 x 4 GPUs (12) binds nothing, its
+    pods and group say why; the group's status shows it where the API has one."""
+    env.nodes([(f"n{i}-{env.tag}", 8000, 32768, 4, "A100") for i in range(2)])
+    gangs.group("fits", 2)
+    gangs.group("big", 3)
+    env.create_pods([gangs.member(f"fits-{i}", "fits", 4) for i in range(2)])
+    env.create_pods([gangs.member(f"big-{i}", "big", 4) for i in range(3)])
+    wait_until(
+        lambda: all(gangs.nodes_of()[f"fits-{i}"] for i in range(2)), timeout=60, what="gang 'fits' bound"
+    )
+    wait_until(
+        lambda: bool(gangs.group_events("GangWaiting", "big")), timeout=30, what="GangWaiting on 'big'"
+    )
+    _settle()
+    where = gangs.nodes_of()
+    assert [where[f"big-{i}"] for i in range(3)] == [None, None, None]
+    assert len({where["fits-0"], where["fits-1"]}) == 2
+    msgs = gangs.group_events("GangWaiting", "big")
+    assert any("waits as a unit (minMember 3)" in m and "Insufficient" in m for m in msgs), msgs
+    assert any("waits as a unit" in m for m in gangs.pod_messages("big-0"))
+    assert gangs.group_events("GangScheduled", "fits")
+    if gangs.api is API.WORKLOAD:
+        wait_until(
+            lambda: _condition(gangs.read("fits"), "PodGroupInitiallyScheduled") == "True",
+            timeout=20,
+            what="the condition",
+        )
+        assert _condition(gangs.read("big"), "PodGroupInitiallyScheduled") == "False"
+    elif gangs.api is API.COSCHEDULING:
+        wait_until(
+            lambda: (gangs.read("fits").get("status") or {}).get("phase") == "Scheduled",
+            timeout=20,
+            what="phase",
+        )
+        assert (gangs.read("big").get("status") or {}).get("phase") == "Pending"
+    else:
+        wait_until(
+            lambda: (gangs.read("big").get("status") or {}).get("phase") == "Pending",
+            timeout=20,
+            what="phase",
+        )
+        assert (gangs.read("fits").get("status") or {}).get("phase") == "Running"
+
+
+def _condition(obj: dict[str, Any], type_: str) -> str | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == type_:
+            return str(c.get("status"))
+    return None
+
+
+def test_two_gangs_over_half_the_gpus_never_deadlock(env: Env, gangs: Gangs) -> None:
+    """Two gangs of 3 x 2 GPUs on 8 GPUs, their pods created interleaved: one gang runs whole,
+    the other binds nothing and waits as a unit with an event saying why."""
+    env.nodes([(f"n{i}-{env.tag}", 8000, 32768, 4, "A100") for i in range(2)])
+    gangs.group("a", 3)
+    gangs.group("b", 3)
+    env.create_pods([gangs.member(f"{g}-{i}", g, 2) for i in range(3) for g in ("a", "b")], threads=6)
+
+    def one_whole() -> bool:
+        where = gangs.nodes_of()
+        return any(all(where.get(f"{g}-{i}") for i in range(3)) for g in ("a", "b"))
+
+    wait_until(one_whole, timeout=60, what="one gang bound whole")
+    _settle()
+    where = gangs.nodes_of()
+    bound = {g: sum(1 for i in range(3) if where[f"{g}-{i}"]) for g in ("a", "b")}
+    assert sorted(bound.values()) == [0, 3], bound
+    loser = "a" if bound["a"] == 0 else "b"
+    wait_until(
+        lambda: bool(gangs.group_events("GangWaiting", loser)), timeout=20, what="the waiting gang's event"
+    )
+    msgs = gangs.group_events("GangWaiting", loser)
+    assert any(
+        "waits as a unit (minMember 3)" in m and "of at least 3 pods fit at once" in m for m in msgs
+    ), msgs
+
+
+def test_a_gang_past_its_timeout_is_released_and_holds_nothing(env: Env) -> None:
+    """coscheduling, scheduleTimeoutSeconds 2, 2 of its 3 pods: GangIncomplete naming spec.minMember,
+    then GangTimeout; a pod that needs every GPU binds meanwhile (the gang holds nothing); once it is
+    gone and the third member comes, the gang lands."""
+    env.nodes([(f"n{i}-{env.tag}", 8000, 32768, 4, "A100") for i in range(2)])
+    g = Gangs(env, API.COSCHEDULING, flush_s=2.0)
+    try:
+        g.group("slow", 3, timeout_s=2)
+        env.create_pods([g.member(f"slow-{i}", "slow", 2) for i in range(2)])
+        wait_until(lambda: bool(g.group_events("GangIncomplete", "slow")), timeout=30, what="GangIncomplete")
+        wait_until(
+            lambda: any(
+                "minMember is 3 but only 2 pod(s)" in m for m in g.group_events("GangIncomplete", "slow")
+            ),
+            timeout=30,
+            what="GangIncomplete naming spec.minMember",
+        )
+        wait_until(lambda: bool(g.group_events("GangTimeout", "slow")), timeout=30, what="GangTimeout")
+        assert "spec.scheduleTimeoutSeconds" in g.group_events("GangTimeout", "slow")[0]
+        assert g.pod_messages("slow-0", "GangTimeout")
+        hog = [env.pod(f"hog-{i}", {"cpu": "100m", "nvidia.com/gpu": "4"}) for i in range(2)]
+        env.create_pods(hog)
+        wait_until(
+            lambda: all(g.nodes_of()[f"hog-{i}"] for i in range(2)), timeout=30, what="every GPU taken"
+        )
+        assert not any(g.nodes_of()[f"slow-{i}"] for i in range(2))
+        for i in range(2):
+            env.v1.delete_namespaced_pod(f"hog-{i}", env.ns, grace_period_seconds=0)
+        env.create_pods([g.member("slow-2", "slow", 2)])
+        wait_until(
+            lambda: all(g.nodes_of().get(f"slow-{i}") for i in range(3)), timeout=60, what="gang bound"
+        )
+    finally:
+        g.stop()
+
+
+def test_a_pod_with_dra_claims_waits_with_an_event(env: Env, gangs: Gangs) -> None:
+    env.nodes([(f"n0-{env.tag}", 8000, 32768, 4, "A100")])
+    pod = env.pod("dra", {"cpu": "100m"})
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "some-claim"}]
+    pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+    env.create_pods([pod, env.pod("plain", {"cpu": "100m", "nvidia.com/gpu": "1"})])
+    wait_until(lambda: bool(gangs.pod_messages("dra")), timeout=30, what="the DRA pod's event")
+    wait_until(lambda: bool(gangs.nodes_of()["plain"]), timeout=30, what="the plain pod bound")
+    _settle()
+    assert gangs.nodes_of()["dra"] is None
+    (msg,) = gangs.pod_messages("dra")
+    assert "spec.resourceClaims (gpu)" in msg and "cannot allocate DRA" in msg
+
+
+def test_bad_groups_get_events_naming_the_field_and_bind_nothing(env: Env, gangs: Gangs) -> None:
+    """A group whose minMember exceeds its pods; a pod naming a group that does not exist."""
+    env.nodes([(f"n0-{env.tag}", 8000, 32768, 4, "A100")])
+    gangs.group("short", 5)
+    env.create_pods([gangs.member(f"short-{i}", "short", 1) for i in range(2)])
+    env.create_pods([gangs.member("orphan", "nosuchgroup", 1)])
+
+    def named() -> bool:
+        return any(
+            "spec.minMember is 5 but only 2 pod(s)" in m
+            for m in gangs.group_events("GangIncomplete", "short")
+        )
+
+    wait_until(named, timeout=30, what="GangIncomplete naming spec.minMember")
+    wait_until(lambda: bool(gangs.pod_messages("orphan")), timeout=30, what="the orphan's event")
+    _settle()
+    assert not any(gangs.nodes_of().values())
+    assert any("spec.minMember is 5" in m for m in gangs.pod_messages("short-0"))
+    (orphan,) = gangs.pod_messages("orphan")
+    assert f"label {LABEL_COSCHEDULING} names PodGroup {env.ns}/nosuchgroup" in orphan
+    assert "does not exist" in orphan
+    assert json.dumps(gangs.read("short").get("status") or {}).count("Pending") == 1

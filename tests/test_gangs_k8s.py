@@ -1,0 +1,303 @@
+"""The standalone scheduler's gang path (``k8s/gangs.py``) on live books with a fake API: the three
+group APIs read into one view, all-or-nothing, no deadlock, timeout, bad input, DRA claims."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, cast
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from builders import k8s_node, k8s_pod, profile
+from gpusched.core.gang import GangSpec, partly_bound
+from gpusched.k8s.claims import claims_message
+from gpusched.k8s.convert import pod_from_k8s
+from gpusched.k8s.events import EventRecorder
+from gpusched.k8s.gangs import GangHost, Gangs
+from gpusched.k8s.groupstatus import status_body
+from gpusched.k8s.podgroups import (
+    ANN_VOLCANO,
+    API,
+    DEFAULT_TIMEOUT_S,
+    LABEL_COSCHEDULING,
+    GroupRef,
+    PodGroups,
+    group_from_k8s,
+    group_ref_of,
+)
+from gpusched.k8s.queue import QueuedPod, SchedulingQueue
+from gpusched.k8s.state import LiveCluster, pod_key
+
+
+class FakeGroups:
+    """``PodGroups`` without an API server: groups added by hand."""
+
+    def __init__(self, on_change: Callable[[GroupRef], None]) -> None:
+        self.on_change = on_change
+        self.custom = mock.MagicMock()
+        self.known: dict[GroupRef, Any] = {}
+        self.served = True
+
+    def get(self, ref: GroupRef) -> Any:
+        return self.known.get(ref)
+
+    def watching(self, api: API) -> bool:
+        return self.served
+
+    def add(self, api: API, name: str, spec: dict[str, Any], ns: str = "ns") -> None:
+        g = group_from_k8s(
+            api, {"metadata": {"name": name, "namespace": ns, "uid": f"g-{name}"}, "spec": spec}
+        )
+        self.known[g.ref] = g
+        self.on_change(g.ref)
+
+
+class Harness:
+    def __init__(self, nodes: int = 2, gpus: int = 4) -> None:
+        self.now = 0.0
+        self.cluster = LiveCluster()
+        for i in range(nodes):
+            self.cluster.upsert_node(k8s_node(f"n{i}", gpus))
+        self.queue = SchedulingQueue(clock=lambda: self.now)
+        self.core = mock.MagicMock()
+        self.events = EventRecorder(self.core, workers=1)
+        self.bound: dict[str, str] = {}
+        prof = profile("bestfit")
+
+        def spec(qp: QueuedPod) -> Any:
+            if "spec" not in qp.payload:
+                qp.payload["spec"] = pod_from_k8s(qp.obj)
+            return qp.payload["spec"]
+
+        def bind(_p: Any, qp: QueuedPod, pod: Any, node: str, gpus: tuple[int, ...]) -> None:
+            self.bound[pod.key] = node
+
+        host = GangHost(
+            self.queue, self.cluster, self.events, spec, lambda p, s: prof,
+            lambda s: np.arange(len(s), dtype=np.int64), bind,
+        )  # fmt: skip
+        self.gangs = Gangs(host, cast(Callable[..., PodGroups], FakeGroups), clock=lambda: self.now)
+        self.groups = cast(FakeGroups, self.gangs.groups)
+
+    def pod(self, name: str, gpus: int, group: str = "", api: API = API.COSCHEDULING, **spec: Any) -> None:
+        obj = k8s_pod(name, {"nvidia.com/gpu": str(gpus)}, limits=True, ns="ns", **spec)
+        obj["metadata"]["creationTimestamp"] = f"2026-01-01T00:00:{len(self.queue):02d}Z"
+        if group and api is API.COSCHEDULING:
+            obj["metadata"]["labels"] = {LABEL_COSCHEDULING: group}
+        elif group and api is API.VOLCANO:
+            obj["metadata"]["annotations"][ANN_VOLCANO] = group
+        elif group:
+            obj["spec"]["schedulingGroup"] = {"podGroupName": group}
+        self.gangs.on_pod(obj, False)
+        self.queue.add_or_update(obj, pod_key(obj))
+
+    def drain(self) -> int:
+        """Pop every active pod once through the gang path; returns how many were popped."""
+        n = 0
+        while (qp := self.queue.pop(timeout=0.0)) is not None:
+            n += 1
+            assert self.gangs.schedule(qp), f"{qp.key} is not a gang member"
+        return n
+
+    def events_of(self, reason: str) -> list[tuple[str, str]]:
+        """(object name, message) of every event with ``reason``."""
+        self.events.flush()
+        out = []
+        for c in self.core.create_namespaced_event.call_args_list:
+            body = c.args[1]
+            if body["reason"] == reason:
+                out.append((body["involvedObject"]["name"], body["message"]))
+        return out
+
+
+@pytest.fixture
+def h() -> Iterator[Harness]:
+    harness = Harness()
+    yield harness
+    harness.events.stop()
+
+
+# ------------------------------------------------------------------ reading the three APIs
+def test_each_api_names_its_group_where_its_jobs_put_it() -> None:
+    base = k8s_pod("p", ns="ns")
+    assert group_ref_of(base) is None
+    coscheduling = {**base, "metadata": {**base["metadata"], "labels": {LABEL_COSCHEDULING: "g"}}}
+    volcano = {**base, "metadata": {**base["metadata"], "annotations": {ANN_VOLCANO: "g"}}}
+    native = {**base, "spec": {**base["spec"], "schedulingGroup": {"podGroupName": "g"}}}
+    assert group_ref_of(coscheduling) == GroupRef(API.COSCHEDULING, "ns", "g")
+    assert group_ref_of(volcano) == GroupRef(API.VOLCANO, "ns", "g")
+    assert group_ref_of(native) == GroupRef(API.WORKLOAD, "ns", "g")
+
+
+def test_group_fields_and_malformed_groups_name_the_field() -> None:
+    meta = {"name": "g", "namespace": "ns", "uid": "u"}
+    co = group_from_k8s(
+        API.COSCHEDULING, {"metadata": meta, "spec": {"minMember": 3, "scheduleTimeoutSeconds": 7}}
+    )
+    assert (co.min_member, co.timeout_s, co.problem) == (3, 7.0, "")
+    vc = group_from_k8s(API.VOLCANO, {"metadata": meta, "spec": {"minMember": 2}})
+    assert (vc.min_member, vc.timeout_s) == (2, DEFAULT_TIMEOUT_S)
+    gang = group_from_k8s(
+        API.WORKLOAD, {"metadata": meta, "spec": {"schedulingPolicy": {"gang": {"minCount": 4}}}}
+    )
+    assert gang.min_member == 4
+    basic = group_from_k8s(API.WORKLOAD, {"metadata": meta, "spec": {"schedulingPolicy": {"basic": {}}}})
+    assert basic.min_member == 0  # not a gang
+    bad = group_from_k8s(API.VOLCANO, {"metadata": meta, "spec": {"minMember": 0}})
+    assert "spec.minMember must be at least 1, got 0" in bad.problem
+    bad = group_from_k8s(API.COSCHEDULING, {"metadata": meta, "spec": {"minMember": "x"}})
+    assert "spec.minMember must be an integer" in bad.problem
+
+
+def test_podgroups_discovery_skips_apis_that_are_not_served() -> None:
+    """An absent CRD is no error: nothing is watched for it, and it is looked for again later."""
+    from kubernetes.client.exceptions import ApiException
+
+    now = [0.0]
+    groups = PodGroups(mock.MagicMock(), lambda ref: None, clock=lambda: now[0])
+    groups.custom = mock.MagicMock()
+    groups.custom.get_api_resources.side_effect = ApiException(status=404)
+    assert groups.discover() == []
+    assert not groups.watching(API.VOLCANO)
+    calls = groups.custom.get_api_resources.call_count
+    assert not groups.watching(API.VOLCANO)  # within the rediscovery interval: not asked again
+    assert groups.custom.get_api_resources.call_count == calls
+    now[0] = 10.0
+    assert not groups.watching(API.VOLCANO)
+    assert groups.custom.get_api_resources.call_count > calls
+    groups.stop()
+
+
+# ------------------------------------------------------------------ all or nothing
+@pytest.mark.parametrize("api", list(API))
+def test_a_gang_lands_whole_or_not_at_all(h: Harness, api: API) -> None:
+    spec = {"schedulingPolicy": {"gang": {"minCount": 2}}} if api is API.WORKLOAD else {"minMember": 2}
+    big = {"schedulingPolicy": {"gang": {"minCount": 3}}} if api is API.WORKLOAD else {"minMember": 3}
+    h.groups.add(api, "fits", spec)
+    h.groups.add(api, "big", big)
+    for i in range(2):
+        h.pod(f"fits-{i}", 4, "fits", api)
+    for i in range(3):
+        h.pod(f"big-{i}", 4, "big", api)
+    h.drain()
+    assert sorted(h.bound) == ["ns/fits-0", "ns/fits-1"]
+    waiting = [m for name, m in h.events_of("GangWaiting") if name == "big"]
+    assert waiting and "waits as a unit (minMember 3)" in waiting[0]
+    with h.cluster.snapshot() as snap:
+        assert set(snap.allocations) == {"ns/fits-0", "ns/fits-1"}  # nothing of 'big' held
+
+
+def test_two_gangs_over_half_the_gpus_never_deadlock(h: Harness) -> None:
+    for g in ("a", "b"):
+        h.groups.add(API.COSCHEDULING, g, {"minMember": 3})
+    for i in range(3):
+        for g in ("a", "b"):
+            h.pod(f"{g}-{i}", 2, g)
+    h.drain()
+    assert sorted(h.bound) == ["ns/a-0", "ns/a-1", "ns/a-2"]
+    (msg,) = [m for name, m in h.events_of("GangWaiting") if name == "b"]
+    assert "gang" in msg and "waits as a unit" in msg and "Insufficient GPU" in msg
+
+
+def test_members_beyond_the_minimum_follow_one_by_one(h: Harness) -> None:
+    h.groups.add(API.VOLCANO, "g", {"minMember": 2})
+    for i in range(3):
+        h.pod(f"g-{i}", 3, "g", API.VOLCANO)
+    h.drain()
+    assert len(h.bound) == 2  # 8 GPUs: two of 3 GPUs fit with the minimum, the third is left out
+    assert [k for k in ("ns/g-0", "ns/g-1", "ns/g-2") if k not in h.bound] != []
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    gangs=st.lists(
+        st.tuples(st.integers(1, 4), st.integers(1, 4), st.integers(1, 4)), min_size=1, max_size=5
+    ),
+)
+def test_no_gang_is_ever_partly_bound(gangs: list[tuple[int, int, int]]) -> None:
+    """Random gangs (pods, minMember, GPUs per pod) on 8 GPUs: after the drain, every gang has
+    none or at least its minimum bound (core.gang.partly_bound)."""
+    h = Harness()
+    try:
+        specs = {}
+        for gi, (pods, min_member, gpus) in enumerate(gangs):
+            h.groups.add(API.COSCHEDULING, f"g{gi}", {"minMember": min(min_member, pods)})
+            specs[f"ns/g{gi}"] = GangSpec(f"g{gi}", "ns", min(min_member, pods))
+            for i in range(pods):
+                h.pod(f"g{gi}-{i}", gpus, f"g{gi}")
+        h.drain()
+        with h.cluster.snapshot() as snap:
+            pods_bound = [snap.allocations[k].pod for k in h.bound]
+            assert all(k in snap.allocations for k in h.bound)
+            assert int(snap.gpu_free.min()) >= 0
+        assert partly_bound(pods_bound, specs) == []
+    finally:
+        h.events.stop()
+
+
+# ------------------------------------------------------------------ waiting, timeout, bad input
+def test_too_few_pods_then_timeout_then_the_gang_lands(h: Harness) -> None:
+    h.groups.add(API.COSCHEDULING, "slow", {"minMember": 3, "scheduleTimeoutSeconds": 5})
+    for i in range(2):
+        h.pod(f"slow-{i}", 2, "slow")
+    h.drain()
+    assert not h.bound
+    incomplete = [m for n, m in h.events_of("GangIncomplete") if n == "slow"]
+    assert any("spec.minMember is 3 but only 2 pod(s) name the group" in m for m in incomplete)
+    assert not h.events_of("GangTimeout")
+    h.now = 6.0
+    h.queue.move_all_to_active()
+    h.drain()
+    timeouts = h.events_of("GangTimeout")
+    assert {n for n, _ in timeouts} == {"slow", "slow-0", "slow-1"}
+    assert all("spec.scheduleTimeoutSeconds" in m for _, m in timeouts)
+    h.pod("slow-2", 2, "slow")  # the third member: the others are woken, the gang lands
+    h.drain()
+    assert sorted(h.bound) == ["ns/slow-0", "ns/slow-1", "ns/slow-2"]
+
+
+def test_unknown_group_and_unserved_api_are_named(h: Harness) -> None:
+    h.pod("orphan", 1, "nosuch")
+    h.drain()
+    h.groups.served = False
+    h.pod("stray", 1, "other", API.VOLCANO)
+    h.drain()
+    msgs = dict(h.events_of("FailedScheduling"))
+    assert f"label {LABEL_COSCHEDULING} names PodGroup ns/nosuch" in msgs["orphan"]
+    assert "does not exist" in msgs["orphan"]
+    assert "does not serve scheduling.volcano.sh/v1beta1 podgroups" in msgs["stray"]
+    assert not h.bound
+
+
+def test_a_malformed_group_binds_nothing(h: Harness) -> None:
+    h.groups.add(API.COSCHEDULING, "bad", {"minMember": -1})
+    h.pod("bad-0", 1, "bad")
+    h.drain()
+    (msg,) = [m for n, m in h.events_of("InvalidPodGroup") if n == "bad"]
+    assert "spec.minMember must be at least 1, got -1" in msg
+    assert not h.bound
+
+
+def test_dra_claims_are_named_and_never_bound(h: Harness) -> None:
+    h.groups.add(API.COSCHEDULING, "g", {"minMember": 1})
+    h.pod("claims", 1, "g", resourceClaims=[{"name": "gpu", "resourceClaimName": "c"}])
+    h.drain()
+    assert not h.bound
+    assert "spec.resourceClaims (gpu)" in claims_message(h.queue.get("ns/claims").obj)  # type: ignore[union-attr]
+    assert any("cannot allocate DRA" in m for n, m in h.events_of("FailedScheduling") if n == "claims")
+
+
+def test_group_status_per_api() -> None:
+    assert status_body(API.COSCHEDULING, True, 2, "")["status"] == {"phase": "Scheduled"}
+    cond = status_body(API.WORKLOAD, False, 0, "why")["status"]["conditions"][0]
+    assert (cond["type"], cond["status"], cond["reason"]) == (
+        "PodGroupInitiallyScheduled",
+        "False",
+        "Unschedulable",
+    )
+    vc = status_body(API.VOLCANO, False, 0, "why")["status"]
+    assert vc["phase"] == "Pending" and vc["conditions"][0]["type"] == "Unschedulable"
