@@ -105,18 +105,43 @@ def run_cycle(
     tiebreak: I64 | None = None,
     evict_now: bool = False,
     reclaim: bool = True,
+    diagnose: bool = True,
 ) -> list[UnitOutcome]:
     """Try every unit once, in the order of the module's rules; one outcome per unit, in the
-    order tried. ``book`` None: no queues (a plain priority queue over gangs)."""
+    order tried. ``book`` None: no queues (a plain priority queue over gangs). A unit equal to
+    one that waited earlier in the cycle (same queue, minimum, pod shapes and priority) waits
+    with its reason without being tried again: the cycle only takes room until it evicts."""
     out: list[UnitOutcome] = []
+    failed: dict[tuple[object, ...], UnitOutcome] = {}
     for unit in _order(units, book):
-        out.append(_one(profile, snap, unit, book, budgets, tiebreak, evict_now, reclaim))
+        sig = (unit.queue, unit.need, tuple(p.shape() for p in unit.pods), max(p.priority for p in unit.pods))
+        if sig in failed:  # an equal unit found no room in this cycle, and room only shrank since
+            same = failed[sig]
+            out.append(
+                UnitOutcome(unit, same.outcome, reason=same.reason)
+                if same.outcome is Outcome.WAITING
+                else _one(profile, snap, unit, book, budgets, tiebreak, evict_now, reclaim, diagnose)
+            )
+            continue
+        o = _one(profile, snap, unit, book, budgets, tiebreak, evict_now, reclaim, diagnose)
+        out.append(o)
+        if o.victims and evict_now:
+            failed.clear()  # evictions made room
+        elif o.outcome is Outcome.WAITING:
+            failed[sig] = o
     return out
 
 
 def _one(
-    profile: Profile, snap: ClusterState, unit: Unit, book: QueueBook | None,
-    budgets: Budgets | None, tiebreak: I64 | None, evict_now: bool, reclaim: bool,
+    profile: Profile,
+    snap: ClusterState,
+    unit: Unit,
+    book: QueueBook | None,
+    budgets: Budgets | None,
+    tiebreak: I64 | None,
+    evict_now: bool,
+    reclaim: bool,
+    diagnose: bool,
 ) -> UnitOutcome:
     refusal = ""
     if book is not None:
@@ -127,7 +152,7 @@ def _one(
         v = book.check(unit.queue, unit_charge(unit.pods))
         refusal = "" if v.ok else f"quota: {v.reason}"
     if not refusal:
-        r = place_gang(profile, unit, snap, tiebreak=tiebreak)
+        r = place_gang(profile, unit, snap, tiebreak=tiebreak, diagnose=diagnose)
         if r.scheduled:
             why = _charge_placed(book, snap, unit, r.placed) if book is not None else ""
             if not why:
@@ -140,22 +165,33 @@ def _one(
         if plan.ok:
             if not evict_now:
                 return UnitOutcome(
-                    unit, Outcome.RECLAIM, reason=refusal, victims=plan.victims,
+                    unit,
+                    Outcome.RECLAIM,
+                    reason=refusal,
+                    victims=plan.victims,
                     budget_violations=plan.budget_violations,
                 )
             _evict(snap, book, plan.victims)
-            again = _one(profile, snap, unit, book, budgets, tiebreak, False, False)
+            again = _one(profile, snap, unit, book, budgets, tiebreak, False, False, False)
             if again.outcome is Outcome.PLACED:
                 return UnitOutcome(
-                    unit, Outcome.PLACED, again.placed, victims=plan.victims,
+                    unit,
+                    Outcome.PLACED,
+                    again.placed,
+                    victims=plan.victims,
                     budget_violations=plan.budget_violations,
                 )
             return UnitOutcome(
-                unit, Outcome.WAITING, reason=f"reclaimed but did not land: {again.reason}",
-                victims=plan.victims, budget_violations=plan.budget_violations,
+                unit,
+                Outcome.WAITING,
+                reason=f"reclaimed but did not land: {again.reason}",
+                victims=plan.victims,
+                budget_violations=plan.budget_violations,
             )
     if book is None and unit.gang is None and profile.post_filters:
-        r1 = schedule_one(profile, unit.pods[0], snap, tiebreak=tiebreak, assume=False)
+        r1 = schedule_one(
+            profile, unit.pods[0], snap, tiebreak=tiebreak, assume=False, diagnose_failures=diagnose
+        )
         if r1.victims:
             return UnitOutcome(
                 unit, Outcome.PREEMPT, reason=refusal, victims=r1.victims, nominated_node=r1.nominated_node

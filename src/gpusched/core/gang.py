@@ -71,9 +71,7 @@ def gang_key(pod: PodSpec) -> str:
 def check_gang(spec: GangSpec, members: int) -> None:
     """InvalidGang when the gang can never start: ``min_member`` larger than its pods."""
     if spec.min_member > members:
-        raise InvalidGang(
-            f"gang {spec.key}: minMember {spec.min_member} is larger than its {members} pod(s)"
-        )
+        raise InvalidGang(f"gang {spec.key}: minMember {spec.min_member} is larger than its {members} pod(s)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,12 +146,20 @@ def without_post_filters(profile: Profile) -> Profile:
 
 
 def place_gang(
-    profile: Profile, unit: Unit, snap: ClusterState, *, tiebreak: I64 | None = None
+    profile: Profile, unit: Unit, snap: ClusterState, *, tiebreak: I64 | None = None, diagnose: bool = True
 ) -> GroupResult:
     """Place ``unit`` all-or-nothing: at least ``unit.need`` of its pods at once (those that fit
     beyond the minimum come along; the rest stay pending), or nothing booked and a status whose
-    reason names the gang. Members are tried without PostFilters."""
-    r = schedule_all(without_post_filters(profile), unit.pods, snap, tiebreak=tiebreak, min_count=unit.need)
+    reason names the gang. Members are tried without PostFilters; ``diagnose`` False leaves the
+    per-node reasons out of the message (cheaper: what-ifs and the simulator)."""
+    r = schedule_all(
+        without_post_filters(profile),
+        unit.pods,
+        snap,
+        tiebreak=tiebreak,
+        min_count=unit.need,
+        diagnose_failures=diagnose,
+    )
     if r.scheduled or unit.gang is None:
         return r
     why = f"gang {unit.key} waits as a unit (minMember {unit.gang.min_member}): {r.status.message()}"

@@ -148,6 +148,7 @@ def schedule_all(
     *,
     tiebreak: I64 | None = None,
     min_count: int | None = None,
+    diagnose_failures: bool = True,
 ) -> GroupResult:
     """Place every pod of ``pods`` or none of them (gang semantics).
 
@@ -159,7 +160,8 @@ def schedule_all(
     left out and the rest are tried, as long as ``min_count`` can still be reached; the group is
     placed when at least ``min_count`` fit at once (``GroupResult.left_out`` names the others),
     and otherwise nothing stays booked. The profile's PostFilters (preemption) run for pods that
-    do not fit as in ``schedule_one``; gangs pass a profile without them.
+    do not fit as in ``schedule_one``; gangs pass a profile without them. Without
+    ``diagnose_failures`` the reason says less (no per-node reasons) and costs less.
     """
     keys = [p.key for p in pods]
     if len(set(keys)) != len(keys):
@@ -172,7 +174,7 @@ def schedule_all(
     placed = 0
     with Statement(snap) as st:
         for i, pod in enumerate(pods):
-            r = st.schedule(profile, pod, tiebreak=tiebreak, diagnose_failures=True)
+            r = st.schedule(profile, pod, tiebreak=tiebreak, diagnose_failures=diagnose_failures)
             results.append(r)
             if r.scheduled:
                 placed += 1

@@ -82,21 +82,29 @@ def unit_charge(pods: Sequence[PodSpec]) -> Usage:
 
 def _borrower_units(book: QueueBook, snap: ClusterState, claimant: str) -> list[_Victim]:
     root = book.tree.root(claimant)
+    borrowing = {
+        q for q in book.tree.leaves() if q != claimant and book.tree.root(q) == root and book.over_nominal(q)
+    }
     groups: dict[str, list[Allocation]] = {}
     queues: dict[str, str] = {}
     for pod_key, (queue, _u) in book.charged.items():
-        if queue == claimant or book.tree.root(queue) != root or pod_key not in snap.allocations:
+        if queue not in borrowing or pod_key not in snap.allocations:
             continue
         a = snap.allocations[pod_key]
         g = gang_key(a.pod) or pod_key
         groups.setdefault(g, []).append(a)
         queues[g] = queue
-    return [_Victim(k, queues[k], tuple(v)) for k, v in groups.items() if book.over_nominal(queues[k])]
+    return [_Victim(k, queues[k], tuple(v)) for k, v in groups.items()]
 
 
 def _fits(
-    profile: Profile, unit: Unit, snap: ClusterState, book: QueueBook, chosen: Sequence[_Victim],
-    charge: Usage, tiebreak: I64 | None,
+    profile: Profile,
+    unit: Unit,
+    snap: ClusterState,
+    book: QueueBook,
+    chosen: Sequence[_Victim],
+    charge: Usage,
+    tiebreak: I64 | None,
 ) -> bool:
     released = []
     try:
@@ -130,9 +138,7 @@ def plan_reclaim(
     charge = unit_charge(unit.pods)
     if not book.within(unit.queue, charge):
         return ReclaimPlan((), reason=f"queue {unit.queue} would borrow itself: it reclaims nothing")
-    cands = sorted(
-        _borrower_units(book, snap, unit.queue), key=lambda v: (v.priority, -v.size, v.key)
-    )
+    cands = sorted(_borrower_units(book, snap, unit.queue), key=lambda v: (v.priority, -v.size, v.key))
     if not cands:
         return ReclaimPlan((), reason="no borrowing queue holds pods to reclaim")
     safe = [v for v in cands if violations(budgets, (a.pod for a in v.allocations)) == 0]
@@ -146,8 +152,15 @@ def plan_reclaim(
 
 
 def _choose(
-    profile: Profile, unit: Unit, snap: ClusterState, book: QueueBook, pool: Sequence[_Victim],
-    charge: Usage, budgets: Budgets | None, tiebreak: I64 | None, strict: bool,
+    profile: Profile,
+    unit: Unit,
+    snap: ClusterState,
+    book: QueueBook,
+    pool: Sequence[_Victim],
+    charge: Usage,
+    budgets: Budgets | None,
+    tiebreak: I64 | None,
+    strict: bool,
 ) -> list[_Victim] | None:
     chosen: list[_Victim] = []
     released: list[tuple[str, str, Usage]] = []
@@ -184,4 +197,6 @@ def _physical(
         for v in chosen:
             for a in v.allocations:
                 st.evict(a.pod.key)
-        return place_gang(profile, unit, snap, tiebreak=tiebreak).scheduled and _undo(unit, snap)
+        return place_gang(profile, unit, snap, tiebreak=tiebreak, diagnose=False).scheduled and _undo(
+            unit, snap
+        )
