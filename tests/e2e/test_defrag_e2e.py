@@ -11,20 +11,27 @@ the PodDisruptionBudgets' status.
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import time
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from test_standalone import Env
+from test_standalone import Env, _http
+from typer.testing import CliRunner
 
+from gpusched.cli.commands import app
 from gpusched.defrag.controller import ControllerConfig, DefragController
 from gpusched.doctor.books import Books
 from gpusched.doctor.source import from_api
 from gpusched.k8s.convert import RES_GPU, RES_MILLI
 from gpusched.k8s.reservation import ANN_ROOM
 from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
-from gpusched.testenv import ControlPlane, wait_until
+from gpusched.testenv import ControlPlane, free_port, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -39,6 +46,7 @@ class DefragEnv(Env):
         super().__init__(cp)
         self.apps = client.AppsV1Api(self.api)
         self.policy = client.PolicyV1Api(self.api)
+        self.coord = client.CoordinationV1Api(self.api)
         self.nodes(
             [(f"{self.tag}-n{i}", 64_000, 262_144, 8, "A100") for i in (1, 2)],
             labels={f"{self.tag}-n{i}": {PIN: f"{self.tag}-n{i}"} for i in (1, 2)},
@@ -184,6 +192,18 @@ def test_a_pdb_at_its_limit_keeps_its_pods_and_the_plan_routes_around_it(denv: D
     denv.pdb("held", 2)  # disruptionsAllowed 0
     held = denv.running("held")
     denv.big()
+    # the dry run against the live cluster: the PDB named, its pods kept, the other node emptied
+    kubeconfig = str(denv.cp.kubeconfig_path)
+    res = CliRunner().invoke(app, ["defrag", "plan", f"{denv.ns}/big", "--kubeconfig", kubeconfig, "--json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    (dry,) = report["plans"]
+    assert dry["feasible"] and [p["node"] for p in dry["placements"]] == [denv.n2]
+    assert {m["pod"].split("/")[1] for m in dry["moves"]} == set(denv.running("free"))
+    budgets = {b["budget"]: b for b in report["budgets"]}
+    assert budgets[f"{denv.ns}/pdb-held"] == {
+        "budget": f"{denv.ns}/pdb-held", "allowed": 0, "used": 0, "holds": 2,
+    }  # fmt: skip
     ctl = denv.controller().start()
     try:
         wait_until(lambda: bool(ctl.attempts), timeout=120, what="a plan carried out")
@@ -194,9 +214,9 @@ def test_a_pdb_at_its_limit_keeps_its_pods_and_the_plan_routes_around_it(denv: D
     assert denv.running("held") == held  # untouched
     big = next(p for p in denv.list_pods() if p["metadata"]["name"] == "big")
     assert big["spec"]["nodeName"] == denv.n2
-    assert {e["involvedObject"]["name"] for e in denv.moved_events()} == {
-        k.split("/")[1] for k in attempt.moves
-    }
+    moved = {k.split("/")[1] for k in attempt.moves}
+    assert moved == {m["pod"].split("/")[1] for m in dry["moves"]}  # as the dry run said
+    assert {e["involvedObject"]["name"] for e in denv.moved_events()} == moved
     assert counter(ctl, "gpusched_defrag_evictions_total", outcome="blocked") == 0
 
 
@@ -230,3 +250,40 @@ def test_a_plan_whose_pending_pod_disappears_midway_is_abandoned(denv: DefragEnv
     assert counter(ctl, "gpusched_defrag_moves_total") == 1
     assert counter(ctl, "gpusched_defrag_plans_abandoned_total", reason="pending-pod-gone") == 1
     assert not any(ANN_ROOM in (p["metadata"].get("annotations") or {}) for p in denv.list_pods())
+
+
+def test_defrag_run_takes_its_lease_and_serves_probes_and_metrics(denv: DefragEnv, tmp_path: Path) -> None:
+    """``gpusched defrag run`` as the chart runs it: leader-elected on its own Lease."""
+    port = free_port()
+    cmd = [
+        *(
+            sys.executable,
+            "-m",
+            "gpusched.cli",
+            "defrag",
+            "run",
+            "--kubeconfig",
+            str(denv.cp.kubeconfig_path),
+        ),
+        *("--scheduler-name", denv.scheduler, "--namespace", denv.ns, "--lease-name", f"defrag-{denv.tag}"),
+        *("--port", str(port), "--wait", "3600"),
+    ]
+    with (tmp_path / "defrag.log").open("ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: _http(port, "/readyz") == 200, timeout=180, what="defrag run ready")
+
+        def leading() -> bool:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+            return f'leader_election_master_status{{name="defrag-{denv.tag}"}} 1.0' in text
+
+        wait_until(leading, timeout=60, what="the Lease taken")
+        lease = denv.coord.read_namespaced_lease(f"defrag-{denv.tag}", denv.ns)
+        assert lease.spec.holder_identity
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    assert proc.returncode == 0, (tmp_path / "defrag.log").read_text()[-2000:]
+    lease = denv.coord.read_namespaced_lease(f"defrag-{denv.tag}", denv.ns)
+    assert not lease.spec.holder_identity  # released on the way out
