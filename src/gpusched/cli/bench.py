@@ -84,6 +84,22 @@ def bench_k8s_cmd(
     render.k8s(bench_k8s(nodes=nodes, pods=pods, policy=policy, concurrency=concurrency), json_out)
 
 
+@bench_app.command("gangs-k8s")
+@reports_errors
+def bench_gangs_k8s_cmd(
+    nodes: Annotated[int, typer.Option(help="kwok GPU nodes (8 GPUs each).")] = 1000,
+    gangs: Annotated[int, typer.Option(help="Gangs (coscheduling PodGroups).")] = 500,
+    size: Annotated[int, typer.Option(help="Pods per gang (its minMember).")] = 8,
+    policy: Annotated[str, typer.Option("--policy", "-p", help="Placement policy.")] = "default",
+    json_out: JsonOpt = False,
+) -> None:
+    """Gang pods/s through a real kube-apiserver, against the same pods without gangs (real control plane)."""
+    from gpusched.bench.gangs_k8s import bench_gangs_k8s
+
+    check_policies([policy])
+    render.gangs_k8s(bench_gangs_k8s(nodes=nodes, gangs=gangs, size=size, policy=policy).as_dict(), json_out)
+
+
 SizesOpt = Annotated[list[int] | None, typer.Option("--nodes", help="Cluster sizes (repeatable).")]
 TimedPolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="Policy to time.")]
 

@@ -138,6 +138,22 @@ def k8s(report: Mapping[str, Any], json_out: bool) -> None:
         out_console.print(f"{k}: {report[k]}")
 
 
+def gangs_k8s(report: Mapping[str, Any], json_out: bool) -> None:
+    if json_out:
+        emit_json(report)
+        return
+    for key in ("gangs_round", "plain_round"):
+        r = report[key]
+        out_console.print(
+            f"{r['mode']}: {r['pods_per_s']} pods/s ({r['scheduled']} of {r['pods']} pods "
+            f"in {r['seconds']} s; gangs partly bound: {r['partly_bound_gangs']})"
+        )
+    out_console.print(
+        f"gangs/plain: {report['ratio_gangs_to_plain']} ({report['gangs']} gangs of {report['size']} pods, "
+        f"{report['nodes']} kwok nodes, policy {report['policy']})"
+    )
+
+
 def extender_attack(report: dict[str, Any], json_out: bool) -> None:
     if json_out:
         emit_json(report)
