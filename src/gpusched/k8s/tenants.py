@@ -1,0 +1,305 @@
+"""Tenant queues in the standalone scheduler: admission within quota or borrowing, reclaim, status.
+
+A pod under a queue (``k8s/queues.py``: its annotation, its namespace's label, a Queue's
+``spec.namespaces``) is decided here, one pod at a time (gangs go through ``k8s/gangs.py``):
+
+1. an unknown or invalid queue, or one with child queues: a ``FailedScheduling`` event naming the
+   queue and where the pod got it; nothing is bound;
+2. **quota** (``core.queues.QueueBook``, rebuilt from the books every cycle: every booked pod
+   under a queue is charged what it asks for, with the model of its node): the pod is admitted
+   when its queue stays within its quota, or borrows idle quota of its cohort within its
+   borrowing limit (and its lenders' lending limits);
+3. **placement**: the profile's cycle without preemption (a queued pod takes back quota by
+   reclaim, never by priority across queues); on success it is booked and bound;
+4. **reclaim**: refused by quota or not fitting while its queue would stay within its own quota,
+   the pod gets victims among the pods of borrowing queues (``core.queues.reclaim.plan_reclaim``:
+   lowest priority first, fewest victims, whole gangs, PodDisruptionBudget-safe choices first).
+   They are evicted through the Eviction API (``k8s/eviction.py``); the pod's charge is
+   *reserved* in its queue meanwhile (so the borrower cannot borrow the room back), and it waits
+   until the victims are gone (reserved at most ``reservation_s``).
+
+``TenantQueues.run_status`` writes each Queue's ``status`` (quota, usage, borrowed, admitted and
+pending pods, a ``Valid`` condition) every ``status_interval_s`` when it changed; an invalid
+queue also gets a Warning event naming ``spec.parent``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gpusched.core.cluster import I64, ClusterState
+from gpusched.core.disruption import DisruptionBudgets
+from gpusched.core.framework import Profile
+from gpusched.core.gang import Unit, without_post_filters
+from gpusched.core.model import PodSpec
+from gpusched.core.queues.quota import QueueBook
+from gpusched.core.queues.reclaim import plan_reclaim
+from gpusched.core.queues.spec import ANY_MODEL, ResourceKey
+from gpusched.core.queues.status import QueueStatus, queue_statuses
+from gpusched.core.queues.usage import Usage, charge_of
+from gpusched.core.scheduler import schedule_one
+from gpusched.k8s.convert import InvalidRequest
+from gpusched.k8s.events import EventRecorder
+from gpusched.k8s.eviction import Evictor
+from gpusched.k8s.queue import QueuedPod, SchedulingQueue
+from gpusched.k8s.queues import GROUP, PLURAL, VERSION, Directory, QueueDirectory
+from gpusched.k8s.state import LiveCluster
+
+log = logging.getLogger(__name__)
+
+_STATUS_FIELDS = (("gpus", "gpus"), ("gpuMilli", "gpu_milli"), ("gpuMemoryMiB", "gpu_memory_mib"))
+
+
+@dataclass
+class TenantHost:
+    """What the scheduler lends the queues (its books, queue, events and cycle helpers)."""
+
+    cluster: LiveCluster
+    queue: SchedulingQueue
+    events: EventRecorder
+    spec: Callable[[QueuedPod], PodSpec]
+    profile: Callable[[PodSpec, ClusterState], Profile]
+    note_state: Callable[[ClusterState], None]
+    """Tells the scheduler which snapshot it decides on (its node order and tiebreak follow)."""
+    tiebreak: Callable[[], I64]
+    bind: Callable[[Profile, QueuedPod, PodSpec, str, tuple[int, ...]], Any]
+    budgets: Callable[[], DisruptionBudgets]
+    submit: Callable[..., Any]
+    """Runs a function off the scheduling thread (the bind pool)."""
+
+
+def _amounts(usage: Any, get: Callable[[ResourceKey], int | None]) -> dict[str, int]:
+    out = {}
+    for field, dim in _STATUS_FIELDS:
+        v = get(ResourceKey(ANY_MODEL, dim))
+        if v is not None:
+            out[field] = int(v)
+    return out
+
+
+def status_body(st: QueueStatus, generation: int, problem: str) -> dict[str, Any]:
+    """The ``status`` of one Queue object (without timestamps: compared to skip idle writes)."""
+    return {
+        "quota": _amounts(st, st.quota.get),
+        "usage": _amounts(st, lambda k: st.usage[k]),
+        "borrowed": _amounts(st, lambda k: st.borrowed.get(k, 0)),
+        "admittedPods": st.admitted,
+        "pendingPods": st.pending,
+        "observedGeneration": generation,
+        "conditions": [
+            {"type": "Valid", "status": "False", "reason": "InvalidParent", "message": problem}
+            if problem else {"type": "Valid", "status": "True", "reason": "Valid", "message": ""}
+        ],
+    }  # fmt: skip
+
+
+class TenantQueues:
+    def __init__(
+        self,
+        host: TenantHost,
+        directory: QueueDirectory,
+        core: Any,
+        custom: Any,
+        *,
+        status_interval_s: float = 2.0,
+        reservation_s: float = 300.0,
+    ) -> None:
+        self.host = host
+        self.directory = directory
+        self.core = core
+        self.custom = custom
+        self.evictor = Evictor(core)
+        self.status_interval_s = status_interval_s
+        self.reservation_s = reservation_s
+        self._lock = threading.Lock()
+        self._reserved: dict[str, tuple[str, Usage, float]] = {}  # pod -> (queue, charge, until)
+        self._reclaiming: dict[str, tuple[str, ...]] = {}  # pod -> victims it waits for
+        self._written: dict[str, dict[str, Any]] = {}
+        self._warned: dict[str, str] = {}
+        self.reclaims = 0
+        """Reclaims started (victim sets evicted)."""
+        self._stop = threading.Event()
+
+    # -------------------------------------------------------------- the books
+    def book(self, snap: ClusterState, d: Directory, *, leave_out: str = "") -> QueueBook:
+        """Every booked pod under a valid leaf queue charged, and the reservations of pods whose
+        victims are leaving (but ``leave_out``'s own)."""
+        book = QueueBook(d.tree)
+        for key, a in snap.allocations.items():
+            q, _ = d.queue_of(a.pod)
+            if q and not d.problem(q, ""):
+                book.charge(key, q, charge_of(a.pod, snap.nodes[a.node].gpu_model))
+        now = time.monotonic()
+        with self._lock:
+            for key, (q, usage, until) in list(self._reserved.items()):
+                if until < now or key in snap.allocations:
+                    del self._reserved[key]
+                    self._reclaiming.pop(key, None)
+                elif key != leave_out and q in d.tree and d.tree.is_leaf(q):
+                    book.charge(key, q, usage)
+        return book
+
+    # ------------------------------------------------------------ scheduling
+    def schedule(self, qp: QueuedPod, pod: PodSpec) -> bool:
+        """Decide ``pod`` when it is under a queue (True: decided here, done with the queue)."""
+        if pod.gang or not self.directory.installed():
+            return False  # gangs are decided with their group (k8s/gangs.py)
+        d = self.directory.current()
+        queue, source = d.queue_of(pod)
+        if not queue:
+            return False
+        h = self.host
+        problem = d.problem(queue, source)
+        if problem:
+            h.events.failed(qp.obj, problem)
+            h.queue.done(qp.key, unschedulable=True)
+            return True
+        pod = replace(pod, queue=queue)
+        decided: tuple[Profile, str, tuple[int, ...]] | None = None
+        victims: list[tuple[PodSpec, str]] = []
+        with h.cluster.snapshot() as snap:
+            h.note_state(snap)
+            tiebreak = h.tiebreak()
+            profile = without_post_filters(h.profile(pod, snap))
+            book = self.book(snap, d, leave_out=pod.key)
+            with self._lock:
+                waiting = [v for v in self._reclaiming.get(pod.key, ()) if v in snap.allocations]
+            if waiting:
+                why = f"queue {queue}: waiting for {len(waiting)} reclaimed pod(s) to leave"
+                h.events.failed(qp.obj, why)
+                h.queue.done(qp.key, unschedulable=True)
+                return True
+            verdict = book.check(queue, charge_of(pod))
+            refusal = "" if verdict.ok else f"quota: {verdict.reason}"
+            if verdict.ok:
+                r = schedule_one(profile, pod, snap, tiebreak=tiebreak, diagnose_failures=True, assume=False)
+                if r.scheduled:
+                    v2 = book.check(queue, charge_of(pod, snap.nodes[r.node].gpu_model))
+                    if v2.ok:
+                        h.cluster.assume(pod, r.node, r.gpus)
+                        decided = (profile, r.node_name, r.gpus)
+                    else:
+                        refusal = f"quota: {v2.reason}"
+                else:
+                    refusal = r.diagnosis.message() if r.diagnosis else r.status.message()
+            if decided is None:
+                plan = plan_reclaim(
+                    profile, snap, book, Unit(pod.key, (pod,), 1), budgets=h.budgets(), tiebreak=tiebreak
+                )
+                if plan.ok:
+                    held = [snap.allocations[k] for k in plan.victims if k in snap.allocations]
+                    victims = [(a.pod, snap.names[a.node]) for a in held]
+        if decided is not None:
+            with self._lock:
+                self._reserved.pop(pod.key, None)
+                self._reclaiming.pop(pod.key, None)
+            h.queue.done(qp.key)
+            h.bind(decided[0], qp, pod, decided[1], decided[2])
+            return True
+        if victims:
+            with self._lock:
+                self._reserved[pod.key] = (queue, charge_of(pod), time.monotonic() + self.reservation_s)
+                self._reclaiming[pod.key] = tuple(v.key for v, _ in victims)
+            self.reclaims += 1
+            h.submit(self._evict, pod, queue, victims)
+            refusal = f"{refusal}; reclaiming {len(victims)} pod(s) from borrowing queues"
+        h.events.failed(qp.obj, refusal)
+        h.queue.done(qp.key, unschedulable=True)
+        return True
+
+    def _evict(self, pod: PodSpec, queue: str, victims: list[tuple[PodSpec, str]]) -> None:
+        for v, node in victims:
+            out = self.evictor.evict(v.namespace, v.name, v.uid)
+            if out.done:
+                meta = {"name": v.name, "namespace": v.namespace, "uid": v.uid}
+                self.host.events.preempted(meta, f"{pod.key} (queue {queue} reclaims its quota)", node)
+            else:
+                log.warning("reclaiming %s for %s: %s %s", v.key, pod.key, out.outcome.value, out.message)
+                with self._lock:  # not waited for: the pod plans again
+                    left = tuple(k for k in self._reclaiming.get(pod.key, ()) if k != v.key)
+                    self._reclaiming[pod.key] = left
+
+    # ----------------------------------------------------------------- status
+    def pending_by_queue(self, d: Directory) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for qp in self.host.queue.pending():
+            try:
+                q, _ = d.queue_of(self.host.spec(qp))
+            except InvalidRequest:
+                continue
+            if q:
+                out[q] = out.get(q, 0) + 1
+        return out
+
+    def write_status(self) -> int:
+        """Write every Queue's status that changed; returns how many were written."""
+        if not self.directory.synced():
+            return 0
+        d = self.directory.current()
+        with self.host.cluster.snapshot() as snap:
+            book = self.book(snap, d)
+        statuses = {s.name: s for s in queue_statuses(book, self.pending_by_queue(d))}
+        written = 0
+        for name, obj in self.directory.objects().items():
+            problem = d.invalid.get(name, "")
+            st = statuses.get(name) or QueueStatus(name, Usage(), {}, {}, 0, 0)
+            body = status_body(st, int((obj.get("metadata") or {}).get("generation") or 0), problem)
+            if problem and self._warned.get(name) != problem:
+                self._warned[name] = problem
+                self._queue_event(obj, problem)
+            if self._written.get(name) == body:
+                continue
+            now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            sent = {**body, "conditions": [{**c, "lastTransitionTime": now} for c in body["conditions"]]}
+            try:
+                self.custom.patch_cluster_custom_object_status(
+                    GROUP, VERSION, PLURAL, name, {"status": sent}, _preload_content=False
+                )
+            except Exception as e:
+                log.debug("writing the status of Queue %s: %s", name, e)
+                continue
+            self._written[name] = body
+            written += 1
+        return written
+
+    def _queue_event(self, obj: Any, message: str) -> None:
+        meta = obj.get("metadata") or {}
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "metadata": {"generateName": f"{meta.get('name')}.", "namespace": "default"},
+            "involvedObject": {
+                "apiVersion": f"{GROUP}/{VERSION}", "kind": "Queue", "name": meta.get("name"),
+                "uid": meta.get("uid"), "fieldPath": "spec.parent",
+            },
+            "type": "Warning", "reason": "InvalidQueue", "message": message[:1024],
+            "source": {"component": self.host.events.component},
+            "reportingComponent": self.host.events.component,
+            "reportingInstance": self.host.events.instance,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }  # fmt: skip
+        try:
+            self.core.create_namespaced_event("default", body, _preload_content=False)
+        except Exception as e:
+            log.debug("event on Queue %s: %s", meta.get("name"), e)
+
+    def run_status(self) -> None:
+        while not self._stop.wait(self.status_interval_s):
+            try:
+                self.write_status()
+            except Exception:
+                log.exception("writing queue status")
+
+    def start(self) -> TenantQueues:
+        self.directory.start()
+        threading.Thread(target=self.run_status, name="queue-status", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.directory.stop()
