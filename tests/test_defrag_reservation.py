@@ -7,7 +7,7 @@ from typing import Any
 from builders import k8s_pod, node, profile, share, whole
 from gpusched.core.cluster import ClusterState
 from gpusched.core.scheduler import schedule_one
-from gpusched.k8s.reservation import ANN_ROOM, Reservations, room_annotation
+from gpusched.k8s.reservation import ANN_ROOM, Reservations, Steer, room_annotation
 
 
 def pending_big(
@@ -30,8 +30,8 @@ def cluster() -> ClusterState:
 
 
 def place(st: ClusterState, res: Reservations, pod: Any) -> str:
-    with res.hold(st, pod):
-        r = schedule_one(profile("bestfit"), pod, st, assume=False)
+    with res.hold(st, pod) as steered:
+        r = schedule_one(profile("bestfit"), steered, st, assume=False)
     return st.names[r.node] if r.scheduled else ""
 
 
@@ -87,3 +87,20 @@ def test_an_unreadable_room_holds_nothing() -> None:
     obj["metadata"]["annotations"][ANN_ROOM] = "{not json"
     res.observe(obj)
     assert len(res) == 0
+
+
+def test_a_recreated_pod_is_steered_to_where_the_plan_put_the_pod_it_replaces() -> None:
+    st = ClusterState([node("n1", 2), node("n2", 2), node("n3", 2)])
+    st.assume(share("last", 500), 0, [0])
+    st.assume(share("other", 300), 1, [0])  # bestfit's choice for a 400 share: n2, the fuller
+    obj = pending_big()
+    steer = [Steer("default", (("app", "web"),), "n3")]
+    obj["metadata"]["annotations"][ANN_ROOM] = room_annotation("n1", (0, 1), steer)
+    res = Reservations()
+    res.observe(obj)
+    assert place(st, res, share("web-2", 400, labels={"app": "web"})) == "n3"
+    assert place(st, res, share("api-1", 400, labels={"app": "api"})) == "n2"  # other labels: not steered
+    full = ClusterState([node("n1", 2), node("n2", 2), node("n3", 1)])
+    full.assume(share("last", 500), 0, [0])
+    full.assume(whole("n3-full", 1), 2, [0])
+    assert place(full, res, share("web-3", 400, labels={"app": "web"})) == "n2"  # no room there: elsewhere

@@ -10,7 +10,8 @@ budgets, the moves of the window so far counted against ``max_moves_per_window``
 1. **Reserve.** The pending pod gets ``status.nominatedNodeName`` and the annotation
    ``gpusched.io/defrag-room`` (node and GPUs): the standalone scheduler keeps that room from
    pods of lower or equal priority from then on (``k8s/reservation.py``), so no recreated pod
-   takes back what an eviction freed.
+   takes back what an eviction freed. The annotation also names each moved pod's planned node:
+   the scheduler prefers it for the pod's replacement (same namespace and labels).
 2. **Each move, checked first.** The books are read again and the rest of the plan is carried
    out on them in a ``Statement`` (``core.defrag.apply_plan``, then undone); if a step no longer
    holds, the controller plans again from the fresh books (at most ``replans`` times), else the
@@ -47,7 +48,7 @@ from gpusched.defrag.dryrun import pending_targets
 from gpusched.doctor.books import Books
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.eviction import Evictor, Outcome
-from gpusched.k8s.reservation import ANN_ROOM, room_annotation
+from gpusched.k8s.reservation import ANN_ROOM, Steer, room_annotation
 from gpusched.metrics.defrag import DefragMetrics
 
 log = logging.getLogger(__name__)
@@ -332,12 +333,18 @@ class DefragController:
         return plan, replans - 1
 
     def _reserve(self, books: Books, plan: Plan) -> None:
-        """Nominate each placement's node and name the room (the scheduler keeps it)."""
+        """Nominate each placement's node and name the room (the scheduler keeps it) and where the
+        moved pods go (the scheduler steers their replacements there)."""
+        steer = []
+        for m in plan.moves:
+            a = books.state.allocations.get(m.pod)
+            if a is not None and a.pod.labels:
+                steer.append(Steer(a.pod.namespace, tuple(sorted(a.pod.labels.items())), m.to_node))
         for pl in plan.placements:
             obj = books.pod_objs[pl.pod]
             meta = obj.get("metadata") or {}
             ns, name = str(meta.get("namespace", "default")), str(meta.get("name", ""))
-            ann = {"metadata": {"annotations": {ANN_ROOM: room_annotation(pl.node, pl.gpus)}}}
+            ann = {"metadata": {"annotations": {ANN_ROOM: room_annotation(pl.node, pl.gpus, steer)}}}
             self.core.patch_namespaced_pod(name, ns, ann, _preload_content=False)
             status = {"status": {"nominatedNodeName": pl.node}}
             self.core.patch_namespaced_pod_status(name, ns, status, _preload_content=False)

@@ -9,6 +9,12 @@ it is booked there for the cycle (as ``core.statement.schedule_with_nominated`` 
 preemptor); while it does not fit yet (the evictions are under way), the free part of each of its
 GPUs there is booked, so that a recreated pod never takes back the room its eviction freed.
 Pods of higher priority are not held back (kube-scheduler's nomination rule).
+
+The annotation may also say where the plan puts the pods it moves (``"steer": [{"namespace":
+..., "labels": {...}, "node": ...}]``): a pod created while the room is held whose namespace and
+labels are those of a moved pod (its owner recreated it from the same template) gets a preferred
+node affinity for the plan's node (weight 100) for its cycle, so the scheduler places it there
+when it fits, elsewhere when not.
 """
 
 from __future__ import annotations
@@ -16,13 +22,14 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpusched.core.cluster import AccountingError, ClusterState
 from gpusched.core.model import GPU_MILLI, PodSpec
+from gpusched.core.selectors import NODE_NAME_FIELD, NodeSelectorTerm, PreferredNodeTerm, SelectorRequirement
 from gpusched.core.statement import Statement
 from gpusched.k8s.convert import InvalidRequest, pod_from_k8s
 from gpusched.k8s.state import TERMINAL, pod_key
@@ -34,13 +41,31 @@ ROOM_SUFFIX = "#room"
 """Names the placeholder bookings of held GPUs (``<pod key>#room<gpu>``)."""
 
 
-def room_annotation(node: str, gpus: tuple[int, ...]) -> str:
-    return json.dumps({"node": node, "gpus": list(gpus)}, separators=(",", ":"))
+@dataclass(frozen=True, slots=True)
+class Steer:
+    """A pod of ``namespace`` with exactly ``labels`` is preferred onto ``node``."""
+
+    namespace: str
+    labels: tuple[tuple[str, str], ...]
+    node: str
 
 
-def parse_room(obj: Mapping[str, Any]) -> tuple[str, tuple[int, ...]] | None:
-    """(node, GPUs) of a pod's room annotation when its ``status.nominatedNodeName`` is that node;
-    None when either is absent. Raises InvalidRequest for an annotation that cannot be read."""
+def room_annotation(node: str, gpus: tuple[int, ...], steer: Sequence[Steer] = ()) -> str:
+    data: dict[str, Any] = {"node": node, "gpus": list(gpus)}
+    if steer:
+        data["steer"] = [{"namespace": s.namespace, "labels": dict(s.labels), "node": s.node} for s in steer]
+    return json.dumps(data, separators=(",", ":"))
+
+
+def _steer(s: Mapping[str, Any]) -> Steer:
+    labels = tuple(sorted((str(k), str(v)) for k, v in s["labels"].items()))
+    return Steer(str(s["namespace"]), labels, str(s["node"]))
+
+
+def parse_room(obj: Mapping[str, Any]) -> tuple[str, tuple[int, ...], tuple[Steer, ...]] | None:
+    """(node, GPUs, steers) of a pod's room annotation when its ``status.nominatedNodeName`` is
+    that node; None when either is absent. Raises InvalidRequest for an annotation that cannot be
+    read."""
     meta = obj.get("metadata") or {}
     raw = (meta.get("annotations") or {}).get(ANN_ROOM)
     nominated = (obj.get("status") or {}).get("nominatedNodeName")
@@ -49,9 +74,17 @@ def parse_room(obj: Mapping[str, Any]) -> tuple[str, tuple[int, ...]] | None:
     try:
         data = json.loads(raw)
         node, gpus = str(data["node"]), tuple(int(g) for g in data["gpus"])
-    except (ValueError, KeyError, TypeError):
+        steer = tuple(
+            Steer(
+                str(s["namespace"]),
+                tuple(sorted((str(k), str(v)) for k, v in s["labels"].items())),
+                str(s["node"]),
+            )
+            for s in data.get("steer") or ()
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise InvalidRequest(f"pod {pod_key(obj)}: annotation {ANN_ROOM} is not valid: {raw!r}") from None
-    return (node, gpus) if node == nominated else None
+    return (node, gpus, steer) if node == nominated else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +92,7 @@ class Reservation:
     pod: PodSpec
     node: str
     gpus: tuple[int, ...]
+    steer: tuple[Steer, ...] = ()
 
 
 class Reservations:
@@ -96,18 +130,32 @@ class Reservations:
             return len(self._held)
 
     @contextmanager
-    def hold(self, snap: ClusterState, pod: PodSpec) -> Iterator[None]:
+    def hold(self, snap: ClusterState, pod: PodSpec) -> Iterator[PodSpec]:
         """Within the block, ``snap`` holds the rooms that ``pod`` must leave alone; afterwards it
-        is as it was."""
+        is as it was. Yields the pod to schedule: ``pod``, or ``pod`` steered to where a plan put
+        the pod it replaces."""
         with self._lock:
             rooms = [r for k, r in self._held.items() if k != pod.key and r.pod.priority >= pod.priority]
         if not rooms:
-            yield
+            yield pod
             return
         with Statement(snap) as st:
             for r in rooms:
                 _hold(st, r)
-            yield
+            yield _steered(pod, rooms)
+
+
+def _steered(pod: PodSpec, rooms: Sequence[Reservation]) -> PodSpec:
+    if not pod.labels:
+        return pod
+    labels = tuple(sorted(pod.labels.items()))
+    for r in rooms:
+        for s in r.steer:
+            if s.namespace == pod.namespace and s.labels == labels:
+                term = NodeSelectorTerm(match_fields=(SelectorRequirement(NODE_NAME_FIELD, "In", (s.node,)),))
+                prefer = (*pod.preferred_node_affinity, PreferredNodeTerm(100, term))
+                return replace(pod, preferred_node_affinity=prefer)
+    return pod
 
 
 def _hold(st: Statement, r: Reservation) -> None:
