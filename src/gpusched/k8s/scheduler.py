@@ -55,8 +55,10 @@ from gpusched.k8s.informer import Reflector
 from gpusched.k8s.podgroups import PodGroups
 from gpusched.k8s.preemption import Preemptor
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
+from gpusched.k8s.queues import QueueDirectory
 from gpusched.k8s.reservation import Reservations
 from gpusched.k8s.state import TERMINAL, LiveCluster, pod_key, start_informers
+from gpusched.k8s.tenants import TenantHost, TenantQueues
 from gpusched.metrics.cluster import cluster_stats
 from gpusched.metrics.scheduling import SchedulerMetrics, diagnosis_labels
 
@@ -122,6 +124,14 @@ class StandaloneScheduler:
         self._nominated: dict[str, tuple[PodSpec, str, tuple[str, ...]]] = {}
         self.reservations = Reservations()  # rooms defragmentation is making (k8s/reservation.py)
         self._plock = threading.Lock()
+        self.tenants = TenantQueues(  # tenant queues: quota, borrowing, reclaim (k8s/tenants.py)
+            TenantHost(
+                self.cluster, self.queue, self.events, self._spec, self._current_profile,
+                self._note_state, lambda: self._tiebreak,
+                lambda *bind: self._pool.submit(self._bind, *bind), self.budgets.budgets, self._pool.submit,
+            ),
+            QueueDirectory(client.CustomObjectsApi(api), self.core), self.core, client.CustomObjectsApi(api),
+        )  # fmt: skip
         host = GangHost(
             self.queue, self.cluster, self.events, self._spec, self._current_profile, self._gang_tiebreak,
             lambda *bind: self._pool.submit(self._bind, *bind),
@@ -133,6 +143,7 @@ class StandaloneScheduler:
         self._reflectors = start_informers(self.core, self.cluster, self._on_pod)
         self.gangs.groups.discover()
         self.budgets.start()
+        self.tenants.start()
         self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
         self._thread.start()
         if lead:
@@ -176,6 +187,7 @@ class StandaloneScheduler:
             r.stop()
         self.gangs.groups.stop()
         self.budgets.stop()
+        self.tenants.stop()
         if self._thread is not None:
             self._thread.join(timeout)
         self._pool.shutdown(wait=True, cancel_futures=False)
@@ -271,6 +283,8 @@ class StandaloneScheduler:
             self.queue.done(qp.key, unschedulable=True)
             return
         if self.gangs.schedule(qp):  # a gang member: decided with its group, all or nothing
+            return
+        if self.tenants.schedule(qp, pod):  # under a tenant queue: quota, borrowing, reclaim
             return
         t0 = time.perf_counter()
         victims: list[PodSpec] = []
