@@ -22,10 +22,25 @@ def test_a_gang_lands_whole_or_books_nothing() -> None:
     before = snap.version
     r = place_gang(profile(), too_big, snap)
     assert not r.scheduled and not snap.allocations and snap.version >= before
-    assert "gang default/g waits as a unit (minMember 9): 8 of at least 9 pods fit" in r.status.message()
+    assert "gang default/g waits as a unit (minMember 9): it needs 9 whole GPUs at once, 8 are free" in (
+        r.status.message()
+    )
     # min_member 6 of 9: 8 fit, the ninth stays pending, the gang runs
     r = place_gang(profile(), group_units(gang("g", 9), {"default/g": GangSpec("g", min_member=6)})[0], snap)
     assert r.scheduled and len(r.placed) == 8 and r.left_out == ("default/g-8",)
+
+
+def test_a_gang_whose_gpus_add_up_but_not_on_its_nodes_is_undone() -> None:
+    snap = ClusterState([node(f"n{i}", gpus=4) for i in range(2)])
+    snap.assume(whole("x0"), 0, [0])
+    snap.assume(whole("x1"), 1, [0])  # 6 GPUs free, 3 on each node
+    books = sorted(snap.allocations)
+    r = place_gang(
+        profile(), group_units(gang("g", 3, num=2), {"default/g": GangSpec("g", min_member=3)})[0], snap
+    )
+    assert not r.scheduled and sorted(snap.allocations) == books
+    assert "2 of at least 3 pods fit at once (of 3); pod default/g-2 does not fit" in r.status.message()
+    assert "Insufficient GPU" in r.status.message()
 
 
 def test_two_gangs_each_over_half_the_gpus_never_deadlock() -> None:
@@ -37,7 +52,7 @@ def test_two_gangs_each_over_half_the_gpus_never_deadlock() -> None:
     out = run_cycle(profile(), snap, units)
     assert [o.outcome for o in out] == [Outcome.PLACED, Outcome.WAITING]
     assert "gang default/b waits as a unit (minMember 5)" in out[1].reason
-    assert "Insufficient GPU" in out[1].reason
+    assert "it needs 5 whole GPUs at once, 3 are free" in out[1].reason
     assert partly_bound([al.pod for al in snap.allocations.values()], gangs) == []
     assert sorted(snap.allocations) == sorted(p.key for p in a)
 
@@ -87,3 +102,11 @@ def test_preemption_takes_a_victims_whole_gang_or_another_victim() -> None:
     snap.assume(whole("g-2", gang="g", priority=500), 1, [1])
     r3 = schedule_one(prof, whole("urgent3", 2, priority=100), snap)
     assert r3.victims == () and not r3.scheduled
+
+
+def test_a_gang_larger_than_the_free_gpus_is_refused_before_any_member_is_tried() -> None:
+    snap = ClusterState([node(f"n{i}", gpus=4) for i in range(2)])
+    unit = group_units(gang("g", 3, num=3), {"default/g": GangSpec("g", min_member=3)})[0]
+    r = place_gang(profile(), unit, snap)
+    assert not r.scheduled and r.results == () and not snap.allocations
+    assert "needs 9 whole GPUs at once, 8 are free" in r.status.message()

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from gpusched.core.cluster import I64, ClusterState
 from gpusched.core.errors import InvalidSpec
 from gpusched.core.framework import Profile
-from gpusched.core.model import PodSpec
+from gpusched.core.model import GPU_MILLI, PodSpec
 from gpusched.core.pending import pending_order
 from gpusched.core.statement import GroupResult, schedule_all
 from gpusched.core.status import Code, Status
@@ -151,7 +151,11 @@ def place_gang(
     """Place ``unit`` all-or-nothing: at least ``unit.need`` of its pods at once (those that fit
     beyond the minimum come along; the rest stay pending), or nothing booked and a status whose
     reason names the gang. Members are tried without PostFilters; ``diagnose`` False leaves the
-    per-node reasons out of the message (cheaper: what-ifs and the simulator)."""
+    per-node reasons out of the message (cheaper: what-ifs and the simulator). A gang whose
+    minimum asks for more whole GPUs than are free is refused before any member is tried."""
+    short = _whole_gpus_short(unit, snap)
+    if short:
+        return GroupResult(Status(Code.UNSCHEDULABLE, (short,), "Gang"), ())
     r = schedule_all(
         without_post_filters(profile),
         unit.pods,
@@ -165,6 +169,23 @@ def place_gang(
     why = f"gang {unit.key} waits as a unit (minMember {unit.gang.min_member}): {r.status.message()}"
     code = r.status.code if r.status.code != Code.SUCCESS else Code.UNSCHEDULABLE
     return GroupResult(Status(code, (why,), "Gang"), r.results)
+
+
+def _whole_gpus_short(unit: Unit, snap: ClusterState) -> str:
+    """The reason a gang cannot fit whatever the placement (its ``need`` smallest members ask
+    for more whole GPUs than are free in the cluster), or "" when it may fit: a cheap refusal
+    before trying every member."""
+    wholes = sorted(p.num_gpu for p in unit.pods if p.is_whole)
+    if unit.gang is None or len(wholes) < unit.need or not wholes:
+        return ""
+    need = sum(wholes[: unit.need])
+    free = int(((snap.gpu_free == GPU_MILLI) & snap.gpu_exists).sum())
+    if need <= free:
+        return ""
+    return (
+        f"gang {unit.key} waits as a unit (minMember {unit.gang.min_member}): it needs {need} whole "
+        f"GPUs at once, {free} are free"
+    )
 
 
 def partly_bound(bound: Iterable[PodSpec], gangs: Mapping[str, GangSpec]) -> list[str]:
