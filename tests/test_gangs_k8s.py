@@ -18,17 +18,9 @@ from gpusched.k8s.claims import claims_message
 from gpusched.k8s.convert import pod_from_k8s
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.gangs import GangHost, Gangs
+from gpusched.k8s.groupref import ANN_VOLCANO, API, LABEL_COSCHEDULING, GroupRef, group_ref_of
 from gpusched.k8s.groupstatus import status_body
-from gpusched.k8s.podgroups import (
-    ANN_VOLCANO,
-    API,
-    DEFAULT_TIMEOUT_S,
-    LABEL_COSCHEDULING,
-    GroupRef,
-    PodGroups,
-    group_from_k8s,
-    group_ref_of,
-)
+from gpusched.k8s.podgroups import DEFAULT_TIMEOUT_S, PodGroups, group_from_k8s
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
 from gpusched.k8s.state import LiveCluster, pod_key
 
@@ -131,6 +123,8 @@ def test_each_api_names_its_group_where_its_jobs_put_it() -> None:
     assert group_ref_of(coscheduling) == GroupRef(API.COSCHEDULING, "ns", "g")
     assert group_ref_of(volcano) == GroupRef(API.VOLCANO, "ns", "g")
     assert group_ref_of(native) == GroupRef(API.WORKLOAD, "ns", "g")
+    # the books know the gang too (gang-aware preemption evicts a victim's whole gang)
+    assert [pod_from_k8s(p).gang for p in (base, coscheduling, volcano, native)] == ["", "g", "g", "g"]
 
 
 def test_group_fields_and_malformed_groups_name_the_field() -> None:
@@ -200,7 +194,8 @@ def test_two_gangs_over_half_the_gpus_never_deadlock(h: Harness) -> None:
     h.drain()
     assert sorted(h.bound) == ["ns/a-0", "ns/a-1", "ns/a-2"]
     (msg,) = [m for name, m in h.events_of("GangWaiting") if name == "b"]
-    assert "gang" in msg and "waits as a unit" in msg and "Insufficient GPU" in msg
+    prefix = "PodGroup ns/b (scheduling.x-k8s.io/v1alpha1): gang ns/b waits as a unit (minMember 3)"
+    assert msg.startswith(prefix), msg
 
 
 def test_members_beyond_the_minimum_follow_one_by_one(h: Harness) -> None:

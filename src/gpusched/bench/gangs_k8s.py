@@ -28,7 +28,7 @@ from kubernetes import client
 from gpusched.bench.k8s_standalone import _node, _ready_untainted
 from gpusched.k8s.client import api_client
 from gpusched.k8s.convert import RES_GPU
-from gpusched.k8s.podgroups import API, LABEL_COSCHEDULING
+from gpusched.k8s.groupref import API, LABEL_COSCHEDULING
 from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
 from gpusched.testenv import ControlPlane, wait_until
 from gpusched.testenv.gangcrds import find_gang_crds, install_gang_crds

@@ -65,6 +65,7 @@ from gpusched.core.selectors import (
 )
 from gpusched.k8s.constraints import node_affinity, pod_affinity, preferred_affinity, spread_constraints
 from gpusched.k8s.errors import InvalidRequest as InvalidRequest
+from gpusched.k8s.groupref import group_name_of
 
 RES_GPU = "nvidia.com/gpu"
 RES_MILLI = "gpusched.io/gpu-milli"
@@ -281,7 +282,7 @@ def pod_from_k8s(pod: Mapping[str, Any], *, constraints: str = "enforce") -> Pod
                 )
                 for t in spec.get("tolerations") or []
             ),
-            gang=ann.get(ANN_GANG, ""),
+            gang=ann.get(ANN_GANG, "") or group_name_of(pod),  # a PodGroup of any of the three APIs
             queue=ann.get(ANN_QUEUE, ""),
             movable=_movable(ann, key),
         )

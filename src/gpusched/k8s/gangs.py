@@ -38,8 +38,9 @@ from gpusched.core.scheduler import ScheduleResult
 from gpusched.k8s.claims import claims_message
 from gpusched.k8s.convert import InvalidRequest
 from gpusched.k8s.events import EventRecorder
+from gpusched.k8s.groupref import API, GroupRef, group_ref_of
 from gpusched.k8s.groupstatus import GroupStatusWriter
-from gpusched.k8s.podgroups import API, DEFAULT_TIMEOUT_S, GroupRef, GroupSpec, PodGroups, group_ref_of
+from gpusched.k8s.podgroups import DEFAULT_TIMEOUT_S, GroupSpec, PodGroups
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
 from gpusched.k8s.state import TERMINAL, LiveCluster, pod_key
 
@@ -185,7 +186,7 @@ class Gangs:
             return GangOutcome(0, 0, f"{group.ref.describe()}: no member can be decided")
         need = max(0, group.min_member - bound)
         gang = GangSpec(group.ref.name, group.ref.namespace, group.min_member, int(group.timeout_s))
-        unit = Unit(group.ref.key, tuple(p for _, p in members), need, gang)
+        unit = Unit(gang.key, tuple(p for _, p in members), need, gang)
         by_key = {p.key: m for m, p in members}
         with self.host.cluster.snapshot() as snap:
             tiebreak = self.host.tiebreak(snap)
@@ -200,8 +201,7 @@ class Gangs:
                 self.host.cluster.assume(res.pod, res.node, res.gpus)
         if not placed:
             why = r.status.message() if not r.scheduled else "no member fits"
-            a = group.ref.api.value
-            return GangOutcome(0, len(members), f"{a.kind} ({a.api_version}) {why}")
+            return GangOutcome(0, len(members), f"{group.ref.describe()}: {why}")
         for res in placed:
             m = by_key[res.pod.key]
             self._done(m, unschedulable=False)

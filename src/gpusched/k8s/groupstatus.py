@@ -19,7 +19,8 @@ import threading
 from typing import Any
 
 from gpusched.k8s.events import EventRecorder
-from gpusched.k8s.podgroups import API, GroupRef, GroupSpec
+from gpusched.k8s.groupref import API, GroupRef
+from gpusched.k8s.podgroups import GroupSpec
 
 log = logging.getLogger(__name__)
 

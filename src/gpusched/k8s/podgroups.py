@@ -20,7 +20,6 @@ looked for again when a pod names it) and keeps the groups it saw. A malformed g
 
 from __future__ import annotations
 
-import enum
 import functools
 import logging
 import threading
@@ -31,6 +30,7 @@ from typing import Any
 
 from kubernetes import client
 
+from gpusched.k8s.groupref import API, GroupRef
 from gpusched.k8s.informer import Handlers, Reflector
 
 log = logging.getLogger(__name__)
@@ -43,51 +43,6 @@ _REDISCOVER_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
-class GroupAPI:
-    group: str
-    version: str
-    plural: str
-    kind: str
-    field: str
-    """Where a pod names its group (for messages)."""
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}"
-
-
-class API(enum.Enum):
-    WORKLOAD = GroupAPI(
-        "scheduling.k8s.io", "v1beta1", "podgroups", "PodGroup", "spec.schedulingGroup.podGroupName"
-    )
-    COSCHEDULING = GroupAPI(
-        "scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup", "label scheduling.x-k8s.io/pod-group"
-    )
-    VOLCANO = GroupAPI(
-        "scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup", "annotation scheduling.k8s.io/group-name"
-    )
-
-
-LABEL_COSCHEDULING = "scheduling.x-k8s.io/pod-group"
-ANN_VOLCANO = "scheduling.k8s.io/group-name"
-
-
-@dataclass(frozen=True, slots=True)
-class GroupRef:
-    api: API
-    namespace: str
-    name: str
-
-    @property
-    def key(self) -> str:
-        return f"{self.api.value.group}/{self.namespace}/{self.name}"
-
-    def describe(self) -> str:
-        a = self.api.value
-        return f"{a.kind} {self.namespace}/{self.name} ({a.api_version})"
-
-
-@dataclass(frozen=True, slots=True)
 class GroupSpec:
     ref: GroupRef
     uid: str
@@ -96,22 +51,6 @@ class GroupSpec:
     timeout_s: float
     problem: str = ""
     """Why the group cannot be used as it is (names the field); empty when it is sound."""
-
-
-def group_ref_of(pod: Mapping[str, Any]) -> GroupRef | None:
-    """The group ``pod`` names, if any (Kubernetes' field first, then coscheduling, then Volcano)."""
-    meta = pod.get("metadata") or {}
-    ns = str(meta.get("namespace") or "default")
-    sg = (pod.get("spec") or {}).get("schedulingGroup") or {}
-    if sg.get("podGroupName"):
-        return GroupRef(API.WORKLOAD, ns, str(sg["podGroupName"]))
-    name = (meta.get("labels") or {}).get(LABEL_COSCHEDULING)
-    if name:
-        return GroupRef(API.COSCHEDULING, ns, str(name))
-    name = (meta.get("annotations") or {}).get(ANN_VOLCANO)
-    if name:
-        return GroupRef(API.VOLCANO, ns, str(name))
-    return None
 
 
 def _count(value: Any, field: str, *, minimum: int) -> tuple[int, str]:
