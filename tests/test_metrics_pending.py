@@ -82,3 +82,34 @@ def test_the_scheduler_reports_each_queue() -> None:
         assert pending(sched.metrics) == {"active": 1, "backoff": 1, "unschedulable": 0, "gated": 1}
     finally:
         sched.stop()
+
+
+def test_each_decision_is_counted_under_its_result_and_profile() -> None:
+    m = SchedulerMetrics(profile="p1")
+    for result, seconds in (
+        ("scheduled", 0.001),
+        ("scheduled", 0.003),
+        ("unschedulable", 0.2),
+        ("error", 0.0),
+    ):
+        m.observe_attempt(result, seconds)
+    count = m.registry.get_sample_value
+    assert count("scheduler_schedule_attempts_total", {"result": "scheduled", "profile": "p1"}) == 2
+    assert count("scheduler_schedule_attempts_total", {"result": "unschedulable", "profile": "p1"}) == 1
+    assert count("scheduler_schedule_attempts_total", {"result": "error", "profile": "p1"}) == 1
+    labels = {"result": "scheduled", "profile": "p1"}
+    assert count("scheduler_scheduling_attempt_duration_seconds_count", labels) == 2
+    assert count("scheduler_scheduling_attempt_duration_seconds_sum", labels) == 0.004
+    assert count("scheduler_scheduling_attempt_duration_seconds_bucket", {**labels, "le": "0.002"}) == 1
+
+
+def test_the_overhead_bench_compares_alternate_decisions_of_the_same_runs() -> None:
+    from gpusched.bench.latency import bench_latency, bench_metrics_overhead
+
+    row = bench_metrics_overhead(40, decisions=30, rounds=2)
+    assert row["decisions"] == 60
+    for key in ("p50_ms", "p99_ms", "cpu_us"):
+        assert row[f"{key}_off"] and row[f"{key}_on"] and row[f"{key}_ratio"]
+    assert float(row["exposition_kib"]) > 0  # type: ignore[arg-type]
+    on, off = bench_latency(40, decisions=30, metrics=True), bench_latency(40, decisions=30)
+    assert on["scheduled"] == off["scheduled"] and on["metrics"] and not off["metrics"]

@@ -130,6 +130,9 @@ def bench_latency_cmd(
     constraints: Annotated[
         bool, typer.Option(help="Zone/hostname labels; pods with topology spread or preferred anti-affinity.")
     ] = False,
+    metrics: Annotated[
+        bool, typer.Option(help="Record the scheduler's per-decision metrics (timed with the decision).")
+    ] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Per-decision latency of schedule_one on synthetic clusters."""
@@ -137,9 +140,33 @@ def bench_latency_cmd(
 
     check_policies([policy])
     run = functools.partial(
-        bench_latency, policy=policy, decisions=decisions, load=load, constraints=constraints
+        bench_latency, policy=policy, decisions=decisions, load=load, constraints=constraints, metrics=metrics
     )
     _per_size(nodes, decisions, run, render.latency_table, json_out)
+
+
+@bench_app.command("metrics-overhead")
+@reports_errors
+def bench_metrics_overhead_cmd(
+    nodes: SizesOpt = None,
+    policy: TimedPolicyOpt = "default",
+    decisions: Annotated[int, typer.Option(help="Measured decisions per run.")] = 2000,
+    rounds: Annotated[int, typer.Option(help="Runs; half their decisions record metrics, alternating.")] = 4,
+    json_out: JsonOpt = False,
+) -> None:
+    """bench latency with and without the scheduler's metrics, side by side in one run; one scrape's cost."""
+    from gpusched.bench.latency import bench_metrics_overhead
+
+    check_policies([policy])
+    rows = []
+    for n in nodes or [1213, 5000]:
+        with render.progress(rounds, f"{n} nodes") as tick:
+            rows.append(
+                bench_metrics_overhead(
+                    n, policy=policy, decisions=decisions, rounds=rounds, on_progress=lambda a, b: tick("")
+                )
+            )
+    render.bench_rows(rows, render.metrics_overhead_table, json_out)
 
 
 @bench_app.command("preemption")

@@ -267,9 +267,9 @@ def metrics_overhead_table(rows: Sequence[Mapping[str, object]]) -> Table:
         t.add_column(h, justify="right", no_wrap=True)
     for r in rows:
         cells = [str(r["nodes"])]
-        for key in ("p50_ms", "p99_ms", "cpu_us"):
-            cells += [f"{r[key + '_off']:.3g}/{r[key + '_on']:.3g}", str(r[key + "_ratio"])]
-        t.add_row(*cells, str(r["scrape_ms"]))
+        for key, fmt in (("p50_ms", ".3g"), ("p99_ms", ".3g"), ("cpu_us", ".0f")):
+            cells += [f"{r[key + '_off']:{fmt}}/{r[key + '_on']:{fmt}}", f"{r[key + '_ratio']:.3f}"]
+        t.add_row(*cells, f"{r['scrape_ms']:.0f}")
     return t
 
 

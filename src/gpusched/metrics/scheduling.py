@@ -255,13 +255,22 @@ class SchedulerMetrics:
         )
         self.cluster = ClusterCollector()
         self._cluster_at = -1e9
+        self._by_result: dict[str, tuple[Counter, Histogram]] = {}
+        """The labelled children of each result, resolved once: ``labels()`` is most of the cost
+        of recording a decision (``gpusched bench metrics-overhead``)."""
         self.cluster.profile = profile
         r.register(self.cluster)
 
     # ------------------------------------------------------------ feeding
     def observe_attempt(self, result: str, seconds: float) -> None:
-        self.attempts.labels(result, self.profile).inc()
-        self.attempt_duration.labels(result, self.profile).observe(seconds)
+        children = self._by_result.get(result)
+        if children is None:
+            children = self._by_result[result] = (
+                self.attempts.labels(result, self.profile),
+                self.attempt_duration.labels(result, self.profile),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
 
     def set_leader(self, lease: str, leading: bool) -> None:
         self.is_leader.set(1 if leading else 0)
