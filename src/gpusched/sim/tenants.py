@@ -29,6 +29,7 @@ cycle: 0 for ``queues`` by construction) and the GPU-hours held idle by partly b
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -92,6 +93,9 @@ class TenantConfig:
         if not 0 <= self.load <= 100:
             raise InvalidInput(f"load must be in 0..100, got {self.load}")
 
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
     def tree(self, total_milli: int) -> QueueTree:
         specs = [QueueSpec("cluster")]
         for name, share, w in zip(self.tenants, self.shares_pct, self.weights, strict=True):
@@ -106,6 +110,26 @@ class TenantConfig:
                 )
             )
         return QueueTree(specs)
+
+
+def parse_tenants(text: str) -> tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
+    """``name:quota%[:weight],...`` -> names, quota shares, weights (InvalidInput naming the part)."""
+    names, shares, weights = [], [], []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        bits = part.split(":")
+        try:
+            if len(bits) not in (2, 3) or not bits[0]:
+                raise ValueError
+            names.append(bits[0])
+            shares.append(int(bits[1]))
+            weights.append(int(bits[2]) if len(bits) == 3 else 1)
+        except ValueError:
+            raise InvalidInput(f"tenants: {part!r} is not name:quota%[:weight] with integers") from None
+    if len(names) < 3:
+        raise InvalidInput(
+            f"tenants: give 3 or more as name:quota%[:weight], comma-separated; got {len(names)}"
+        )
+    return tuple(names), tuple(shares), tuple(weights)
 
 
 @dataclass(frozen=True, slots=True)
