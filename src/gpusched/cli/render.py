@@ -21,6 +21,7 @@ from rich.text import Text
 if TYPE_CHECKING:  # the simulator's types, for annotations only: python -m gpusched.agent loads no simulator
     from gpusched.sim.replay import ReplayResult
     from gpusched.sim.report import PackingReport, ReplayReport
+    from gpusched.sim.tenants import TenantConfig, TenantResult
 
 out_console = Console()
 err_console = Console(stderr=True)
@@ -282,6 +283,70 @@ def preemption_table(rows: Sequence[Mapping[str, object]]) -> Table:
     for r in rows:
         t.add_row(*(str(r[c]) for c in cols))
     return t
+
+
+def gangs_table(rows: Sequence[Mapping[str, Any]]) -> Table:
+    t = Table(title="one gang's decision in the core (all-or-nothing) against its pods one by one")
+    heads = (
+        "nodes",
+        "GPU alloc %",
+        "gang",
+        "p50 ms",
+        "p99 ms",
+        "pods p50 ms",
+        "pods p99 ms",
+        "×",
+        "refused ms",
+    )
+    for h in heads:
+        t.add_column(h, justify="right")
+    for r in rows:
+        g, p, ref = r["gang_ms"], r["pods_one_by_one_ms"], r["refused_ms"]
+        t.add_row(
+            str(r["nodes"]),
+            str(r["alloc_pct"]),
+            str(r["gang"]),
+            str(g["p50_ms"]),
+            str(g["p99_ms"]),
+            str(p["p50_ms"]),
+            str(p["p99_ms"]),
+            str(r["gang_over_pods"]),
+            f"{ref['p50_ms']} ({ref['gang']})",
+        )
+    return t
+
+
+TENANT_COLUMNS = (
+    ("pods_bound", "bound"),
+    ("pending_p50_s", "wait p50 s"),
+    ("pending_p99_s", "wait p99 s"),
+    ("gpu_hours", "GPU-h"),
+    ("fair_gpu_hours", "fair GPU-h"),
+    ("of_fair_pct", "% of fair"),
+    ("reclaims_made", "reclaims"),
+    ("pods_reclaimed", "pods reclaimed"),
+    ("quota_violations", "quota violations"),
+    ("partial_gang_idle_gpu_hours", "idle in partial gangs GPU-h"),
+)
+
+
+def tenants(results: Sequence[TenantResult], title: str, scenario: TenantConfig, json_out: bool) -> None:
+    """The multi-tenant replay: every mode's tenants, as JSON or one table (modes side by side)."""
+    if json_out:
+        emit_json({"title": title, "scenario": scenario.to_dict(), "results": [r.to_dict() for r in results]})
+        return
+    t = Table(title=title)
+    t.add_column("tenant")
+    t.add_column("mode")
+    for _, head in TENANT_COLUMNS:
+        t.add_column(head, justify="right")
+    for i, name in enumerate(results[0].rows[k]["tenant"] for k in range(len(results[0].rows))):
+        for r in results:
+            row = r.rows[i]
+            t.add_row(
+                str(name), r.mode, *(str(row[c]) for c, _ in TENANT_COLUMNS), end_section=r is results[-1]
+            )
+    out_console.print(t)
 
 
 def extender_attack_tables(report: dict[str, Any]) -> Group:
