@@ -185,6 +185,67 @@ def bench_preemption_cmd(
     _per_size(nodes, preemptors, run, render.preemption_table, json_out)
 
 
+@bench_app.command("gangs")
+@reports_errors
+def bench_gangs_cmd(
+    nodes: SizesOpt = None,
+    size: Annotated[int, typer.Option(help="Pods in the gang (its minMember).")] = 64,
+    gpus: Annotated[int, typer.Option(help="Whole GPUs per pod.")] = 1,
+    policy: TimedPolicyOpt = "default",
+    decisions: Annotated[int, typer.Option(help="Measured gang decisions per size.")] = 30,
+    load: Annotated[float, typer.Option(help="GPU allocation the cluster is filled to first (0..1).")] = 0.5,
+    json_out: JsonOpt = False,
+) -> None:
+    """Decision latency of one gang in the core (all-or-nothing), against its pods one by one."""
+    from gpusched.bench.gangs import bench_gangs
+
+    check_policies([policy])
+    run = functools.partial(bench_gangs, size=size, gpus=gpus, policy=policy, decisions=decisions, load=load)
+    _per_size(nodes or [5000], decisions, run, render.gangs_table, json_out)
+
+
+@bench_app.command("tenants")
+@reports_errors
+def bench_tenants_cmd(
+    nodes: NodesOpt = None,
+    pods: PodsOpt = None,
+    tenants: Annotated[
+        str, typer.Option(help="Tenants as name:quota%[:weight], comma-separated (3 or more).")
+    ] = "research:50,prod:30,batch:20",
+    borrow_pct: Annotated[int, typer.Option(help="Borrowing limit, % of each tenant's quota.")] = 50,
+    gang_pct: Annotated[int, typer.Option(help="% of whole-GPU jobs that are gangs.")] = 30,
+    max_gang: Annotated[int, typer.Option(help="Largest gang (pods).")] = 8,
+    load: Annotated[float, typer.Option(help="Offered GPU load the arrivals are brought to.")] = 4.0,
+    policy: Annotated[str, typer.Option("--policy", "-p", help="Placement policy.")] = "bestfit",
+    seed: Annotated[int, typer.Option(help="Seed of the tenants, gangs and the synthetic default.")] = 0,
+    synthetic_nodes: Annotated[int, typer.Option(help="Nodes of the synthetic default workload.")] = 100,
+    synthetic_pods: Annotated[int, typer.Option(help="Pods of the synthetic default workload.")] = 2000,
+    json_out: JsonOpt = False,
+) -> None:
+    """Multi-tenant replay: tenant queues (quota, borrowing, reclaim, gangs) against a plain queue."""
+    from gpusched.sim.synthetic import SyntheticConfig
+    from gpusched.sim.tenants import MODES, TenantConfig, parse_tenants, run_tenants
+    from gpusched.sim.workload import load_workload
+
+    check_policies([policy])
+    names, shares, weights = parse_tenants(tenants)
+    cfg = TenantConfig(
+        names,
+        shares,
+        weights,
+        borrow_pct=borrow_pct,
+        gang_pct=gang_pct,
+        max_gang=max_gang,
+        load=load,
+        seed=seed,
+        policy=policy,
+    )
+    wl = load_workload(nodes, pods, SyntheticConfig(nodes=synthetic_nodes, pods=synthetic_pods, seed=seed))
+    with render.progress(None, "replaying", quiet=json_out) as tick:
+        results = run_tenants(wl.nodes, wl.pods, cfg, MODES, on_progress=lambda m, a, b: tick(m))
+    render.tenants(results, f"tenants on {wl.label}", cfg, json_out)
+
+
 @bench_app.command("extender-attack")
 @reports_errors
 def bench_extender_attack_cmd(
