@@ -253,6 +253,11 @@ def test_rbac_is_least_privilege(rbac: ControlPlane) -> None:
             *common_allowed,
             ("patch", "pods/status"),
             ("delete", "pods"),  # preemption victims
+            ("create", "pods/eviction"),  # victims leave through the Eviction API
+            ("watch", "poddisruptionbudgets.policy"),
+            ("list", "namespaces"),  # namespaces map to tenant queues
+            ("watch", "queues.gpusched.io"),
+            ("patch", "queues.gpusched.io/status"),
             ("create", "leases.coordination.k8s.io", NAMESPACE),
             ("update", "leases.coordination.k8s.io", NAMESPACE, "gpusched-scheduler"),
             ("get", "leases.coordination.k8s.io", NAMESPACE, "gpusched-scheduler"),
