@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 import typer
+from rich import box
 from rich.console import Console, Group
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -137,6 +138,18 @@ def k8s(report: Mapping[str, Any], json_out: bool) -> None:
         return
     for k in K8S_KEYS:
         out_console.print(f"{k}: {report[k]}")
+
+
+def reclaim(report: Mapping[str, Any], json_out: bool) -> None:
+    if json_out:
+        emit_json(report)
+        return
+    out_console.print(
+        f"reclaim: {report['reclaim_s']:.2f} s for {report['claim']} pods of the owner bound "
+        f"({report['evicted']} borrowed pods evicted; {report['running']} running on {report['nodes']} nodes "
+        f"x {report['gpus_per_node']} GPUs; {report['borrowed_before']} GPUs borrowed before)"
+    )
+    out_console.print(f"KAI published: {report['kai_s']} s average at 4000 running jobs")
 
 
 def gangs_k8s(report: Mapping[str, Any], json_out: bool) -> None:
@@ -317,16 +330,19 @@ def gangs_table(rows: Sequence[Mapping[str, Any]]) -> Table:
 
 
 TENANT_COLUMNS = (
-    ("pods_bound", "bound"),
-    ("pending_p50_s", "wait p50 s"),
-    ("pending_p99_s", "wait p99 s"),
+    ("pending_p50_s", "p50 s"),
+    ("pending_p99_s", "p99 s"),
     ("gpu_hours", "GPU-h"),
-    ("fair_gpu_hours", "fair GPU-h"),
-    ("of_fair_pct", "% of fair"),
-    ("reclaims_made", "reclaims"),
-    ("pods_reclaimed", "pods reclaimed"),
-    ("quota_violations", "quota violations"),
-    ("partial_gang_idle_gpu_hours", "idle in partial gangs GPU-h"),
+    ("fair_gpu_hours", "fair"),
+    ("reclaims_made", "recl."),
+    ("pods_reclaimed", "lost"),
+    ("quota_violations", "viol."),
+    ("partial_gang_idle_gpu_hours", "idle"),
+)
+TENANT_CAPTION = (
+    "p50/p99: pending s (arrival to bind); GPU-h used and the weighted fair share; recl.: reclaims made; "
+    "lost: pods reclaimed from it; viol.: cycles over quota + borrowing limit; idle: GPU-h held by "
+    "partly bound gangs"
 )
 
 
@@ -335,16 +351,19 @@ def tenants(results: Sequence[TenantResult], title: str, scenario: TenantConfig,
     if json_out:
         emit_json({"title": title, "scenario": scenario.to_dict(), "results": [r.to_dict() for r in results]})
         return
-    t = Table(title=title)
-    t.add_column("tenant")
-    t.add_column("mode")
+    t = Table(title=title, caption=TENANT_CAPTION, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    t.add_column("tenant", no_wrap=True)
+    t.add_column("mode", no_wrap=True)
     for _, head in TENANT_COLUMNS:
-        t.add_column(head, justify="right")
-    for i, name in enumerate(results[0].rows[k]["tenant"] for k in range(len(results[0].rows))):
+        t.add_column(head, justify="right", no_wrap=True)
+    for i in range(len(results[0].rows)):
         for r in results:
             row = r.rows[i]
             t.add_row(
-                str(name), r.mode, *(str(row[c]) for c, _ in TENANT_COLUMNS), end_section=r is results[-1]
+                str(row["tenant"]),
+                r.mode,
+                *(str(row[c]) for c, _ in TENANT_COLUMNS),
+                end_section=r is results[-1],
             )
     out_console.print(t)
 
@@ -513,9 +532,14 @@ def defrag_plan(report: Mapping[str, Any], json_out: bool) -> None:
         if not p["feasible"]:
             out_console.print(f"[yellow]{target}[/]: no plan ({p['method']}): {p['reason']}", soft_wrap=True)
             continue
-        proven = "fewest moves proven" if p["optimal"] else "fewest not proven"
         ms = p["seconds"] * 1000
-        head = f"[bold]{target}[/]: {len(p['moves'])} move(s), {p['method']} ({proven}), {ms:.0f} ms"
+        if p["method"] == "fits-now":
+            head = f"[bold]{target}[/]: fits now, no move needed, {ms:.0f} ms"
+        else:
+            proven = "fewest moves proven" if p["optimal"] else "fewest not proven"
+            head = f"[bold]{target}[/]: {len(p['moves'])} move(s), {p['method']} ({proven}), {ms:.0f} ms"
+        if not p["moves"] and p["reason"]:
+            head += f": {p['reason']}"
         out_console.print(head, soft_wrap=True)
         if p["moves"]:
             table = Table(show_edge=False)
