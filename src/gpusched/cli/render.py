@@ -300,17 +300,7 @@ def preemption_table(rows: Sequence[Mapping[str, object]]) -> Table:
 
 def gangs_table(rows: Sequence[Mapping[str, Any]]) -> Table:
     t = Table(title="one gang's decision in the core (all-or-nothing) against its pods one by one")
-    heads = (
-        "nodes",
-        "GPU alloc %",
-        "gang",
-        "p50 ms",
-        "p99 ms",
-        "pods p50 ms",
-        "pods p99 ms",
-        "×",
-        "refused ms",
-    )
+    heads = ("nodes", "alloc %", "gang", "p50 ms", "p99 ms", "CPU p50", "pods CPU p50", "×", "refused CPU")
     for h in heads:
         t.add_column(h, justify="right")
     for r in rows:
@@ -321,10 +311,10 @@ def gangs_table(rows: Sequence[Mapping[str, Any]]) -> Table:
             str(r["gang"]),
             str(g["p50_ms"]),
             str(g["p99_ms"]),
-            str(p["p50_ms"]),
-            str(p["p99_ms"]),
-            str(r["gang_over_pods"]),
-            f"{ref['p50_ms']} ({ref['gang']})",
+            str(g["cpu_p50_ms"]),
+            str(p["cpu_p50_ms"]),
+            str(r["gang_over_pods_cpu"]),
+            f"{ref['cpu_p50_ms']} ({ref['gang']})",
         )
     return t
 
