@@ -235,6 +235,7 @@ def bench_tenants_cmd(
     seed: Annotated[int, typer.Option(help="Seed of the tenants, gangs and the synthetic default.")] = 0,
     synthetic_nodes: Annotated[int, typer.Option(help="Nodes of the synthetic default workload.")] = 100,
     synthetic_pods: Annotated[int, typer.Option(help="Pods of the synthetic default workload.")] = 2000,
+    max_jobs: Annotated[int, typer.Option(help="Replay the first this many GPU pods only (0: all).")] = 0,
     json_out: JsonOpt = False,
 ) -> None:
     """Multi-tenant replay: tenant queues (quota, borrowing, reclaim, gangs) against a plain queue."""
@@ -254,6 +255,7 @@ def bench_tenants_cmd(
         load=load,
         seed=seed,
         policy=policy,
+        max_jobs=max_jobs,
     )
     wl = load_workload(nodes, pods, SyntheticConfig(nodes=synthetic_nodes, pods=synthetic_pods, seed=seed))
     with render.progress(None, "replaying", quiet=json_out) as tick:

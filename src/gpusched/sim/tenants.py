@@ -71,6 +71,8 @@ class TenantConfig:
     by moving arrivals closer together (lifetimes kept); 0: arrivals as they are."""
     seed: int = 0
     policy: str = "bestfit"
+    max_jobs: int = 0
+    """Replay only the first this many GPU pods of the workload (by arrival); 0: all."""
 
     def __post_init__(self) -> None:
         n = len(self.tenants)
@@ -90,6 +92,8 @@ class TenantConfig:
         ):
             if not lo <= v <= hi:
                 raise InvalidInput(f"{name} must be in {lo}..{hi}, got {v}")
+        if self.max_jobs < 0:
+            raise InvalidInput(f"max_jobs must be >= 0, got {self.max_jobs}")
         if not 0 <= self.load <= 100:
             raise InvalidInput(f"load must be in 0..100, got {self.load}")
 
@@ -166,7 +170,9 @@ def make_jobs(pods: Sequence[TracePod], cfg: TenantConfig, gpu_milli: int) -> li
     rng = np.random.default_rng([cfg.seed, 13])
     n = len(cfg.tenants)
     base = np.array([max(s, 1) for s in cfg.shares_pct], dtype=float)
-    gpu_pods = [tp for tp in pods if tp.spec.num_gpu]
+    gpu_pods = sorted((tp for tp in pods if tp.spec.num_gpu), key=lambda tp: (tp.created or 0, tp.spec.name))
+    if cfg.max_jobs:
+        gpu_pods = gpu_pods[: cfg.max_jobs]
     now = offered_load(gpu_pods, gpu_milli)
     if cfg.load and now:
         gpu_pods = compress_arrivals(gpu_pods, cfg.load / now)
