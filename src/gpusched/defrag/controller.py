@@ -45,6 +45,7 @@ from gpusched.core.defrag import Method, Plan, Rules, WorkBudget, apply_plan, pl
 from gpusched.core.model import PodSpec
 from gpusched.core.statement import Statement
 from gpusched.defrag.dryrun import pending_targets
+from gpusched.defrag.errors import DefragError
 from gpusched.doctor.books import Books
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.eviction import Evictor, Outcome
@@ -90,7 +91,9 @@ class Attempt:
     moves: tuple[str, ...] = ()
 
 
-class _Abandon(Exception):
+class _Abandon(DefragError):
+    """A plan stops here (control flow inside the controller; ``reason`` is the metric's label)."""
+
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(reason)
         self.reason, self.detail = reason, detail
