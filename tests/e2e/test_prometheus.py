@@ -4,21 +4,26 @@ the node agent (fake GPUs, on the test control plane's API) while a workload run
 
 Every panel query of every shipped dashboard and every alert expression goes through Prometheus's
 HTTP API: each must parse, and each must return data, except the queue placeholders (nothing feeds
-``gpusched_queue_*`` until queues exist) and the alerts on kube-state-metrics' series (not run here).
-Each alert that can be made to fire on kwok must fire (state ``firing`` in ``/api/v1/alerts``); the
-rules are loaded with ``for: 0s`` and a p99 threshold of 1 µs, the only changes from the shipped file.
+``gpusched_queue_*`` until queues exist). Each alert that can be made to fire on kwok must fire
+(state ``firing`` in ``/api/v1/alerts``); the rules are loaded with ``for: 0s`` and a p99 threshold
+of 1 µs, the only changes from the shipped file. kube-state-metrics (built from its Go module by
+``hack/build-kube-state-metrics.sh``) watches the same API for the alerts on its series.
 
 The scenario: 6 GPU shares of 700 milli fill the three 2-GPU "pa" nodes (every GPU keeps 300 milli
 the 700-milli workload cannot use: stranded), a pod asks for a GPU model no node has (pending, while
 the A10 of "pb" idles), the agent's fake GPU reports XID 79 (the agent marks it unhealthy on the Node,
-the scheduler's books follow), the extender answers filter and prioritize, and at the end the
-scheduler and the extender are killed (``up == 0``).
+the scheduler's books follow), the extender answers filter and prioritize, a ResourceQuota of one
+``requests.nvidia.com/gpu`` is used up by that pending pod, a fifth GPU node is held NotReady (a
+ValidatingAdmissionPolicy refuses kwok's status updates that would make it Ready again: kwok
+re-initialises every node that is not Ready), and at the end the scheduler and the extender are
+killed (``up == 0``).
 
 Counts are printed in the test's output (``-s``) and recorded as user properties.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -29,7 +34,7 @@ import threading
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +51,26 @@ pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP = "gpusched.io/e2e-group"
-KSM_ALERTS = {"GPUSchedGPUNodeNotReady", "GPUSchedResourceQuotaExhausted"}  # kube-state-metrics' series
+KSM_JOB = "kube-state-metrics"
 PLACEHOLDER_ALERTS = {"GPUSchedQueueQuotaExhausted"}  # gpusched_queue_*: no queues yet
 DOWN_ALERTS = {"GPUSchedSchedulerDown", "GPUSchedExtenderDown"}  # fired last: the processes are killed
+
+
+def ksm_binary() -> str:
+    """kube-state-metrics: ``$GPUSCHED_KSM_BIN`` (its bin directory) or ``hack/build-kube-state-metrics.sh``
+    (cached by version; the first build needs Go)."""
+    bin_dir = os.environ.get("GPUSCHED_KSM_BIN")
+    if not bin_dir:
+        out = subprocess.run([str(ROOT / "hack/build-kube-state-metrics.sh")], capture_output=True, text=True)
+        if out.returncode == 2:
+            unavailable(f"kube-state-metrics cannot be built: Go is not installed ({out.stderr.strip()})")
+        if out.returncode != 0:
+            pytest.fail(f"hack/build-kube-state-metrics.sh failed: {out.stderr[-2000:]}", pytrace=False)
+        bin_dir = out.stdout.strip().splitlines()[-1]
+    path = Path(bin_dir) / "kube-state-metrics"
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"no kube-state-metrics in {bin_dir}", pytrace=False)
+    return str(path)
 
 
 def _binary(name: str) -> str:
@@ -136,6 +158,8 @@ class Scene:
         self.coord = client.CoordinationV1Api(self.api)
         self.v1.create_namespace({"metadata": {"name": self.ns}})
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.cleanups: list[Callable[[], object]] = []
+        self.ksm = ""
         self._stop = threading.Event()
 
     # ------------------------------------------------------------------ cluster
@@ -167,6 +191,58 @@ class Scene:
             )
 
         wait_until(ready, timeout=240, what="kwok nodes Ready", control_plane=self.cp, interval=1)
+
+    def gpu_quota(self) -> None:
+        """A ResourceQuota of one requested GPU in the namespace (the pending H100 pod uses it up)."""
+        body = {"metadata": {"name": "gpus"}, "spec": {"hard": {"requests.nvidia.com/gpu": "1"}}}
+        self.v1.create_namespaced_resource_quota(self.ns, body, _preload_content=False)
+
+    def not_ready_node(self) -> str:
+        """A GPU node held NotReady: its status says Ready=False, and a ValidatingAdmissionPolicy
+        (bound to this node's label) refuses any status update that would make it Ready, so kwok's
+        node-initialize stage cannot bring it back."""
+        from kubernetes import client
+
+        adm = client.AdmissionregistrationV1Api(self.api)
+        name, policy = f"down-{self.tag}", f"hold-not-ready-{self.tag}"
+        ready = "object.status.conditions.exists(c, c.type == 'Ready' && c.status == 'True')"
+        adm.create_validating_admission_policy({
+            "metadata": {"name": policy},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "objectSelector": {"matchLabels": {f"{GROUP}-down": self.tag}},
+                    "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                                       "resources": ["nodes", "nodes/status"]}],
+                },
+                "validations": [{"expression": f"!has(object.status.conditions) || !({ready})",
+                                 "message": "held NotReady by the e2e test"}],
+            },
+        })  # fmt: skip
+        adm.create_validating_admission_policy_binding(
+            {"metadata": {"name": policy}, "spec": {"policyName": policy, "validationActions": ["Deny"]}}
+        )
+        self.cleanups.append(lambda: adm.delete_validating_admission_policy_binding(policy))
+        self.cleanups.append(lambda: adm.delete_validating_admission_policy(policy))
+        res = {"cpu": "32", "memory": "128Gi", "pods": "110", "nvidia.com/gpu": "4"}
+        labels = {"type": "kwok", GROUP: self.tag, f"{GROUP}-down": self.tag,
+                  "nvidia.com/gpu.product": "A100", "gpusched.io/pool": "pc"}  # fmt: skip
+        self.v1.create_node({"metadata": {"name": name, "labels": labels}}, _preload_content=False)
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        cond = {"type": "Ready", "status": "False", "reason": "KubeletNotReady", "message": "e2e: held down",
+                "lastHeartbeatTime": now, "lastTransitionTime": now}  # fmt: skip
+        status = {"status": {"capacity": res, "allocatable": res, "conditions": [cond]}}
+
+        def held_down() -> bool:  # the policy takes effect within a second or two: until then kwok wins
+            try:
+                self.v1.patch_node_status(name, status, _preload_content=False)
+            except client.ApiException:
+                return False
+            node = json.loads(self.v1.read_node(name, _preload_content=False).data)
+            return any(c["type"] == "Ready" and c["status"] == "False" for c in node["status"]["conditions"])
+
+        wait_until(held_down, timeout=60, what=f"node {name} held NotReady", interval=1)
+        return name
 
     def pod(self, name: str, res: dict[str, str], selector: dict[str, str]) -> None:
         body = {
@@ -203,11 +279,17 @@ class Scene:
         threading.Thread(target=renew, daemon=True).start()
 
     # ---------------------------------------------------------------- processes
-    def spawn(self, name: str, *cmd: str) -> subprocess.Popen[bytes]:
+    def spawn(self, name: str, *cmd: str, exe: str = sys.executable) -> subprocess.Popen[bytes]:
         log = (self.tmp / f"{name}.log").open("ab")
-        p = subprocess.Popen([sys.executable, *cmd], stdout=log, stderr=subprocess.STDOUT)
+        p = subprocess.Popen([exe, *cmd], stdout=log, stderr=subprocess.STDOUT)
         self.procs[name] = p
         return p
+
+    def ksm_proc(self, binary: str, port: int) -> None:
+        """kube-state-metrics on the nodes and the resource quotas (its telemetry on a spare port)."""
+        self.spawn("kube-state-metrics", f"--kubeconfig={self.cp.kubeconfig_path}", "--host=127.0.0.1",
+                   f"--port={port}", "--telemetry-host=127.0.0.1", f"--telemetry-port={free_port()}",
+                   "--resources=nodes,resourcequotas", exe=binary)  # fmt: skip
 
     def scheduler_proc(self, name: str, port: int, lease: str, scheduler_name: str) -> None:
         self.spawn(name, "-m", "gpusched.k8s.cli_scheduler", "--kubeconfig", str(self.cp.kubeconfig_path),
@@ -273,6 +355,9 @@ class Scene:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        for undo in self.cleanups:
+            with contextlib.suppress(Exception):  # best effort: the namespace and the nodes still go
+                undo()
         self.v1.delete_namespace(self.ns, _preload_content=False)
         self.v1.delete_collection_node(label_selector=f"{GROUP}={self.tag}", _preload_content=False)
 
@@ -280,7 +365,9 @@ class Scene:
 @pytest.fixture
 def scene(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Scene]:
     _binary("prometheus")
+    ksm = ksm_binary()
     s = Scene(control_plane, tmp_path)
+    s.ksm = ksm
     try:
         yield s
     finally:
@@ -300,13 +387,17 @@ def test_every_panel_query_and_alert_on_a_real_prometheus(
 ) -> None:
     s = scene
     s.nodes()
-    ports = {"scheduler": free_port(), "standby": free_port(), "extender": free_port(), "agent": free_port()}
+    down = s.not_ready_node()
+    s.gpu_quota()
+    ports = {"scheduler": free_port(), "standby": free_port(), "extender": free_port(), "agent": free_port(),
+             "ksm": free_port()}  # fmt: skip
     s.hold_lease(f"standby-{s.tag}")
     s.scheduler_proc("scheduler", ports["scheduler"], f"lease-{s.tag}", s.scheduler)
     s.scheduler_proc("standby", ports["standby"], f"standby-{s.tag}", f"{s.scheduler}-standby")
     s.extender_proc(ports["extender"])
+    s.ksm_proc(s.ksm, ports["ksm"])
     targets = {JOBS[0]: [ports["scheduler"], ports["standby"]], JOBS[1]: [ports["extender"]]}
-    prom = Prometheus(s.tmp, {**targets, JOBS[2]: [ports["agent"]]})
+    prom = Prometheus(s.tmp, {**targets, JOBS[2]: [ports["agent"]], KSM_JOB: [ports["ksm"]]})
     try:
         # the workload: six 700-milli shares on the pa nodes, one pod for a GPU model nobody has
         for i in range(6):
@@ -339,6 +430,9 @@ def test_every_panel_query_and_alert_on_a_real_prometheus(
             needed = [
                 'min(up{job=~"gpusched-.*"}) == 1',
                 'count(up{job=~"gpusched-.*"}) == 4',
+                f'up{{job="{KSM_JOB}"}} == 1',
+                f'kube_node_status_condition{{node="{down}", condition="Ready", status="false"}} == 1',
+                f'kube_resourcequota{{namespace="{s.ns}", resource="requests.nvidia.com/gpu", type="used"}}',
                 'gpusched_gpu_healthy{node="' + pa0 + '"} == 0',  # the agent's XID 79 reached the books
                 'DCGM_FI_DEV_GPU_UTIL{pod!=""}',  # the agent mapped pods onto its GPUs
                 "gpusched_gpus_stranded > 0",
@@ -373,7 +467,7 @@ def test_every_panel_query_and_alert_on_a_real_prometheus(
 
         # ---- every alert expression, and the alerts that fire on kwok
         all_alerts = {a.name: a for a in alerts(Thresholds(p99_seconds=1e-6))}
-        live = set(all_alerts) - KSM_ALERTS - PLACEHOLDER_ALERTS - DOWN_ALERTS
+        live = set(all_alerts) - PLACEHOLDER_ALERTS - DOWN_ALERTS
         wait_until(lambda: prom.firing() >= live, timeout=90, interval=1,
                    what=f"alerts firing: {sorted(live)}")  # fmt: skip
         expr_data = 0
@@ -383,9 +477,15 @@ def test_every_panel_query_and_alert_on_a_real_prometheus(
             if name in live:
                 assert result, f"{name} fires but its expression returned nothing"
                 expr_data += 1
-            elif name in KSM_ALERTS | PLACEHOLDER_ALERTS:
+            elif name in PLACEHOLDER_ALERTS:
                 assert not result
         fired_live = prom.firing() & set(all_alerts)
+        ksm_fired = prom.api("alerts")["data"]["alerts"]  # on this test's node and namespace
+        for alert, label, value in (("GPUSchedGPUNodeNotReady", "node", down),
+                                    ("GPUSchedResourceQuotaExhausted", "namespace", s.ns)):  # fmt: skip
+            assert any(
+                a["labels"]["alertname"] == alert and a["labels"].get(label) == value for a in ksm_fired
+            ), f"{alert} not firing for {label}={value}: {ksm_fired}"
         # kill the scheduler and the extender: up == 0 (their own alerts resolve: their series go stale)
         for name in ("scheduler", "extender"):
             s.procs[name].kill()
@@ -406,14 +506,14 @@ def test_every_panel_query_and_alert_on_a_real_prometheus(
         "alert_expressions": len(all_alerts),
         "alert_expressions_with_data": expr_data,
         "alerts_fired": fired,
-        "alerts_not_fireable_here": sorted(KSM_ALERTS | PLACEHOLDER_ALERTS),
+        "alerts_not_fireable_here": sorted(PLACEHOLDER_ALERTS),
     }
     for k, v in summary.items():
         record_property(k, v)
     with capsys.disabled():
         print("\nprometheus e2e:", json.dumps(summary))
     assert with_data + placeholders == len(queries)
-    assert set(fired) == set(all_alerts) - KSM_ALERTS - PLACEHOLDER_ALERTS
+    assert set(fired) == set(all_alerts) - PLACEHOLDER_ALERTS
 
 
 def test_chart_ships_the_dashboards_and_rules(
