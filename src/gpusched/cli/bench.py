@@ -236,6 +236,7 @@ def bench_tenants_cmd(
     synthetic_nodes: Annotated[int, typer.Option(help="Nodes of the synthetic default workload.")] = 100,
     synthetic_pods: Annotated[int, typer.Option(help="Pods of the synthetic default workload.")] = 2000,
     max_jobs: Annotated[int, typer.Option(help="Replay the first this many GPU pods only (0: all).")] = 0,
+    max_nodes: Annotated[int, typer.Option(help="Replay on the first this many nodes only (0: all).")] = 0,
     json_out: JsonOpt = False,
 ) -> None:
     """Multi-tenant replay: tenant queues (quota, borrowing, reclaim, gangs) against a plain queue."""
@@ -256,6 +257,7 @@ def bench_tenants_cmd(
         seed=seed,
         policy=policy,
         max_jobs=max_jobs,
+        max_nodes=max_nodes,
     )
     wl = load_workload(nodes, pods, SyntheticConfig(nodes=synthetic_nodes, pods=synthetic_pods, seed=seed))
     with render.progress(None, "replaying", quiet=json_out) as tick:

@@ -73,6 +73,8 @@ class TenantConfig:
     policy: str = "bestfit"
     max_jobs: int = 0
     """Replay only the first this many GPU pods of the workload (by arrival); 0: all."""
+    max_nodes: int = 0
+    """Replay on the first this many nodes only (a slice of a trace's cluster); 0: all."""
 
     def __post_init__(self) -> None:
         n = len(self.tenants)
@@ -92,8 +94,8 @@ class TenantConfig:
         ):
             if not lo <= v <= hi:
                 raise InvalidInput(f"{name} must be in {lo}..{hi}, got {v}")
-        if self.max_jobs < 0:
-            raise InvalidInput(f"max_jobs must be >= 0, got {self.max_jobs}")
+        if self.max_jobs < 0 or self.max_nodes < 0:
+            raise InvalidInput(f"max_jobs and max_nodes must be >= 0, got {self.max_jobs}, {self.max_nodes}")
         if not 0 <= self.load <= 100:
             raise InvalidInput(f"load must be in 0..100, got {self.load}")
 
@@ -421,6 +423,8 @@ def run_tenants(
     on_progress: Callable[[str, int, int], None] | None = None,
 ) -> list[TenantResult]:
     """Replay the same tenants' jobs under each mode; one result per mode, in order."""
+    if cfg.max_nodes:
+        nodes = list(nodes)[: cfg.max_nodes]
     jobs = make_jobs(pods, cfg, sum(n.gpu_count for n in nodes) * GPU_MILLI)
     if not jobs:
         raise InvalidInput("the workload has no GPU pods to give the tenants")
