@@ -19,8 +19,9 @@ standby keeps its informers warm. Becoming leader rebuilds the books from the AP
 (bound pods and their assignment annotations) before the first decision.
 
 A pod a Permit plugin makes wait (``ScheduleResult.waiting``) is rejected at once (its booking
-given back) and waits in the unschedulable set: no profile of this scheduler waits yet, and
-holding waiting pods until their gang is complete comes with gangs.
+given back) and waits in the unschedulable set: no profile of this scheduler waits. Gangs hold
+nothing while they wait: a PodGroup member is decided with its group's pending pods, all or
+nothing, in one cycle (``k8s/gangs.py``); a pod with DRA claims is never bound (``k8s/claims.py``).
 """
 
 from __future__ import annotations
