@@ -320,9 +320,9 @@ def test_cli_command_modules_only_parse_options_and_call_the_layer_below() -> No
 
 
 def duplicate_test_basenames(root: Path) -> dict[str, list[str]]:
-    """Test modules that share a file name. The suite runs in pytest's default ``prepend`` import mode, where
-    ``tests/x/test_a.py`` and ``tests/y/test_a.py`` collide ("import file mismatch") once both are collected in
-    one run — as CI collects them, though a run of one folder does not."""
+    """Test modules that share a file name. The suite runs in pytest's default ``prepend`` import mode,
+    where ``tests/x/test_a.py`` and ``tests/y/test_a.py`` collide ("import file mismatch") once both are
+    collected in one run — as CI collects them, though a run of one folder does not."""
     seen: dict[str, list[str]] = {}
     for p in sorted(root.rglob("test_*.py")):
         seen.setdefault(p.name, []).append(str(p.relative_to(root)))
