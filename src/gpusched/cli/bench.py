@@ -75,9 +75,31 @@ def bench_k8s_cmd(
     pods: Annotated[int, typer.Option(help="Pods to bind in the standalone run.")] = 3000,
     policy: Annotated[str, typer.Option("--policy", "-p", help="Placement policy.")] = "default",
     concurrency: Annotated[int, typer.Option(help="Concurrent extender clients.")] = 8,
+    compare: Annotated[
+        bool,
+        typer.Option(help="Every scheduler as its own process on one control plane, beside kube-scheduler."),
+    ] = False,
+    only: Annotated[
+        str | None,
+        typer.Option(help="With --compare: these cases only (comma-separated): kube-scheduler, "
+                     "kube-scheduler-default, standalone, standalone-shares, extender."),
+    ] = None,
+    warmup: Annotated[int, typer.Option(help="With --compare: warm-up pods (kube-scheduler) first.")] = 500,
+    arrival_rate: Annotated[float, typer.Option(help="With --compare: steady arrivals, pods/s.")] = 50.0,
+    arrival_pods: Annotated[int, typer.Option(help="With --compare: steady-arrival pods per case.")] = 500,
     json_out: JsonOpt = False,
 ) -> None:
-    """Standalone pods/s through a real kube-apiserver, and extender latency (real control plane)."""
+    """Standalone pods/s through a real kube-apiserver, and extender latency (real control plane).
+    With --compare: bound pods/s of kube-scheduler, gpusched scheduler and kube-scheduler + gpusched
+    extender, each a process, and their creation-to-binding latency under steady arrivals."""
+    if compare:
+        from gpusched.bench.k8s_compare import CASES, CompareConfig, bench_compare
+
+        cases = tuple(c.strip() for c in only.split(",") if c.strip()) if only else CASES
+        cfg = CompareConfig(nodes=nodes, pods=pods, warmup=warmup, arrival_rate=arrival_rate,
+                            arrival_pods=arrival_pods, only=cases)  # fmt: skip
+        render.k8s_compare(bench_compare(cfg, on_progress=render.note), json_out)
+        return
     from gpusched.bench.k8s import bench_k8s
 
     check_policies([policy])
