@@ -79,6 +79,8 @@ class CompareConfig:
     timeout_s: float = 900.0
     """Per wait (nodes Ready, a backlog bound, ...)."""
     create_threads: int = 16
+    profile_dir: Path | None = None
+    """py-spy samples every gpusched process into this folder (``<case>-<run>.txt``, collapsed stacks)."""
 
     def check(self) -> None:
         unknown = sorted(set(self.only) - set(CASES))
@@ -238,10 +240,11 @@ class _Bench:
             with kube_scheduler(self.cp, name, conf, self.log_dir) as p:
                 yield [p]
         elif case in (STANDALONE, STANDALONE_SHARES):
-            with gpusched_scheduler(self.cp, name, sched, self.log_dir) as p:
+            with gpusched_scheduler(self.cp, name, sched, self.log_dir, self.cfg.profile_dir) as p:
                 yield [p]
         else:
-            with gpusched_extender(self.cp, f"{name}-gpusched", self.log_dir) as (ext, url):
+            ext_name = f"{name}-gpusched"
+            with gpusched_extender(self.cp, ext_name, self.log_dir, self.cfg.profile_dir) as (ext, url):
                 conf = kube_scheduler_config(kc, sched, lease, qps=LIFTED_QPS, extender_url=url)
                 with kube_scheduler(self.cp, name, conf, self.log_dir) as p:
                     yield [ext, p]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -63,22 +64,43 @@ class SchedulerProcess:
         stop_process(self.popen, signal.SIGTERM, 15.0)
 
 
-@contextlib.contextmanager
-def _spawned(name: str, cmd: list[str], log_dir: Path) -> Iterator[SchedulerProcess]:
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log = log_dir / f"{name}.log"
+def _popen(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         out.write(f"$ {' '.join(cmd)}\n".encode())
         out.flush()
-        popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-    proc = SchedulerProcess(name, popen, log)
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+
+
+@contextlib.contextmanager
+def _spawned(
+    name: str, cmd: list[str], log_dir: Path, profile_dir: Path | None = None
+) -> Iterator[SchedulerProcess]:
+    """``cmd`` as a process logging to ``log_dir``; with ``profile_dir``, py-spy samples it
+    (collapsed stacks, ``<profile_dir>/<name>.txt``) until the block ends."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    proc = SchedulerProcess(name, _popen(cmd, log_dir / f"{name}.log"), log_dir / f"{name}.log")
+    spy = None
+    if profile_dir is not None:
+        if shutil.which("py-spy") is None:
+            proc.stop()
+            raise SchedulerProcessError("profiling needs py-spy (pip install -e '.[dev]')")
+        profile_dir.mkdir(parents=True, exist_ok=True)
+        spy_cmd = ["py-spy", "record", "--format", "raw", "--rate", "100", "--nonblocking", "--gil",
+                   "--pid", str(proc.popen.pid), "--output", str(profile_dir / f"{name}.txt")]  # fmt: skip
+        spy = _popen(spy_cmd, log_dir / f"{name}-py-spy.log")
     try:
         yield proc
     finally:
+        if spy is not None:
+            stop_process(spy, signal.SIGINT, 30.0)  # py-spy writes its profile on SIGINT
         proc.stop()
 
 
 def _extender_stanza(url: str) -> dict[str, Any]:
+    if not EXTENDER_CONFIG.is_file():
+        raise SchedulerProcessError(
+            f"the extender's KubeSchedulerConfiguration is not at {EXTENDER_CONFIG}: run from the repository"
+        )
     config = yaml.safe_load(EXTENDER_CONFIG.read_text())
     ext = dict(config["extenders"][0])
     ext["urlPrefix"] = url
@@ -140,14 +162,14 @@ def _python(*args: str) -> list[str]:
 
 @contextlib.contextmanager
 def gpusched_scheduler(
-    cp: ControlPlane, name: str, scheduler_name: str, log_dir: Path
+    cp: ControlPlane, name: str, scheduler_name: str, log_dir: Path, profile_dir: Path | None = None
 ) -> Iterator[SchedulerProcess]:
     """``gpusched scheduler`` for pods of ``scheduler_name``, leader-elected on its own Lease."""
     cmd = _python(
         "scheduler", "--kubeconfig", str(cp.kubeconfig_path), "--scheduler-name", scheduler_name,
         "--port", str(free_port()), "--lease-name", f"lease-{scheduler_name}", "--log-level", "WARNING",
     )  # fmt: skip
-    with _spawned(name, cmd, log_dir) as proc:
+    with _spawned(name, cmd, log_dir, profile_dir) as proc:
         yield proc
 
 
@@ -161,7 +183,7 @@ def _ready(url: str) -> bool:
 
 @contextlib.contextmanager
 def gpusched_extender(
-    cp: ControlPlane, name: str, log_dir: Path, timeout_s: float = 120.0
+    cp: ControlPlane, name: str, log_dir: Path, profile_dir: Path | None = None, timeout_s: float = 120.0
 ) -> Iterator[tuple[SchedulerProcess, str]]:
     """``gpusched extender`` on a loopback port; yields it and its URL once it answers ``/readyz``."""
     port = free_port()
@@ -170,7 +192,7 @@ def gpusched_extender(
         "--policy", "default", "--log-level", "warning",
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    with _spawned(name, cmd, log_dir) as proc:
+    with _spawned(name, cmd, log_dir, profile_dir) as proc:
         wait_until(lambda: proc.alive() and _ready(f"{url}/readyz"), timeout=timeout_s,
                    what=f"{name} to be ready", control_plane=cp)  # fmt: skip
         yield proc, url

@@ -87,6 +87,10 @@ def bench_k8s_cmd(
     warmup: Annotated[int, typer.Option(help="With --compare: warm-up pods (kube-scheduler) first.")] = 500,
     arrival_rate: Annotated[float, typer.Option(help="With --compare: steady arrivals, pods/s.")] = 50.0,
     arrival_pods: Annotated[int, typer.Option(help="With --compare: steady-arrival pods per case.")] = 500,
+    profile: Annotated[
+        Path | None,
+        typer.Option(help="With --compare: py-spy samples each gpusched process into this folder."),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Standalone pods/s through a real kube-apiserver, and extender latency (real control plane).
@@ -97,7 +101,7 @@ def bench_k8s_cmd(
 
         cases = tuple(c.strip() for c in only.split(",") if c.strip()) if only else CASES
         cfg = CompareConfig(nodes=nodes, pods=pods, warmup=warmup, arrival_rate=arrival_rate,
-                            arrival_pods=arrival_pods, only=cases)  # fmt: skip
+                            arrival_pods=arrival_pods, only=cases, profile_dir=profile)  # fmt: skip
         render.k8s_compare(bench_compare(cfg, on_progress=render.note), json_out)
         return
     from gpusched.bench.k8s import bench_k8s
