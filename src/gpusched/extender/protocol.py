@@ -243,16 +243,6 @@ def check_quantities(pod: Mapping[str, Any]) -> None:
                 )
 
 
-def encode_priorities(names: list[str]) -> npt.NDArray[np.object_]:
-    """Per node, the encoded ``{"Host": name, "Score": s}`` for s = 0..MAX_PRIORITY: an object array
-    (nodes × 11) of bytes, so that an answer is one fancy-indexing and one join."""
-    out = np.empty((len(names), MAX_PRIORITY + 1), dtype=object)
-    for i, n in enumerate(names):
-        head = b'{"Host":' + orjson.dumps(n) + b',"Score":'
-        out[i] = [head + str(s).encode() + b"}" for s in range(MAX_PRIORITY + 1)]
-    return out
-
-
 def name_of(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata")
     return str(meta.get("name") or "") if isinstance(meta, dict) else ""
