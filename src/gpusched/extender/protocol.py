@@ -136,7 +136,9 @@ def json_depth(body: bytes | bytearray | memoryview, stop_at: int | None = None)
 def parse_json(body: bytes | bytearray | memoryview, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
     """The request body as a JSON object, or BadRequest (HTTP 400): not JSON, not an object, or
     nested deeper than ``max_depth`` (checked on the bytes, before parsing)."""
-    if json_depth(body, max_depth) > max_depth:
+    # nesting needs an opening bracket per level: a body with few of them skips the scan
+    few = not isinstance(body, memoryview) and body.count(b"{") + body.count(b"[") <= max_depth
+    if not few and json_depth(body, max_depth) > max_depth:
         raise LimitExceeded(f"request body nests JSON arrays and objects deeper than {max_depth} levels")
     try:
         data = orjson.loads(body)
