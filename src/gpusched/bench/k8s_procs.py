@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -64,21 +65,31 @@ class SchedulerProcess:
         stop_process(self.popen, signal.SIGTERM, 15.0)
 
 
-def _popen(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+def _popen(cmd: list[str], log: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         out.write(f"$ {' '.join(cmd)}\n".encode())
         out.flush()
-        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=None if env is None else dict(env),
+        )
 
 
 @contextlib.contextmanager
 def _spawned(
-    name: str, cmd: list[str], log_dir: Path, profile_dir: Path | None = None
+    name: str,
+    cmd: list[str],
+    log_dir: Path,
+    profile_dir: Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[SchedulerProcess]:
     """``cmd`` as a process logging to ``log_dir``; with ``profile_dir``, py-spy samples it
     (collapsed stacks, ``<profile_dir>/<name>.txt``) until the block ends."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    proc = SchedulerProcess(name, _popen(cmd, log_dir / f"{name}.log"), log_dir / f"{name}.log")
+    proc = SchedulerProcess(name, _popen(cmd, log_dir / f"{name}.log", env), log_dir / f"{name}.log")
     spy = None
     if profile_dir is not None:
         if shutil.which("py-spy") is None:
@@ -162,14 +173,21 @@ def _python(*args: str) -> list[str]:
 
 @contextlib.contextmanager
 def gpusched_scheduler(
-    cp: ControlPlane, name: str, scheduler_name: str, log_dir: Path, profile_dir: Path | None = None
+    cp: ControlPlane,
+    name: str,
+    scheduler_name: str,
+    log_dir: Path,
+    profile_dir: Path | None = None,
+    source: Path | None = None,
 ) -> Iterator[SchedulerProcess]:
-    """``gpusched scheduler`` for pods of ``scheduler_name``, leader-elected on its own Lease."""
+    """``gpusched scheduler`` for pods of ``scheduler_name``, leader-elected on its own Lease;
+    from the ``source`` folder (``PYTHONPATH``) when given, else this process's gpusched."""
     cmd = _python(
         "scheduler", "--kubeconfig", str(cp.kubeconfig_path), "--scheduler-name", scheduler_name,
         "--port", str(free_port()), "--lease-name", f"lease-{scheduler_name}", "--log-level", "WARNING",
     )  # fmt: skip
-    with _spawned(name, cmd, log_dir, profile_dir) as proc:
+    env = {**os.environ, "PYTHONPATH": str(source)} if source is not None else None
+    with _spawned(name, cmd, log_dir, profile_dir, env) as proc:
         yield proc
 
 

@@ -68,14 +68,27 @@ def _pod(name: str, tag: str, scheduler: str, rng: np.random.Generator) -> dict[
     }
 
 
-def ready_untainted(v1: Any, tag: str) -> int:
+def _bench_nodes(v1: Any, tag: str) -> list[dict[str, Any]]:
     resp = v1.list_node(label_selector=f"gpusched.io/bench={tag}", _preload_content=False)
+    items: list[dict[str, Any]] = json.loads(resp.data)["items"]
+    return items
+
+
+def _is_ready(item: dict[str, Any]) -> bool:
+    conds = (item.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def ready_nodes(v1: Any, tag: str) -> set[str]:
+    """Names of the bench nodes ``tag`` that are Ready now."""
+    return {i["metadata"]["name"] for i in _bench_nodes(v1, tag) if _is_ready(i)}
+
+
+def ready_untainted(v1: Any, tag: str) -> int:
     n = 0
-    for item in json.loads(resp.data)["items"]:
-        conds = (item.get("status") or {}).get("conditions") or []
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+    for item in _bench_nodes(v1, tag):
         taints = (item.get("spec") or {}).get("taints") or []
-        n += int(ready) and not any(t.get("effect") in ("NoSchedule", "NoExecute") for t in taints)
+        n += _is_ready(item) and not any(t.get("effect") in ("NoSchedule", "NoExecute") for t in taints)
     return n
 
 

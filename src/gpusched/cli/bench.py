@@ -91,6 +91,11 @@ def bench_k8s_cmd(
         Path | None,
         typer.Option(help="With --compare: py-spy samples each gpusched process into this folder."),
     ] = None,
+    variant: Annotated[
+        list[str] | None,
+        typer.Option(help="With --compare: LABEL=SRC, gpusched scheduler from another source folder "
+                     "(e.g. a worktree of an earlier commit's src/) beside the current one; repeatable."),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Standalone pods/s through a real kube-apiserver, and extender latency (real control plane).
@@ -101,13 +106,21 @@ def bench_k8s_cmd(
 
         cases = tuple(c.strip() for c in only.split(",") if c.strip()) if only else CASES
         cfg = CompareConfig(nodes=nodes, pods=pods, warmup=warmup, arrival_rate=arrival_rate,
-                            arrival_pods=arrival_pods, only=cases, profile_dir=profile)  # fmt: skip
+                            arrival_pods=arrival_pods, only=cases, profile_dir=profile,
+                            variants=tuple(_variant(v) for v in variant or ()))  # fmt: skip
         render.k8s_compare(bench_compare(cfg, on_progress=render.note), json_out)
         return
     from gpusched.bench.k8s import bench_k8s
 
     check_policies([policy])
     render.k8s(bench_k8s(nodes=nodes, pods=pods, policy=policy, concurrency=concurrency), json_out)
+
+
+def _variant(text: str) -> tuple[str, Path]:
+    label, sep, src = text.partition("=")
+    if not sep or not label or not src:
+        raise typer.BadParameter(f"--variant: LABEL=SRC, got {text!r}")
+    return label, Path(src)
 
 
 SizesOpt = Annotated[list[int] | None, typer.Option("--nodes", help="Cluster sizes (repeatable).")]
