@@ -50,6 +50,7 @@ from gpusched.k8s.convert import InvalidRequest, pod_from_k8s
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.informer import Reflector
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
+from gpusched.k8s.rest import FastCoreV1
 from gpusched.k8s.state import TERMINAL, LiveCluster, pod_key, start_informers
 from gpusched.metrics.cluster import cluster_stats
 from gpusched.metrics.scheduling import SchedulerMetrics, diagnosis_labels
@@ -84,16 +85,17 @@ class StandaloneScheduler:
         self.config = cfg = config or SchedulerConfig()
         if cfg.policy not in POLICIES:
             raise ValueError(f"unknown policy {cfg.policy!r}; choose one of {', '.join(POLICIES)}")
-        self.core = client.CoreV1Api(api)
-        self._binder = APIBinder(self.core)
+        self.core = client.CoreV1Api(api)  # lists, watches, preemption
+        self.fast = FastCoreV1(api)  # the calls made per pod: binding, event, read-back
+        self._binder = APIBinder(self.fast)
         self.cluster = LiveCluster()
         self._settler = Settler(
             self.cluster,
-            lambda ns, name: read_pod(self.core, ns, name),
+            lambda ns, name: read_pod(self.fast, ns, name),
             on_released=lambda obj: self.queue.add_or_update(obj, pod_key(obj), backoff=True),
         )
         self.queue = SchedulingQueue(flush_s=cfg.flush_s)
-        self.events = EventRecorder(self.core, cfg.scheduler_name, cfg.identity)
+        self.events = EventRecorder(self.fast, cfg.scheduler_name, cfg.identity)
         self.metrics = metrics or SchedulerMetrics(profile=cfg.scheduler_name)
         self.metrics.set_leader(cfg.lease_name, False)
         self.leading = threading.Event()
