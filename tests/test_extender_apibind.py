@@ -182,3 +182,52 @@ def test_a_refused_first_attempt_releases_the_gpus() -> None:
     answer, held = post_bind(first, FakeBinder(), pod("p", gpus=1, uid="uid-p"))
     assert "403 Forbidden" in answer["Error"]
     assert held is None
+
+
+def test_parallel_binding_cycles_are_not_serialised() -> None:
+    """kube-scheduler binds pods in parallel goroutines: ``PARALLEL`` /bind requests must all be
+    at the apiserver at once. The fake apiserver holds every binding until that many are in
+    flight (a serialised /bind would never get there and each binding would fail after 10 s)."""
+    parallel = 8
+    e = make([node(f"n{i}", gpus=1) for i in range(parallel)],
+             binder=FakeBinder(fail=Status(Code.UNSCHEDULABLE, ("threaded retry",))))  # fmt: skip
+    for i in range(parallel):
+        e.filter({"Pod": pod(f"p{i}", gpus=1, uid=f"uid-{i}"), "NodeNames": [f"n{i}"]})
+    loop = asyncio.new_event_loop()
+    arrived, all_in = 0, asyncio.Event()
+
+    async def binding(request: web.Request) -> web.Response:
+        nonlocal arrived
+        arrived += 1
+        if arrived == parallel:
+            all_in.set()
+        try:
+            await asyncio.wait_for(all_in.wait(), 10.0)
+        except TimeoutError:
+            return web.json_response({"message": "alone"}, status=500)
+        return web.json_response({"kind": "Status"}, status=201)
+
+    api = web.Application()
+    api.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/binding", binding)
+    api_server = TestServer(api, loop=loop)
+    loop.run_until_complete(api_server.start_server())
+    first = AsyncAPIBinder(cfg(str(api_server.make_url(""))))
+    c: TestClient[Any, Any] = TestClient(TestServer(make_app(e, first_binder=first)), loop=loop)
+
+    async def bind(i: int) -> Any:
+        args = {"PodName": f"p{i}", "PodNamespace": "default", "PodUID": f"uid-{i}", "Node": f"n{i}"}
+        r = await c.post("/bind", json=args)
+        return await r.json()
+
+    async def all_binds() -> list[Any]:
+        return await asyncio.gather(*(bind(i) for i in range(parallel)))
+
+    try:
+        loop.run_until_complete(c.start_server())
+        answers = loop.run_until_complete(all_binds())
+    finally:
+        loop.run_until_complete(c.close())
+        loop.run_until_complete(api_server.close())
+        loop.close()
+    assert answers == [{"Error": ""}] * parallel
+    assert arrived == parallel
