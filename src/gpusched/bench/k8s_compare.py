@@ -246,10 +246,15 @@ class _Bench:
 
         with ThreadPoolExecutor(cfg.create_threads) as ex:
             list(ex.map(create, range(cfg.nodes)))
+        self.note(f"{cfg.nodes} nodes created; waiting until each is Ready")
         ready: set[str] = set()
+        said = [time.monotonic()]
 
         def all_ready_once() -> bool:  # each seen Ready at least once (on a busy machine some flap)
             ready.update(ready_nodes(self.v1, tag))
+            if time.monotonic() - said[0] > 20:
+                self.note(f"{len(ready)} of {cfg.nodes} nodes seen Ready")
+                said[0] = time.monotonic()
             return len(ready) >= cfg.nodes
 
         wait_until(all_ready_once, timeout=cfg.timeout_s, what="the bench nodes to be Ready",

@@ -107,7 +107,7 @@ class StandaloneScheduler:
         self._profile: Profile | None = None
         self._profile_at = 0.0
         self._profile_seen = 0
-        self._last_state: object = None
+        self._last_state: tuple[object, int] | None = None
         self._tiebreak = np.zeros(0, dtype=np.int64)
         self._gauges_at = -1e9
         self.scheduled = 0
@@ -212,10 +212,13 @@ class StandaloneScheduler:
             self._note_state(snap)
 
     def _note_state(self, snap: Any) -> None:
-        if snap is not self._last_state:
+        """Called under the cluster lock: when nodes changed since the last cycle (a rebuilt
+        snapshot, or a node relabelled in place), unschedulable pods may fit now."""
+        seen = (snap, self.cluster.node_version)
+        if self._last_state is None or seen[0] is not self._last_state[0] or seen[1] != self._last_state[1]:
             if self._last_state is not None:
-                self.queue.cluster_changed()  # nodes changed: unschedulable pods may fit now
-            self._last_state = snap
+                self.queue.cluster_changed()
+            self._last_state = seen
             self._tiebreak = np.arange(len(snap), dtype=np.int64)  # nodes are in name order
 
     def _spec(self, qp: QueuedPod) -> PodSpec:

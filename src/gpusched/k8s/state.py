@@ -65,6 +65,9 @@ class LiveCluster:
         self._on_invalid = on_invalid
         self.conflicts: list[str] = []
         """Pods whose recorded assignment did not fit the books on rebuild (never expected)."""
+        self.node_version = 0
+        """Bumped whenever a node is added, changed or removed (a relabelled node keeps the
+        snapshot: compare this, not snapshots, to notice that nodes changed)."""
 
     # ------------------------------------------------------------ nodes
     def upsert_node(self, obj: Mapping[str, Any]) -> None:
@@ -74,8 +77,16 @@ class LiveCluster:
             self._withhold_node(obj, e)
             return
         with self.lock:
-            if self._nodes.get(spec.name) != spec:
-                self._nodes[spec.name] = spec
+            old = self._nodes.get(spec.name)
+            if old == spec:
+                return
+            self._nodes[spec.name] = spec
+            self.node_version += 1
+            st = self._state
+            i = st.index.get(spec.name) if st is not None and old is not None else None
+            # labels or taints only (a taint added or lifted): in place, the bookings kept;
+            # a new node or another capacity: rebuilt on the next snapshot
+            if st is None or i is None or not st.relabel_node(i, spec):
                 self._state = None
 
     def _withhold_node(self, obj: Mapping[str, Any], error: InvalidRequest) -> None:
@@ -97,11 +108,13 @@ class LiveCluster:
             )
             if withheld != old:
                 self._nodes[name] = withheld
+                self.node_version += 1
                 self._state = None
 
     def delete_node(self, name: str) -> None:
         with self.lock:
             if self._nodes.pop(name, None) is not None:
+                self.node_version += 1
                 self._state = None
 
     # ------------------------------------------------------------- pods
