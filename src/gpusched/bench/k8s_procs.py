@@ -7,7 +7,8 @@
 - ``gpusched_scheduler``: ``python -m gpusched.cli scheduler``;
 - ``gpusched_extender``: ``python -m gpusched.cli extender``.
 
-Every one elects a leader on its own Lease (as deployed), logs to a file in ``log_dir`` and is
+None elects a leader: on a saturated machine a Lease renewal that times out makes kube-scheduler
+exit (and gpusched stop deciding) in the middle of a run. Every one logs to a file in ``log_dir`` and is
 stopped with SIGTERM (SIGKILL after a grace period) when its ``with`` block ends. The Python
 processes inherit this process's environment (``PYTHONPATH`` included), so they run the same
 gpusched as the benchmark.
@@ -121,13 +122,12 @@ def _extender_stanza(url: str) -> dict[str, Any]:
 def kube_scheduler_config(
     kubeconfig: Path,
     scheduler_name: str,
-    lease: str,
     *,
     qps: int | None,
     extender_url: str | None = None,
 ) -> dict[str, Any]:
-    """A KubeSchedulerConfiguration: one profile ``scheduler_name``, leader election on the
-    Lease ``kube-system/<lease>``, the client limit lifted to ``qps`` (None: the defaults),
+    """A KubeSchedulerConfiguration: one profile ``scheduler_name``, no leader election, the
+    client limit lifted to ``qps`` (None: the defaults),
     and the gpusched extender at ``extender_url`` (None: none)."""
     client: dict[str, Any] = {"kubeconfig": str(kubeconfig)}
     if qps is not None:
@@ -136,7 +136,7 @@ def kube_scheduler_config(
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
         "clientConnection": client,
-        "leaderElection": {"leaderElect": True, "resourceNamespace": "kube-system", "resourceName": lease},
+        "leaderElection": {"leaderElect": False},
         "profiles": [{"schedulerName": scheduler_name}],
     }
     if extender_url is not None:
@@ -180,11 +180,11 @@ def gpusched_scheduler(
     profile_dir: Path | None = None,
     source: Path | None = None,
 ) -> Iterator[SchedulerProcess]:
-    """``gpusched scheduler`` for pods of ``scheduler_name``, leader-elected on its own Lease;
+    """``gpusched scheduler`` for pods of ``scheduler_name``, without leader election;
     from the ``source`` folder (``PYTHONPATH``) when given, else this process's gpusched."""
     cmd = _python(
         "scheduler", "--kubeconfig", str(cp.kubeconfig_path), "--scheduler-name", scheduler_name,
-        "--port", str(free_port()), "--lease-name", f"lease-{scheduler_name}", "--log-level", "WARNING",
+        "--port", str(free_port()), "--no-leader-elect", "--log-level", "WARNING",
     )  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(source)} if source is not None else None
     with _spawned(name, cmd, log_dir, profile_dir, env) as proc:
