@@ -251,18 +251,24 @@ class LiveCluster:
     def _rebuild(self) -> ClusterState:
         st = ClusterState(sorted(self._nodes.values(), key=lambda n: n.name))
         self.conflicts = []
-        # pods with a recorded assignment first, so that pods without one take what is left
-        ordered = sorted(self._bound.items(), key=lambda kv: (not kv[1][2], kv[0]))
-        for _key, (spec, node, gpus) in ordered:
+        # exact GPUs first: bound pods with a recorded assignment, then our own decisions still
+        # being bound; bound pods without an assignment (bound by someone else) take what is left
+        # (booked before the decisions, they could take a decision's GPU and drop it)
+        recorded = sorted((kv for kv in self._bound.items() if kv[1][2]), key=lambda kv: kv[0])
+        for _key, (spec, node, gpus) in recorded:
             self._book(st, spec, node, gpus)
         for key, (spec, node, gpus) in list(self._assumed.items()):
-            if key in st.allocations:
+            if key in st.allocations or key in self._bound:
                 continue
             try:
                 st.assume(spec, st.index[node], gpus)
             except (KeyError, AccountingError):
                 log.warning("dropping assumed pod %s: node %s changed or left", key, node)
                 del self._assumed[key]
+        for _key, (spec, node, gpus) in sorted(
+            (kv for kv in self._bound.items() if not kv[1][2]), key=lambda kv: kv[0]
+        ):
+            self._book(st, spec, node, gpus)
         return st
 
     def _book(self, st: ClusterState, spec: PodSpec, node: str, gpus: tuple[int, ...]) -> None:
