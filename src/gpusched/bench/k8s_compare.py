@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import orjson
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from gpusched.bench.k8s_procs import (
     LIFTED_QPS,
@@ -215,6 +216,22 @@ def _pod(name: str, tag: str, scheduler: str, shares: bool, rng: np.random.Gener
     }
 
 
+def _retrying(call: Callable[..., Any], *args: Any, tries: int = 6, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)``, again after 1, 2, 4 ... s while an overloaded apiserver answers
+    429 or 5xx (504 "request did not complete"); a create answered 409 (it was created by an
+    attempt whose answer was lost) counts as done."""
+    for attempt in range(tries):
+        try:
+            return call(*args, _preload_content=False, **kwargs)
+        except ApiException as e:
+            if e.status == 409 and attempt > 0:
+                return None
+            if attempt == tries - 1 or not (e.status == 429 or (e.status or 0) >= 500):
+                raise
+            time.sleep(2.0**attempt)
+    return None
+
+
 def _overbooked(items: Sequence[dict[str, Any]]) -> int:
     """GPUs whose pods' assignment annotations add up to more than 1000 milli."""
     milli: dict[tuple[str, int], int] = defaultdict(int)
@@ -242,7 +259,7 @@ class _Bench:
         self.note(f"creating {cfg.nodes} kwok nodes (8 GPUs each)")
 
         def create(i: int) -> None:
-            self.v1.create_node(bench_node(f"n-{tag}-{i:05d}", tag, i), _preload_content=False)
+            _retrying(self.v1.create_node, bench_node(f"n-{tag}-{i:05d}", tag, i))
 
         with ThreadPoolExecutor(cfg.create_threads) as ex:
             list(ex.map(create, range(cfg.nodes)))
@@ -289,14 +306,13 @@ class _Bench:
         ns = f"bench-{self.tag}-{case}-{run}"
         sched = f"bench-{case}-{run}"
         shares = case in _SHARES
-        v1.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
-                            _preload_content=False)  # fmt: skip
+        _retrying(v1.create_namespace, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
         watch = BindingWatcher(v1, ns).start()
         try:
             backlog = [_pod(f"b-{i:06d}", self.tag, sched, shares, self.rng) for i in range(pods)]
             self.note(f"{case} (run {run}): creating a backlog of {pods} pods")
             with ThreadPoolExecutor(cfg.create_threads) as ex:
-                list(ex.map(lambda b: v1.create_namespaced_pod(ns, b, _preload_content=False), backlog))
+                list(ex.map(lambda b: _retrying(v1.create_namespaced_pod, ns, b), backlog))
             wait_until(
                 lambda: watch.count_seen() >= pods, timeout=cfg.timeout_s, what="the backlog in the watch"
             )
@@ -316,7 +332,7 @@ class _Bench:
                     self._wait_bound(watch, set(sent), procs, case)
             lat = watch.times(set(sent))
             ms = np.array([1e3 * (lat[n] - sent[n]) for n in lat]) if lat else np.zeros(0)
-            items = orjson.loads(v1.list_namespaced_pod(ns, _preload_content=False).data)["items"]
+            items = orjson.loads(_retrying(v1.list_namespaced_pod, ns).data)["items"]
             result = CaseResult(
                 case, run, pods, rate.bound, rate.pods_per_s, rate.seconds,
                 arrival_pods=len(arrivals), arrival_bound=len(lat),
@@ -355,7 +371,7 @@ class _Bench:
 
         def create(body: dict[str, Any]) -> None:
             t = time.monotonic()
-            self.v1.create_namespaced_pod(ns, body, _preload_content=False)
+            _retrying(self.v1.create_namespaced_pod, ns, body)
             with lock:
                 sent[body["metadata"]["name"]] = t
 
@@ -373,14 +389,14 @@ class _Bench:
 
     def _clear(self, ns: str) -> None:
         """Delete the case's pods at once (grace 0) and wait until they are gone, then the namespace."""
-        self.v1.delete_collection_namespaced_pod(ns, grace_period_seconds=0, _preload_content=False)
+        _retrying(self.v1.delete_collection_namespaced_pod, ns, grace_period_seconds=0)
 
         def empty() -> bool:
-            resp = self.v1.list_namespaced_pod(ns, limit=1, _preload_content=False)
+            resp = _retrying(self.v1.list_namespaced_pod, ns, limit=1)
             return not orjson.loads(resp.data)["items"]
 
         wait_until(empty, timeout=self.cfg.timeout_s, what=f"the pods of {ns} to be deleted", interval=0.5)
-        self.v1.delete_namespace(ns, _preload_content=False)
+        _retrying(self.v1.delete_namespace, ns)
 
 
 def plan(only: Sequence[str], variants: Sequence[str] = ()) -> list[tuple[str, int]]:
