@@ -51,7 +51,12 @@ def test_no_ratio_without_kube_scheduler() -> None:
 
 @pytest.mark.parametrize(
     "cfg",
-    [CompareConfig(only=("kube",)), CompareConfig(only=()), CompareConfig(pods=1), CompareConfig(arrival_rate=0)],
+    [
+        CompareConfig(only=("kube",)),
+        CompareConfig(only=()),
+        CompareConfig(pods=1),
+        CompareConfig(arrival_rate=0),
+    ],
 )
 def test_bad_configs_are_refused_by_name(cfg: CompareConfig) -> None:
     with pytest.raises(GpuschedError):
