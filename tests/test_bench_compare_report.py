@@ -14,8 +14,14 @@ from gpusched.bench.k8s_compare import (
     CompareReport,
     _overbooked,
     plan,
+    slug,
 )
 from gpusched.core.errors import GpuschedError
+
+
+def test_variant_cases_get_dns_label_names() -> None:
+    assert slug("standalone@base") == "standalone-at-base"
+    assert plan((STANDALONE,), ["base"]) == [(STANDALONE, 1), ("standalone@base", 1)]
 
 
 def test_kube_scheduler_runs_first_and_last() -> None:

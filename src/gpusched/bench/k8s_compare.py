@@ -98,9 +98,14 @@ class CompareConfig:
                 "nodes must be positive, pods at least 2, warmup and arrival pods not negative"
             )
         for label, src in self.variants:
-            if not label.replace("-", "").isalnum() or not (Path(src) / "gpusched").is_dir():
-                raise InvalidInput(f"variant {label}={src}: a label of letters, digits, '-', and a folder "
-                                   "holding the gpusched package (a src/ folder)")  # fmt: skip
+            if (
+                not (label.replace("-", "").isalnum() and label.islower())
+                or not (Path(src) / "gpusched").is_dir()
+            ):
+                raise InvalidInput(
+                    f"variant {label}={src}: a label of lowercase letters, digits and '-', "
+                    "and a folder holding the gpusched package (a src/ folder)"
+                )
         if self.arrival_pods and self.arrival_rate <= 0:
             raise InvalidInput("arrival rate must be positive")
 
@@ -303,8 +308,8 @@ class _Bench:
     # ----------------------------------------------------------------- cases
     def run_case(self, case: str, run: int, pods: int) -> CaseResult:
         cfg, v1 = self.cfg, self.v1
-        ns = f"bench-{self.tag}-{case}-{run}"
-        sched = f"bench-{case}-{run}"
+        ns = f"bench-{self.tag}-{slug(case)}-{run}"
+        sched = f"bench-{slug(case)}-{run}"
         shares = case in _SHARES
         _retrying(v1.create_namespace, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
         watch = BindingWatcher(v1, ns).start()
@@ -397,6 +402,11 @@ class _Bench:
 
         wait_until(empty, timeout=self.cfg.timeout_s, what=f"the pods of {ns} to be deleted", interval=0.5)
         _retrying(self.v1.delete_namespace, ns)
+
+
+def slug(case: str) -> str:
+    """A case's name as a DNS label (namespace, schedulerName): ``standalone@a`` -> ``standalone-at-a``."""
+    return case.replace("@", "-at-").lower()
 
 
 def plan(only: Sequence[str], variants: Sequence[str] = ()) -> list[tuple[str, int]]:
