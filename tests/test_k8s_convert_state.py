@@ -425,3 +425,24 @@ def _defrag_pod(annotations: dict[str, str]) -> dict[str, Any]:
         "metadata": {"name": "p", "namespace": "default", "annotations": annotations},
         "spec": {"containers": [{"name": "c", "resources": {"limits": {"gpusched.io/gpu-milli": "300"}}}]},
     }
+
+
+def test_a_rebuild_keeps_our_decisions_before_pods_bound_without_an_assignment() -> None:
+    """Pods bound by someone else (no assignment annotation) take the GPUs left after the
+    decisions still being bound: a rebuild never drops a decision for them."""
+    lc = LiveCluster()
+    lc.upsert_node(node("n1", gpus=2))
+    lc.upsert_pod(pod("c", {"nvidia.com/gpu": "1"}, node_name="n1", gpus=(1,)))
+    with lc.snapshot() as st:
+        lc.assume(pod_from_k8s(pod("a", {"gpusched.io/gpu-milli": "500"})), st.index["n1"], (0,))
+    lc.upsert_pod(pod("b", {"cpu": "1"}, node_name="n1"))  # no GPU: books in place
+    lc.upsert_pod(pod("theirs", {"nvidia.com/gpu": "1"}, node_name="n1"))  # bound elsewhere's way
+    lc.rebuild()
+    got = books_unchecked(lc)
+    assert lc.assumed() == ["default/a"]
+    assert got["default/a"] == ("n1", (0,)) and got["default/c"] == ("n1", (1,))
+
+
+def books_unchecked(lc: LiveCluster) -> dict[str, tuple[str, tuple[int, ...]]]:
+    with lc.snapshot() as st:
+        return {k: (st.names[a.node], a.gpus) for k, a in st.allocations.items()}

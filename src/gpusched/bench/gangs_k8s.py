@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from kubernetes import client
 
-from gpusched.bench.k8s_standalone import _node, _ready_untainted
+from gpusched.bench.k8s_standalone import bench_node, ready_untainted
 from gpusched.k8s.client import api_client
 from gpusched.k8s.convert import RES_GPU
 from gpusched.k8s.groupref import API, LABEL_COSCHEDULING
@@ -158,10 +158,10 @@ def bench_gangs_k8s(
         with ThreadPoolExecutor(16) as ex:
             list(
                 ex.map(
-                    lambda a: v1.create_node(_node(a[1], tag, a[0]), _preload_content=False), enumerate(names)
+                    lambda a: v1.create_node(bench_node(a[1], tag, a[0]), _preload_content=False), enumerate(names)
                 )
             )
-        wait_until(lambda: _ready_untainted(v1, tag) == nodes, timeout=timeout_s, what="bench nodes Ready",
+        wait_until(lambda: ready_untainted(v1, tag) == nodes, timeout=timeout_s, what="bench nodes Ready",
                    control_plane=cp, interval=1.0)  # fmt: skip
         gang_round = _round(cp, api, tag, "gangs", gpus, size, policy, timeout_s)
         plain_round = _round(cp, api, tag, "plain", gpus, size, policy, timeout_s)

@@ -27,7 +27,7 @@ from gpusched.testenv.kwoknodes import kwok_gpu_node
 _MODELS = (("A100-SXM4-80GB", 81920), ("V100-SXM2-32GB", 32768), ("T4", 15360))
 
 
-def _node(name: str, tag: str, i: int) -> dict[str, Any]:
+def bench_node(name: str, tag: str, i: int) -> dict[str, Any]:
     model, mem = _MODELS[i % len(_MODELS)]
     return kwok_gpu_node(
         name,
@@ -68,14 +68,27 @@ def _pod(name: str, tag: str, scheduler: str, rng: np.random.Generator) -> dict[
     }
 
 
-def _ready_untainted(v1: Any, tag: str) -> int:
+def _bench_nodes(v1: Any, tag: str) -> list[dict[str, Any]]:
     resp = v1.list_node(label_selector=f"gpusched.io/bench={tag}", _preload_content=False)
+    items: list[dict[str, Any]] = json.loads(resp.data)["items"]
+    return items
+
+
+def _is_ready(item: dict[str, Any]) -> bool:
+    conds = (item.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def ready_nodes(v1: Any, tag: str) -> set[str]:
+    """Names of the bench nodes ``tag`` that are Ready now."""
+    return {i["metadata"]["name"] for i in _bench_nodes(v1, tag) if _is_ready(i)}
+
+
+def ready_untainted(v1: Any, tag: str) -> int:
     n = 0
-    for item in json.loads(resp.data)["items"]:
-        conds = (item.get("status") or {}).get("conditions") or []
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+    for item in _bench_nodes(v1, tag):
         taints = (item.get("spec") or {}).get("taints") or []
-        n += int(ready) and not any(t.get("effect") in ("NoSchedule", "NoExecute") for t in taints)
+        n += _is_ready(item) and not any(t.get("effect") in ("NoSchedule", "NoExecute") for t in taints)
     return n
 
 
@@ -108,9 +121,9 @@ def bench_standalone(
     sched = None
     try:
         with ThreadPoolExecutor(create_threads) as ex:
-            list(ex.map(lambda a: v1.create_node(_node(a[1], tag, a[0]), _preload_content=False),
+            list(ex.map(lambda a: v1.create_node(bench_node(a[1], tag, a[0]), _preload_content=False),
                         enumerate(node_names)))  # fmt: skip
-        wait_until(lambda: _ready_untainted(v1, tag) == nodes, timeout=timeout_s, what="bench nodes Ready",
+        wait_until(lambda: ready_untainted(v1, tag) == nodes, timeout=timeout_s, what="bench nodes Ready",
                    control_plane=cp, interval=1.0)  # fmt: skip
         sched = StandaloneScheduler(
             api, SchedulerConfig(scheduler_name=sched_name, policy=policy, bind_workers=bind_workers)

@@ -75,9 +75,45 @@ def bench_k8s_cmd(
     pods: Annotated[int, typer.Option(help="Pods to bind in the standalone run.")] = 3000,
     policy: Annotated[str, typer.Option("--policy", "-p", help="Placement policy.")] = "default",
     concurrency: Annotated[int, typer.Option(help="Concurrent extender clients.")] = 8,
+    compare: Annotated[
+        bool,
+        typer.Option(help="Every scheduler as its own process on one control plane, beside kube-scheduler."),
+    ] = False,
+    only: Annotated[
+        str | None,
+        typer.Option(
+            help="With --compare: these cases only (comma-separated): kube-scheduler, "
+            "kube-scheduler-default, standalone, standalone-shares, extender."
+        ),
+    ] = None,
+    warmup: Annotated[int, typer.Option(help="With --compare: warm-up pods (kube-scheduler) first.")] = 500,
+    arrival_rate: Annotated[float, typer.Option(help="With --compare: steady arrivals, pods/s.")] = 50.0,
+    arrival_pods: Annotated[int, typer.Option(help="With --compare: steady-arrival pods per case.")] = 500,
+    profile: Annotated[
+        Path | None,
+        typer.Option(help="With --compare: py-spy samples each gpusched process into this folder."),
+    ] = None,
+    variant: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="With --compare: LABEL=SRC, gpusched scheduler from another source folder "
+            "(e.g. a worktree of an earlier commit's src/) beside the current one; repeatable."
+        ),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Standalone pods/s through a real kube-apiserver, and extender latency (real control plane)."""
+    """Standalone pods/s through a real kube-apiserver, and extender latency (real control plane).
+    With --compare: bound pods/s of kube-scheduler, gpusched scheduler and kube-scheduler + gpusched
+    extender, each a process, and their creation-to-binding latency under steady arrivals."""
+    if compare:
+        from gpusched.bench.k8s_compare import CASES, CompareConfig, bench_compare
+
+        cases = tuple(c.strip() for c in only.split(",") if c.strip()) if only else CASES
+        cfg = CompareConfig(nodes=nodes, pods=pods, warmup=warmup, arrival_rate=arrival_rate,
+                            arrival_pods=arrival_pods, only=cases, profile_dir=profile,
+                            variants=tuple(_variant(v) for v in variant or ()))  # fmt: skip
+        render.k8s_compare(bench_compare(cfg, on_progress=render.note), json_out)
+        return
     from gpusched.bench.k8s import bench_k8s
 
     check_policies([policy])
@@ -113,6 +149,13 @@ def bench_gangs_k8s_cmd(
 
     check_policies([policy])
     render.gangs_k8s(bench_gangs_k8s(nodes=nodes, gangs=gangs, size=size, policy=policy).as_dict(), json_out)
+
+
+def _variant(text: str) -> tuple[str, Path]:
+    label, sep, src = text.partition("=")
+    if not sep or not label or not src:
+        raise typer.BadParameter(f"--variant: LABEL=SRC, got {text!r}")
+    return label, Path(src)
 
 
 SizesOpt = Annotated[list[int] | None, typer.Option("--nodes", help="Cluster sizes (repeatable).")]

@@ -168,6 +168,30 @@ def gangs_k8s(report: Mapping[str, Any], json_out: bool) -> None:
     )
 
 
+K8S_COMPARE_KEYS = (
+    "kube_scheduler_pods_per_s",
+    "kube_scheduler_runs_pods_per_s",
+    "kube_scheduler_default_pods_per_s",
+    "standalone_pods_per_s",
+    "standalone_shares_pods_per_s",
+    "extender_pods_per_s",
+    "kube_scheduler_default_ratio",
+    "standalone_ratio",
+    "standalone_shares_ratio",
+    "extender_ratio",
+    "latency_p50_ms",
+    "latency_p99_ms",
+)
+
+
+def k8s_compare(report: Mapping[str, Any], json_out: bool) -> None:
+    if json_out:
+        emit_json(report)
+        return
+    for k in K8S_COMPARE_KEYS:
+        out_console.print(f"{k}: {report[k]}")
+
+
 def extender_attack(report: dict[str, Any], json_out: bool) -> None:
     if json_out:
         emit_json(report)

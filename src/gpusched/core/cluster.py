@@ -19,6 +19,7 @@ resource is an integer numpy array so that filters and scores run over all nodes
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
+from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
@@ -284,6 +285,19 @@ class ClusterState:
                 if mem:
                     mem_free[g] += mem
         self.gen[n] += 1
+
+    def relabel_node(self, node: int, spec: NodeSpec) -> bool:
+        """Put ``spec`` in place of node ``node``'s spec when the two differ only in labels and
+        taints (a taint added or lifted, a label changed): its bookings stay, the per-snapshot
+        caches that read labels or taints are dropped and its generation moves. Returns False,
+        changing nothing, when any capacity, the GPU model or a GPU's health differs (rebuild)."""
+        old = self.nodes[node]
+        if old.name != spec.name or replace(spec, labels=old.labels, taints=old.taints) != old:
+            return False
+        self.nodes = (*self.nodes[:node], spec, *self.nodes[node + 1 :])
+        self.caches.clear()
+        self.gen[node] += 1
+        return True
 
     # --------------------------------------------------------------- copying
     def copy(self) -> ClusterState:

@@ -2,9 +2,12 @@
 
 - ``POST /filter``, ``/prioritize``, ``/preempt``: decided on the event loop; the numpy work
   runs under ``LiveCluster``'s lock for about a millisecond and never awaits while holding it.
-- ``POST /bind``: the GPUs are chosen and booked under the lock, then the API calls (annotate,
-  bind) run in a thread pool without it, so binds to different nodes proceed in parallel and
-  the loop keeps serving filters meanwhile.
+- ``POST /bind``: the GPUs are chosen and booked under the lock, then the Binding (which carries
+  the assignment annotation) is sent without it: from the loop itself over kept-alive
+  connections when a ``first_binder`` is set (``apibind``; what gpusched extender does), so
+  kube-scheduler's parallel binding cycles proceed in parallel here too; a binding that attempt
+  does not complete, and every binding without a ``first_binder``, runs its attempts, retries and
+  read-backs in a thread pool, and the loop keeps serving filters meanwhile.
 - ``GET /healthz`` (the process is up), ``/readyz`` (the informers have synced: 503 before),
   ``/metrics`` (Prometheus), ``/state`` (a JSON summary of the books, for operators and tests).
 
@@ -57,6 +60,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import Counter
 
+from gpusched.extender.apibind import AsyncBinder
 from gpusched.extender.handlers import Extender
 from gpusched.extender.protocol import (
     DEFAULT_MAX_BODY_BYTES,
@@ -166,11 +170,14 @@ def make_app(
     sync_wait_s: float = DEFAULT_SYNC_WAIT_S,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+    first_binder: AsyncBinder | None = None,
 ) -> web.Application:
     """The aiohttp application serving ``extender``. ``ready`` answers ``/readyz`` and gates the
     verbs (each waits up to ``sync_wait_s`` for it); binding API calls run in ``executor``
-    (default: a pool of 32 threads, shut down with the app). Bodies over ``max_body_bytes`` get
-    HTTP 413; large ones share ``LARGE_BODIES`` slots (see the module doc)."""
+    (default: a pool of 32 threads, shut down with the app); with ``first_binder``
+    (``apibind.AsyncAPIBinder``) the first attempt of each binding is made on the loop, and only
+    what it does not bind goes to the threads. Bodies over ``max_body_bytes`` get HTTP 413; large
+    ones share ``LARGE_BODIES`` slots (see the module doc)."""
     if sync_wait_s < 0 or body_timeout_s <= 0 or max_body_bytes <= 0:
         raise ValueError("sync_wait_s must be >= 0, body_timeout_s and max_body_bytes > 0")
     m = metrics or SchedulerMetrics()
@@ -329,7 +336,13 @@ def make_app(
         except BadRequest as e:
             return _json({"Error": str(e)})
         t0 = time.perf_counter()
-        error = await loop.run_in_executor(pool, extender.call_binder, plan)
+        first = None
+        if first_binder is not None:  # the first attempt on the loop; anything but success: the threads
+            first = await first_binder.bind(extender.bound_pod(plan), plan.node, plan.gpus)
+        if first is not None and first.ok:
+            error = None
+        else:
+            error = await loop.run_in_executor(pool, extender.call_binder, plan, first)
         m.binding_duration.labels("error" if error else "bound").observe(time.perf_counter() - t0)
         return _json(extender.complete(plan, error))
 
@@ -361,6 +374,8 @@ def make_app(
         return web.Response(body=m.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
     async def shutdown(app: web.Application) -> None:
+        if first_binder is not None:
+            await first_binder.close()
         if executor is None:
             pool.shutdown(wait=False, cancel_futures=True)
 

@@ -5,8 +5,9 @@ The cycle's steps are the core's (``core.scheduler``: ``pre_filter``, ``filter_n
 (node names, or node objects the books do not know) and snapshot indices, and the failures
 into the wire's positions. Only the reasons of failed nodes and the answer lists are built
 node by node. A request's name list maps to snapshot indices once
-per snapshot (kube-scheduler sends the same list pod after pod), with the encoded
-``HostPriority`` entries of its nodes cached beside it.
+per snapshot (kube-scheduler sends the same list pod after pod while the cluster is small
+enough for it to filter every node; with ``percentageOfNodesToScore`` it sends a window that
+moves pod after pod, and the cache misses).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from gpusched.core.framework import CycleState, Profile
 from gpusched.core.model import NodeSpec, PodSpec
 from gpusched.core.scheduler import filter_nodes, pre_filter, score_nodes
 from gpusched.core.status import Code
-from gpusched.extender.protocol import BadRequest, check_names, encode_priorities
+from gpusched.extender.protocol import BadRequest, check_names
 from gpusched.k8s.convert import InvalidRequest, node_from_k8s
 from gpusched.k8s.state import LiveCluster
 
@@ -38,7 +39,6 @@ F64 = npt.NDArray[np.float64]
 class NodeList:
     pos: I64  # positions in the request of the nodes the books know
     idx: I64  # their indices in the snapshot
-    enc: npt.NDArray[np.object_] | None = None  # encode_priorities of the request's names
     arr: npt.NDArray[np.object_] | None = None  # the request's names as an object array
 
     def names_at(self, names: list[str], positions: I64) -> list[str]:
@@ -157,10 +157,3 @@ class Evaluator:
         failures += [(keep[p], r, c) for p, r, c in fails]
         if score and m.any():
             raw[kpos[m]] = score_nodes(state, self.profile, pod, tmp, tidx[m])[0]
-
-    @staticmethod
-    def encode(nodes: NodeList, names: list[str], scores: I64) -> bytes:
-        """The HostPriorityList JSON from the cached per-node entries (built on first use)."""
-        if nodes.enc is None:
-            nodes.enc = encode_priorities(names)
-        return b"[" + b",".join(nodes.enc[np.arange(len(names)), scores].tolist()) + b"]"

@@ -37,6 +37,7 @@ from gpusched.core.framework import BindPlugin, CycleState, Profile, run_bind
 from gpusched.core.model import PodSpec
 from gpusched.core.scheduler import choose_devices
 from gpusched.core.statement import Statement
+from gpusched.core.status import Status
 from gpusched.extender.evaluate import UNKNOWN_NODE, UNRES, Evaluator, NodeList, run_filters
 from gpusched.extender.protocol import (
     MAX_NODES,
@@ -195,11 +196,9 @@ class Extender:
         return [{"Host": n, "Score": s} for n, s in zip(names, scores.tolist(), strict=True)]
 
     def prioritize_json(self, args: Mapping[str, Any]) -> bytes:
-        """``prioritize``, encoded (from cached per-node entries when nodes were sent by name)."""
-        names, scores, nodes = self._priorities(args)
-        if nodes is None:
-            return dumps([{"Host": n, "Score": s} for n, s in zip(names, scores.tolist(), strict=True)])
-        return self.evaluator.encode(nodes, names, scores)
+        """``prioritize``, encoded."""
+        names, scores, _ = self._priorities(args)
+        return dumps([{"Host": n, "Score": s} for n, s in zip(names, scores.tolist(), strict=True)])
 
     def preempt(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """ExtenderPreemptionArgs → ExtenderPreemptionResult (UIDs only). Raises BadRequest."""
@@ -304,15 +303,27 @@ class Extender:
             return {"Error": f"binding {plan.pod.key} to {plan.node} failed: {error}"}
         return {"Error": ""}
 
-    def call_binder(self, plan: BindPlan) -> str | None:
+    @staticmethod
+    def bound_pod(plan: BindPlan) -> PodSpec:
+        """The pod of ``plan`` with the UID to bind it under (the request's)."""
+        return dataclasses.replace(plan.pod, uid=plan.uid) if plan.uid else plan.pod
+
+    def call_binder(self, plan: BindPlan, first: Status | None = None) -> str | None:
         """Run the profile's bind plugins (blocking) until the API says what happened, for at
         most ``bind_budget_s`` (``k8s/binding.py``): the error text, or None once the pod is
         bound to ``plan.node`` (by this call, or by an earlier attempt whose answer was lost).
-        A booking whose outcome is still unknown stays held until the API settles it."""
-        pod = dataclasses.replace(plan.pod, uid=plan.uid) if plan.uid else plan.pod
+        A booking whose outcome is still unknown stays held until the API settles it.
+        ``first``: the answer of a first attempt already made (``apibind``), read as the
+        plugins' first answer."""
+        pod = self.bound_pod(plan)
         deadline = time.monotonic() + self.bind_budget_s
+        answers = [first] if first is not None else []
+
+        def attempt() -> Status:
+            return answers.pop() if answers else run_bind(self.profile, pod, plan.node, plan.gpus)
+
         out = bind_until_settled(
-            lambda: run_bind(self.profile, pod, plan.node, plan.gpus),
+            attempt,
             pod,
             self.settler,
             keep_trying=lambda: time.monotonic() < deadline,

@@ -136,7 +136,9 @@ def json_depth(body: bytes | bytearray | memoryview, stop_at: int | None = None)
 def parse_json(body: bytes | bytearray | memoryview, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
     """The request body as a JSON object, or BadRequest (HTTP 400): not JSON, not an object, or
     nested deeper than ``max_depth`` (checked on the bytes, before parsing)."""
-    if json_depth(body, max_depth) > max_depth:
+    # nesting needs an opening bracket per level: a body with few of them skips the scan
+    few = not isinstance(body, memoryview) and body.count(b"{") + body.count(b"[") <= max_depth
+    if not few and json_depth(body, max_depth) > max_depth:
         raise LimitExceeded(f"request body nests JSON arrays and objects deeper than {max_depth} levels")
     try:
         data = orjson.loads(body)
@@ -241,16 +243,6 @@ def check_quantities(pod: Mapping[str, Any]) -> None:
                         "+", ""
                     )
                 )
-
-
-def encode_priorities(names: list[str]) -> npt.NDArray[np.object_]:
-    """Per node, the encoded ``{"Host": name, "Score": s}`` for s = 0..MAX_PRIORITY: an object array
-    (nodes × 11) of bytes, so that an answer is one fancy-indexing and one join."""
-    out = np.empty((len(names), MAX_PRIORITY + 1), dtype=object)
-    for i, n in enumerate(names):
-        head = b'{"Host":' + orjson.dumps(n) + b',"Score":'
-        out[i] = [head + str(s).encode() + b"}" for s in range(MAX_PRIORITY + 1)]
-    return out
 
 
 def name_of(obj: Mapping[str, Any]) -> str:

@@ -58,6 +58,7 @@ def serve_extender(
     from aiohttp import web
     from kubernetes import client
 
+    from gpusched.extender.apibind import AsyncAPIBinder
     from gpusched.extender.app import limit_heap_growth, make_app
     from gpusched.extender.handlers import Extender
     from gpusched.k8s.binder import APIBinder
@@ -102,6 +103,7 @@ def serve_extender(
         executor=pool,
         sync_wait_s=sync_wait_s,
         max_body_bytes=max_body_bytes,
+        first_binder=AsyncAPIBinder(core.api_client.configuration),
     )
     log.info(
         "gpusched extender: policy %s, listening on %s:%d (%s)",

@@ -20,6 +20,15 @@ from kubernetes import client
 from gpusched.core.model import PodSpec
 from gpusched.core.status import Code, Status
 from gpusched.k8s.convert import ANN_ASSIGNMENT, assignment_annotation
+from gpusched.k8s.rest import FastCoreV1
+
+Core = client.CoreV1Api | FastCoreV1
+"""Either client for the binder's calls: ``FastCoreV1`` (the hot path), or the generated one."""
+
+
+def fast(core: Core) -> Core:
+    """``FastCoreV1`` on a ``CoreV1Api``'s connection pool; anything else (a fake) as it is."""
+    return FastCoreV1(core.api_client) if isinstance(core, client.CoreV1Api) else core
 
 
 def describe(e: Exception) -> str:
@@ -40,7 +49,7 @@ REQUEST_TIMEOUT_S = 30.0
 binding thread forever (the outcome then counts as unknown)."""
 
 
-def read_pod(core: client.CoreV1Api, namespace: str, name: str) -> dict[str, Any] | None:
+def read_pod(core: Core, namespace: str, name: str) -> dict[str, Any] | None:
     """The pod as the API has it now (a quorum read), None when it does not exist (404);
     raises on any other failure."""
     try:
@@ -56,7 +65,7 @@ def read_pod(core: client.CoreV1Api, namespace: str, name: str) -> dict[str, Any
 
 
 def bind_pod(
-    core: client.CoreV1Api,
+    core: Core,
     namespace: str,
     name: str,
     uid: str,
@@ -99,13 +108,15 @@ class APIBinder:
     or 409 (already bound, perhaps by an earlier attempt whose answer was lost; or recreated
     under another UID). ``k8s/binding.py`` settles those by reading the pod back.
     ``in_binding``: the assignment annotation travels in the Binding (one call) or is patched
-    onto the pod first.
+    onto the pod first. A ``CoreV1Api`` is used through ``FastCoreV1`` on its connection pool
+    (the generated client's per-call work off the hot path, each answer read so that its
+    connection goes back to the pool).
     """
 
     name = "APIBinder"
 
-    def __init__(self, core: client.CoreV1Api, *, in_binding: bool = True) -> None:
-        self.core = core
+    def __init__(self, core: Core, *, in_binding: bool = True) -> None:
+        self.core = fast(core)
         self.in_binding = in_binding
 
     def bind(self, pod: PodSpec, node_name: str, gpus: tuple[int, ...]) -> Status:

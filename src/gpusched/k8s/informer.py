@@ -3,18 +3,20 @@
 Each ``Reflector`` lists (with ``resourceVersion``), hands every object to its handler, then
 watches from that version; a watch that ends is resumed from the last version seen
 (bookmarks included), and ``410 Gone`` (the version expired) triggers a fresh list. Objects
-stay plain dicts: no client model deserialisation, so thousands of nodes list quickly.
+stay plain dicts decoded by orjson: no client model deserialisation, so thousands of nodes list
+quickly, and a watch event (a pod is 2-5 KB of JSON, several events per pod scheduled) costs a
+fraction of what the standard library's decoder takes.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from kubernetes.client.exceptions import ApiException
 
 log = logging.getLogger(__name__)
@@ -35,11 +37,15 @@ class Gone(Exception):
 
 
 def _lines(resp: Any) -> Iterator[bytes]:
+    """The newline-separated lines of a streamed response (each chunk split once, not once per line)."""
     buf = b""
     for chunk in resp.stream(amt=65536, decode_content=True):
-        buf += chunk
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
+        if b"\n" not in chunk:
+            buf += chunk
+            continue
+        lines = (buf + chunk).split(b"\n")
+        buf = lines.pop()
+        for line in lines:
             if line.strip():
                 yield line
     if buf.strip():
@@ -77,7 +83,7 @@ class Reflector:
 
     def list_once(self) -> None:
         resp = self.list_fn(_preload_content=False, **self._kwargs())
-        data = json.loads(resp.data)
+        data = orjson.loads(resp.data)
         items = data.get("items") or []
         for obj in items:
             self.handlers.on_upsert(obj)
@@ -100,7 +106,7 @@ class Reflector:
             for line in _lines(resp):
                 if self._stop.is_set():
                     return
-                ev = json.loads(line)
+                ev = orjson.loads(line)
                 kind, obj = ev.get("type"), ev.get("object") or {}
                 if kind == "ERROR":
                     if obj.get("code") == 410:

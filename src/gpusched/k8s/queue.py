@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from gpusched.core.pending import pending_order
 from gpusched.k8s.convert import ANN_ASSIGNMENT
@@ -40,7 +41,7 @@ class QueuedPod:
     key: str
     obj: Mapping[str, Any]
     order: Order
-    fingerprint: str
+    fingerprint: bytes
     attempts: int = 0
     since: float = 0.0  # when it became unschedulable
     event_seq: int = 0  # cluster-change counter at that time
@@ -52,10 +53,11 @@ class QueuedPod:
         return str((self.obj.get("metadata") or {}).get("uid", ""))
 
 
-def fingerprint(obj: Mapping[str, Any]) -> str:
+def fingerprint(obj: Mapping[str, Any]) -> bytes:
+    """What scheduling reads of a pending pod (UID, spec, annotations but our own), as canonical JSON."""
     meta = obj.get("metadata") or {}
     ann = {k: v for k, v in (meta.get("annotations") or {}).items() if k != ANN_ASSIGNMENT}
-    return json.dumps([meta.get("uid"), obj.get("spec"), ann], sort_keys=True, default=str)
+    return orjson.dumps([meta.get("uid"), obj.get("spec"), ann], option=orjson.OPT_SORT_KEYS, default=str)
 
 
 class SchedulingQueue:

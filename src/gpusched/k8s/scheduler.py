@@ -58,6 +58,7 @@ from gpusched.k8s.preemption import Preemptor
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
 from gpusched.k8s.queues import QueueDirectory
 from gpusched.k8s.reservation import Reservations
+from gpusched.k8s.rest import FastCoreV1
 from gpusched.k8s.state import TERMINAL, LiveCluster, pod_key, start_informers
 from gpusched.k8s.tenants import TenantHost, TenantQueues
 from gpusched.metrics.cluster import cluster_stats
@@ -93,16 +94,17 @@ class StandaloneScheduler:
         self.config = cfg = config or SchedulerConfig()
         if cfg.policy not in POLICIES:
             raise ValueError(f"unknown policy {cfg.policy!r}; choose one of {', '.join(POLICIES)}")
-        self.core = client.CoreV1Api(api)
-        self._binder = APIBinder(self.core)
+        self.core = client.CoreV1Api(api)  # lists, watches, preemption
+        self.fast = FastCoreV1(api)  # the calls made per pod: binding, event, read-back
+        self._binder = APIBinder(self.fast)
         self.cluster = LiveCluster()
         self._settler = Settler(
             self.cluster,
-            lambda ns, name: read_pod(self.core, ns, name),
+            lambda ns, name: read_pod(self.fast, ns, name),
             on_released=lambda obj: self.queue.add_or_update(obj, pod_key(obj), backoff=True),
         )
         self.queue = SchedulingQueue(flush_s=cfg.flush_s)
-        self.events = EventRecorder(self.core, cfg.scheduler_name, cfg.identity)
+        self.events = EventRecorder(self.fast, cfg.scheduler_name, cfg.identity)
         self.metrics = metrics or SchedulerMetrics(profile=cfg.scheduler_name)
         self.metrics.set_leader(cfg.lease_name, False)
         self.budgets = BudgetReader(client.PolicyV1Api(api))  # PodDisruptionBudgets, for preemption
@@ -116,7 +118,7 @@ class StandaloneScheduler:
         self._profile: Profile | None = None
         self._profile_at = 0.0
         self._profile_seen = 0
-        self._last_state: object = None
+        self._last_state: tuple[object, int] | None = None
         self._tiebreak = np.zeros(0, dtype=np.int64)
         self._gauges_at = -1e9
         self.scheduled = 0
@@ -251,10 +253,13 @@ class StandaloneScheduler:
         return self._tiebreak
 
     def _note_state(self, snap: Any) -> None:
-        if snap is not self._last_state:
+        """Called under the cluster lock: when nodes changed since the last cycle (a rebuilt
+        snapshot, or a node relabelled in place), unschedulable pods may fit now."""
+        seen = (snap, self.cluster.node_version)
+        if self._last_state is None or seen[0] is not self._last_state[0] or seen[1] != self._last_state[1]:
             if self._last_state is not None:
-                self.queue.cluster_changed()  # nodes changed: unschedulable pods may fit now
-            self._last_state = snap
+                self.queue.cluster_changed()
+            self._last_state = seen
             self._tiebreak = np.arange(len(snap), dtype=np.int64)  # nodes are in name order
 
     def _spec(self, qp: QueuedPod) -> PodSpec:

@@ -65,6 +65,9 @@ class LiveCluster:
         self._on_invalid = on_invalid
         self.conflicts: list[str] = []
         """Pods whose recorded assignment did not fit the books on rebuild (never expected)."""
+        self.node_version = 0
+        """Bumped whenever a node is added, changed or removed (a relabelled node keeps the
+        snapshot: compare this, not snapshots, to notice that nodes changed)."""
 
     # ------------------------------------------------------------ nodes
     def upsert_node(self, obj: Mapping[str, Any]) -> None:
@@ -74,8 +77,16 @@ class LiveCluster:
             self._withhold_node(obj, e)
             return
         with self.lock:
-            if self._nodes.get(spec.name) != spec:
-                self._nodes[spec.name] = spec
+            old = self._nodes.get(spec.name)
+            if old == spec:
+                return
+            self._nodes[spec.name] = spec
+            self.node_version += 1
+            st = self._state
+            i = st.index.get(spec.name) if st is not None and old is not None else None
+            # labels or taints only (a taint added or lifted): in place, the bookings kept;
+            # a new node or another capacity: rebuilt on the next snapshot
+            if st is None or i is None or not st.relabel_node(i, spec):
                 self._state = None
 
     def _withhold_node(self, obj: Mapping[str, Any], error: InvalidRequest) -> None:
@@ -97,11 +108,13 @@ class LiveCluster:
             )
             if withheld != old:
                 self._nodes[name] = withheld
+                self.node_version += 1
                 self._state = None
 
     def delete_node(self, name: str) -> None:
         with self.lock:
             if self._nodes.pop(name, None) is not None:
+                self.node_version += 1
                 self._state = None
 
     # ------------------------------------------------------------- pods
@@ -238,18 +251,24 @@ class LiveCluster:
     def _rebuild(self) -> ClusterState:
         st = ClusterState(sorted(self._nodes.values(), key=lambda n: n.name))
         self.conflicts = []
-        # pods with a recorded assignment first, so that pods without one take what is left
-        ordered = sorted(self._bound.items(), key=lambda kv: (not kv[1][2], kv[0]))
-        for _key, (spec, node, gpus) in ordered:
+        # exact GPUs first: bound pods with a recorded assignment, then our own decisions still
+        # being bound; bound pods without an assignment (bound by someone else) take what is left
+        # (booked before the decisions, they could take a decision's GPU and drop it)
+        recorded = sorted((kv for kv in self._bound.items() if kv[1][2]), key=lambda kv: kv[0])
+        for _key, (spec, node, gpus) in recorded:
             self._book(st, spec, node, gpus)
         for key, (spec, node, gpus) in list(self._assumed.items()):
-            if key in st.allocations:
+            if key in st.allocations or key in self._bound:
                 continue
             try:
                 st.assume(spec, st.index[node], gpus)
             except (KeyError, AccountingError):
                 log.warning("dropping assumed pod %s: node %s changed or left", key, node)
                 del self._assumed[key]
+        for _key, (spec, node, gpus) in sorted(
+            (kv for kv in self._bound.items() if not kv[1][2]), key=lambda kv: kv[0]
+        ):
+            self._book(st, spec, node, gpus)
         return st
 
     def _book(self, st: ClusterState, spec: PodSpec, node: str, gpus: tuple[int, ...]) -> None:

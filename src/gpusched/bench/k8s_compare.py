@@ -1,0 +1,447 @@
+"""``gpusched bench k8s --compare``: gpusched's front ends beside kube-scheduler, in one run.
+
+One control plane (etcd, kube-apiserver, kube-controller-manager, kwok) and the same ``nodes``
+kwok nodes (8 GPUs each) serve every case; each scheduler runs as its own process, as users
+start it (``bench.k8s_procs``):
+
+- ``kube-scheduler``: the kube-scheduler binary with ``clientConnection.qps/burst`` lifted
+  (the reference of every ratio), run first and last; its best run counts (on a control plane
+  whose nodes just joined, the first run is often the slowest);
+- ``kube-scheduler-default``: the same binary at its shipped client limits (QPS 50, burst 100);
+- ``standalone``: ``gpusched scheduler``, pods asking for whole GPUs (``nvidia.com/gpu``), the
+  same pods as the kube-scheduler cases;
+- ``standalone-shares``: ``gpusched scheduler``, pods asking for GPU shares
+  (``gpusched.io/gpu-milli``);
+- ``extender``: kube-scheduler (limit lifted) calling ``gpusched extender``, the same shares.
+
+A warm-up (``warmup`` pods through kube-scheduler, not reported) comes first. Each case then
+creates a backlog of ``pods`` pending pods for its own ``schedulerName`` in its own namespace,
+starts its scheduler and counts the binding rate from the first binding to the last, as a
+watch in this process sees them (``bench.k8s_watch``); then, with the scheduler still running,
+``arrival_pods`` more pods are created at ``arrival_rate`` per second, and their creation →
+binding latency (from sending the create to seeing the binding) gives p50/p99. Afterwards every
+pod must be bound, none to two nodes, and no GPU booked beyond its capacity by the assignment
+annotations; then the case's pods are deleted before the next case starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpusched.bench.k8s_procs import (
+    LIFTED_QPS,
+    SchedulerProcess,
+    gpusched_extender,
+    gpusched_scheduler,
+    kube_scheduler,
+    kube_scheduler_config,
+)
+from gpusched.bench.k8s_standalone import bench_node, ready_nodes
+from gpusched.bench.k8s_watch import BindingWatcher
+from gpusched.core.errors import InvalidInput
+from gpusched.k8s.client import api_client
+from gpusched.k8s.convert import ANN_ASSIGNMENT, RES_GPU, RES_MILLI
+from gpusched.testenv import ControlPlane, wait_until
+
+KUBE = "kube-scheduler"
+KUBE_DEFAULT = "kube-scheduler-default"
+STANDALONE = "standalone"
+STANDALONE_SHARES = "standalone-shares"
+EXTENDER = "extender"
+CASES = (KUBE, KUBE_DEFAULT, STANDALONE, STANDALONE_SHARES, EXTENDER)
+_SHARES = (STANDALONE_SHARES, EXTENDER)
+VARIANT = "standalone@"
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    nodes: int = 1000
+    pods: int = 3000
+    """The backlog of each case."""
+    warmup: int = 500
+    arrival_rate: float = 50.0
+    """Pods created per second in the steady-arrival part of each case."""
+    arrival_pods: int = 500
+    only: tuple[str, ...] = CASES
+    seed: int = 0
+    timeout_s: float = 900.0
+    """Per wait (nodes Ready, a backlog bound, ...)."""
+    create_threads: int = 16
+    profile_dir: Path | None = None
+    variants: tuple[tuple[str, Path], ...] = ()
+    """(label, source folder): ``gpusched scheduler`` from another source tree (e.g. a git worktree
+    of an earlier commit), whole GPUs, as case ``standalone@<label>`` right after ``standalone``."""
+    """py-spy samples every gpusched process into this folder (``<case>-<run>.txt``, collapsed stacks)."""
+
+    def check(self) -> None:
+        unknown = sorted(set(self.only) - set(CASES))
+        if unknown:
+            raise InvalidInput(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
+        if not self.only:
+            raise InvalidInput("no case to run")
+        if self.nodes <= 0 or self.pods <= 1 or self.warmup < 0 or self.arrival_pods < 0:
+            raise InvalidInput(
+                "nodes must be positive, pods at least 2, warmup and arrival pods not negative"
+            )
+        for label, src in self.variants:
+            if (
+                not (label.replace("-", "").isalnum() and label.islower())
+                or not (Path(src) / "gpusched").is_dir()
+            ):
+                raise InvalidInput(
+                    f"variant {label}={src}: a label of lowercase letters, digits and '-', "
+                    "and a folder holding the gpusched package (a src/ folder)"
+                )
+        if self.arrival_pods and self.arrival_rate <= 0:
+            raise InvalidInput("arrival rate must be positive")
+
+
+@dataclass
+class CaseResult:
+    case: str
+    run: int
+    """1, or 2 for kube-scheduler's last run."""
+    pods: int
+    bound: int
+    pods_per_s: float
+    seconds: float
+    """From the first binding seen to the last."""
+    arrival_pods: int = 0
+    arrival_bound: int = 0
+    latency_p50_ms: float | None = None
+    latency_p99_ms: float | None = None
+    unbound: int = 0
+    """Pods of the case without a node at the end (must be 0)."""
+    rebound: int = 0
+    """Pods seen bound to two nodes (must be 0)."""
+    overbooked_gpus: int = 0
+    """GPUs whose assignment annotations add up to more than the GPU (must be 0)."""
+
+
+@dataclass
+class CompareReport:
+    config: CompareConfig
+    cases: list[CaseResult] = field(default_factory=list)
+
+    def _best(self, case: str) -> CaseResult | None:
+        runs = [c for c in self.cases if c.case == case]
+        return max(runs, key=lambda c: c.pods_per_s) if runs else None
+
+    def to_dict(self) -> dict[str, Any]:
+        rate = {c: (r.pods_per_s if (r := self._best(c)) else None) for c in CASES}
+        ref = rate[KUBE]
+
+        def ratio(v: float | None, base: float | None) -> float | None:
+            return round(v / base, 3) if v is not None and base else None
+
+        p99 = {c: (r.latency_p99_ms if (r := self._best(c)) else None) for c in CASES}
+        kube_p99 = min(
+            (c.latency_p99_ms for c in self.cases if c.case == KUBE and c.latency_p99_ms), default=None
+        )
+        cfg = self.config
+        return {
+            "nodes": cfg.nodes,
+            "pods": cfg.pods,
+            "warmup_pods": cfg.warmup,
+            "arrival_rate_per_s": cfg.arrival_rate,
+            "arrival_pods": cfg.arrival_pods,
+            "kube_scheduler_pods_per_s": ref,
+            "kube_scheduler_runs_pods_per_s": [c.pods_per_s for c in self.cases if c.case == KUBE],
+            "kube_scheduler_default_pods_per_s": rate[KUBE_DEFAULT],
+            "standalone_pods_per_s": rate[STANDALONE],
+            "standalone_shares_pods_per_s": rate[STANDALONE_SHARES],
+            "extender_pods_per_s": rate[EXTENDER],
+            "kube_scheduler_default_ratio": ratio(rate[KUBE_DEFAULT], ref),
+            "standalone_ratio": ratio(rate[STANDALONE], ref),
+            "standalone_shares_ratio": ratio(rate[STANDALONE_SHARES], ref),
+            "extender_ratio": ratio(rate[EXTENDER], ref),
+            "latency_p50_ms": {c: (r.latency_p50_ms if (r := self._best(c)) else None) for c in CASES},
+            "latency_p99_ms": p99,
+            "kube_scheduler_p99_ms": kube_p99,
+            "standalone_p99_latency_ratio": ratio(p99[STANDALONE], kube_p99),
+            "standalone_shares_p99_latency_ratio": ratio(p99[STANDALONE_SHARES], kube_p99),
+            "extender_p99_latency_ratio": ratio(p99[EXTENDER], kube_p99),
+            "variants_pods_per_s": {
+                c.case.removeprefix(VARIANT): c.pods_per_s for c in self.cases if c.case.startswith(VARIANT)
+            },
+            "variants_ratio": {
+                c.case.removeprefix(VARIANT): ratio(c.pods_per_s, ref)
+                for c in self.cases
+                if c.case.startswith(VARIANT)
+            },
+            "cases": [asdict(c) for c in self.cases],
+        }
+
+
+_TOLERATE_FLAPPING = [
+    {"key": f"node.kubernetes.io/{t}", "operator": "Exists", "effect": e}
+    for t in ("not-ready", "unreachable")
+    for e in ("NoSchedule", "NoExecute")
+]
+
+
+def _pod(name: str, tag: str, scheduler: str, shares: bool, rng: np.random.Generator) -> dict[str, Any]:
+    res: dict[str, str] = {"cpu": "1", "memory": "2Gi"}
+    if shares:
+        res[RES_MILLI] = str(int(rng.choice([100, 250, 300, 500, 700])))
+    else:
+        res[RES_GPU] = str(int(rng.choice([1, 1, 1, 2])))
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"gpusched.io/bench": tag}},
+        "spec": {
+            "schedulerName": scheduler,
+            "nodeSelector": {"gpusched.io/bench": tag},
+            # kwok renews 1000 node leases; on a busy machine some lapse and the node lifecycle
+            # controller taints those nodes for a while: that must not change what is measured
+            "tolerations": _TOLERATE_FLAPPING,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"requests": res, "limits": res},
+                },
+            ],
+        },
+    }
+
+
+def _retrying(call: Callable[..., Any], *args: Any, tries: int = 6, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)``, again after 1, 2, 4 ... s while an overloaded apiserver answers
+    429 or 5xx (504 "request did not complete"); a create answered 409 (it was created by an
+    attempt whose answer was lost) counts as done."""
+    for attempt in range(tries):
+        try:
+            return call(*args, _preload_content=False, **kwargs)
+        except ApiException as e:
+            if e.status == 409 and attempt > 0:
+                return None
+            if attempt == tries - 1 or not (e.status == 429 or (e.status or 0) >= 500):
+                raise
+            time.sleep(2.0**attempt)
+    return None
+
+
+def _overbooked(items: Sequence[dict[str, Any]]) -> int:
+    """GPUs whose pods' assignment annotations add up to more than 1000 milli."""
+    milli: dict[tuple[str, int], int] = defaultdict(int)
+    for p in items:
+        raw = ((p.get("metadata") or {}).get("annotations") or {}).get(ANN_ASSIGNMENT)
+        if raw and (p.get("spec") or {}).get("nodeName"):
+            a = orjson.loads(raw)
+            for g in a["gpus"]:
+                milli[(a["node"], int(g))] += int(a["milli"])
+    return sum(1 for v in milli.values() if v > 1000)
+
+
+class _Bench:
+    def __init__(self, cp: ControlPlane, cfg: CompareConfig, note: Callable[[str], None]) -> None:
+        self.cp, self.cfg, self.note = cp, cfg, note
+        self.tag = uuid.uuid4().hex[:8]
+        self.api = api_client(str(cp.kubeconfig_path), qps_pool=2 * cfg.create_threads)
+        self.v1: Any = client.CoreV1Api(self.api)
+        self.log_dir = Path(cp.workdir) / "bench-logs"
+        self.rng = np.random.default_rng(cfg.seed)
+
+    # ---------------------------------------------------------------- nodes
+    def add_nodes(self) -> None:
+        cfg, tag = self.cfg, self.tag
+        self.note(f"creating {cfg.nodes} kwok nodes (8 GPUs each)")
+
+        def create(i: int) -> None:
+            _retrying(self.v1.create_node, bench_node(f"n-{tag}-{i:05d}", tag, i))
+
+        with ThreadPoolExecutor(cfg.create_threads) as ex:
+            list(ex.map(create, range(cfg.nodes)))
+        self.note(f"{cfg.nodes} nodes created; waiting until each is Ready")
+        ready: set[str] = set()
+        said = [time.monotonic()]
+
+        def all_ready_once() -> bool:  # each seen Ready at least once (on a busy machine some flap)
+            ready.update(ready_nodes(self.v1, tag))
+            if time.monotonic() - said[0] > 20:
+                self.note(f"{len(ready)} of {cfg.nodes} nodes seen Ready")
+                said[0] = time.monotonic()
+            return len(ready) >= cfg.nodes
+
+        wait_until(all_ready_once, timeout=cfg.timeout_s, what="the bench nodes to be Ready",
+                   control_plane=self.cp, interval=2.0)  # fmt: skip
+
+    # ------------------------------------------------------------ schedulers
+    @contextlib.contextmanager
+    def scheduler(self, case: str, run: int, sched: str) -> Iterator[list[SchedulerProcess]]:
+        name = f"{case}-{run}"
+        kc = self.cp.kubeconfig_path
+        if case in (KUBE, KUBE_DEFAULT, "warmup"):
+            qps = None if case == KUBE_DEFAULT else LIFTED_QPS
+            conf = kube_scheduler_config(kc, sched, qps=qps)
+            with kube_scheduler(self.cp, name, conf, self.log_dir) as p:
+                yield [p]
+        elif case in (STANDALONE, STANDALONE_SHARES) or case.startswith(VARIANT):
+            src = (
+                dict(self.cfg.variants).get(case.removeprefix(VARIANT)) if case.startswith(VARIANT) else None
+            )
+            with gpusched_scheduler(self.cp, name, sched, self.log_dir, self.cfg.profile_dir, src) as p:
+                yield [p]
+        else:
+            ext_name = f"{name}-gpusched"
+            with gpusched_extender(self.cp, ext_name, self.log_dir, self.cfg.profile_dir) as (ext, url):
+                conf = kube_scheduler_config(kc, sched, qps=LIFTED_QPS, extender_url=url)
+                with kube_scheduler(self.cp, name, conf, self.log_dir) as p:
+                    yield [ext, p]
+
+    # ----------------------------------------------------------------- cases
+    def run_case(self, case: str, run: int, pods: int) -> CaseResult:
+        cfg, v1 = self.cfg, self.v1
+        ns = f"bench-{self.tag}-{slug(case)}-{run}"
+        sched = f"bench-{slug(case)}-{run}"
+        shares = case in _SHARES
+        _retrying(v1.create_namespace, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        watch = BindingWatcher(v1, ns).start()
+        try:
+            backlog = [_pod(f"b-{i:06d}", self.tag, sched, shares, self.rng) for i in range(pods)]
+            self.note(f"{case} (run {run}): creating a backlog of {pods} pods")
+            with ThreadPoolExecutor(cfg.create_threads) as ex:
+                list(ex.map(lambda b: _retrying(v1.create_namespaced_pod, ns, b), backlog))
+            wait_until(
+                lambda: watch.count_seen() >= pods, timeout=cfg.timeout_s, what="the backlog in the watch"
+            )
+            names = {b["metadata"]["name"] for b in backlog}
+            arrivals = [] if case == "warmup" else [
+                _pod(f"a-{i:06d}", self.tag, sched, shares, self.rng) for i in range(cfg.arrival_pods)
+            ]  # fmt: skip
+            with self.scheduler(case, run, sched) as procs:
+                self.note(f"{case} (run {run}): scheduler started, binding")
+                self._wait_bound(watch, names, procs, case)
+                rate = watch.rate(names)
+                self.note(
+                    f"{case} (run {run}): {rate.bound} pods in {rate.seconds:.1f} s, {rate.pods_per_s} pods/s"
+                )
+                sent = self._arrive(ns, arrivals, case, run) if arrivals else {}
+                if sent:
+                    self._wait_bound(watch, set(sent), procs, case)
+            lat = watch.times(set(sent))
+            ms = np.array([1e3 * (lat[n] - sent[n]) for n in lat]) if lat else np.zeros(0)
+            items = orjson.loads(_retrying(v1.list_namespaced_pod, ns).data)["items"]
+            result = CaseResult(
+                case, run, pods, rate.bound, rate.pods_per_s, rate.seconds,
+                arrival_pods=len(arrivals), arrival_bound=len(lat),
+                latency_p50_ms=round(float(np.percentile(ms, 50)), 1) if len(ms) else None,
+                latency_p99_ms=round(float(np.percentile(ms, 99)), 1) if len(ms) else None,
+                unbound=sum(1 for p in items if not (p.get("spec") or {}).get("nodeName")),
+                rebound=len(watch.rebound),
+                overbooked_gpus=_overbooked(items),
+            )  # fmt: skip
+            if sent:
+                self.note(f"{case} (run {run}): {len(lat)} arrivals at {cfg.arrival_rate:g}/s, "
+                          f"p50 {result.latency_p50_ms} ms, p99 {result.latency_p99_ms} ms")  # fmt: skip
+            return result
+        finally:
+            watch.stop()
+            try:
+                self._clear(ns)
+            except Exception as e:  # an overloaded apiserver: say so, keep the error that matters
+                self.note(f"cleaning up {ns} failed: {e}")
+
+    def _wait_bound(
+        self, watch: BindingWatcher, names: set[str], procs: list[SchedulerProcess], case: str
+    ) -> None:
+        def done() -> bool:
+            for p in procs:
+                p.alive()
+            return watch.count_bound(names) >= len(names)
+
+        wait_until(done, timeout=self.cfg.timeout_s, what=f"{case}: {len(names)} pods bound", interval=0.1)
+
+    def _arrive(self, ns: str, bodies: list[dict[str, Any]], case: str, run: int) -> dict[str, float]:
+        """Create ``bodies`` at the configured rate; the time each create was sent, by pod name."""
+        sent: dict[str, float] = {}
+        lock = threading.Lock()
+        self.note(f"{case} (run {run}): {len(bodies)} pods arriving at {self.cfg.arrival_rate:g}/s")
+
+        def create(body: dict[str, Any]) -> None:
+            t = time.monotonic()
+            _retrying(self.v1.create_namespaced_pod, ns, body)
+            with lock:
+                sent[body["metadata"]["name"]] = t
+
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(8) as ex:
+            futures = []
+            for i, body in enumerate(bodies):
+                delay = t0 + i / self.cfg.arrival_rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                futures.append(ex.submit(create, body))
+            for f in futures:
+                f.result()
+        return sent
+
+    def _clear(self, ns: str) -> None:
+        """Delete the case's pods at once (grace 0) and wait until they are gone, then the namespace."""
+        _retrying(self.v1.delete_collection_namespaced_pod, ns, grace_period_seconds=0)
+
+        def empty() -> bool:
+            resp = _retrying(self.v1.list_namespaced_pod, ns, limit=1)
+            return not orjson.loads(resp.data)["items"]
+
+        wait_until(empty, timeout=self.cfg.timeout_s, what=f"the pods of {ns} to be deleted", interval=0.5)
+        _retrying(self.v1.delete_namespace, ns)
+
+
+def slug(case: str) -> str:
+    """A case's name as a DNS label (namespace, schedulerName): ``standalone@a`` -> ``standalone-at-a``."""
+    return case.replace("@", "-at-").lower()
+
+
+def plan(only: Sequence[str], variants: Sequence[str] = ()) -> list[tuple[str, int]]:
+    """The runs in order: kube-scheduler (limit lifted) first and last, the others between
+    (the ``variants``' standalone cases right after ``standalone``)."""
+    middle = []
+    for c in CASES:
+        if c in only and c != KUBE:
+            middle.append((c, 1))
+        if c == STANDALONE:
+            middle += [(VARIANT + v, 1) for v in variants]
+    if KUBE not in only:
+        return middle
+    return [(KUBE, 1), *middle, (KUBE, 2)]
+
+
+def bench_compare(
+    cfg: CompareConfig, *, on_progress: Callable[[str], None] = lambda _m: None, bin_dir: Path | None = None
+) -> dict[str, Any]:
+    """Run the comparison (module doc) and return its report as one JSON-ready dict."""
+    cfg.check()
+    report = CompareReport(cfg)
+    on_progress("starting the control plane (etcd, kube-apiserver, kube-controller-manager, kwok)")
+    extra = {
+        "kwok": ["--v=WARN"],  # not a log line per node lease renewal: that CPU belongs to the apiserver
+        # a lease renewal late on a busy machine must not taint the node (an update to every scheduler)
+        "kube-controller-manager": ["--node-monitor-grace-period=300s"],
+    }
+    with ControlPlane(
+        bin_dir=bin_dir, scheduler=False, controller_manager=True, kwok=True, extra_args=extra
+    ) as cp:
+        b = _Bench(cp, cfg, on_progress)
+        b.add_nodes()
+        if cfg.warmup:
+            b.run_case("warmup", 1, max(2, cfg.warmup))
+        for case, run in plan(cfg.only, [label for label, _ in cfg.variants]):
+            report.cases.append(b.run_case(case, run, cfg.pods))
+    return report.to_dict()

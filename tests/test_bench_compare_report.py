@@ -1,0 +1,81 @@
+"""The report and plan of ``bench k8s --compare`` (no control plane)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpusched.bench.k8s_compare import (
+    CASES,
+    EXTENDER,
+    KUBE,
+    STANDALONE,
+    CaseResult,
+    CompareConfig,
+    CompareReport,
+    _overbooked,
+    plan,
+    slug,
+)
+from gpusched.core.errors import GpuschedError
+
+
+def test_variant_cases_get_dns_label_names() -> None:
+    assert slug("standalone@base") == "standalone-at-base"
+    assert plan((STANDALONE,), ["base"]) == [(STANDALONE, 1), ("standalone@base", 1)]
+
+
+def test_kube_scheduler_runs_first_and_last() -> None:
+    assert plan(CASES) == [(KUBE, 1), *((c, 1) for c in CASES[1:]), (KUBE, 2)]
+    assert plan((EXTENDER,)) == [(EXTENDER, 1)]
+    assert plan((EXTENDER, KUBE)) == [(KUBE, 1), (EXTENDER, 1), (KUBE, 2)]
+
+
+def test_ratios_are_against_kube_schedulers_best_run() -> None:
+    r = CompareReport(CompareConfig(only=(KUBE, STANDALONE, EXTENDER)))
+    r.cases = [
+        CaseResult(KUBE, 1, 100, 100, 50.0, 2.0, latency_p99_ms=300.0),
+        CaseResult(STANDALONE, 1, 100, 100, 120.0, 1.0, latency_p99_ms=150.0),
+        CaseResult(EXTENDER, 1, 100, 100, 80.0, 1.0, latency_p99_ms=600.0),
+        CaseResult(KUBE, 2, 100, 100, 100.0, 1.0, latency_p99_ms=200.0),
+    ]
+    d = r.to_dict()
+    assert d["kube_scheduler_pods_per_s"] == 100.0
+    assert d["kube_scheduler_runs_pods_per_s"] == [50.0, 100.0]
+    assert d["standalone_ratio"] == 1.2
+    assert d["extender_ratio"] == 0.8
+    assert d["standalone_shares_ratio"] is None and d["standalone_shares_pods_per_s"] is None
+    assert d["kube_scheduler_p99_ms"] == 200.0
+    assert d["standalone_p99_latency_ratio"] == 0.75
+    assert d["extender_p99_latency_ratio"] == 3.0
+
+
+def test_no_ratio_without_kube_scheduler() -> None:
+    r = CompareReport(CompareConfig(only=(EXTENDER,)))
+    r.cases = [CaseResult(EXTENDER, 1, 10, 10, 80.0, 1.0)]
+    assert r.to_dict()["extender_ratio"] is None
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        CompareConfig(only=("kube",)),
+        CompareConfig(only=()),
+        CompareConfig(pods=1),
+        CompareConfig(arrival_rate=0),
+    ],
+)
+def test_bad_configs_are_refused_by_name(cfg: CompareConfig) -> None:
+    with pytest.raises(GpuschedError):
+        cfg.check()
+
+
+def _bound(node: str, gpus: list[int], milli: int) -> dict[str, object]:
+    ann = f'{{"node":"{node}","gpus":{gpus},"milli":{milli},"memoryMiB":0}}'
+    return {"metadata": {"annotations": {"gpusched.io/assignment": ann}}, "spec": {"nodeName": node}}
+
+
+def test_overbooked_counts_gpus_beyond_their_milli() -> None:
+    ok = [_bound("a", [0], 500), _bound("a", [0], 500), _bound("a", [1, 2], 1000)]
+    assert _overbooked(ok) == 0
+    assert _overbooked([*ok, _bound("a", [2], 100), _bound("b", [0], 300)]) == 1
+    assert _overbooked([{"metadata": {}, "spec": {}}]) == 0
