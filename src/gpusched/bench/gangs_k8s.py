@@ -158,7 +158,8 @@ def bench_gangs_k8s(
         with ThreadPoolExecutor(16) as ex:
             list(
                 ex.map(
-                    lambda a: v1.create_node(bench_node(a[1], tag, a[0]), _preload_content=False), enumerate(names)
+                    lambda a: v1.create_node(bench_node(a[1], tag, a[0]), _preload_content=False),
+                    enumerate(names),
                 )
             )
         wait_until(lambda: ready_untainted(v1, tag) == nodes, timeout=timeout_s, what="bench nodes Ready",
