@@ -94,3 +94,37 @@ def test_status_reports_usage_and_borrowing_as_the_book_has_it(used: list[int]) 
     assert body["quota"] == {"gpus": 4} and body["pendingPods"] == 1
     assert body["conditions"][0]["status"] == "True"
     assert status_body(a, 1, "bad parent")["conditions"][0]["message"] == "bad parent"
+
+
+class _Refusing:
+    """A CustomObjectsApi whose Queue list answers with ``status`` (an ApiException-like error)."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+    def list_namespace(self, *args: Any, **kwargs: Any) -> Any:  # never reached: Queues answer first
+        raise AssertionError("namespaces listed before Queues answered")
+
+    def list_cluster_custom_object(self, *args: Any, **kwargs: Any) -> Any:
+        err = RuntimeError(f"HTTP {self.status}")
+        err.status = self.status  # type: ignore[attr-defined]
+        raise err
+
+
+@pytest.mark.parametrize(("status", "ready"), [(404, True), (403, True), (503, False)])
+def test_the_scheduler_decides_only_once_the_queues_answered(status: int, ready: bool) -> None:
+    """Not served (404) or not readable (403): pods are decided without queues. Any other answer
+    (the apiserver busy): the scheduler waits, or a pod of a queue would be bound past its quota
+    (the e2e's unknown-queue pod was bound when the first decision beat the first listing)."""
+    import time
+
+    from gpusched.k8s.queues import QueueDirectory
+
+    d = QueueDirectory(_Refusing(status), _Refusing(status), probe_s=0.01)
+    assert not d.ready()
+    d.start()
+    deadline = time.monotonic() + 2.0
+    while not d.ready() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    d.stop()
+    assert d.ready() is ready

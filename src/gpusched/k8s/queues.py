@@ -143,6 +143,7 @@ class QueueDirectory:
         self.errors: dict[str, str] = {}
         """Queues whose object could not be read (name → why)."""
         self._installed = False
+        self._absent = threading.Event()  # the API answered that Queues are not served (404)
         self._stop = threading.Event()
         list_queues = functools.partial(custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)
         self.queues = Reflector("queues", list_queues, Handlers(self._upsert, self._delete, self._sync))
@@ -234,7 +235,10 @@ class QueueDirectory:
                     GROUP, VERSION, PLURAL, limit=1, _preload_content=False
                 )
             except Exception as e:
-                if getattr(e, "status", None) != 404:
+                code = getattr(e, "status", None)
+                if code in (403, 404):  # not served, or not ours to read: decide without queues
+                    self._absent.set()
+                if code != 404:
                     log.warning("listing Queues: %s", e)
                 self._stop.wait(self.probe_s)
                 continue
@@ -245,6 +249,11 @@ class QueueDirectory:
 
     def synced(self) -> bool:
         return self._installed and self.queues.synced.is_set() and self.namespaces.synced.is_set()
+
+    def ready(self) -> bool:
+        """Whether pods may be decided: the Queues and Namespaces are listed, or the API said Queues
+        are not served. Until then a pod of a queue would be bound past its quota."""
+        return self._absent.is_set() or self.synced()
 
     def stop(self) -> None:
         self._stop.set()

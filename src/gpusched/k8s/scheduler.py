@@ -155,7 +155,7 @@ class StandaloneScheduler:
 
     def synced(self) -> bool:
         informers = bool(self._reflectors) and all(r.synced.is_set() for r in self._reflectors)
-        return informers and self.gangs.groups.synced()
+        return informers and self.gangs.groups.synced() and self.tenants.directory.ready()
 
     def wait_synced(self, timeout: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout
