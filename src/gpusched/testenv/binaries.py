@@ -70,6 +70,13 @@ def find_binaries(*, build: bool = True, timeout: float = 3600.0) -> Path:
         )
     if not build:
         raise BinariesUnavailableError(f"${ENV_BIN_DIR} is not set and building was not allowed")
+    return _check_bin_dir(run_build_script(script, timeout), str(script))
+
+
+def run_build_script(script: Path, timeout: float, *, tail_lines: int = 25) -> Path:
+    """Runs a ``hack/build-*.sh`` script (a no-op when its cache is populated) and returns the directory
+    it prints last. Raises ``BinariesUnavailableError`` naming the script: it timed out, failed (the tail
+    of its stderr; ``go_missing`` when Go is not installed) or printed nothing."""
     try:
         proc = subprocess.run(
             ["bash", str(script)], capture_output=True, text=True, timeout=timeout, check=False
@@ -77,14 +84,14 @@ def find_binaries(*, build: bool = True, timeout: float = 3600.0) -> Path:
     except subprocess.TimeoutExpired as exc:
         raise BinariesUnavailableError(f"{script} did not finish within {timeout:.0f}s") from exc
     if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-25:])
+        tail = "\n".join(proc.stderr.strip().splitlines()[-tail_lines:])
         raise BinariesUnavailableError(
             f"{script} failed (exit {proc.returncode}):\n{tail}",
             go_missing=proc.returncode == _GO_MISSING_EXIT_CODE,
         )
     lines = proc.stdout.strip().splitlines()
     if not lines:
-        raise BinariesUnavailableError(f"{script} printed no bin directory")
-    return _check_bin_dir(Path(lines[-1]), str(script))
+        raise BinariesUnavailableError(f"{script} printed no directory")
+    return Path(lines[-1])
 
 

@@ -10,10 +10,9 @@ feature gate).
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
-from gpusched.testenv.binaries import _GO_MISSING_EXIT_CODE, BinariesUnavailableError
+from gpusched.testenv.binaries import BinariesUnavailableError, run_build_script
 from gpusched.testenv.controlplane import ControlPlane
 
 ENV_GANG_CRDS = "GPUSCHED_GANG_CRDS"
@@ -37,22 +36,7 @@ def find_gang_crds(timeout: float = 1800.0) -> Path:
     script = next((p / _SCRIPT for p in Path(__file__).resolve().parents if (p / _SCRIPT).is_file()), None)
     if script is None:
         raise BinariesUnavailableError(f"no {_SCRIPT} in a parent of this checkout: set ${ENV_GANG_CRDS}")
-    try:
-        proc = subprocess.run(
-            ["bash", str(script)], capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise BinariesUnavailableError(f"{script} did not finish within {timeout:.0f}s") from exc
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-        raise BinariesUnavailableError(
-            f"{script} failed (exit {proc.returncode}):\n{tail}",
-            go_missing=proc.returncode == _GO_MISSING_EXIT_CODE,
-        )
-    lines = proc.stdout.strip().splitlines()
-    if not lines:
-        raise BinariesUnavailableError(f"{script} printed no directory")
-    return _check(Path(lines[-1]), str(script))
+    return _check(run_build_script(script, timeout, tail_lines=15), str(script))
 
 
 def install_gang_crds(cp: ControlPlane, directory: Path) -> None:
