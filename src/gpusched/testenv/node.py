@@ -50,7 +50,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from gpusched.testenv.binaries import ControlPlaneError, find_build_script
+from gpusched.testenv.binaries import (
+    BinariesUnavailableError,
+    ControlPlaneError,
+    find_build_script,
+    run_build_script,
+)
 from gpusched.testenv.controlplane import ControlPlane, free_port, stop_process
 from gpusched.testenv.pki import issue_certificate
 
@@ -118,13 +123,9 @@ def find_node_images(*, build: bool = True, timeout: float = 600.0) -> Path:
         if not build:
             raise NodePartsMissingError([f"${ENV_NODE_IMAGES} is not set and building was not allowed"])
         try:
-            proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise NodePartsMissingError([f"{script} did not finish within {timeout:.0f}s"]) from None
-        if proc.returncode != 0:
-            tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-            raise NodePartsMissingError([f"{script} failed (exit {proc.returncode}): {tail}"])
-        d = Path(proc.stdout.strip().splitlines()[-1])
+            d = run_build_script(script, timeout, tail_lines=15)
+        except BinariesUnavailableError as e:
+            raise NodePartsMissingError([str(e)]) from None
     missing = [n for n in ("pause.tar", "busybox.tar", "images.env") if not (d / n).is_file()]
     if missing:
         raise NodePartsMissingError([f"{d} lacks {', '.join(missing)} (hack/{_BUILD_IMAGES} makes them)"])
