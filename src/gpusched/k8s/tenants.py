@@ -18,9 +18,11 @@ A pod under a queue (``k8s/queues.py``: its annotation, its namespace's label, a
    *reserved* in its queue meanwhile (so the borrower cannot borrow the room back), and it waits
    until the victims are gone (reserved at most ``reservation_s``).
 
-``TenantQueues.run_status`` writes each Queue's ``status`` (quota, usage, borrowed, admitted and
-pending pods, a ``Valid`` condition) every ``status_interval_s`` when it changed; an invalid
-queue also gets a Warning event naming ``spec.parent``.
+``TenantQueues.run_status`` computes each Queue's status every ``status_interval_s``, hands them
+all to ``TenantHost.publish`` (the scheduler's metrics: ``gpusched_queue_*``; a deleted Queue is
+left out, so its series go) and writes each Queue's ``status`` (quota, usage, borrowed, admitted
+and pending pods, a ``Valid`` condition) when it changed; an invalid queue also gets a Warning
+event naming ``spec.parent``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -72,6 +74,8 @@ class TenantHost:
     budgets: Callable[[], DisruptionBudgets]
     submit: Callable[..., Any]
     """Runs a function off the scheduling thread (the bind pool)."""
+    publish: Callable[[Sequence[QueueStatus]], None] = lambda statuses: None
+    """Takes every Queue's status each time they are computed (the scheduler's metrics)."""
 
 
 def _amounts(usage: Any, get: Callable[[ResourceKey], int | None]) -> dict[str, int]:
@@ -120,8 +124,8 @@ class TenantQueues:
         self._lock = threading.Lock()
         self._reserved: dict[str, tuple[str, Usage, float]] = {}  # pod -> (queue, charge, until)
         self._reclaiming: dict[str, tuple[str, ...]] = {}  # pod -> victims it waits for
-        self._written: dict[str, dict[str, Any]] = {}
-        self._warned: dict[str, str] = {}
+        self._written: dict[str, tuple[str, dict[str, Any]]] = {}  # queue -> (uid, status written)
+        self._warned: dict[str, tuple[str, str]] = {}  # queue -> (uid, problem warned of)
         self.reclaims = 0
         """Reclaims started (victim sets evicted)."""
         self._stop = threading.Event()
@@ -237,23 +241,41 @@ class TenantQueues:
                 out[q] = out.get(q, 0) + 1
         return out
 
+    def statuses(self, d: Directory, names: Iterable[str]) -> dict[str, QueueStatus]:
+        """The status of each queue of ``names``, by name (an invalid one: nothing charged, its
+        waiting pods)."""
+        with self.host.cluster.snapshot() as snap:
+            book = self.book(snap, d)
+        pending = self.pending_by_queue(d)
+        valid = {s.name: s for s in queue_statuses(book, pending)}
+        return {
+            n: valid.get(n) or QueueStatus(n, Usage(), {}, {}, pending.get(n, 0), 0) for n in sorted(names)
+        }
+
     def write_status(self) -> int:
-        """Write every Queue's status that changed; returns how many were written."""
+        """Compute every Queue's status, publish them all (``TenantHost.publish``) and write each
+        one that changed; returns how many were written."""
         if not self.directory.synced():
             return 0
         d = self.directory.current()
-        with self.host.cluster.snapshot() as snap:
-            book = self.book(snap, d)
-        statuses = {s.name: s for s in queue_statuses(book, self.pending_by_queue(d))}
+        objects = self.directory.objects()
+        statuses = self.statuses(d, objects)
+        self.host.publish(list(statuses.values()))
+        for gone in [n for n in self._written if n not in objects]:
+            del self._written[gone]
+        for gone in [n for n in self._warned if n not in objects]:
+            del self._warned[gone]
         written = 0
-        for name, obj in self.directory.objects().items():
+        for name, obj in objects.items():
+            st = statuses[name]
+            meta = obj.get("metadata") or {}
+            uid = str(meta.get("uid", ""))
             problem = d.invalid.get(name, "")
-            st = statuses.get(name) or QueueStatus(name, Usage(), {}, {}, 0, 0)
-            body = status_body(st, int((obj.get("metadata") or {}).get("generation") or 0), problem)
-            if problem and self._warned.get(name) != problem:
-                self._warned[name] = problem
+            body = status_body(st, int(meta.get("generation") or 0), problem)
+            if problem and self._warned.get(name) != (uid, problem):
+                self._warned[name] = (uid, problem)
                 self._queue_event(obj, problem)
-            if self._written.get(name) == body:
+            if self._written.get(name) == (uid, body):  # a Queue deleted and made again: written anew
                 continue
             now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             sent = {**body, "conditions": [{**c, "lastTransitionTime": now} for c in body["conditions"]]}
@@ -264,7 +286,7 @@ class TenantQueues:
             except Exception as e:
                 log.debug("writing the status of Queue %s: %s", name, e)
                 continue
-            self._written[name] = body
+            self._written[name] = (uid, body)
             written += 1
         return written
 
