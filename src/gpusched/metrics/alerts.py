@@ -14,9 +14,10 @@ Where the series come from:
 The scrape jobs must be named ``JOBS`` (a ServiceMonitor's ``jobLabel``, or ``job_name`` in a
 scrape config); ``up`` alerts match them by name.
 
-``GPUSchedQueueQuotaExhausted`` reads ``gpusched_queue_*``, which nothing feeds until queues
-exist (``SchedulerMetrics.set_queue_usage`` is the hook): it cannot fire before then.
-``GPUSchedResourceQuotaExhausted`` covers Kubernetes ResourceQuotas on GPUs meanwhile.
+``GPUSchedQueueQuotaExhausted`` reads ``gpusched_queue_*``, which the standalone scheduler
+exposes for its tenant queues (``Queue`` objects): one alert per queue and quota dimension
+(``resource``, and ``model`` for a per-model quota) used up while pods wait in the queue.
+``GPUSchedResourceQuotaExhausted`` covers Kubernetes ResourceQuotas on GPUs.
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ def alerts(t: Thresholds | None = None) -> list[Alert]:
     stranded = _dedup("gpusched_gpus_stranded", "model, pool")
     free = _dedup("gpusched_gpus_free", "model, pool")
     idle = _dedup('gpusched_gpus{state="idle"}', "model, pool")
+    queue_usage = _dedup("gpusched_queue_resource_usage", "queue, resource, model")
+    queue_quota = _dedup("gpusched_queue_resource_quota", "queue, resource, model")
     return [
         Alert(
             "GPUSchedGPUsIdleWhilePodsPending",
@@ -155,10 +158,13 @@ def alerts(t: Thresholds | None = None) -> list[Alert]:
         ),
         Alert(
             "GPUSchedQueueQuotaExhausted",
-            "max by (queue) (gpusched_queue_gpus_used) >= max by (queue) (gpusched_queue_gpus_quota)\n"
-            "and max by (queue) (gpusched_queue_pending_pods) > 0",
-            "Queue {{ $labels.queue }} has used its GPU quota and has pods waiting",
-            "Placeholder until queues exist (nothing feeds gpusched_queue_* yet).",
+            f"{queue_usage}\n>= {queue_quota}\n"
+            f"and on (queue) {_dedup('gpusched_queue_pending_pods', 'queue')} > 0",
+            "Queue {{ $labels.queue }} has used its {{ $labels.resource }} quota"
+            "{{ if $labels.model }} of {{ $labels.model }}{{ end }} and has pods waiting",
+            "{{ $value }} {{ $labels.resource }} in use of its quota: its pending pods are admitted when its "
+            "own pods end or its cohort lends idle quota (within its borrowingLimit). "
+            "`kubectl get queue {{ $labels.queue }}` shows its quota, usage and borrowing.",
             for_="15m",
             severity="info",
         ),

@@ -10,9 +10,9 @@ the only Grafana macro is ``$__rate_interval``. GPU metrics use dcgm-exporter's 
 node agent and NVIDIA's dcgm-exporter both feed them. The scheduler and the extender expose the
 same books, so gpusched's gauges are read through ``max by (...)``.
 
-The "Tenants and queues" dashboard's queue panels read ``gpusched_queue_*``: placeholders with
-no data until queues exist (``SchedulerMetrics.set_queue_usage``); its per-namespace panels
-(dcgm-exporter's pod mapping) have data today.
+The "Tenants and queues" dashboard's queue panels read ``gpusched_queue_*``, which the standalone
+scheduler exposes for its tenant queues (``Queue`` objects); its per-namespace panels read
+dcgm-exporter's pod mapping.
 """
 
 from __future__ import annotations
@@ -311,7 +311,7 @@ def specs() -> list[DashboardSpec]:
     queues = DashboardSpec(
         "queues",
         "gpusched / Tenants and queues",
-        "GPU use by namespace (DCGM's pod mapping) and, once queues exist, by queue against its quota.",
+        "GPU use by namespace (DCGM's pod mapping) and by tenant queue against its quota.",
         (
             _p(
                 "GPUs in use by namespace",
@@ -328,32 +328,30 @@ def specs() -> list[DashboardSpec]:
                 unit="percent",
             ),
             _p(
-                "Queue GPUs used / quota (once queues exist)",
+                "Queue GPUs used / quota",
                 _q("max by (queue) (gpusched_queue_gpus_used)", "used {{queue}}"),
                 _q("max by (queue) (gpusched_queue_gpus_quota)", "quota {{queue}}"),
-                description="Placeholder: gpusched_queue_* are fed once queues exist.",
+                _q("max by (queue) (gpusched_queue_gpus_borrowed)", "borrowed {{queue}}"),
+                description="GPUs in the quota's dimension: whole GPUs when the Queue's quota is gpus, "
+                "else gpuMilli / 1000. Borrowed: used over quota, lent by its cohort.",
             ),
             _p(
-                "Queue quota usage (once queues exist)",
+                "Queue quota usage",
                 _q(
                     "max by (queue) (gpusched_queue_gpus_used) / max by (queue) (gpusched_queue_gpus_quota)",
                     "{{queue}}",
                 ),
                 unit="percentunit",
-                description="Placeholder: gpusched_queue_* are fed once queues exist.",
+                description="Over 100%: the queue borrows. Queues without a GPU quota are not shown.",
             ),
             _p(
-                "Queue pending pods (once queues exist)",
+                "Queue pending pods",
                 _q("max by (queue) (gpusched_queue_pending_pods)", "{{queue}}"),
-                description="Placeholder: gpusched_queue_* are fed once queues exist.",
+                description="Pods waiting in the queue (an inner queue counts its leaves').",
             ),
         ),
     )
     return [overview, gpu_map, scheduling, pending, queues]
-
-
-PLACEHOLDER_METRICS = ("gpusched_queue_",)
-"""Panels reading these have no data until the feature that feeds them exists."""
 
 
 def _panel(spec: PanelSpec, x: int, y: int) -> Any:

@@ -22,8 +22,17 @@ gpusched's own:
   ``gpusched_gpu_memory_allocated_bytes``, ``gpusched_gpus_free``, ``gpusched_gpus_stranded``,
   ``gpusched_gpu_fragmentation_ratio``
 - per GPU ``{node,gpu,model,pool}``: ``gpusched_gpu_allocated_ratio``, ``gpusched_gpu_healthy``
-- queues (hook, fed once queues exist: ``set_queue_usage``): ``gpusched_queue_gpus_used{queue}``,
-  ``gpusched_queue_gpus_quota{queue}``, ``gpusched_queue_pending_pods{queue}``
+- per tenant queue ``{queue}`` (the standalone scheduler's ``Queue`` objects, published with
+  their status: ``set_queue_statuses``; a deleted queue's series go with the next refresh):
+  ``gpusched_queue_gpus_used``, ``gpusched_queue_gpus_quota`` (absent when GPUs are not limited),
+  ``gpusched_queue_gpus_borrowed``, ``gpusched_queue_pending_pods``,
+  ``gpusched_queue_admitted_pods``; in GPUs of the quota's dimension (whole GPUs when the quota
+  is ``gpus``, else milli-GPU / 1000)
+- per tenant queue and quota dimension ``{queue,resource,model}`` (``resource``: gpus, gpu_milli,
+  gpu_memory_mib; ``model`` absent for the total, as Kueue's per-flavor
+  ``kueue_cluster_queue_resource_usage``): ``gpusched_queue_resource_usage``,
+  ``gpusched_queue_resource_quota`` and ``gpusched_queue_resource_borrowed`` (limited dimensions
+  only)
 """
 
 from __future__ import annotations
@@ -39,6 +48,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from gpusched.core.queues.spec import ANY_MODEL, ResourceKey
+from gpusched.core.queues.status import QueueStatus
 from gpusched.core.status import Diagnosis, Status
 from gpusched.metrics.cluster import ClusterStats
 
@@ -51,13 +62,49 @@ PENDING_QUEUES = ("active", "backoff", "unschedulable", "gated")
 
 
 @dataclass(frozen=True)
+class QueueResource:
+    """One dimension of a queue's books: ``resource`` (a ``core.queues.spec.DIMENSIONS`` name) of
+    ``model`` ("" = every model); ``quota`` None when the dimension is not limited."""
+
+    resource: str
+    model: str
+    usage: int
+    quota: int | None
+    borrowed: int
+
+
+@dataclass(frozen=True)
 class QueueUsage:
-    """One queue's GPUs in use, its quota (GPUs) and its pending pods (the hook for queues)."""
+    """One queue as its gauges show it: GPUs in use, its GPU quota (None: not limited), what it
+    borrows, its pending and admitted pods, and every dimension of its books."""
 
     queue: str
     gpus_used: float
-    gpus_quota: float
+    gpus_quota: float | None
     pending_pods: int
+    gpus_borrowed: float = 0.0
+    admitted_pods: int = 0
+    resources: tuple[QueueResource, ...] = ()
+
+    @classmethod
+    def of(cls, st: QueueStatus) -> QueueUsage:
+        """From the core's status. The GPU figures are in the quota's dimension, so that used over
+        quota is how full the quota is: whole GPUs when ``gpus`` is limited (shares do not count
+        there), else milli-GPU / 1000 (whole GPUs and shares)."""
+        whole, milli = ResourceKey(ANY_MODEL, "gpus"), ResourceKey(ANY_MODEL, "gpu_milli")
+        quota: float | None
+        if whole in st.quota:
+            used, quota = float(st.usage[whole]), float(st.quota[whole])
+            borrowed = float(st.borrowed.get(whole, 0))
+        else:
+            used = st.usage[milli] / 1000
+            quota = st.quota[milli] / 1000 if milli in st.quota else None
+            borrowed = st.borrowed.get(milli, 0) / 1000
+        keys = sorted(set(st.usage) | set(st.quota))
+        resources = tuple(
+            QueueResource(k.dim, k.model, st.usage[k], st.quota.get(k), st.borrowed.get(k, 0)) for k in keys
+        )
+        return cls(st.name, used, quota, st.pending, borrowed, st.admitted, resources)
 
 
 class ClusterCollector(Collector):
@@ -182,16 +229,40 @@ class ClusterCollector(Collector):
 
     @staticmethod
     def _queue_families(queues: list[QueueUsage]) -> Iterable[Metric]:
-        used = GaugeMetricFamily(
-            "gpusched_queue_gpus_used", "GPUs in use by a queue's pods.", labels=["queue"]
+        def gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=["queue", *labels])
+
+        used = gauge("gpusched_queue_gpus_used", "GPUs in use by a queue's pods (in its quota's dimension).")
+        quota = gauge("gpusched_queue_gpus_quota", "A queue's GPU quota (absent when GPUs are not limited).")
+        borrowed = gauge("gpusched_queue_gpus_borrowed", "GPUs a queue uses over its quota (borrowed).")
+        pend = gauge("gpusched_queue_pending_pods", "Pods waiting in a queue (and the queues under it).")
+        admitted = gauge("gpusched_queue_admitted_pods", "Pods charged to a queue (and the queues under it).")
+        r_used = gauge(
+            "gpusched_queue_resource_usage", "A queue's usage per quota dimension.", "resource", "model"
         )
-        quota = GaugeMetricFamily("gpusched_queue_gpus_quota", "GPUs a queue may use.", labels=["queue"])
-        pend = GaugeMetricFamily("gpusched_queue_pending_pods", "Pods waiting in a queue.", labels=["queue"])
+        r_quota = gauge(
+            "gpusched_queue_resource_quota", "A queue's quota per limited dimension.", "resource", "model"
+        )
+        r_borrowed = gauge(
+            "gpusched_queue_resource_borrowed",
+            "How far a queue is over its quota per limited dimension.",
+            "resource",
+            "model",
+        )
         for q in queues:
             used.add_metric([q.queue], q.gpus_used)
-            quota.add_metric([q.queue], q.gpus_quota)
+            if q.gpus_quota is not None:
+                quota.add_metric([q.queue], q.gpus_quota)
+            borrowed.add_metric([q.queue], q.gpus_borrowed)
             pend.add_metric([q.queue], q.pending_pods)
-        return (used, quota, pend)
+            admitted.add_metric([q.queue], q.admitted_pods)
+            for r in q.resources:
+                lv = [q.queue, r.resource, r.model]
+                r_used.add_metric(lv, r.usage)
+                if r.quota is not None:
+                    r_quota.add_metric(lv, r.quota)
+                    r_borrowed.add_metric(lv, r.borrowed)
+        return (used, quota, borrowed, pend, admitted, r_used, r_quota, r_borrowed)
 
 
 class SchedulerMetrics:
@@ -316,11 +387,16 @@ class SchedulerMetrics:
         self.set_cluster(compute())
 
     def set_queue_usage(self, usage: Iterable[QueueUsage]) -> None:
-        """The hook for queues (issue: queues and quotas): call it with every queue's usage on
-        each refresh; the ``gpusched_queue_*`` series, the "Tenants and queues" dashboard and the
+        """Every queue's usage, on each refresh (a queue left out loses its series): the
+        ``gpusched_queue_*`` series, the "Tenants and queues" dashboard and the
         ``GPUSchedQueueQuotaExhausted`` alert read them."""
         with self.cluster._lock:
             self.cluster._queues = list(usage)
+
+    def set_queue_statuses(self, statuses: Iterable[QueueStatus]) -> None:
+        """``set_queue_usage`` from the core's statuses (the standalone scheduler's tenant queues
+        call it each time they compute them)."""
+        self.set_queue_usage(QueueUsage.of(s) for s in statuses)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry) + self.cluster.per_gpu_text()
