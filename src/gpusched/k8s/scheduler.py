@@ -132,6 +132,7 @@ class StandaloneScheduler:
                 self.cluster, self.queue, self.events, self._spec, self._current_profile,
                 self._note_state, lambda: self._tiebreak,
                 lambda *bind: self._pool.submit(self._bind, *bind), self.budgets.budgets, self._pool.submit,
+                self.metrics.set_queue_statuses,  # gpusched_queue_*, each time the statuses are computed
             ),
             QueueDirectory(client.CustomObjectsApi(api), self.core), self.core, client.CustomObjectsApi(api),
         )  # fmt: skip
