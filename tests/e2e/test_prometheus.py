@@ -3,10 +3,9 @@ standalone scheduler (two: a leader, and a standby whose Lease someone else hold
 the node agent (fake GPUs, on the test control plane's API) while a workload runs on kwok nodes.
 
 Every panel query of every shipped dashboard and every alert expression goes through Prometheus's
-HTTP API: each must parse, and each must return data, except the queue placeholders (nothing feeds
-``gpusched_queue_*`` until queues exist). Each alert that can be made to fire on kwok must fire
-(state ``firing`` in ``/api/v1/alerts``); the rules are loaded with ``for: 0s`` and a p99 threshold
-of 1 µs, the only changes from the shipped file. kube-state-metrics (built from its Go module by
+HTTP API: each must parse and return data, and every alert must fire (state ``firing`` in
+``/api/v1/alerts``); the rules are loaded with ``for: 0s`` and a p99 threshold of 1 µs, the only
+changes from the shipped file. kube-state-metrics (built from its Go module by
 ``hack/build-kube-state-metrics.sh``) watches the same API for the alerts on its series.
 
 The scenario: 6 GPU shares of 700 milli fill the three 2-GPU "pa" nodes (every GPU keeps 300 milli
@@ -16,7 +15,9 @@ the scheduler's books follow), the extender answers filter and prioritize, a Res
 ``requests.nvidia.com/gpu`` is used up by that pending pod, a fifth GPU node is held NotReady (a
 ValidatingAdmissionPolicy refuses kwok's status updates that would make it Ready again: kwok
 re-initialises every node that is not Ready), and at the end the scheduler and the extender are
-killed (``up == 0``).
+killed (``up == 0``). A tenant ``Queue`` of one GPU (the Queue CRD; its namespace listed in
+``spec.namespaces``) runs one GPU pod on the one-GPU "pq" node and has two more waiting for quota:
+the queue panels have data and the queue-quota alert fires.
 
 Counts are printed in the test's output (``-s``) and recorded as user properties.
 """
@@ -42,7 +43,7 @@ import pytest
 import yaml
 
 from gpusched.metrics.alerts import JOBS, Thresholds, alerts
-from gpusched.metrics.dashboards import PLACEHOLDER_METRICS, panel_queries
+from gpusched.metrics.dashboards import panel_queries
 from gpusched.metrics.generate import DASHBOARD_DIR, rules_yaml
 from gpusched.testenv import ControlPlane, free_port, wait_until
 from realparts import unavailable
@@ -52,7 +53,6 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 GROUP = "gpusched.io/e2e-group"
 KSM_JOB = "kube-state-metrics"
-PLACEHOLDER_ALERTS = {"GPUSchedQueueQuotaExhausted"}  # gpusched_queue_*: no queues yet
 DOWN_ALERTS = {"GPUSchedSchedulerDown", "GPUSchedExtenderDown"}  # fired last: the processes are killed
 
 
@@ -152,11 +152,13 @@ class Scene:
         self.cp, self.tmp = cp, tmp
         self.tag = uuid.uuid4().hex[:8]
         self.ns = f"prom-{self.tag}"
+        self.queue_ns, self.queue = f"promq-{self.tag}", f"q-{self.tag}"
         self.scheduler = f"gpusched-{self.tag}"
         self.api = api_client(str(cp.kubeconfig_path), qps_pool=16)
         self.v1 = client.CoreV1Api(self.api)
         self.coord = client.CoordinationV1Api(self.api)
-        self.v1.create_namespace({"metadata": {"name": self.ns}})
+        for ns in (self.ns, self.queue_ns):
+            self.v1.create_namespace({"metadata": {"name": ns}})
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.cleanups: list[Callable[[], object]] = []
         self.ksm = ""
@@ -166,6 +168,7 @@ class Scene:
     def nodes(self) -> None:
         specs = [(f"pa-{self.tag}-{i}", "Tesla-T4", 15360, "pa", 2) for i in range(3)]
         specs.append((f"pb-{self.tag}", "A10", 24576, "pb", 1))
+        specs.append((f"pq-{self.tag}", "L4", 23034, "pq", 1))  # the tenant queue's
         for name, model, mem, pool, gpus in specs:
             res = {"cpu": "32", "memory": "128Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
             labels = {"type": "kwok", GROUP: self.tag, "nvidia.com/gpu.product": model,
@@ -196,6 +199,24 @@ class Scene:
         """A ResourceQuota of one requested GPU in the namespace (the pending H100 pod uses it up)."""
         body = {"metadata": {"name": "gpus"}, "spec": {"hard": {"requests.nvidia.com/gpu": "1"}}}
         self.v1.create_namespaced_resource_quota(self.ns, body, _preload_content=False)
+
+    def tenant_queue(self) -> None:
+        """A Queue of one GPU for the pods of ``queue_ns`` (before the schedulers start: they decide
+        once the Queues are listed)."""
+        from kubernetes import client
+
+        from gpusched.bench.reclaim import install_queue_crd, queue_body
+        from gpusched.k8s.queues import GROUP as QGROUP
+        from gpusched.k8s.queues import PLURAL, VERSION
+
+        install_queue_crd(self.cp)
+        custom = client.CustomObjectsApi(self.api)
+        body = queue_body(self.queue, 1, namespaces=[self.queue_ns])
+        custom.create_cluster_custom_object(QGROUP, VERSION, PLURAL, body, _preload_content=False)
+        name = self.queue
+        self.cleanups.append(
+            lambda: custom.delete_cluster_custom_object(QGROUP, VERSION, PLURAL, name, _preload_content=False)
+        )
 
     def not_ready_node(self) -> str:
         """A GPU node held NotReady: its status says Ready=False, and a ValidatingAdmissionPolicy
@@ -244,9 +265,10 @@ class Scene:
         wait_until(held_down, timeout=60, what=f"node {name} held NotReady", interval=1)
         return name
 
-    def pod(self, name: str, res: dict[str, str], selector: dict[str, str]) -> None:
+    def pod(self, name: str, res: dict[str, str], selector: dict[str, str], ns: str = "") -> None:
+        ns = ns or self.ns
         body = {
-            "metadata": {"name": name, "namespace": self.ns},
+            "metadata": {"name": name, "namespace": ns},
             "spec": {
                 "schedulerName": self.scheduler,
                 "nodeSelector": {GROUP: self.tag, **selector},
@@ -255,10 +277,11 @@ class Scene:
                 ],
             },
         }
-        self.v1.create_namespaced_pod(self.ns, body, _preload_content=False)
+        self.v1.create_namespaced_pod(ns, body, _preload_content=False)
 
-    def pods(self) -> list[dict[str, Any]]:
-        return list(json.loads(self.v1.list_namespaced_pod(self.ns, _preload_content=False).data)["items"])
+    def pods(self, ns: str = "") -> list[dict[str, Any]]:
+        resp = self.v1.list_namespaced_pod(ns or self.ns, _preload_content=False)
+        return list(json.loads(resp.data)["items"])
 
     def hold_lease(self, name: str) -> None:
         """A Lease held by a leader Prometheus does not see, renewed every 2 s (so the standby never
@@ -358,7 +381,8 @@ class Scene:
         for undo in self.cleanups:
             with contextlib.suppress(Exception):  # best effort: the namespace and the nodes still go
                 undo()
-        self.v1.delete_namespace(self.ns, _preload_content=False)
+        for ns in (self.ns, self.queue_ns):
+            self.v1.delete_namespace(ns, _preload_content=False)
         self.v1.delete_collection_node(label_selector=f"{GROUP}={self.tag}", _preload_content=False)
 
 
@@ -389,6 +413,7 @@ def test_every_panel_query_and_alert_on_a_real_prometheus(
     s.nodes()
     down = s.not_ready_node()
     s.gpu_quota()
+    s.tenant_queue()
     ports = {"scheduler": free_port(), "standby": free_port(), "extender": free_port(), "agent": free_port(),
              "ksm": free_port()}  # fmt: skip
     s.hold_lease(f"standby-{s.tag}")
@@ -403,11 +428,14 @@ def test_every_panel_query_and_alert_on_a_real_prometheus(
         for i in range(6):
             s.pod(f"share-{i}", {"cpu": "1", "gpusched.io/gpu-milli": "700"}, {"gpusched.io/pool": "pa"})
         s.pod("wants-h100", {"cpu": "1", "nvidia.com/gpu": "1"}, {"nvidia.com/gpu.product": "H100"})
+        for i in range(3):  # the queue's: one GPU of quota, the first takes it, two wait
+            s.pod(f"tenant-{i}", {"cpu": "1", "nvidia.com/gpu": "1"}, {"gpusched.io/pool": "pq"}, s.queue_ns)
 
         def bound() -> bool:
-            return sum(1 for p in s.pods() if p["spec"].get("nodeName")) >= 6
+            tenants = sum(1 for p in s.pods(s.queue_ns) if p["spec"].get("nodeName"))
+            return sum(1 for p in s.pods() if p["spec"].get("nodeName")) >= 6 and tenants == 1
 
-        wait_until(bound, timeout=120, what="6 shares bound", control_plane=s.cp, interval=1)
+        wait_until(bound, timeout=120, what="6 shares and 1 tenant pod bound", control_plane=s.cp, interval=1)
         pa0 = f"pa-{s.tag}-0"
         s.agent_proc(pa0, ports["agent"])  # after the binds: it maps pa-0's pods onto its GPUs at start
 
@@ -439,6 +467,8 @@ def test_every_panel_query_and_alert_on_a_real_prometheus(
                 "gpusched_pending_pods_by_reason",
                 "rate(gpusched_binding_duration_seconds_count[1m]) > 0",
                 "rate(gpusched_extender_request_duration_seconds_count[1m]) > 0",
+                f'max(gpusched_queue_gpus_used{{queue="{s.queue}"}}) == 1',
+                f'max(gpusched_queue_pending_pods{{queue="{s.queue}"}}) == 2',
             ]
             missing[:] = [q for q in needed if not prom.query(q)[1]]
             return not missing
@@ -450,14 +480,11 @@ def test_every_panel_query_and_alert_on_a_real_prometheus(
 
         # ---- every dashboard panel query
         queries = _dashboard_queries()
-        errors, empty, with_data, placeholders = [], [], 0, 0
+        errors, empty, with_data = [], [], 0
         for dash, title, expr in queries:
             err, result = prom.query(expr)
             if err:
                 errors.append(f"{dash} / {title}: {expr}: {err}")
-            elif any(m in expr for m in PLACEHOLDER_METRICS):
-                placeholders += 1
-                assert not result, f"{dash} / {title}: a placeholder has data now: update the test"
             elif result:
                 with_data += 1
             else:
@@ -467,7 +494,7 @@ def test_every_panel_query_and_alert_on_a_real_prometheus(
 
         # ---- every alert expression, and the alerts that fire on kwok
         all_alerts = {a.name: a for a in alerts(Thresholds(p99_seconds=1e-6))}
-        live = set(all_alerts) - PLACEHOLDER_ALERTS - DOWN_ALERTS
+        live = set(all_alerts) - DOWN_ALERTS
         wait_until(lambda: prom.firing() >= live, timeout=90, interval=1,
                    what=f"alerts firing: {sorted(live)}")  # fmt: skip
         expr_data = 0
@@ -477,15 +504,14 @@ def test_every_panel_query_and_alert_on_a_real_prometheus(
             if name in live:
                 assert result, f"{name} fires but its expression returned nothing"
                 expr_data += 1
-            elif name in PLACEHOLDER_ALERTS:
-                assert not result
         fired_live = prom.firing() & set(all_alerts)
-        ksm_fired = prom.api("alerts")["data"]["alerts"]  # on this test's node and namespace
+        active = prom.api("alerts")["data"]["alerts"]  # on this test's node, namespace and queue
         for alert, label, value in (("GPUSchedGPUNodeNotReady", "node", down),
-                                    ("GPUSchedResourceQuotaExhausted", "namespace", s.ns)):  # fmt: skip
+                                    ("GPUSchedResourceQuotaExhausted", "namespace", s.ns),
+                                    ("GPUSchedQueueQuotaExhausted", "queue", s.queue)):  # fmt: skip
             assert any(
-                a["labels"]["alertname"] == alert and a["labels"].get(label) == value for a in ksm_fired
-            ), f"{alert} not firing for {label}={value}: {ksm_fired}"
+                a["labels"]["alertname"] == alert and a["labels"].get(label) == value for a in active
+            ), f"{alert} not firing for {label}={value}: {active}"
         # kill the scheduler and the extender: up == 0 (their own alerts resolve: their series go stale)
         for name in ("scheduler", "extender"):
             s.procs[name].kill()
@@ -502,18 +528,16 @@ def test_every_panel_query_and_alert_on_a_real_prometheus(
     summary = {
         "panel_queries": len(queries),
         "panel_queries_with_data": with_data,
-        "panel_queries_placeholder_no_data": placeholders,
         "alert_expressions": len(all_alerts),
         "alert_expressions_with_data": expr_data,
         "alerts_fired": fired,
-        "alerts_not_fireable_here": sorted(PLACEHOLDER_ALERTS),
     }
     for k, v in summary.items():
         record_property(k, v)
     with capsys.disabled():
         print("\nprometheus e2e:", json.dumps(summary))
-    assert with_data + placeholders == len(queries)
-    assert set(fired) == set(all_alerts) - PLACEHOLDER_ALERTS
+    assert with_data == len(queries)
+    assert set(fired) == set(all_alerts)
 
 
 def test_chart_ships_the_dashboards_and_rules(
