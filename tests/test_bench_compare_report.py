@@ -79,3 +79,20 @@ def test_overbooked_counts_gpus_beyond_their_milli() -> None:
     assert _overbooked(ok) == 0
     assert _overbooked([*ok, _bound("a", [2], 100), _bound("b", [0], 300)]) == 1
     assert _overbooked([{"metadata": {}, "spec": {}}]) == 0
+
+
+def test_extender_prioritize_runs_only_when_named() -> None:
+    from gpusched.bench.k8s_compare import EXTENDER_PRIORITIZE
+
+    assert EXTENDER_PRIORITIZE not in dict(plan(CASES))
+    assert plan((KUBE, EXTENDER, EXTENDER_PRIORITIZE)) == [
+        (KUBE, 1), (EXTENDER, 1), (EXTENDER_PRIORITIZE, 1), (KUBE, 2),
+    ]  # fmt: skip
+    CompareConfig(only=(EXTENDER_PRIORITIZE,)).check()
+    r = CompareReport(CompareConfig(only=(KUBE, EXTENDER_PRIORITIZE)))
+    r.cases = [
+        CaseResult(KUBE, 1, 100, 100, 100.0, 1.0),
+        CaseResult(EXTENDER_PRIORITIZE, 1, 100, 100, 40.0, 2.5),
+    ]
+    d = r.to_dict()
+    assert d["extender_prioritize_pods_per_s"] == 40.0 and d["extender_prioritize_ratio"] == 0.4

@@ -231,3 +231,47 @@ def test_parallel_binding_cycles_are_not_serialised() -> None:
         loop.close()
     assert answers == [{"Error": ""}] * parallel
     assert arrived == parallel
+
+
+class StalledBinder(FirstBinder):
+    """A first binder whose apiserver never answers."""
+
+    async def bind(self, pod: PodSpec, node: str, gpus: tuple[int, ...]) -> Status:
+        self.calls += 1
+        await asyncio.sleep(3600)
+        return self.answer
+
+
+def test_a_stalled_first_attempt_ends_within_the_budget_and_keeps_the_gpus() -> None:
+    """kube-scheduler gives ``/bind`` 10 s: an apiserver that does not answer must not hold the
+    request past the extender's budget (the client's own timeout is 30 s); the outcome is unknown,
+    so the booking stays, and kube-scheduler's retry of the pod is sent back to the same node."""
+    e = make([node("n1", gpus=1), node("n2", gpus=1)], binder=FakeBinder(), bind_budget_s=0.5)
+    e.pod_getter = lambda ns, name: pod("p", gpus=1, uid="uid-p")  # type: ignore[assignment,return-value]
+    args = {"Pod": pod("p", gpus=1, uid="uid-p"), "NodeNames": ["n1", "n2"]}
+    assert e.filter(args)["NodeNames"] == ["n1", "n2"]
+    loop = asyncio.new_event_loop()
+    first = StalledBinder(Status.success())
+    c: TestClient[Any, Any] = TestClient(TestServer(make_app(e, first_binder=first)), loop=loop)
+
+    async def go() -> tuple[Any, float]:
+        t0 = loop.time()
+        r = await c.post(
+            "/bind", json={"PodName": "p", "PodNamespace": "default", "PodUID": "uid-p", "Node": "n2"}
+        )
+        return await r.json(), loop.time() - t0
+
+    try:
+        loop.run_until_complete(c.start_server())
+        answer, took = loop.run_until_complete(go())
+    finally:
+        loop.run_until_complete(c.close())
+        loop.close()
+    assert "no answer within 0.5 s" in answer["Error"] and took < 5.0
+    with e.cluster.snapshot() as snap:
+        held = snap.allocations.get("default/p")
+        assert held is not None and snap.names[held.node] == "n2"  # kept: the binding may still land
+    # kube-scheduler retries the pod: the same node again, not a second booking elsewhere
+    assert e.filter(args)["NodeNames"] == ["n2"]
+    r = e.filter({**args, "NodeNames": ["n1"]})
+    assert r["NodeNames"] == [] and "held on node n2" in r["FailedNodes"]["n1"]

@@ -62,8 +62,13 @@ KUBE_DEFAULT = "kube-scheduler-default"
 STANDALONE = "standalone"
 STANDALONE_SHARES = "standalone-shares"
 EXTENDER = "extender"
+EXTENDER_PRIORITIZE = "extender-prioritize"
 CASES = (KUBE, KUBE_DEFAULT, STANDALONE, STANDALONE_SHARES, EXTENDER)
-_SHARES = (STANDALONE_SHARES, EXTENDER)
+"""The cases a plain ``--compare`` runs."""
+EXTRA_CASES = (EXTENDER_PRIORITIZE,)
+"""Cases run only when named in ``--only``: the extender with ``--no-pick-in-filter`` (every
+passing node back to kube-scheduler, which scores them and calls ``/prioritize``)."""
+_SHARES = (STANDALONE_SHARES, EXTENDER, EXTENDER_PRIORITIZE)
 VARIANT = "standalone@"
 
 
@@ -88,9 +93,11 @@ class CompareConfig:
     """py-spy samples every gpusched process into this folder (``<case>-<run>.txt``, collapsed stacks)."""
 
     def check(self) -> None:
-        unknown = sorted(set(self.only) - set(CASES))
+        unknown = sorted(set(self.only) - set(CASES + EXTRA_CASES))
         if unknown:
-            raise InvalidInput(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
+            raise InvalidInput(
+                f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES + EXTRA_CASES)}"
+            )
         if not self.only:
             raise InvalidInput("no case to run")
         if self.nodes <= 0 or self.pods <= 1 or self.warmup < 0 or self.arrival_pods < 0:
@@ -142,13 +149,13 @@ class CompareReport:
         return max(runs, key=lambda c: c.pods_per_s) if runs else None
 
     def to_dict(self) -> dict[str, Any]:
-        rate = {c: (r.pods_per_s if (r := self._best(c)) else None) for c in CASES}
+        rate = {c: (r.pods_per_s if (r := self._best(c)) else None) for c in CASES + EXTRA_CASES}
         ref = rate[KUBE]
 
         def ratio(v: float | None, base: float | None) -> float | None:
             return round(v / base, 3) if v is not None and base else None
 
-        p99 = {c: (r.latency_p99_ms if (r := self._best(c)) else None) for c in CASES}
+        p99 = {c: (r.latency_p99_ms if (r := self._best(c)) else None) for c in CASES + EXTRA_CASES}
         kube_p99 = min(
             (c.latency_p99_ms for c in self.cases if c.case == KUBE and c.latency_p99_ms), default=None
         )
@@ -169,7 +176,11 @@ class CompareReport:
             "standalone_ratio": ratio(rate[STANDALONE], ref),
             "standalone_shares_ratio": ratio(rate[STANDALONE_SHARES], ref),
             "extender_ratio": ratio(rate[EXTENDER], ref),
-            "latency_p50_ms": {c: (r.latency_p50_ms if (r := self._best(c)) else None) for c in CASES},
+            "extender_prioritize_pods_per_s": rate[EXTENDER_PRIORITIZE],
+            "extender_prioritize_ratio": ratio(rate[EXTENDER_PRIORITIZE], ref),
+            "latency_p50_ms": {
+                c: (r.latency_p50_ms if (r := self._best(c)) else None) for c in CASES + EXTRA_CASES
+            },
             "latency_p99_ms": p99,
             "kube_scheduler_p99_ms": kube_p99,
             "standalone_p99_latency_ratio": ratio(p99[STANDALONE], kube_p99),
@@ -300,7 +311,9 @@ class _Bench:
                 yield [p]
         else:
             ext_name = f"{name}-gpusched"
-            with gpusched_extender(self.cp, ext_name, self.log_dir, self.cfg.profile_dir) as (ext, url):
+            pick = case != EXTENDER_PRIORITIZE
+            started = gpusched_extender(self.cp, ext_name, self.log_dir, self.cfg.profile_dir, pick=pick)
+            with started as (ext, url):
                 conf = kube_scheduler_config(kc, sched, qps=LIFTED_QPS, extender_url=url)
                 with kube_scheduler(self.cp, name, conf, self.log_dir) as p:
                     yield [ext, p]
@@ -413,7 +426,7 @@ def plan(only: Sequence[str], variants: Sequence[str] = ()) -> list[tuple[str, i
     """The runs in order: kube-scheduler (limit lifted) first and last, the others between
     (the ``variants``' standalone cases right after ``standalone``)."""
     middle = []
-    for c in CASES:
+    for c in CASES + EXTRA_CASES:
         if c in only and c != KUBE:
             middle.append((c, 1))
         if c == STANDALONE:

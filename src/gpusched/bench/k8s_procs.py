@@ -201,13 +201,20 @@ def _ready(url: str) -> bool:
 
 @contextlib.contextmanager
 def gpusched_extender(
-    cp: ControlPlane, name: str, log_dir: Path, profile_dir: Path | None = None, timeout_s: float = 120.0
+    cp: ControlPlane,
+    name: str,
+    log_dir: Path,
+    profile_dir: Path | None = None,
+    timeout_s: float = 120.0,
+    pick: bool = True,
 ) -> Iterator[tuple[SchedulerProcess, str]]:
-    """``gpusched extender`` on a loopback port; yields it and its URL once it answers ``/readyz``."""
+    """``gpusched extender`` on a loopback port; yields it and its URL once it answers ``/readyz``.
+    ``pick``: its ``/filter`` picks the node (the default), else ``--no-pick-in-filter``."""
     port = free_port()
     cmd = _python(
         "extender", "--kubeconfig", str(cp.kubeconfig_path), "--host", "127.0.0.1", "--port", str(port),
         "--policy", "default", "--log-level", "warning",
+        "--pick-in-filter" if pick else "--no-pick-in-filter",
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     with _spawned(name, cmd, log_dir, profile_dir) as proc:

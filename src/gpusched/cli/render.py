@@ -179,6 +179,8 @@ K8S_COMPARE_KEYS = (
     "standalone_ratio",
     "standalone_shares_ratio",
     "extender_ratio",
+    "extender_prioritize_pods_per_s",
+    "extender_prioritize_ratio",
     "latency_p50_ms",
     "latency_p99_ms",
 )

@@ -97,6 +97,13 @@ def extender(
     sync_wait_seconds: Annotated[
         float, typer.Option(help="How long a verb waits for the informers to sync before refusing.")
     ] = DEFAULT_SYNC_WAIT_S,
+    pick_in_filter: Annotated[
+        bool,
+        typer.Option(
+            help="/filter answers with the one node the policy picks (kube-scheduler then skips scoring "
+            "and /prioritize); --no-pick-in-filter returns every passing node for kube-scheduler to score."
+        ),
+    ] = True,
 ) -> None:
     """Serve the kube-scheduler extender (see deploy/extender/scheduler-config.yaml)."""
     from gpusched.extender.serve import serve_extender
@@ -113,6 +120,7 @@ def extender(
         log_level,
         max_body_bytes=max_body_bytes,
         sync_wait_s=sync_wait_seconds,
+        pick_in_filter=pick_in_filter,
     )
 
 

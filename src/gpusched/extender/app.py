@@ -60,6 +60,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import Counter
 
+from gpusched.core.status import Code, Status
 from gpusched.extender.apibind import AsyncBinder
 from gpusched.extender.handlers import Extender
 from gpusched.extender.protocol import (
@@ -326,6 +327,7 @@ def make_app(
         return _json(extender.preempt(await body(request)))
 
     async def bind(request: web.Request) -> web.Response:
+        deadline = time.monotonic() + extender.bind_budget_s  # under kube-scheduler's httpTimeout
         args = await body(request)
         loop = asyncio.get_running_loop()
         try:
@@ -338,11 +340,15 @@ def make_app(
         t0 = time.perf_counter()
         first = None
         if first_binder is not None:  # the first attempt on the loop; anything but success: the threads
-            first = await first_binder.bind(extender.bound_pod(plan), plan.node, plan.gpus)
+            try:
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    first = await first_binder.bind(extender.bound_pod(plan), plan.node, plan.gpus)
+            except TimeoutError:  # no answer within the budget: the outcome is unknown
+                first = Status(Code.ERROR, (f"no answer within {extender.bind_budget_s:g} s",), "APIBinder")
         if first is not None and first.ok:
             error = None
         else:
-            error = await loop.run_in_executor(pool, extender.call_binder, plan, first)
+            error = await loop.run_in_executor(pool, extender.call_binder, plan, first, deadline)
         m.binding_duration.labels("error" if error else "bound").observe(time.perf_counter() - t0)
         return _json(extender.complete(plan, error))
 

@@ -21,7 +21,7 @@ import numpy.typing as npt
 from gpusched.core.cluster import I64, BoolArr, ClusterState
 from gpusched.core.framework import CycleState, Profile
 from gpusched.core.model import NodeSpec, PodSpec
-from gpusched.core.scheduler import filter_nodes, pre_filter, score_nodes
+from gpusched.core.scheduler import filter_nodes, most_preferred, pre_filter, score_nodes, select_host
 from gpusched.core.status import Code
 from gpusched.extender.protocol import BadRequest, check_names
 from gpusched.k8s.convert import InvalidRequest, node_from_k8s
@@ -75,6 +75,14 @@ def run_filters(
         return np.zeros(len(idx), dtype=bool), fails, state
     r = filter_nodes(state, profile, pod, snap, idx, explain=explain)
     return r.passed, [(f.position, f.reason, f.code) for f in r.failures], state
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    """The node ``schedule_one`` would choose among a request's nodes, and its device choice."""
+
+    node: str
+    gpu_hint: int  # the heaviest device-choosing score plugin's GPU there, -1 for none
 
 
 class Evaluator:
@@ -157,3 +165,20 @@ class Evaluator:
         failures += [(keep[p], r, c) for p, r, c in fails]
         if score and m.any():
             raw[kpos[m]] = score_nodes(state, self.profile, pod, tmp, tidx[m])[0]
+
+    def pick(self, pod: PodSpec, names: list[str]) -> Pick | None:
+        """The node among ``names`` (sent by name) that ``core.scheduler.schedule_one`` would
+        choose on the live books: the nodes that pass every filter, narrowed by the pod's soft
+        constraints (``most_preferred``), scored, the highest score winning and equal scores going
+        to the node first in name order (the snapshot's order, the standalone scheduler's
+        tie-break). None when no node passes (the caller then explains each failure)."""
+        with self.cluster.snapshot() as snap:
+            nl = self._by_name(snap, names)
+            m, _, state = run_filters(self.profile, pod, snap, nl.idx, explain=False)
+            if not m.any():
+                return None
+            feasible = np.sort(nl.idx[m])
+            candidates = most_preferred(state, self.profile, pod, snap, feasible)
+            total, choice = score_nodes(state, self.profile, pod, snap, candidates)
+            k = select_host(total, candidates, None)
+            return Pick(snap.names[int(candidates[k])], int(choice[k]) if choice is not None else -1)

@@ -82,8 +82,13 @@ class Extender:
         pod_getter: PodGetter | None = None,
         pod_cache: int = 16384,
         bind_budget_s: float = 6.0,
+        pick: bool = False,
     ) -> None:
         self.cluster = cluster
+        self.pick = pick
+        """``/filter`` answers with the one node ``schedule_one`` would choose among the sent
+        nodes (when some pass; by name only), so that kube-scheduler skips scoring and
+        ``/prioritize`` (it scores only when more than one node is feasible)."""
         self.bind_budget_s = bind_budget_s
         """How long ``/bind`` retries a binding whose outcome is unknown (kube-scheduler's
         extender ``httpTimeout`` is 10 s in deploy/extender/scheduler-config.yaml)."""
@@ -157,6 +162,19 @@ class Extender:
         try:
             pod = self._pod(args)
             names, objs = self._request_nodes(args)
+            held = self._held_node(pod)
+            if held is not None:
+                return self._filter_held(held, names)
+            if self.pick and objs is None:
+                chosen = self.evaluator.pick(pod, names)
+                if chosen is not None:
+                    return {
+                        "Nodes": None,
+                        "NodeNames": [chosen.node],
+                        "FailedNodes": {},
+                        "FailedAndUnresolvableNodes": {},
+                        "Error": "",
+                    }
             ev = self.evaluator.evaluate(pod, names, objs, score=False, explain=True)
         except LimitExceeded:
             raise  # HTTP 400
@@ -180,6 +198,38 @@ class Extender:
             out["NodeNames"] = ev.nodes.names_at(names, passed)
         out.update(FailedNodes=failed, FailedAndUnresolvableNodes=unres, Error="")
         return out
+
+    def _held_node(self, pod: PodSpec) -> str | None:
+        """The node where the books hold ``pod`` (same UID): an earlier ``/bind`` whose outcome
+        is not known yet, which kube-scheduler retries after its own timeout."""
+        with self.cluster.snapshot() as snap:
+            a = snap.allocations.get(pod.key)
+            if a is None or (pod.uid and a.pod.uid and a.pod.uid != pod.uid):
+                return None
+            return snap.names[a.node]
+
+    @staticmethod
+    def _filter_held(node: str, names: list[str]) -> dict[str, Any]:
+        """A pod held on ``node`` goes back there, the same decision bound again (or found
+        bound): another node would book its GPUs twice while the first binding may still land.
+        When kube-scheduler did not send ``node``, every node fails (resolvable) until the API
+        settles the first binding."""
+        if node in names:
+            return {
+                "Nodes": None,
+                "NodeNames": [node],
+                "FailedNodes": {},
+                "FailedAndUnresolvableNodes": {},
+                "Error": "",
+            }
+        why = f"held on node {node} until its earlier binding there is settled"
+        return {
+            "Nodes": None,
+            "NodeNames": [],
+            "FailedNodes": dict.fromkeys(names, why),
+            "FailedAndUnresolvableNodes": {},
+            "Error": "",
+        }
 
     def _priorities(self, args: Mapping[str, Any]) -> tuple[list[str], I64, NodeList | None]:
         pod = self._pod(args)
@@ -308,15 +358,19 @@ class Extender:
         """The pod of ``plan`` with the UID to bind it under (the request's)."""
         return dataclasses.replace(plan.pod, uid=plan.uid) if plan.uid else plan.pod
 
-    def call_binder(self, plan: BindPlan, first: Status | None = None) -> str | None:
+    def call_binder(
+        self, plan: BindPlan, first: Status | None = None, deadline: float | None = None
+    ) -> str | None:
         """Run the profile's bind plugins (blocking) until the API says what happened, for at
         most ``bind_budget_s`` (``k8s/binding.py``): the error text, or None once the pod is
         bound to ``plan.node`` (by this call, or by an earlier attempt whose answer was lost).
         A booking whose outcome is still unknown stays held until the API settles it.
         ``first``: the answer of a first attempt already made (``apibind``), read as the
-        plugins' first answer."""
+        plugins' first answer; ``deadline`` (``time.monotonic()``): when the budget, counted
+        from the request's arrival, ends (default: ``bind_budget_s`` from now)."""
         pod = self.bound_pod(plan)
-        deadline = time.monotonic() + self.bind_budget_s
+        if deadline is None:
+            deadline = time.monotonic() + self.bind_budget_s
         answers = [first] if first is not None else []
 
         def attempt() -> Status:

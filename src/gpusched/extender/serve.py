@@ -43,6 +43,7 @@ def serve_extender(
     log_level: str = "info",
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     sync_wait_s: float = DEFAULT_SYNC_WAIT_S,
+    pick_in_filter: bool = True,
 ) -> None:
     """Serve the gpusched kube-scheduler extender until interrupted.
 
@@ -54,6 +55,9 @@ def serve_extender(
     threads. Point kube-scheduler at it with ``deploy/extender/scheduler-config.yaml``.
     Request bodies over ``max_body_bytes`` get HTTP 413; until the informers have synced each
     verb waits up to ``sync_wait_s`` seconds, then refuses (kube-scheduler retries the pod).
+    With ``pick_in_filter``, ``/filter`` answers with the one node the policy chooses among the
+    sent ones, so kube-scheduler skips scoring and ``/prioritize``; without it, every passing node
+    is returned and kube-scheduler weighs ``/prioritize``'s scores with its own plugins'.
     """
     from aiohttp import web
     from kubernetes import client
@@ -92,7 +96,11 @@ def serve_extender(
 
     cluster = LiveCluster()
     extender = Extender(
-        cluster, build_profile(policy), binder=APIBinder(core, in_binding=True), pod_getter=get_pod
+        cluster,
+        build_profile(policy),
+        binder=APIBinder(core, in_binding=True),
+        pod_getter=get_pod,
+        pick=pick_in_filter,
     )
     reflectors = start_informers(core, cluster, pod_handler=extender.observe_pod)
     pool = ThreadPoolExecutor(max_workers=bind_threads, thread_name_prefix="gpusched-bind")
@@ -106,8 +114,9 @@ def serve_extender(
         first_binder=AsyncAPIBinder(core.api_client.configuration),
     )
     log.info(
-        "gpusched extender: policy %s, listening on %s:%d (%s)",
+        "gpusched extender: policy %s%s, listening on %s:%d (%s)",
         policy,
+        ", /filter picks the node" if pick_in_filter else "",
         host,
         port,
         "https" if ssl_ctx else "http",
