@@ -18,6 +18,9 @@ A pod under a queue (``k8s/queues.py``: its annotation, its namespace's label, a
    *reserved* in its queue meanwhile (so the borrower cannot borrow the room back), and it waits
    until the victims are gone (reserved at most ``reservation_s``).
 
+Gangs under a queue are admitted, reclaim and wait as units through ``k8s/gangs.py``, with the
+same book (``book``) and reservations (``start_reclaim``, ``waiting_on``, ``admitted``).
+
 ``TenantQueues.run_status`` computes each Queue's status every ``status_interval_s``, hands them
 all to ``TenantHost.publish`` (the scheduler's metrics: ``gpusched_queue_*``; a deleted Queue is
 left out, so its series go) and writes each Queue's ``status`` (quota, usage, borrowed, admitted
@@ -31,7 +34,7 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -131,9 +134,9 @@ class TenantQueues:
         self._stop = threading.Event()
 
     # -------------------------------------------------------------- the books
-    def book(self, snap: ClusterState, d: Directory, *, leave_out: str = "") -> QueueBook:
+    def book(self, snap: ClusterState, d: Directory, *, leave_out: Collection[str] = ()) -> QueueBook:
         """Every booked pod under a valid leaf queue charged, and the reservations of pods whose
-        victims are leaving (but ``leave_out``'s own)."""
+        victims are leaving (but those of the pods ``leave_out`` names)."""
         book = QueueBook(d.tree)
         for key, a in snap.allocations.items():
             q, _ = d.queue_of(a.pod)
@@ -145,7 +148,7 @@ class TenantQueues:
                 if until < now or key in snap.allocations:
                     del self._reserved[key]
                     self._reclaiming.pop(key, None)
-                elif key != leave_out and q in d.tree and d.tree.is_leaf(q):
+                elif key not in leave_out and q in d.tree and d.tree.is_leaf(q):
                     book.charge(key, q, usage)
         return book
 
@@ -171,11 +174,9 @@ class TenantQueues:
             h.note_state(snap)
             tiebreak = h.tiebreak()
             profile = without_post_filters(h.profile(pod, snap))
-            book = self.book(snap, d, leave_out=pod.key)
-            with self._lock:
-                waiting = [v for v in self._reclaiming.get(pod.key, ()) if v in snap.allocations]
-            if waiting:
-                why = f"queue {queue}: waiting for {len(waiting)} reclaimed pod(s) to leave"
+            book = self.book(snap, d, leave_out=(pod.key,))
+            if waiting := self.waiting_on((pod.key,), snap):
+                why = f"queue {queue}: waiting for {waiting} reclaimed pod(s) to leave"
                 h.events.failed(qp.obj, why)
                 h.queue.done(qp.key, unschedulable=True)
                 return True
@@ -200,34 +201,55 @@ class TenantQueues:
                     held = [snap.allocations[k] for k in plan.victims if k in snap.allocations]
                     victims = [(a.pod, snap.names[a.node]) for a in held]
         if decided is not None:
-            with self._lock:
-                self._reserved.pop(pod.key, None)
-                self._reclaiming.pop(pod.key, None)
+            self.admitted((pod.key,))
             h.queue.done(qp.key)
             h.bind(decided[0], qp, pod, decided[1], decided[2])
             return True
         if victims:
-            with self._lock:
-                self._reserved[pod.key] = (queue, charge_of(pod), time.monotonic() + self.reservation_s)
-                self._reclaiming[pod.key] = tuple(v.key for v, _ in victims)
-            self.reclaims += 1
-            h.submit(self._evict, pod, queue, victims)
+            self.start_reclaim((pod,), queue, victims, by=pod.key)
             refusal = f"{refusal}; reclaiming {len(victims)} pod(s) from borrowing queues"
         h.events.failed(qp.obj, refusal)
         h.queue.done(qp.key, unschedulable=True)
         return True
 
-    def _evict(self, pod: PodSpec, queue: str, victims: list[tuple[PodSpec, str]]) -> None:
+    # --------------------------------------------------------------- reclaim
+    def waiting_on(self, keys: Collection[str], snap: ClusterState) -> int:
+        """How many pods reclaimed for any of ``keys`` are still in the books (leaving)."""
+        with self._lock:
+            return len({v for k in keys for v in self._reclaiming.get(k, ()) if v in snap.allocations})
+
+    def admitted(self, keys: Collection[str]) -> None:
+        """The pods ``keys`` were placed: their reservations and reclaims are over."""
+        with self._lock:
+            for k in keys:
+                self._reserved.pop(k, None)
+                self._reclaiming.pop(k, None)
+
+    def start_reclaim(
+        self, pods: Sequence[PodSpec], queue: str, victims: Sequence[tuple[PodSpec, str]], *, by: str
+    ) -> None:
+        """Reserve the charges of ``pods`` (a pod, or a gang's members) in ``queue`` and evict
+        ``victims`` (pod, node) off the scheduling thread; ``by`` names the claimant in events."""
+        until = time.monotonic() + self.reservation_s
+        keys = tuple(v.key for v, _ in victims)
+        with self._lock:
+            for p in pods:
+                self._reserved[p.key] = (queue, charge_of(p), until)
+                self._reclaiming[p.key] = keys
+        self.reclaims += 1
+        self.host.submit(self._evict, tuple(p.key for p in pods), by, queue, list(victims))
+
+    def _evict(self, keys: tuple[str, ...], by: str, queue: str, victims: list[tuple[PodSpec, str]]) -> None:
         for v, node in victims:
             out = self.evictor.evict(v.namespace, v.name, v.uid)
             if out.done:
                 meta = {"name": v.name, "namespace": v.namespace, "uid": v.uid}
-                self.host.events.preempted(meta, f"{pod.key} (queue {queue} reclaims its quota)", node)
+                self.host.events.preempted(meta, f"{by} (queue {queue} reclaims its quota)", node)
             else:
-                log.warning("reclaiming %s for %s: %s %s", v.key, pod.key, out.outcome.value, out.message)
-                with self._lock:  # not waited for: the pod plans again
-                    left = tuple(k for k in self._reclaiming.get(pod.key, ()) if k != v.key)
-                    self._reclaiming[pod.key] = left
+                log.warning("reclaiming %s for %s: %s %s", v.key, by, out.outcome.value, out.message)
+                with self._lock:  # not waited for: the claimant plans again
+                    for k in keys:
+                        self._reclaiming[k] = tuple(x for x in self._reclaiming.get(k, ()) if x != v.key)
 
     # ----------------------------------------------------------------- status
     def pending_by_queue(self, d: Directory) -> dict[str, int]:
