@@ -261,3 +261,101 @@ def test_bad_groups_get_events_naming_the_field_and_bind_nothing(env: Env, gangs
     assert f"label {LABEL_COSCHEDULING} names PodGroup {env.ns}/nosuchgroup" in orphan
     assert "does not exist" in orphan
     assert json.dumps(gangs.read("short").get("status") or {}).count("Pending") == 1
+
+
+def test_a_gang_over_its_queues_quota_waits_as_a_unit_naming_the_queue(
+    control_plane: ControlPlane, env: Env, gangs: Gangs
+) -> None:
+    """A Queue of 2 GPUs for the namespace (no parent, so no borrowing): a gang of 3 x 1 GPU binds
+    nothing though 8 GPUs are free, its group's event names the queue; a gang of 2 lands whole."""
+    from kubernetes import client
+
+    from gpusched.bench.reclaim import install_queue_crd, queue_body
+    from gpusched.k8s.queues import GROUP, PLURAL, VERSION
+
+    install_queue_crd(control_plane)
+    queue = f"q-{env.tag}"
+    custom = client.CustomObjectsApi(env.api)
+    custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, queue_body(queue, 2, namespaces=[env.ns]))
+    try:
+        env.nodes([(f"n{i}-{env.tag}", 8000, 32768, 4, "A100") for i in range(2)])
+        wait_until(
+            lambda: queue in gangs.sched.tenants.directory.current().tree, timeout=30, what="the Queue"
+        )
+        gangs.group("over", 3)
+        env.create_pods([gangs.member(f"over-{i}", "over", 1) for i in range(3)])
+        wait_until(
+            lambda: any(f"queue {queue}" in m for m in gangs.group_events("GangWaiting", "over")),
+            timeout=30,
+            what="GangWaiting naming the queue",
+        )
+        gangs.group("fits", 2)
+        env.create_pods([gangs.member(f"fits-{i}", "fits", 1) for i in range(2)])
+        wait_until(
+            lambda: all(gangs.nodes_of()[f"fits-{i}"] for i in range(2)), timeout=60, what="'fits' bound"
+        )
+        _settle()
+        assert not any(gangs.nodes_of()[f"over-{i}"] for i in range(3))
+        msg = next(m for m in gangs.group_events("GangWaiting", "over") if f"queue {queue}" in m)
+        assert "would be 3 of 2" in msg, msg
+    finally:
+        custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, queue)
+
+
+def test_a_high_priority_gang_evicts_lower_priority_pods_and_lands_whole(env: Env, gangs: Gangs) -> None:
+    """Two nodes of 2 GPUs, all taken by priority-0 pods: on n0 two database replicas a budget
+    protects (disruptionsAllowed 0), on n1 two batch pods. A priority-1000 gang of 2 x 1 GPU evicts
+    the batch pods through the Eviction API (not the protected ones), is nominated to n1 while they
+    terminate, and lands whole there."""
+    from test_preemption_e2e import budget_allows, classes, pdb, pod, running, unhold
+
+    low, high = f"low-{env.tag}", f"high-{env.tag}"
+    api = classes(env, {low: 0, high: 1000})
+    n0, n1 = f"{env.tag}-n0", f"{env.tag}-n1"
+    try:
+        env.nodes([(n0, 16000, 65536, 2, "T4"), (n1, 16000, 65536, 2, "T4")])
+        env.create_pods([
+            *(running(env, f"db-{i}", n0, {"app": "db"}, low) for i in range(2)),
+            *(running(env, f"batch-{i}", n1, {"app": "batch"}, low, hold=True) for i in range(2)),
+        ])  # fmt: skip
+        pdb(env, "db", "db", 2)
+        budget_allows(env, "db", 0)
+        assert gangs.sched.budgets.wait_synced(30)
+        gangs.group("urgent", 2)
+        members = [gangs.member(f"urgent-{i}", "urgent", 1) for i in range(2)]
+        for m in members:
+            m["spec"]["priorityClassName"] = high
+        env.create_pods(members)
+
+        def nominated() -> bool:
+            return all(
+                (pod(env, f"urgent-{i}").get("status") or {}).get("nominatedNodeName") == n1 for i in range(2)
+            )
+
+        wait_until(nominated, timeout=60, what="both members nominated to n1")
+        for i in range(2):
+            batch = pod(env, f"batch-{i}")
+            assert batch["metadata"].get("deletionTimestamp"), "the victim is terminating"
+            conds = {c["type"]: c for c in batch["status"].get("conditions", [])}
+            assert conds["DisruptionTarget"]["reason"] == "EvictionByEvictionAPI"
+            assert not pod(env, f"db-{i}")["metadata"].get("deletionTimestamp"), "the protected pods stay"
+        assert not any(gangs.nodes_of()[f"urgent-{i}"] for i in range(2))
+        for i in range(2):
+            unhold(env, f"batch-{i}")
+        wait_until(
+            lambda: all(gangs.nodes_of().get(f"urgent-{i}") == n1 for i in range(2)),
+            timeout=60,
+            what="the gang bound whole on n1",
+        )
+        gangs.sched.events.flush()
+        evs = env.events("Preempted")
+        assert sorted(e["involvedObject"]["name"] for e in evs) == ["batch-0", "batch-1"]
+        for e in evs:
+            assert e["message"].startswith(f"Preempted by gang PodGroup {env.ns}/urgent "), e["message"]
+            assert e["message"].endswith(f"on node {n1}"), e["message"]
+    finally:
+        for p in env.list_pods():
+            if p["metadata"].get("finalizers"):
+                unhold(env, p["metadata"]["name"])
+        for name in (low, high):
+            api.delete_priority_class(name, _preload_content=False)

@@ -15,8 +15,12 @@
    ``evict_now`` (the simulator) they are evicted from the snapshot and the book at once and the
    unit is tried again; otherwise the outcome names them for the front end to evict (the unit
    waits until they are gone).
-5. A single pod outside any gang that does not fit gets the profile's PostFilter (preemption)
-   answer when queues are off; gangs wait as units with the reason of the pod that did not fit.
+5. **Preemption** (queues off, the profile has PostFilters): a single pod outside any gang that
+   does not fit gets the profile's PostFilter answer; a gang gets ``preemption_gang``'s plan
+   (the fewest lower-priority victims, whole gangs, budget-safe first, with which its minimum
+   fits at once; ``UnitOutcome.nominated`` says where each member lands once they are gone).
+   With ``evict_now`` the victims go at once and the gang is tried again. Otherwise a unit waits
+   as a unit with the reason of the pod that did not fit.
 
 At the end of a cycle no gang is partly booked by it, and every pod it booked is charged.
 """
@@ -30,9 +34,11 @@ from dataclasses import dataclass
 from gpusched.core.cluster import I64, ClusterState
 from gpusched.core.framework import Profile
 from gpusched.core.gang import Unit, place_gang
+from gpusched.core.model import PodSpec
+from gpusched.core.preemption_gang import Budgets, plan_gang_preemption
 from gpusched.core.queues.fairshare import surplus_order
 from gpusched.core.queues.quota import QueueBook
-from gpusched.core.queues.reclaim import Budgets, plan_reclaim, unit_charge
+from gpusched.core.queues.reclaim import plan_reclaim, unit_charge
 from gpusched.core.queues.spec import InvalidQueue
 from gpusched.core.queues.usage import charge_of
 from gpusched.core.scheduler import ScheduleResult, schedule_one
@@ -55,6 +61,9 @@ class UnitOutcome:
     victims: tuple[str, ...] = ()
     """Pods to evict (RECLAIM, PREEMPT); with ``evict_now`` those already evicted (PLACED)."""
     nominated_node: int = -1
+    """PREEMPT of a single pod: the node its victims leave."""
+    nominated: tuple[tuple[PodSpec, int], ...] = ()
+    """PREEMPT of a gang: where each member lands (pod, node index) once the victims are gone."""
     budget_violations: int = 0
 
 
@@ -188,6 +197,8 @@ def _one(
                 victims=plan.victims,
                 budget_violations=plan.budget_violations,
             )
+    if book is None and unit.gang is not None and profile.post_filters:
+        return _preempt_gang(profile, snap, unit, budgets, tiebreak, evict_now, refusal)
     if book is None and unit.gang is None and profile.post_filters:
         r1 = schedule_one(
             profile, unit.pods[0], snap, tiebreak=tiebreak, assume=False, diagnose_failures=diagnose
@@ -197,3 +208,30 @@ def _one(
                 unit, Outcome.PREEMPT, reason=refusal, victims=r1.victims, nominated_node=r1.nominated_node
             )
     return UnitOutcome(unit, Outcome.WAITING, reason=refusal)
+
+
+def _preempt_gang(
+    profile: Profile,
+    snap: ClusterState,
+    unit: Unit,
+    budgets: Budgets | None,
+    tiebreak: I64 | None,
+    evict_now: bool,
+    refusal: str,
+) -> UnitOutcome:
+    plan = plan_gang_preemption(profile, snap, unit, budgets=budgets, tiebreak=tiebreak)
+    if not plan.ok:
+        return UnitOutcome(unit, Outcome.WAITING, reason=f"{refusal}; {plan.reason}")
+    if not evict_now:
+        return UnitOutcome(
+            unit, Outcome.PREEMPT, reason=refusal, victims=plan.victims, nominated=plan.placement,
+            budget_violations=plan.budget_violations,
+        )  # fmt: skip
+    for k in plan.victims:
+        snap.forget(k)
+    r = place_gang(profile, unit, snap, tiebreak=tiebreak, diagnose=False)
+    outcome = Outcome.PLACED if r.scheduled else Outcome.WAITING
+    why = "" if r.scheduled else f"preempted but did not land: {r.status.message()}"
+    return UnitOutcome(
+        unit, outcome, r.placed, reason=why, victims=plan.victims, budget_violations=plan.budget_violations
+    )

@@ -17,24 +17,41 @@ unit, its pods and its group told why (``FailedScheduling`` / ``GangWaiting``).
 - The group's status says whether it was placed, where its API has one (``groupstatus.py``).
 - Members beyond the minimum that did not fit with the gang are scheduled later one by one,
   as coscheduling does, once the minimum is bound.
-- A member is never a preemptor: gang-aware preemption (a whole gang making room) is left to
-  the core's DefaultPreemption for single pods.
+- **Tenant queues** (``k8s/tenants.py``): a gang under a queue (its members' queue, from the
+  first member) is admitted by it as a unit (``core.batch.run_cycle`` with the queue book): its
+  members that would bind this cycle fit its quota (plus borrowing) together, or none binds; an
+  unknown or invalid queue makes it wait with an event naming the queue. A gang whose queue would
+  stay within its own quota reclaims borrowed quota as a single pod does: the victims leave by
+  the Eviction API, and the members' charges are reserved in the queue until they are gone.
+- **Preemption** (a gang under no queue, preemption on): a gang that does not fit is a
+  preemptor as a unit (``core.preemption_gang``): the fewest lower-priority victims (whole gangs,
+  PodDisruptionBudget-safe first) with which its minimum fits at once; they leave by the
+  Eviction API and each member is nominated where it will land (the room kept while they go).
+- **Rooms**: a gang never lands in a room kept for another pod of at least its priority (a
+  nominated preemptor's, or defragmentation's): ``PreemptionHost.rooms`` holds them in the
+  snapshot while it is decided.
+- Each decision counts one scheduling attempt per member tried (``GangHost.attempts``), with
+  its result, as kube-scheduler counts pods.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
+from gpusched.core.batch import Outcome, UnitOutcome, run_cycle
 from gpusched.core.cluster import I64, ClusterState
+from gpusched.core.disruption import DisruptionBudgets
 from gpusched.core.framework import Profile
-from gpusched.core.gang import GangSpec, Unit, place_gang
+from gpusched.core.gang import GangSpec, Unit, without_post_filters
 from gpusched.core.model import PodSpec
-from gpusched.core.scheduler import ScheduleResult
+from gpusched.core.queues.quota import QueueBook
 from gpusched.k8s.claims import claims_message
 from gpusched.k8s.convert import InvalidRequest
 from gpusched.k8s.events import EventRecorder
@@ -43,10 +60,33 @@ from gpusched.k8s.groupstatus import GroupStatusWriter
 from gpusched.k8s.podgroups import DEFAULT_TIMEOUT_S, GroupSpec, PodGroups
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
 from gpusched.k8s.state import TERMINAL, LiveCluster, pod_key
+from gpusched.k8s.tenants import TenantQueues
 
 log = logging.getLogger(__name__)
 
 Bind = Callable[[Profile, QueuedPod, PodSpec, str, tuple[int, ...]], object]
+
+
+class PreemptionHost(Protocol):
+    """What a gang preemptor needs from the scheduler: its nominations and rooms, its
+    disruption budgets, and the evictions."""
+
+    def rooms(self, snap: ClusterState, pods: Sequence[PodSpec]) -> AbstractContextManager[object]:
+        """Within the block ``snap`` holds the rooms ``pods`` must leave alone (nominated
+        preemptors' and defragmentation's, of at least their priority)."""
+        ...
+
+    def may_preempt(self, keys: Sequence[str], snap: ClusterState) -> bool:
+        """False while the victims of an earlier preemption for one of ``keys`` are leaving."""
+        ...
+
+    def preempt_gang(
+        self, gang: str, placement: Sequence[tuple[PodSpec, str]], victims: Sequence[PodSpec]
+    ) -> None:
+        """Evict ``victims`` and nominate each member where it will land."""
+        ...
+
+    def disruption_budgets(self) -> DisruptionBudgets: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +103,12 @@ class GangHost:
     """Called under the snapshot: notes the state, returns the tie-break order."""
     bind: Bind
     """Bind one assumed member (asynchronously)."""
+    tenants: TenantQueues | None = None
+    """The tenant queues (quota, borrowing, reclaim); None: none."""
+    preemption: PreemptionHost | None = None
+    """Rooms and preemption; None: gangs keep no rooms and preempt no one."""
+    attempts: Callable[[str, float, int], object] = lambda result, seconds, pods: None
+    """Counts ``pods`` scheduling attempts with ``result`` that took ``seconds``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +174,7 @@ class Gangs:
             return False
         group = self.groups.get(ref)
         if group is None:
+            self.host.attempts("unschedulable", 0.0, 1)
             self._missing(qp, ref)
             return True
         with self._lock:
@@ -136,6 +183,7 @@ class Gangs:
             return False  # Kubernetes' basic policy: not a gang
         if group.problem:
             msg = f"{group.ref.describe()}: {group.problem}; nothing is bound"
+            self.host.attempts("error", 0.0, 1)
             self._refuse(group, keys, msg, "InvalidPodGroup")
             return True
         bound = sum(1 for k in keys if self.host.cluster.is_bound_or_assumed(k))
@@ -147,6 +195,7 @@ class Gangs:
                 f"pod(s) name the group ({bound} bound); nothing is bound until "
                 f"{group.min_member - bound - len(pending)} more arrive"
             )
+            self.host.attempts("unschedulable", 0.0, 1)
             self._waited(group, keys, msg, "GangIncomplete")
             return True
         members = self._specs(group, pending)
@@ -176,6 +225,7 @@ class Gangs:
                 spec = self.host.spec(m)
             except InvalidRequest as e:
                 self.host.events.failed(m.obj, f"{group.ref.describe()}: member {m.key}: {e}")
+                self.host.attempts("error", 0.0, 1)
                 self._done(m, unschedulable=True)
                 continue
             out.append((m, _in_gang(spec, group)))
@@ -184,29 +234,39 @@ class Gangs:
     def _place(self, group: GroupSpec, members: list[tuple[QueuedPod, PodSpec]], bound: int) -> GangOutcome:
         if not members:
             return GangOutcome(0, 0, f"{group.ref.describe()}: no member can be decided")
-        need = max(0, group.min_member - bound)
+        t0 = time.perf_counter()
+        queue, problem = self._queue_of([p for _, p in members])
+        if problem:
+            self.host.attempts("unschedulable", time.perf_counter() - t0, len(members))
+            return GangOutcome(0, len(members), f"{group.ref.describe()}: {problem}; nothing is bound")
         gang = GangSpec(group.ref.name, group.ref.namespace, group.min_member, int(group.timeout_s))
-        unit = Unit(gang.key, tuple(p for _, p in members), need, gang)
+        pods = tuple(replace(p, queue=queue) if queue else p for _, p in members)
+        unit = Unit(gang.key, pods, max(0, group.min_member - bound), gang)
         by_key = {p.key: m for m, p in members}
         with self.host.cluster.snapshot() as snap:
-            tiebreak = self.host.tiebreak(snap)
-            profile = self.host.profile(unit.pods[0], snap)
-            r = place_gang(profile, unit, snap, tiebreak=tiebreak)
-            placed: list[ScheduleResult] = list(r.placed)
+            profile, o = self._decide(unit, queue, snap)
             log.debug(
-                "%s: need %d (%d bound) of %s: %s", group.ref.describe(), need, bound,
-                [p.key for p in unit.pods], r.status.message() or f"{len(placed)} placed",
+                "%s: need %d (%d bound) of %s: %s %s", group.ref.describe(), unit.need, bound,
+                [p.key for p in pods], o.outcome.value, o.reason,
             )  # fmt: skip
-            for res in placed:
+            for res in o.placed:
                 self.host.cluster.assume(res.pod, res.node, res.gpus)
+            acted = self._act(group, unit, queue, snap, o)
+        dt = time.perf_counter() - t0
+        placed = list(o.placed) if o.outcome is Outcome.PLACED else []
+        self.host.attempts("scheduled", dt, len(placed))
+        self.host.attempts("unschedulable", dt, len(members) - len(placed))
         if not placed:
-            why = r.status.message() if not r.scheduled else "no member fits"
-            return GangOutcome(0, len(members), f"{group.ref.describe()}: {why}")
+            where = f" (queue {queue})" if queue else ""
+            return GangOutcome(0, len(members), f"{group.ref.describe()}{where}: {o.reason}{acted}")
+        if self.host.tenants is not None:
+            self.host.tenants.admitted([p.key for p in pods])
+        left_out = {p.key for p in pods} - {r.pod.key for r in placed}
         for res in placed:
             m = by_key[res.pod.key]
             self._done(m, unschedulable=False)
             self.host.bind(profile, m, res.pod, res.node_name, res.gpus)
-        for key in r.left_out:
+        for key in sorted(left_out):
             self._done(by_key[key], unschedulable=True)
         with self._lock:
             self._waiting_since.pop(group.ref, None)
@@ -215,7 +275,58 @@ class Gangs:
             self.status.involved(group), "Normal", "GangScheduled",
             f"{len(placed)} pod(s) placed at once ({bound} already bound; minimum {group.min_member})",
         )  # fmt: skip
-        return GangOutcome(len(placed), len(r.left_out))
+        return GangOutcome(len(placed), len(left_out))
+
+    def _queue_of(self, pods: Sequence[PodSpec]) -> tuple[str, str]:
+        """The gang's tenant queue (its first member's) and why it cannot be used ("" when it
+        can); ("", "") when the gang is under no queue."""
+        t = self.host.tenants
+        if t is None or not t.directory.installed():
+            return "", ""
+        d = t.directory.current()
+        queue, source = d.queue_of(pods[0])
+        return (queue, d.problem(queue, source)) if queue else ("", "")
+
+    def _decide(self, unit: Unit, queue: str, snap: ClusterState) -> tuple[Profile, UnitOutcome]:
+        """One ``run_cycle`` for the gang, under the cluster lock, with its queue's book and the
+        rooms of others held. Placed members stay booked in ``snap``."""
+        tiebreak = self.host.tiebreak(snap)
+        profile = self.host.profile(unit.pods[0], snap)
+        pre, t = self.host.preemption, self.host.tenants
+        keys = [p.key for p in unit.pods]
+        book: QueueBook | None = None
+        if queue and t is not None:
+            book = t.book(snap, t.directory.current(), leave_out=keys)
+            if waiting := t.waiting_on(keys, snap):
+                return profile, UnitOutcome(
+                    unit, Outcome.WAITING, reason=f"waiting for {waiting} reclaimed pod(s) to leave"
+                )
+        if pre is None:
+            profile = without_post_filters(profile)
+        rooms = pre.rooms(snap, unit.pods) if pre is not None else contextlib.nullcontext()
+        budgets = (
+            pre.disruption_budgets() if pre is not None else (t.host.budgets() if t is not None else None)
+        )
+        with rooms:
+            (o,) = run_cycle(profile, snap, [unit], book=book, budgets=budgets, tiebreak=tiebreak)
+        if o.outcome is Outcome.PREEMPT and pre is not None and not pre.may_preempt(keys, snap):
+            o = UnitOutcome(
+                unit, Outcome.WAITING, reason=f"{o.reason}; waiting for the pods it preempted to leave"
+            )
+        return profile, o
+
+    def _act(self, group: GroupSpec, unit: Unit, queue: str, snap: ClusterState, o: UnitOutcome) -> str:
+        """Start the reclaim or the preemption ``o`` asks for; returns what to add to the reason."""
+        held = [snap.allocations[k] for k in o.victims if k in snap.allocations]
+        if o.outcome is Outcome.RECLAIM and self.host.tenants is not None and held:
+            victims = [(a.pod, snap.names[a.node]) for a in held]
+            self.host.tenants.start_reclaim(unit.pods, queue, victims, by=f"gang {group.ref.describe()}")
+            return f"; reclaiming {len(held)} pod(s) from borrowing queues"
+        if o.outcome is Outcome.PREEMPT and self.host.preemption is not None and held:
+            placement = [(p, snap.names[n]) for p, n in o.nominated]
+            self.host.preemption.preempt_gang(group.ref.describe(), placement, [a.pod for a in held])
+            return f"; preempting {len(held)} lower-priority pod(s), nominated where its members land"
+        return ""
 
     # ------------------------------------------------------------ waiting
     def _missing(self, qp: QueuedPod, ref: GroupRef) -> None:

@@ -11,7 +11,8 @@ as data, so that a choice breaking no budget wins when one exists). ``Preemptor.
    (``violate_budgets``, the default) — the victim is deleted gracefully instead, with an event
    naming the budget; otherwise (the budget changed since it was read) the victim stays, and the
    preemptor is told to decide again later (``PreemptionRun.blocked``);
-3. sets the preemptor's ``status.nominatedNodeName`` when any victim is leaving; the scheduler
+3. sets the preemptor's ``status.nominatedNodeName`` when any victim is leaving (for a gang,
+   ``run_gang``: each member's, where it will land); the scheduler
    keeps the room on that node for it (``schedule_with_nominated``) until it binds.
 
 Each victim leaving gets a ``Preempted`` event; the preemptor a ``PreemptionBlocked`` warning
@@ -69,6 +70,36 @@ class Preemptor:
         self, pod: PodSpec, node: str, victims: Sequence[PodSpec], budgets: DisruptionBudgets
     ) -> PreemptionRun:
         """Evict ``victims`` for ``pod`` (to land on ``node``), as the module says."""
+        out = self._evict(pod.key, node, victims, budgets, [pod])
+        if out.leaving:
+            out.nominated = self.nominate(pod, node)
+        return out
+
+    def run_gang(
+        self,
+        gang: str,
+        placement: Sequence[tuple[PodSpec, str]],
+        victims: Sequence[PodSpec],
+        budgets: DisruptionBudgets,
+    ) -> PreemptionRun:
+        """Evict ``victims`` for the members of ``gang`` and nominate each member where it will
+        land (``placement``: pod, node) once they are gone."""
+        nodes = ", ".join(sorted({n for _, n in placement}))
+        out = self._evict(f"gang {gang}", nodes, victims, budgets, [p for p, _ in placement])
+        if out.leaving:
+            out.nominated = all([self.nominate(p, n) for p, n in placement])
+        return out
+
+    def _evict(
+        self,
+        by: str,
+        nodes: str,
+        victims: Sequence[PodSpec],
+        budgets: DisruptionBudgets,
+        told: Sequence[PodSpec],
+    ) -> PreemptionRun:
+        """Evict ``victims`` for ``by`` (landing on ``nodes``); ``told``: the preemptors warned
+        when a budget keeps a victim."""
         ordered = sorted(victims, key=lambda v: (-v.priority, v.key))  # most important first, as counted
         knowingly = {p.key for p in budgets.split(ordered)[0]} if budgets else set()
         out = PreemptionRun()
@@ -79,7 +110,7 @@ class Preemptor:
                 if forced.done:
                     out.forced.append(v.key)
                     why = f" (PodDisruptionBudget {ev.budget or '?'} violated: no choice spared every budget)"
-                    self._left(out, v, pod, node, why)
+                    self._left(out, v, by + why, nodes)
                 else:
                     out.failed.append(forced)
                 continue
@@ -87,21 +118,20 @@ class Preemptor:
                 out.blocked.append(ev)
                 continue
             if ev.done:
-                self._left(out, v, pod, node, "")
+                self._left(out, v, by, nodes)
                 continue
             out.failed.append(ev)
-            log.warning("preempting %s for %s: %s", v.key, pod.key, ev.message)
+            log.warning("preempting %s for %s: %s", v.key, by, ev.message)
         if out.blocked:
             names = ", ".join(f"{b.key} ({b.budget or 'a PodDisruptionBudget'})" for b in out.blocked)
-            msg = f"preemption on node {node} waits: eviction refused by the disruption budget of {names}"
-            self.events.failed(_pod_obj(pod), msg, reason="PreemptionBlocked", condition=False)
-        if out.leaving:
-            out.nominated = self.nominate(pod, node)
+            msg = f"preemption on node {nodes} waits: eviction refused by the disruption budget of {names}"
+            for p in told:
+                self.events.failed(_pod_obj(p), msg, reason="PreemptionBlocked", condition=False)
         return out
 
-    def _left(self, out: PreemptionRun, v: PodSpec, pod: PodSpec, node: str, why: str) -> None:
+    def _left(self, out: PreemptionRun, v: PodSpec, by: str, nodes: str) -> None:
         out.leaving.append(v.key)
-        self.events.preempted(_meta(v), pod.key + why, node)
+        self.events.preempted(_meta(v), by, nodes)
 
     def nominate(self, pod: PodSpec, node: str) -> bool:
         """Set ``status.nominatedNodeName`` of the preemptor (kept until it binds)."""

@@ -20,30 +20,26 @@ the victims (``ReclaimPlan.victims``) and places the unit once they are gone.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from gpusched.core.cluster import I64, ClusterState
 from gpusched.core.framework import Profile
-from gpusched.core.gang import Unit, gang_key, place_gang
-from gpusched.core.model import Allocation, PodSpec
+from gpusched.core.gang import Unit
+from gpusched.core.model import PodSpec
+from gpusched.core.preemption_gang import (
+    Budgets,
+    VictimUnit,
+    group_victims,
+    place_without,
+    spare_order,
+    victim_order,
+    violations,
+)
 from gpusched.core.queues.quota import QueueBook
 from gpusched.core.queues.usage import Usage, charge_of
-from gpusched.core.statement import Statement
 
-
-class Budgets(Protocol):
-    """Disruption budgets as reclaim reads them (``gpusched.core.disruption.DisruptionBudgets``
-    fits): ``split`` orders pods into those whose eviction would break a budget, counted in
-    order as kube-scheduler does, and the others."""
-
-    def split(self, pods: Sequence[PodSpec]) -> tuple[list[PodSpec], list[PodSpec]]: ...
-
-
-def violations(budgets: Budgets | None, pods: Iterable[PodSpec]) -> int:
-    """Pods of ``pods`` whose eviction together breaks a budget (0 without budgets)."""
-    return 0 if budgets is None else len(budgets.split(list(pods))[0])
+__all__ = ["Budgets", "ReclaimPlan", "plan_reclaim", "unit_charge", "violations"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,41 +56,20 @@ class ReclaimPlan:
         return bool(self.victims)
 
 
-@dataclass(frozen=True, slots=True)
-class _Victim:
-    key: str
-    queue: str
-    allocations: tuple[Allocation, ...]
-
-    @property
-    def priority(self) -> int:
-        return max(a.pod.priority for a in self.allocations)
-
-    @property
-    def size(self) -> int:
-        return sum(a.pod.gpu_demand_milli for a in self.allocations)
-
-
 def unit_charge(pods: Sequence[PodSpec]) -> Usage:
     """The quota charge of pods before they land (no model known)."""
     return Usage.total(charge_of(p) for p in pods)
 
 
-def _borrower_units(book: QueueBook, snap: ClusterState, claimant: str) -> list[_Victim]:
+def _borrower_units(book: QueueBook, snap: ClusterState, claimant: str) -> list[VictimUnit]:
     root = book.tree.root(claimant)
     borrowing = {
         q for q in book.tree.leaves() if q != claimant and book.tree.root(q) == root and book.over_nominal(q)
     }
-    groups: dict[str, list[Allocation]] = {}
-    queues: dict[str, str] = {}
-    for pod_key, (queue, _u) in book.charged.items():
-        if queue not in borrowing or pod_key not in snap.allocations:
-            continue
-        a = snap.allocations[pod_key]
-        g = gang_key(a.pod) or pod_key
-        groups.setdefault(g, []).append(a)
-        queues[g] = queue
-    return [_Victim(k, queues[k], tuple(v)) for k, v in groups.items()]
+    held = [
+        snap.allocations[k] for k, (q, _u) in book.charged.items() if q in borrowing and k in snap.allocations
+    ]
+    return group_victims(held, lambda a: book.charged[a.pod.key][0])
 
 
 def _fits(
@@ -102,7 +77,7 @@ def _fits(
     unit: Unit,
     snap: ClusterState,
     book: QueueBook,
-    chosen: Sequence[_Victim],
+    chosen: Sequence[VictimUnit],
     charge: Usage,
     tiebreak: I64 | None,
 ) -> bool:
@@ -115,13 +90,6 @@ def _fits(
     finally:
         for key, queue, usage in released:
             book.charge(key, queue, usage)
-
-
-def _undo(unit: Unit, snap: ClusterState) -> bool:
-    for p in unit.pods:
-        if p.key in snap.allocations:
-            snap.forget(p.key)
-    return True
 
 
 def plan_reclaim(
@@ -138,7 +106,7 @@ def plan_reclaim(
     charge = unit_charge(unit.pods)
     if not book.within(unit.queue, charge):
         return ReclaimPlan((), reason=f"queue {unit.queue} would borrow itself: it reclaims nothing")
-    cands = sorted(_borrower_units(book, snap, unit.queue), key=lambda v: (v.priority, -v.size, v.key))
+    cands = sorted(_borrower_units(book, snap, unit.queue), key=victim_order)
     if not cands:
         return ReclaimPlan((), reason="no borrowing queue holds pods to reclaim")
     safe = [v for v in cands if violations(budgets, (a.pod for a in v.allocations)) == 0]
@@ -156,13 +124,13 @@ def _choose(
     unit: Unit,
     snap: ClusterState,
     book: QueueBook,
-    pool: Sequence[_Victim],
+    pool: Sequence[VictimUnit],
     charge: Usage,
     budgets: Budgets | None,
     tiebreak: I64 | None,
     strict: bool,
-) -> list[_Victim] | None:
-    chosen: list[_Victim] = []
+) -> list[VictimUnit] | None:
+    chosen: list[VictimUnit] = []
     released: list[tuple[str, str, Usage]] = []
     found = False
     try:
@@ -183,7 +151,7 @@ def _choose(
             book.charge(key, queue, usage)
     if not found:
         return None
-    for v in sorted(chosen, key=lambda v: (-v.priority, v.size, v.key)):  # spare the most important
+    for v in sorted(chosen, key=spare_order):  # spare the most important
         rest = [w for w in chosen if w is not v]
         if _fits(profile, unit, snap, book, rest, charge, tiebreak):
             chosen = rest
@@ -191,12 +159,6 @@ def _choose(
 
 
 def _physical(
-    profile: Profile, unit: Unit, snap: ClusterState, chosen: Sequence[_Victim], tiebreak: I64 | None
+    profile: Profile, unit: Unit, snap: ClusterState, chosen: Sequence[VictimUnit], tiebreak: I64 | None
 ) -> bool:
-    with Statement(snap) as st:
-        for v in chosen:
-            for a in v.allocations:
-                st.evict(a.pod.key)
-        return place_gang(profile, unit, snap, tiebreak=tiebreak, diagnose=False).scheduled and _undo(
-            unit, snap
-        )
+    return place_without(profile, unit, snap, chosen, tiebreak) is not None
