@@ -21,7 +21,9 @@ standby keeps its informers warm. Becoming leader rebuilds the books from the AP
 A pod a Permit plugin makes wait (``ScheduleResult.waiting``) is rejected at once (its booking
 given back) and waits in the unschedulable set: no profile of this scheduler waits. Gangs hold
 nothing while they wait: a PodGroup member is decided with its group's pending pods, all or
-nothing, in one cycle (``k8s/gangs.py``); a pod with DRA claims is never bound (``k8s/claims.py``).
+nothing, in one cycle (``k8s/gangs.py``: within its tenant queue's quota, a preemptor as a unit,
+clear of the rooms nominated pods and defragmentation keep, through ``PreemptionHost``, which this
+class is); a pod with DRA claims is never bound (``k8s/claims.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -38,8 +41,10 @@ from typing import Any
 import numpy as np
 from kubernetes import client
 
+from gpusched.core.disruption import DisruptionBudgets
 from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.framework import Profile, run_bind
+from gpusched.core.gang import holding
 from gpusched.core.model import PodSpec
 from gpusched.core.policies import POLICIES, PolicyContext, make_profile
 from gpusched.core.scheduler import schedule_one
@@ -54,7 +59,7 @@ from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.gangs import GangHost, Gangs
 from gpusched.k8s.informer import Reflector
 from gpusched.k8s.podgroups import PodGroups
-from gpusched.k8s.preemption import Preemptor
+from gpusched.k8s.preemption import PreemptionRun, Preemptor
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
 from gpusched.k8s.queues import QueueDirectory
 from gpusched.k8s.reservation import Reservations
@@ -138,7 +143,7 @@ class StandaloneScheduler:
         )  # fmt: skip
         host = GangHost(
             self.queue, self.cluster, self.events, self._spec, self._current_profile, self._gang_tiebreak,
-            lambda *bind: self._pool.submit(self._bind, *bind),
+            lambda *bind: self._pool.submit(self._bind, *bind), self.tenants, self, self._attempts,
         )  # fmt: skip
         self.gangs = Gangs(host, lambda on_change: PodGroups(api, on_change))  # k8s/gangs.py
 
@@ -370,13 +375,53 @@ class StandaloneScheduler:
         """Evict the victims through the Eviction API and nominate the node (``k8s/preemption.py``).
         Victims a budget kept, or that failed, are no longer waited for: the preemptor decides
         again (after the next cluster change or flush) instead of waiting on them forever."""
-        run = self._preemptor.run(pod, node, victims, self.budgets.budgets())
+        self._still_waiting(self._preemptor.run(pod, node, victims, self.budgets.budgets()), [(pod, node)])
+
+    def _still_waiting(self, run: PreemptionRun, nominated: Sequence[tuple[PodSpec, str]]) -> None:
+        """After a preemption: the preemptors wait only for the victims that are leaving."""
         if run.blocked or run.failed:
             with self._plock:
-                if run.leaving:
-                    self._nominated[pod.key] = (pod, node, tuple(run.leaving))
-                else:
-                    self._nominated.pop(pod.key, None)
+                for pod, node in nominated:
+                    if run.leaving:
+                        self._nominated[pod.key] = (pod, node, tuple(run.leaving))
+                    else:
+                        self._nominated.pop(pod.key, None)
+
+    # ------------------------------------------------- gangs (PreemptionHost)
+    @contextlib.contextmanager
+    def rooms(self, snap: Any, pods: Sequence[PodSpec]) -> Iterator[None]:
+        top = max(pods, key=lambda p: p.priority)
+        keys = {p.key for p in pods}
+        with self._plock:
+            nominated = [
+                (p, snap.index.get(n, -1)) for k, (p, n, _) in self._nominated.items() if k not in keys
+            ]
+        with self.reservations.hold(snap, top), holding(snap, nominated, top.priority):
+            yield
+
+    def may_preempt(self, keys: Sequence[str], snap: Any) -> bool:
+        return all(self._may_preempt(k, snap) for k in keys)
+
+    def disruption_budgets(self) -> DisruptionBudgets:
+        return self.budgets.budgets()
+
+    def preempt_gang(
+        self, gang: str, placement: Sequence[tuple[PodSpec, str]], victims: Sequence[PodSpec]
+    ) -> None:
+        keys = tuple(v.key for v in victims)
+        with self._plock:
+            for p, node in placement:
+                self._nominated[p.key] = (p, node, keys)
+        self.metrics.preempted(len(victims))
+        self._pool.submit(self._preempt_gang, gang, list(placement), list(victims))
+
+    def _preempt_gang(self, gang: str, placement: list[tuple[PodSpec, str]], victims: list[PodSpec]) -> None:
+        run = self._preemptor.run_gang(gang, placement, victims, self.budgets.budgets())
+        self._still_waiting(run, placement)
+
+    def _attempts(self, result: str, seconds: float, pods: int) -> None:
+        for _ in range(pods):  # one attempt per pod, as kube-scheduler counts them
+            self.metrics.observe_attempt(result, seconds)
 
     # --------------------------------------------------------------- profile
     def _current_profile(self, pod: PodSpec, snap: Any) -> Profile:
