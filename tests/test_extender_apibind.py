@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -139,7 +140,7 @@ class FirstBinder:
 
 
 def post_bind(first: FirstBinder, threaded: FakeBinder, api_pod: dict[str, Any] | None) -> tuple[Any, Any]:
-    e = make([node("n1", gpus=1)], binder=threaded, bind_budget_s=0.0)
+    e = make([node("n1", gpus=1)], binder=threaded, bind_budget_s=5.0)  # each case settles on its first read
     e.pod_getter = lambda ns, name: api_pod  # type: ignore[assignment,return-value]
     e.filter({"Pod": pod("p", gpus=1, uid="uid-p"), "NodeNames": ["n1"]})
     loop = asyncio.new_event_loop()
@@ -247,7 +248,12 @@ def test_a_stalled_first_attempt_ends_within_the_budget_and_keeps_the_gpus() -> 
     request past the extender's budget (the client's own timeout is 30 s); the outcome is unknown,
     so the booking stays, and kube-scheduler's retry of the pod is sent back to the same node."""
     e = make([node("n1", gpus=1), node("n2", gpus=1)], binder=FakeBinder(), bind_budget_s=0.5)
-    e.pod_getter = lambda ns, name: pod("p", gpus=1, uid="uid-p")  # type: ignore[assignment,return-value]
+
+    def slow_read(ns: str, name: str) -> dict[str, Any]:  # as slow as the bindings: no time left for it
+        time.sleep(5.0)
+        return pod("p", gpus=1, uid="uid-p")
+
+    e.pod_getter = slow_read  # type: ignore[assignment]
     args = {"Pod": pod("p", gpus=1, uid="uid-p"), "NodeNames": ["n1", "n2"]}
     assert e.filter(args)["NodeNames"] == ["n1", "n2"]
     loop = asyncio.new_event_loop()
@@ -267,7 +273,8 @@ def test_a_stalled_first_attempt_ends_within_the_budget_and_keeps_the_gpus() -> 
     finally:
         loop.run_until_complete(c.close())
         loop.close()
-    assert "no answer within 0.5 s" in answer["Error"] and took < 5.0
+    assert "no answer within 0.5 s" in answer["Error"] and took < 3.0
+    assert e.settler.held() == ["default/p"]  # the settler reads it back later
     with e.cluster.snapshot() as snap:
         held = snap.allocations.get("default/p")
         assert held is not None and snap.names[held.node] == "n2"  # kept: the binding may still land

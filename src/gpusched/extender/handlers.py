@@ -37,7 +37,7 @@ from gpusched.core.framework import BindPlugin, CycleState, Profile, run_bind
 from gpusched.core.model import PodSpec
 from gpusched.core.scheduler import choose_devices
 from gpusched.core.statement import Statement
-from gpusched.core.status import Status
+from gpusched.core.status import Code, Status
 from gpusched.extender.evaluate import UNKNOWN_NODE, UNRES, Evaluator, NodeList, run_filters
 from gpusched.extender.protocol import (
     MAX_NODES,
@@ -371,6 +371,11 @@ class Extender:
         pod = self.bound_pod(plan)
         if deadline is None:
             deadline = time.monotonic() + self.bind_budget_s
+        if first is not None and first.code == Code.ERROR and time.monotonic() >= deadline:
+            # no time left to read the pod back within kube-scheduler's timeout: the settler will
+            self.settler.hold(pod)
+            return f"{first.message()} ({Result.HELD.value} after 1 attempt(s))"
+
         answers = [first] if first is not None else []
 
         def attempt() -> Status:
