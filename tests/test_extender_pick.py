@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -74,3 +75,28 @@ def test_pick_chooses_among_the_sent_nodes_only() -> None:
     # objects instead of names (nodeCacheCapable false): every passing node, as without pick
     r = ext.filter({"Pod": pod("p", milli=500), "Nodes": {"items": [node("n2"), node("n3")]}})
     assert [n["metadata"]["name"] for n in r["Nodes"]["items"]] == ["n2", "n3"]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 10,
+            "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}}]}}},
+        {"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 10, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}]}}},
+        {"topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway"}]},
+    ],
+)  # fmt: skip
+def test_soft_scheduling_terms_leave_the_choice_to_kube_scheduler(spec: dict[str, Any]) -> None:
+    """The extender reads no soft terms (kube-scheduler's Score plugins weigh them): such a pod
+    gets every passing node back, so that kube-scheduler scores them and calls /prioritize."""
+    ext = make([node("n1"), node("n2"), node("n3", gpus=1, mem_mib=8192)], pick=True)
+    p = pod("p", mem=10000)
+    p["spec"].update(spec)
+    r = ext.filter({"Pod": p, "NodeNames": ["n1", "n2", "n3"]})
+    assert r["NodeNames"] == ["n1", "n2"] and r["FailedAndUnresolvableNodes"] == {
+        "n3": "Insufficient GPU memory"
+    }
+    plain = pod("q", mem=10000)
+    assert ext.filter({"Pod": plain, "NodeNames": ["n1", "n2", "n3"]})["NodeNames"] == ["n1"]

@@ -64,6 +64,25 @@ PodGetter = Callable[[str, str], Mapping[str, Any]]
 """``get(namespace, name)``: the pod as an API dict (used when bind sees a pod filter did not)."""
 
 
+def soft_preferences(pod: Mapping[str, Any]) -> bool:
+    """Whether a v1 Pod carries soft scheduling terms (preferred node or pod (anti-)affinity, a
+    ``ScheduleAnyway`` spread constraint): the extender leaves those to kube-scheduler's Score
+    plugins, so ``/filter`` must not narrow the choice to one node for such a pod."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return False
+    aff = spec.get("affinity")
+    if isinstance(aff, Mapping):
+        for kind in ("nodeAffinity", "podAffinity", "podAntiAffinity"):
+            terms = aff.get(kind)
+            if isinstance(terms, Mapping) and terms.get("preferredDuringSchedulingIgnoredDuringExecution"):
+                return True
+    spread = spec.get("topologySpreadConstraints")
+    return isinstance(spread, list) and any(
+        isinstance(c, Mapping) and c.get("whenUnsatisfiable") == "ScheduleAnyway" for c in spread
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class BindPlan:
     pod: PodSpec
@@ -87,7 +106,8 @@ class Extender:
         self.cluster = cluster
         self.pick = pick
         """``/filter`` answers with the one node ``schedule_one`` would choose among the sent
-        nodes (when some pass; by name only), so that kube-scheduler skips scoring and
+        nodes (when some pass; by name only; not for pods with soft scheduling terms, which
+        kube-scheduler's Score plugins weigh), so that kube-scheduler skips scoring and
         ``/prioritize`` (it scores only when more than one node is feasible)."""
         self.bind_budget_s = bind_budget_s
         """How long ``/bind`` retries a binding whose outcome is unknown (kube-scheduler's
@@ -165,7 +185,7 @@ class Extender:
             held = self._held_node(pod)
             if held is not None:
                 return self._filter_held(held, names)
-            if self.pick and objs is None:
+            if self.pick and objs is None and not soft_preferences(args["Pod"]):
                 chosen = self.evaluator.pick(pod, names)
                 if chosen is not None:
                     return {
