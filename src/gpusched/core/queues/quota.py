@@ -79,6 +79,16 @@ class QueueBook:
         self.charged: dict[str, tuple[str, Usage]] = {}
         """Pod key -> (leaf queue, charge)."""
 
+    def copy(self) -> QueueBook:
+        """An independent book with the same charges (cheap: no charge is recomputed), for a
+        front end that keeps one book per cycle and lets each decision change its own copy."""
+        out = QueueBook.__new__(QueueBook)
+        out.tree, out.cap = self.tree, self.cap
+        out.demand = {q: dict(keys) for q, keys in self.demand.items()}
+        out.own = dict(self.own)
+        out.charged = dict(self.charged)
+        return out
+
     # -------------------------------------------------------------- arithmetic
     def _deltas(self, queue: str, usage: Usage, sign: int) -> list[tuple[str, ResourceKey, int]]:
         """``(queue, key, new D)`` along the path for ``sign * usage`` added at ``queue``."""
