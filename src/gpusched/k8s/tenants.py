@@ -5,8 +5,10 @@ A pod under a queue (``k8s/queues.py``: its annotation, its namespace's label, a
 
 1. an unknown or invalid queue, or one with child queues: a ``FailedScheduling`` event naming the
    queue and where the pod got it; nothing is bound;
-2. **quota** (``core.queues.QueueBook``, rebuilt from the books every cycle: every booked pod
-   under a queue is charged what it asks for, with the model of its node): the pod is admitted
+2. **quota** (``core.queues.QueueBook``: every booked pod under a queue is charged what it asks
+   for, with the model of its node; built once and kept while the books change only by this
+   scheduler's own decisions, which charge it as they book, ``settled``; rebuilt when a pod
+   or node changed otherwise, or the queues did; each decision works on a copy): the pod is admitted
    when its queue stays within its quota, or borrows idle quota of its cohort within its
    borrowing limit (and its lenders' lending limits);
 3. **placement**: the profile's cycle without preemption (a queued pod takes back quota by
@@ -106,6 +108,16 @@ def status_body(st: QueueStatus, generation: int, problem: str) -> dict[str, Any
     }  # fmt: skip
 
 
+@dataclass
+class _Kept:
+    """The book of the booked pods, as of ``snap`` at ``version`` with the queues ``directory``."""
+
+    snap: ClusterState
+    directory: Directory
+    version: int
+    book: QueueBook
+
+
 class TenantQueues:
     def __init__(
         self,
@@ -127,6 +139,10 @@ class TenantQueues:
         self._lock = threading.Lock()
         self._reserved: dict[str, tuple[str, Usage, float]] = {}  # pod -> (queue, charge, until)
         self._reclaiming: dict[str, tuple[str, ...]] = {}  # pod -> victims it waits for
+        self._kept: _Kept | None = None  # the booked pods' charges (``_booked``)
+        self.keep_book = True
+        """Keep the booked pods' charges between decisions (False: rebuilt for each, as before)."""
+        self.books_built = 0
         self._written: dict[str, tuple[str, dict[str, Any]]] = {}  # queue -> (uid, status written)
         self._warned: dict[str, tuple[str, str]] = {}  # queue -> (uid, problem warned of)
         self.reclaims = 0
@@ -136,12 +152,9 @@ class TenantQueues:
     # -------------------------------------------------------------- the books
     def book(self, snap: ClusterState, d: Directory, *, leave_out: Collection[str] = ()) -> QueueBook:
         """Every booked pod under a valid leaf queue charged, and the reservations of pods whose
-        victims are leaving (but those of the pods ``leave_out`` names)."""
-        book = QueueBook(d.tree)
-        for key, a in snap.allocations.items():
-            q, _ = d.queue_of(a.pod)
-            if q and not d.problem(q, ""):
-                book.charge(key, q, charge_of(a.pod, snap.nodes[a.node].gpu_model))
+        victims are leaving (but those of the pods ``leave_out`` names): a copy of the kept book
+        (``_booked``) that the caller may change. Call under the cluster lock."""
+        book = self._booked(snap, d).copy()
         now = time.monotonic()
         with self._lock:
             for key, (q, usage, until) in list(self._reserved.items()):
@@ -151,6 +164,37 @@ class TenantQueues:
                 elif key not in leave_out and q in d.tree and d.tree.is_leaf(q):
                     book.charge(key, q, usage)
         return book
+
+    def _booked(self, snap: ClusterState, d: Directory) -> QueueBook:
+        """The booked pods' charges, built once and kept while the books change only by this
+        scheduler's decisions (``settled``); rebuilt when ``snap`` or the queues changed since."""
+        k = self._kept
+        fresh = k is not None and k.snap is snap and k.directory is d and k.version == snap.version
+        if k is None or not fresh or not self.keep_book:
+            book = QueueBook(d.tree)
+            for key, a in snap.allocations.items():
+                q, _ = d.queue_of(a.pod)
+                if q and not d.problem(q, ""):
+                    book.charge(key, q, charge_of(a.pod, snap.nodes[a.node].gpu_model))
+            k = self._kept = _Kept(snap, d, snap.version, book)
+            self.books_built += 1
+        return k.book
+
+    def settled(self, snap: ClusterState, d: Directory, placed: Iterable[str] = ()) -> None:
+        """End of a decision made on ``book`` within the same hold of the cluster lock: charge the
+        kept book with the pods it booked (``placed``, pod keys), so that the next decision starts
+        from it (its what-ifs changed nothing else)."""
+        k = self._kept
+        if k is None or k.snap is not snap or k.directory is not d:
+            return
+        for key in placed:
+            a = snap.allocations.get(key)
+            if a is None or key in k.book.charged:
+                continue
+            q, _ = d.queue_of(a.pod)
+            if q and not d.problem(q, ""):
+                k.book.charge(key, q, charge_of(a.pod, snap.nodes[a.node].gpu_model))
+        k.version = snap.version
 
     # ------------------------------------------------------------ scheduling
     def schedule(self, qp: QueuedPod, pod: PodSpec) -> bool:
@@ -200,6 +244,7 @@ class TenantQueues:
                 if plan.ok:
                     held = [snap.allocations[k] for k in plan.victims if k in snap.allocations]
                     victims = [(a.pod, snap.names[a.node]) for a in held]
+            self.settled(snap, d, (pod.key,) if decided is not None else ())
         if decided is not None:
             self.admitted((pod.key,))
             h.queue.done(qp.key)
