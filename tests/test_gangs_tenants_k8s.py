@@ -335,3 +335,37 @@ def test_gang_attempts_are_counted_per_pod_with_their_result(world: Callable[...
     got = w.attempts()
     assert got.get("scheduled") == 3
     assert got.get("unschedulable", 0) >= 2  # both members of the waiting gang, each time it is tried
+
+
+# ------------------------------------------------------------------ the queue book, kept
+def test_the_queue_book_is_built_once_and_follows_the_bookings(world: Callable[..., World]) -> None:
+    w = world(cohort(4, 4), {"ns-a": "team-a", "ns-b": "team-b"})
+    t = w.s.tenants
+
+    def same_as_fresh() -> None:
+        with w.s.cluster.snapshot() as snap:
+            d = t.directory.current()
+            kept = t.book(snap, d)
+            t.keep_book = False
+            fresh = t.book(snap, d)
+            t.keep_book = True
+        assert kept.charged == fresh.charged and kept.demand == fresh.demand
+
+    for i in range(5):
+        w.pod(f"a{i}", 1, ns="ns-a")
+    w.gang("g", 2, 1, ns="ns-b")
+    w.drain()
+    assert len(w.bound) == 7
+    same_as_fresh()  # the pods booked by the decisions were charged as they were booked
+    for i in range(12):  # over the cohort's 8: each is refused by quota
+        w.pod(f"x{i}", 1, ns="ns-a")
+    before = t.books_built
+    w.drain()
+    assert t.books_built - before <= 1, "the book was rebuilt for each queued pod"
+    same_as_fresh()
+    w.gone("ns-a/a0")  # a change the scheduler did not make: the book is built anew
+    before = t.books_built
+    with w.s.cluster.snapshot() as snap:
+        t.book(snap, t.directory.current())
+    assert t.books_built == before + 1
+    same_as_fresh()

@@ -251,6 +251,9 @@ class Gangs:
             )  # fmt: skip
             for res in o.placed:
                 self.host.cluster.assume(res.pod, res.node, res.gpus)
+            if queue and self.host.tenants is not None:  # the kept queue book follows the bookings
+                t = self.host.tenants
+                t.settled(snap, t.directory.current(), [r.pod.key for r in o.placed])
             acted = self._act(group, unit, queue, snap, o)
         dt = time.perf_counter() - t0
         placed = list(o.placed) if o.outcome is Outcome.PLACED else []
