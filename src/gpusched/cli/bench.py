@@ -152,6 +152,20 @@ def bench_gangs_k8s_cmd(
     render.gangs_k8s(bench_gangs_k8s(nodes=nodes, gangs=gangs, size=size, policy=policy).as_dict(), json_out)
 
 
+@bench_app.command("extender-pick")
+@reports_errors
+def bench_extender_pick_cmd(
+    nodes: Annotated[int, typer.Option(help="Synthetic GPU nodes in the extender's books.")] = 1000,
+    pods: Annotated[int, typer.Option(help="GPU-share pods sent, each to both modes.")] = 400,
+    json_out: JsonOpt = False,
+) -> None:
+    """The extender's CPU per pod: /filter picking the node against /filter + /prioritize, in
+    process, alternating on the same books (kube-scheduler's moving node window)."""
+    from gpusched.bench.extender_pick import bench_extender_pick
+
+    render.extender_pick(bench_extender_pick(nodes=nodes, pods=pods).as_dict(), json_out)
+
+
 def _variant(text: str) -> tuple[str, Path]:
     label, sep, src = text.partition("=")
     if not sep or not label or not src:

@@ -152,6 +152,18 @@ def reclaim(report: Mapping[str, Any], json_out: bool) -> None:
     out_console.print(f"KAI published: {report['kai_s']} s average at 4000 running jobs")
 
 
+def extender_pick(report: Mapping[str, Any], json_out: bool) -> None:
+    if json_out:
+        emit_json(report)
+        return
+    out_console.print(
+        f"extender CPU per pod, {report['nodes']} nodes, windows of {report['window']}: /filter picking "
+        f"{report['pick_cpu_ms_per_pod']} ms, /filter + /prioritize "
+        f"{report['filter_prioritize_cpu_ms_per_pod']} ms (ratio {report['ratio']}); "
+        f"picked node among the best scored: {report['same_best']:.0%}"
+    )
+
+
 def gangs_k8s(report: Mapping[str, Any], json_out: bool) -> None:
     if json_out:
         emit_json(report)
