@@ -4,6 +4,7 @@ what-if, and where each member lands once the victims are gone."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -169,3 +170,26 @@ def test_a_plan_is_lower_priority_whole_gangs_sufficient_minimal_and_leaves_the_
     for u in vus:  # minimal: sparing any one unit leaves the gang short
         assert place_without(PROF, unit, snap, [w for w in vus if w is not u], None) is None
     assert partly_bound([a.pod for a in snap.allocations.values()], gangs) == []
+
+
+def test_a_large_plan_keeps_the_victims_its_members_need_without_a_what_if_each(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """40 nodes full of one-GPU pods, a gang of 5 x 8 GPUs: 40 victims (more than EXACT_TRIM),
+    exactly the pods of the 5 nodes it lands on, found with a handful of what-ifs, not one per
+    victim."""
+    import gpusched.core.preemption_gang as pg
+
+    snap = full(nodes=40, gpus=8)
+    calls: list[int] = []
+    real = pg.place_without
+
+    def counting(*a: object, **kw: object) -> object:
+        calls.append(1)
+        return real(*a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pg, "place_without", counting)
+    plan = plan_gang_preemption(PROF, snap, gang_unit("g", 5, num=8))
+    assert len(plan.victims) == 40 > pg.EXACT_TRIM
+    assert {snap.allocations[k].node for k in plan.victims} == {n for _, n in plan.placement}
+    assert len(calls) < 20, len(calls)

@@ -15,7 +15,10 @@ in a copy of the books (a ``Statement`` what-if; the snapshot ends as it began):
 - **enough**: the shortest prefix of that order after which ``gang.place_gang`` places the
   gang's minimum (found by doubling, then bisection: a few what-ifs even among thousands of
   candidates), then **trimmed**: each chosen unit, most important first, is spared when the gang
-  still fits without evicting it;
+  still fits without evicting it (a what-if per unit; beyond ``EXACT_TRIM`` units, those that
+  hold more GPU on some node than is left there once the members are placed are kept without
+  one: a large plan stays fast, at the cost of a victim the gang could have done without by
+  landing elsewhere);
 - a member with ``preemptionPolicy: Never`` makes the gang evict no one.
 
 The plan names the victims and, for nomination, where each member would land once they are
@@ -34,6 +37,9 @@ from gpusched.core.framework import Profile
 from gpusched.core.gang import Unit, gang_key, place_gang
 from gpusched.core.model import Allocation, PodSpec
 from gpusched.core.statement import Statement
+
+EXACT_TRIM = 32
+"""Up to this many chosen units, each is tried for sparing; beyond, only those ``Slack`` admits."""
 
 
 class Budgets(Protocol):
@@ -139,6 +145,9 @@ def plan_gang_preemption(
     """Victims of lower priority whose eviction lets ``unit``'s minimum fit; see the module."""
     if any(p.preemption_policy == "Never" for p in unit.pods):
         return GangPreemption((), reason="not eligible due to preemptionPolicy=Never")
+    placed = place_without(profile, unit, snap, (), tiebreak)
+    if placed is not None:
+        return GangPreemption((), placed, reason="preemption: the gang fits without evicting anyone")
     prio = min(p.priority for p in unit.pods)
     units = group_victims(snap.allocations.values(), lambda a: a.pod.queue)
     cands = sorted((v for v in units if v.priority < prio), key=victim_order)
@@ -155,11 +164,15 @@ def plan_gang_preemption(
         )
         if chosen is None:
             continue
-        chosen = trim(chosen, lambda vs: place_without(profile, unit, snap, vs, tiebreak) is not None)
         placement = place_without(profile, unit, snap, chosen, tiebreak)
         assert placement is not None
-        if not chosen:
-            return GangPreemption((), placement, reason="preemption: the gang fits without evicting anyone")
+        chosen = trim(
+            chosen,
+            lambda vs: place_without(profile, unit, snap, vs, tiebreak) is not None,
+            Slack(snap, chosen, placement) if len(chosen) > EXACT_TRIM else None,
+        )
+        placement = place_without(profile, unit, snap, chosen, tiebreak)
+        assert placement is not None
         pods = sorted((p for v in chosen for p in v.pods), key=lambda p: (-p.priority, p.key))
         return GangPreemption(tuple(sorted(p.key for p in pods)), placement, violations(budgets, pods))
     return GangPreemption((), reason="preemption: evicting every pod of lower priority would not make room")
@@ -199,11 +212,52 @@ def shortest_prefix(
     return list(pool[:hi])
 
 
-def trim(chosen: Sequence[VictimUnit], fits: Callable[[Sequence[VictimUnit]], bool]) -> list[VictimUnit]:
-    """Spare each chosen unit, most important first, when ``fits`` still holds without it."""
+def trim(
+    chosen: Sequence[VictimUnit], fits: Callable[[Sequence[VictimUnit]], bool], slack: Slack | None = None
+) -> list[VictimUnit]:
+    """Spare each chosen unit, most important first, when ``fits`` still holds without it;
+    ``slack`` rules out, without a what-if, the units that cannot be spared."""
     out = list(chosen)
     for v in sorted(chosen, key=spare_order):
+        if slack is not None and not slack.admits(v):
+            continue
         rest = [w for w in out if w is not v]
         if fits(rest):
             out = rest
+            if slack is not None:
+                slack.take(v)
+    return out
+
+
+class Slack:
+    """Per node a victim holds: the GPU milli free once the chosen victims are gone, less what
+    the gang's placement puts there. A victim that holds more on some node than its slack cannot
+    be spared (the gang needs that room), so no what-if is spent on it; a spared one takes its
+    share of the slack."""
+
+    def __init__(
+        self, snap: ClusterState, chosen: Sequence[VictimUnit], placement: Sequence[tuple[PodSpec, int]]
+    ) -> None:
+        self.left: dict[int, int] = {}
+        for v in chosen:
+            for n, m in _held(v).items():
+                self.left[n] = self.left.get(n, 0) + m
+        for n in self.left:
+            self.left[n] += int(snap.gpu_free[n][snap.gpu_exists[n]].sum())
+        for p, n in placement:
+            if n in self.left:
+                self.left[n] -= p.gpu_demand_milli
+
+    def admits(self, v: VictimUnit) -> bool:
+        return all(m <= self.left.get(n, 0) for n, m in _held(v).items())
+
+    def take(self, v: VictimUnit) -> None:
+        for n, m in _held(v).items():
+            self.left[n] -= m
+
+
+def _held(v: VictimUnit) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for a in v.allocations:
+        out[a.node] = out.get(a.node, 0) + a.pod.gpu_demand_milli
     return out
