@@ -20,6 +20,7 @@ none is present, and refuses clearly when that path is not writable.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -85,16 +86,21 @@ def install_kueue_crds(cp: ControlPlane, build: KueueBuild) -> None:
 
 
 def _ensure_metrics_cert(cp: ControlPlane) -> None:
-    if (METRICS_CERT_DIR / "tls.crt").is_file() and (METRICS_CERT_DIR / "tls.key").is_file():
-        return
+    """A certificate and key at ``METRICS_CERT_DIR`` (kept if there; written under a lock, since parallel
+    test workers each start a Kueue and a half-written pair would stop theirs)."""
+    crt, key = METRICS_CERT_DIR / "tls.crt", METRICS_CERT_DIR / "tls.key"
     try:
         METRICS_CERT_DIR.mkdir(parents=True, exist_ok=True)
-        ident = issue_certificate(
-            cp.pki, "kueue-metrics", cn="kueue-metrics", server=True, ips=("127.0.0.1",)
-        )
-        (METRICS_CERT_DIR / "tls.crt").write_bytes(ident.cert.read_bytes())
-        (METRICS_CERT_DIR / "tls.key").write_bytes(ident.key.read_bytes())
-        (METRICS_CERT_DIR / "tls.key").chmod(0o600)
+        with (METRICS_CERT_DIR.parent / ".gpusched.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if crt.is_file() and key.is_file():
+                return
+            ident = issue_certificate(
+                cp.pki, "kueue-metrics", cn="kueue-metrics", server=True, ips=("127.0.0.1",)
+            )
+            key.write_bytes(ident.key.read_bytes())
+            key.chmod(0o600)
+            crt.write_bytes(ident.cert.read_bytes())
     except OSError as exc:
         raise KueueError(
             f"Kueue reads its metrics certificate from {METRICS_CERT_DIR} (fixed in its code when internal "
