@@ -12,7 +12,8 @@ A pod under a queue (``k8s/queues.py``: its annotation, its namespace's label, a
    when its queue stays within its quota, or borrows idle quota of its cohort within its
    borrowing limit (and its lenders' lending limits);
 3. **placement**: the profile's cycle without preemption (a queued pod takes back quota by
-   reclaim, never by priority across queues); on success it is booked and bound;
+   reclaim, never by priority across queues), clear of the rooms kept for others
+   (``TenantHost.rooms``); on success it is booked and bound;
 4. **reclaim**: refused by quota or not fitting while its queue would stay within its own quota,
    the pod gets victims among the pods of borrowing queues (``core.queues.reclaim.plan_reclaim``:
    lowest priority first, fewest victims, whole gangs, PodDisruptionBudget-safe choices first).
@@ -32,11 +33,13 @@ event naming ``spec.parent``.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -81,6 +84,11 @@ class TenantHost:
     """Runs a function off the scheduling thread (the bind pool)."""
     publish: Callable[[Sequence[QueueStatus]], None] = lambda statuses: None
     """Takes every Queue's status each time they are computed (the scheduler's metrics)."""
+    rooms: Callable[[ClusterState, Sequence[PodSpec]], AbstractContextManager[object]] = lambda snap, pods: (
+        contextlib.nullcontext()
+    )
+    """Within the block the snapshot holds the rooms the pods must leave alone (nominated
+    preemptors' and defragmentation's, ``StandaloneScheduler.rooms``)."""
 
 
 def _amounts(usage: Any, get: Callable[[ResourceKey], int | None]) -> dict[str, int]:
@@ -227,7 +235,10 @@ class TenantQueues:
             verdict = book.check(queue, charge_of(pod))
             refusal = "" if verdict.ok else f"quota: {verdict.reason}"
             if verdict.ok:
-                r = schedule_one(profile, pod, snap, tiebreak=tiebreak, diagnose_failures=True, assume=False)
+                with h.rooms(snap, (pod,)):  # not into a room kept for another pod
+                    r = schedule_one(
+                        profile, pod, snap, tiebreak=tiebreak, diagnose_failures=True, assume=False
+                    )
                 if r.scheduled:
                     v2 = book.check(queue, charge_of(pod, snap.nodes[r.node].gpu_model))
                     if v2.ok:
