@@ -369,3 +369,22 @@ def test_the_queue_book_is_built_once_and_follows_the_bookings(world: Callable[.
         t.book(snap, t.directory.current())
     assert t.books_built == before + 1
     same_as_fresh()
+
+
+def test_a_queued_pod_does_not_land_in_a_room_nominated_for_another(world: Callable[..., World]) -> None:
+    w = world(cohort(4, 4), {"ns-a": "team-a"}, nodes=1, gpus=4)
+    for i in range(2):
+        w.pod(f"old{i}", 1, ns="ns-b", priority=50)
+    w.drain()
+    vip = w.pod("vip", 2, ns="ns-b", priority=100)
+    held = w.s.queue.get(vip)
+    assert held is not None
+    w.s._nominated[vip] = (w.s._spec(held), "n0", ())  # its room: the 2 free GPUs
+    key = w.pod("queued", 2, ns="ns-a", priority=10)
+    qp = w.s.queue.get(key)
+    assert qp is not None
+    w.s.schedule(qp)
+    assert key not in w.bound
+    del w.s._nominated[vip]  # the preemptor is gone: the room is free
+    w.retry()
+    assert key in w.bound or vip in w.bound

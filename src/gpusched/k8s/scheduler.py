@@ -138,6 +138,7 @@ class StandaloneScheduler:
                 self._note_state, lambda: self._tiebreak,
                 lambda *bind: self._pool.submit(self._bind, *bind), self.budgets.budgets, self._pool.submit,
                 self.metrics.set_queue_statuses,  # gpusched_queue_*, each time the statuses are computed
+                self.rooms,  # nominated preemptors' and defragmentation's rooms
             ),
             QueueDirectory(client.CustomObjectsApi(api), self.core), self.core, client.CustomObjectsApi(api),
         )  # fmt: skip
