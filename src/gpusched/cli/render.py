@@ -15,11 +15,13 @@ import orjson
 import typer
 from rich import box
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:  # the simulator's types, for annotations only: python -m gpusched.agent loads no simulator
+    from gpusched.metrics.check import Report as MetricsCheckReport
     from gpusched.sim.replay import ReplayResult
     from gpusched.sim.report import PackingReport, ReplayReport
     from gpusched.sim.tenants import TenantConfig, TenantResult
@@ -599,3 +601,38 @@ def defrag_plan(report: Mapping[str, Any], json_out: bool) -> None:
         out_console.print(table)
     for what, why in report["invalid"].items():
         err_console.print(f"[yellow]unreadable[/] {what}: {why}", soft_wrap=True)
+
+
+METRICS_OUTCOME_STYLE = {"data": "green", "empty": "yellow", "error": "red"}
+
+
+def metrics_check(report: MetricsCheckReport, json_out: bool) -> None:
+    """``metrics check``: one table per dashboard (and one for the alerts), each expression's outcome
+    coloured, then one summary line."""
+    if json_out:
+        emit_json(report.to_dict())
+        return
+    groups: dict[str, list[Any]] = {}
+    for r in report.results:
+        groups.setdefault(r.group, []).append(r)
+    for group, rows in groups.items():
+        table = Table(title=group, title_justify="left", show_edge=False)
+        for col in ("panel" if rows[0].kind == "panel" else "alert", "outcome", "series", "expression"):
+            table.add_column(col, justify="right" if col == "series" else "left", overflow="fold")
+        for r in rows:
+            style = METRICS_OUTCOME_STYLE[r.outcome]
+            detail = Text(r.expr)
+            if r.error:
+                detail.append("\n" + r.error, style="red")
+            table.add_row(Text(r.name), Text(r.outcome, style=style), str(r.series), detail)
+        out_console.print(table)
+    parts = []
+    for kind, label in (("panel", "panel queries"), ("alert", "alert expressions")):
+        t = report.tally(kind)
+        if t.total:
+            extra = ", ".join(f"{n} {o}" for o, n in (("empty", t.empty), ("error", t.error)) if n)
+            style = "green" if t.data == t.total else ("red" if t.error else "yellow")
+            parts.append(
+                f"[{style}]{t.data}/{t.total} {label} with data[/]" + (f" ({extra})" if extra else "")
+            )
+    out_console.print(", ".join(parts) + f" on {escape(report.prometheus)}", soft_wrap=True, highlight=False)
