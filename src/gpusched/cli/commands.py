@@ -8,6 +8,7 @@ from gpusched.cli.agent import agent_app
 from gpusched.cli.bench import bench_app
 from gpusched.cli.defrag import defrag_app
 from gpusched.cli.doctor import doctor_app
+from gpusched.cli.metrics import metrics_app
 from gpusched.cli.serve import extender, scheduler, webhook
 from gpusched.cli.simulate import simulate
 from gpusched.cli.testenv import testenv_app
@@ -26,6 +27,7 @@ app.command()(policies)
 app.command("check-trace")(check_trace)
 app.add_typer(doctor_app, name="doctor")
 app.add_typer(defrag_app, name="defrag")
+app.add_typer(metrics_app, name="metrics")
 app.command("ui")(ui)
 
 __all__ = ["app", "extender", "scheduler", "webhook"]
