@@ -359,3 +359,51 @@ def test_a_high_priority_gang_evicts_lower_priority_pods_and_lands_whole(env: En
                 unhold(env, p["metadata"]["name"])
         for name in (low, high):
             api.delete_priority_class(name, _preload_content=False)
+
+
+def test_a_gang_reclaims_its_lent_quota_as_a_unit(
+    control_plane: ControlPlane, env: Env, gangs: Gangs
+) -> None:
+    """Queues a and b of 2 GPUs each under one parent, one node of 4 GPUs: b borrows a's idle
+    quota (4 one-GPU pods); a's gang of 2 x 1 GPU, within a's own quota, reclaims it as a unit:
+    two of b's pods leave through the Eviction API and the gang lands whole."""
+    from kubernetes import client
+
+    from gpusched.bench.reclaim import install_queue_crd, queue_body
+    from gpusched.k8s.convert import ANN_QUEUE
+    from gpusched.k8s.queues import GROUP, PLURAL, VERSION
+
+    install_queue_crd(control_plane)
+    custom = client.CustomObjectsApi(env.api)
+    org, qa, qb = (f"{q}-{env.tag}" for q in ("org", "a", "b"))
+    for body in (queue_body(org), queue_body(qa, 2, parent=org), queue_body(qb, 2, parent=org)):
+        custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, body)
+    try:
+        env.nodes([(f"n0-{env.tag}", 8000, 32768, 4, "A100")])
+        wait_until(lambda: qb in gangs.sched.tenants.directory.current().tree, timeout=30, what="the Queues")
+        env.create_pods([
+            env.pod(f"b-{i}", {"cpu": "100m", "nvidia.com/gpu": "1"}, ann={ANN_QUEUE: qb}) for i in range(4)
+        ])  # fmt: skip
+        wait_until(lambda: all(gangs.nodes_of()[f"b-{i}"] for i in range(4)), timeout=60, what="b borrows")
+        gangs.group("train", 2)
+        members = [gangs.member(f"train-{i}", "train", 1) for i in range(2)]
+        for m in members:
+            m["metadata"]["annotations"][ANN_QUEUE] = qa
+        env.create_pods(members)
+        wait_until(
+            lambda: all(gangs.nodes_of().get(f"train-{i}") for i in range(2)),
+            timeout=90,
+            what="the gang landed",
+        )
+        live = [
+            p["metadata"]["name"]
+            for p in env.list_pods()
+            if p["metadata"]["name"].startswith("b-") and not p["metadata"].get("deletionTimestamp")
+        ]
+        assert len(live) == 2, live  # exactly the borrowed two were reclaimed
+        gangs.sched.events.flush()
+        evs = [e for e in env.events("Preempted") if e["involvedObject"]["name"].startswith("b-")]
+        assert len(evs) == 2 and all("reclaims its quota" in e["message"] for e in evs), evs
+    finally:
+        for q in (qa, qb, org):
+            custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, q)
