@@ -3,7 +3,8 @@ standalone scheduler (two: a leader, and a standby whose Lease someone else hold
 the node agent (fake GPUs, on the test control plane's API) while a workload runs on kwok nodes.
 
 Every panel query of every shipped dashboard and every alert expression goes through Prometheus's
-HTTP API: each must parse and return data, and every alert must fire (state ``firing`` in
+HTTP API by ``gpusched.metrics.check`` (what ``gpusched metrics check`` runs; the command itself is run
+once too): each must parse and return data, and every alert must fire (state ``firing`` in
 ``/api/v1/alerts``); the rules are loaded with ``for: 0s`` and a p99 threshold of 1 µs, the only
 changes from the shipped file. kube-state-metrics (built from its Go module by
 ``hack/build-kube-state-metrics.sh``) watches the same API for the alerts on its series.
@@ -43,7 +44,7 @@ import pytest
 import yaml
 
 from gpusched.metrics.alerts import JOBS, Thresholds, alerts
-from gpusched.metrics.dashboards import panel_queries
+from gpusched.metrics.check import Check, Connection, Report, alert_checks, check, panel_checks
 from gpusched.metrics.generate import DASHBOARD_DIR, rules_yaml
 from gpusched.testenv import ControlPlane, free_port, wait_until
 from realparts import unavailable
@@ -121,12 +122,13 @@ class Prometheus:
         except urllib.error.HTTPError as e:  # 400 bad_data: the body says why
             return json.loads(e.read())
 
-    def query(self, expr: str) -> tuple[str, list[dict[str, Any]]]:
-        """(error or "", result) of an instant query."""
-        out = self.api("query", query=expr)
-        if out.get("status") != "success":
-            return f"{out.get('errorType')}: {out.get('error')}", []
-        return "", list(out["data"]["result"])
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def check(self, checks: list[Check]) -> Report:
+        """Instant queries through ``gpusched.metrics.check`` (``gpusched metrics check``'s library)."""
+        return check(Connection(self.url), checks)
 
     def firing(self) -> set[str]:
         return {
@@ -408,12 +410,20 @@ def scene(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Scene]:
         s.cleanup()
 
 
-def _dashboard_queries() -> list[tuple[str, str, str]]:
-    out = []
+def _committed_panel_queries() -> Iterator[tuple[str, str]]:
+    from gpusched.metrics.dashboards import panel_queries
+
     for path in sorted((ROOT / DASHBOARD_DIR).glob("*.json")):
-        for title, expr in panel_queries(json.loads(path.read_text())):
-            out.append((path.stem, title, expr.replace("$__rate_interval", "1m")))
-    return out
+        yield from panel_queries(json.loads(path.read_text()))
+
+
+def _metrics_check_cli(url: str) -> Any:
+    """``gpusched metrics check --prometheus URL --json`` as an operator runs it (exit 0: all parse)."""
+    cmd = [sys.executable, "-m", "gpusched.cli", "metrics", "check", "--prometheus", url, "--json",
+           "--rate-interval", "1m"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr + out.stdout[-2000:]
+    return json.loads(out.stdout)
 
 
 def test_every_panel_query_and_alert_on_a_real_prometheus(
@@ -482,7 +492,8 @@ def test_every_panel_query_and_alert_on_a_real_prometheus(
                 f'max(gpusched_queue_gpus_used{{queue="{s.queue}"}}) == 1',
                 f'max(gpusched_queue_pending_pods{{queue="{s.queue}"}}) == 2',
             ]
-            missing[:] = [q for q in needed if not prom.query(q)[1]]
+            report = prom.check([Check("panel", "scraped", q, q) for q in needed])
+            missing[:] = [r.expr for r in report.results if r.outcome != "data"]
             return not missing
 
         try:
@@ -490,17 +501,12 @@ def test_every_panel_query_and_alert_on_a_real_prometheus(
         except TimeoutError:
             pytest.fail(f"never scraped: {missing} (the processes' logs: {s.tmp})", pytrace=False)
 
-        # ---- every dashboard panel query
-        queries = _dashboard_queries()
-        errors, empty, with_data = [], [], 0
-        for dash, title, expr in queries:
-            err, result = prom.query(expr)
-            if err:
-                errors.append(f"{dash} / {title}: {expr}: {err}")
-            elif result:
-                with_data += 1
-            else:
-                empty.append(f"{dash} / {title}: {expr}")
+        # ---- every dashboard panel query (the committed JSON's: tests/test_metrics_check.py)
+        queries = prom.check(panel_checks("1m")).results
+        assert len(queries) == sum(1 for _ in _committed_panel_queries())
+        errors = [f"{r.group} / {r.name}: {r.expr}: {r.error}" for r in queries if r.outcome == "error"]
+        empty = [f"{r.group} / {r.name}: {r.expr}" for r in queries if r.outcome == "empty"]
+        with_data = sum(1 for r in queries if r.outcome == "data")
         assert not errors, "\n".join(errors)
         assert not empty, "queries without data:\n" + "\n".join(empty)
 
@@ -510,12 +516,15 @@ def test_every_panel_query_and_alert_on_a_real_prometheus(
         wait_until(lambda: prom.firing() >= live, timeout=90, interval=1,
                    what=f"alerts firing: {sorted(live)}")  # fmt: skip
         expr_data = 0
-        for name, a in all_alerts.items():
-            err, result = prom.query(a.expr)
-            assert not err, f"{name}: {err}"
-            if name in live:
-                assert result, f"{name} fires but its expression returned nothing"
+        for r in prom.check(alert_checks(Thresholds(p99_seconds=1e-6))).results:
+            assert r.outcome != "error", f"{r.name}: {r.error}"
+            if r.name in live:
+                assert r.outcome == "data", f"{r.name} fires but its expression returned nothing"
                 expr_data += 1
+        cli = _metrics_check_cli(prom.url)  # the command, shipped thresholds: every panel with data
+        n = len(queries)
+        assert cli["summary"]["panel"] == {"total": n, "data": n, "empty": 0, "error": 0}
+        assert cli["summary"]["alert"]["total"] == len(all_alerts) and cli["summary"]["alert"]["error"] == 0
         fired_live = prom.firing() & set(all_alerts)
         active = prom.api("alerts")["data"]["alerts"]  # on this test's node, namespace and queue
         for alert, label, value in (("GPUSchedGPUNodeNotReady", "node", down),
@@ -529,9 +538,9 @@ def test_every_panel_query_and_alert_on_a_real_prometheus(
             s.procs[name].kill()
             s.procs[name].wait()
         wait_until(lambda: prom.firing() >= DOWN_ALERTS, timeout=60, interval=1, what="down alerts firing")
-        for name in sorted(DOWN_ALERTS):
-            err, result = prom.query(all_alerts[name].expr)
-            assert not err and result, name
+        down_checks = [c for c in alert_checks(Thresholds(p99_seconds=1e-6)) if c.name in DOWN_ALERTS]
+        for r in prom.check(down_checks).results:
+            assert r.outcome == "data", f"{r.name}: {r.outcome} {r.error}"
             expr_data += 1
         fired = sorted(fired_live | (prom.firing() & set(all_alerts)))
     finally:
@@ -543,6 +552,7 @@ def test_every_panel_query_and_alert_on_a_real_prometheus(
         "alert_expressions": len(all_alerts),
         "alert_expressions_with_data": expr_data,
         "alerts_fired": fired,
+        "metrics_check_cli": cli["summary"],  # gpusched metrics check, shipped thresholds
     }
     for k, v in summary.items():
         record_property(k, v)
