@@ -15,9 +15,10 @@ from gpusched.core.scheduler import diagnose, pre_filter
 from gpusched.core.status import Code, Diagnosis, NodeFailure
 from gpusched.doctor.books import Books
 from gpusched.doctor.checks import drift_findings
-from gpusched.doctor.counterfactual import counterfactuals
+from gpusched.doctor.counterfactual import counterfactuals, feasible_nodes
 from gpusched.doctor.errors import UnknownObject
 from gpusched.doctor.findings import ClusterReport, Finding, NodeReport, PodReport
+from gpusched.doctor.queues import Admission, admission, queue_finding, queue_rows, quota_counterfactual
 
 _NODE_SHOWN = 8
 """Nodes whose own findings a pending pod's report shows (those with errors or warnings)."""
@@ -156,18 +157,31 @@ def _scheduling_causes(books: Books, pod: PodSpec, diag: Diagnosis, healed: set[
                     key,
                 )
             )
-    if pod.queue:
+    if pod.queue and books.queues is None:
         out.append(
             Finding(
                 "scheduling",
                 "info",
                 "queue",
-                f"queue {pod.queue}: gpusched has no queues or quotas yet; nothing waits for quota",
+                f"queue {pod.queue}: the cluster does not serve Queues (queues.gpusched.io); the "
+                "scheduler ignores the pod's queue and nothing waits for quota",
                 {"queue": pod.queue},
                 key,
             )
         )
     return out
+
+
+def _admission(books: Books, pod: PodSpec) -> Admission | None:
+    """The pod's queue's answer, as the scheduler asks it (None: no queues, or under none)."""
+    if books.queues is None:
+        return None
+
+    def models() -> list[str]:
+        snap = books.state
+        return sorted({snap.nodes[i].gpu_model for i in feasible_nodes(books.profile, pod, snap)})
+
+    return admission(books.queues, pod, models)
 
 
 def doctor_pod(books: Books, key: str) -> PodReport:
@@ -238,7 +252,16 @@ def doctor_pod(books: Books, key: str) -> PodReport:
             key, phase, node, (), summary=f"pod {key} is {phase or 'not pending'}; nothing to diagnose"
         )
     diag = diagnosis(books, pod)
-    cfs = counterfactuals(books.profile, pod, books.state, diag)
+    quota = None
+    adm = _admission(books, pod)
+    if adm is not None:
+        assert books.queues is not None
+        findings.append(queue_finding(books.queues, adm, key))
+        if not adm.ok:
+            fits = feasible_nodes(books.profile, pod, books.state)
+            node_ = books.state.names[fits[0]] if fits else ""
+            quota = quota_counterfactual(books.queues, adm, pod, node_)
+    cfs = counterfactuals(books.profile, pod, books.state, diag, quota)
     healed = {n for c in cfs if c.kind == "healthy-gpu" for n in c.change.get("fits_on", [c.node])}
     findings += _scheduling_causes(books, pod, diag, healed)
     failed = {f.node: f for f in diag.failures}
@@ -324,11 +347,18 @@ def _pending_summary(books: Books) -> list[dict[str, Any]]:
     out = []
     for key, pod in sorted(books.pending.items()):
         diag = diagnosis(books, pod)
+        reasons = dict(diag.reason_counts())
+        message = diag.message()
+        adm = _admission(books, pod)
+        if adm is not None and not adm.ok:  # quota is asked first: it leads
+            why = f"queue {adm.queue} is unusable" if adm.problem else f"waits for quota in queue {adm.queue}"
+            reasons = {why: 1, **reasons}
+            message = f"{why}: {adm.problem or (adm.verdict.reason if adm.verdict else '')}; {message}"
         out.append(
             {
                 "pod": key,
-                "message": diag.message(),
-                "reasons": dict(diag.reason_counts()),
+                "message": message,
+                "reasons": reasons,
                 "gpus": pod.num_gpu,
                 "gpu_milli": pod.gpu_milli,
                 "gpu_memory_mib": pod.gpu_memory_mib,
@@ -384,6 +414,7 @@ def doctor_cluster(books: Books) -> ClusterReport:
         stranded_by_model(books),
         tuple(_ordered(findings)),
         tuple(pending),
+        tuple(queue_rows(books.queues)) if books.queues is not None else (),
     )
 
 

@@ -17,6 +17,7 @@ from gpusched.core.model import NodeSpec, PodSpec
 from gpusched.core.policies import PolicyContext, make_profile
 from gpusched.doctor.checks import node_findings
 from gpusched.doctor.findings import Finding
+from gpusched.doctor.queues import QueueBooks
 from gpusched.doctor.snapshot import Snapshot
 from gpusched.k8s.convert import InvalidRequest, node_from_k8s, pod_from_k8s
 from gpusched.k8s.state import TERMINAL, LiveCluster, pod_key
@@ -41,6 +42,8 @@ class Books:
     conflicts: list[str] = field(default_factory=list)
     """Bound pods whose recorded assignment did not fit the books (overcommit: drift)."""
     policy: str = "default"
+    queues: QueueBooks | None = None
+    """The tenant queues and their book (None: the snapshot has no Queues; queues are ignored)."""
     _profile: Profile | None = None
     _workload: TargetWorkload | None = None
     _findings: dict[str, list[Finding]] = field(default_factory=dict)
@@ -74,7 +77,10 @@ class Books:
             live.upsert_pod(p)
         with live.snapshot() as st:
             state = st
-        return cls(snap, state, node_objs, pod_objs, pending, invalid, list(live.conflicts), policy)
+        queues = None
+        if snap.queues is not None:
+            queues = QueueBooks.of(snap.queues, snap.namespaces, state, pending.values())
+        return cls(snap, state, node_objs, pod_objs, pending, invalid, list(live.conflicts), policy, queues)
 
     @property
     def profile(self) -> Profile:

@@ -8,7 +8,9 @@ Tried, for a pod that fits nowhere now:
 - untolerated taints: the tolerations of one node's taints, the set that opens most nodes;
 - failed GPUs: the nodes where the pod fits once their GPUs are healthy again;
 - fragmentation: the fewest moves of running pods (``core.defrag.plan_for``) after which it lands;
-- quotas: a hook (``quota_counterfactual``); gpusched has no queues yet.
+- quotas: the pod's tenant queue refuses it: the smallest raise of the queue's quota
+  (``doctor.queues.quota_counterfactual``, passed in as ``quota``), first, as the scheduler checks
+  quota before placement.
 """
 
 from __future__ import annotations
@@ -45,12 +47,6 @@ def _gib(mib: int) -> str:
 def _names(snap: ClusterState, nodes: list[int], k: int = 3) -> str:
     shown = ", ".join(snap.names[i] for i in nodes[:k])
     return shown + (f" and {len(nodes) - k} more" if len(nodes) > k else "")
-
-
-def quota_counterfactual(pod: PodSpec) -> Counterfactual | None:
-    """The hook for queues: "waits for quota in queue Q" once gpusched has queues and quotas.
-    None now: no queue holds any pod back."""
-    return None
 
 
 def model_counterfactual(profile: Profile, pod: PodSpec, snap: ClusterState) -> list[Counterfactual]:
@@ -228,9 +224,25 @@ def moves_counterfactual(profile: Profile, pod: PodSpec, snap: ClusterState) -> 
 
 
 def counterfactuals(
+    profile: Profile,
+    pod: PodSpec,
+    snap: ClusterState,
+    diag: Diagnosis | None,
+    quota: Counterfactual | None = None,
+) -> list[Counterfactual]:
+    """Every change found (smallest first). ``quota``: the change the pod's queue needs when it
+    refuses the pod; it comes first (the scheduler checks quota before placement), alone when the
+    pod fits a node now, else followed by the changes that make it fit. ``snap`` is left as it was."""
+    found = physical_counterfactuals(profile, pod, snap, diag)
+    if quota is None:
+        return found
+    return [quota] if found[0].kind == "fits-now" else [quota, *found]
+
+
+def physical_counterfactuals(
     profile: Profile, pod: PodSpec, snap: ClusterState, diag: Diagnosis | None
 ) -> list[Counterfactual]:
-    """Every change found (smallest first). ``snap`` is left as it was."""
+    """The changes after which the pod fits a node (quotas aside), smallest first."""
     fits = feasible_nodes(profile, pod, snap)
     if fits:
         return [
@@ -245,9 +257,6 @@ def counterfactuals(
             )
         ]
     out: list[Counterfactual] = []
-    q = quota_counterfactual(pod)
-    if q is not None:
-        out.append(q)
     out += model_counterfactual(profile, pod, snap)
     out += memory_counterfactual(profile, pod, snap)
     out += count_counterfactual(profile, pod, snap)

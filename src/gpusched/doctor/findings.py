@@ -34,11 +34,12 @@ class Finding:
 
 @dataclass(frozen=True)
 class Counterfactual:
-    """A change after which the pod fits, checked on a copy of the books (``verified``), or a
-    hook that cannot be checked yet (``verified`` False, ``kind`` "quota").
+    """A change after which the pod fits, checked on a copy of the books (``verified``): for
+    ``quota``, the core's queue admission on a book with the raised quota.
 
-    ``kind``: fits-now, toleration, gpu-model, gpu-memory, gpu-count, moves, healthy-gpu, quota,
-    none. ``cost`` orders them: the smallest change first (a move counts one per pod moved)."""
+    ``kind``: fits-now, quota, queue (its queue is unknown or invalid: not checked), toleration,
+    gpu-model, gpu-memory, gpu-count, moves, healthy-gpu, none. ``cost`` orders them: the
+    smallest change first (a move counts one per pod moved)."""
 
     kind: str
     message: str
@@ -101,6 +102,9 @@ class ClusterReport:
     """Per GPU model: free milli-GPU, and the part of it the workload cannot use (stranded)."""
     findings: tuple[Finding, ...]
     pending_pods: tuple[Mapping[str, Any], ...] = ()
+    queues: tuple[Mapping[str, Any], ...] = ()
+    """Per tenant queue: usage, quota and borrowed per key, admitted and pending pods (invalid
+    ones with why); empty when the cluster has no Queues."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -111,4 +115,5 @@ class ClusterReport:
             "stranded_by_model": {m: dict(v) for m, v in self.stranded_by_model.items()},
             "findings": [f.to_dict() for f in self.findings],
             "pending_pods": list(self.pending_pods),
+            "queues": list(self.queues),
         }

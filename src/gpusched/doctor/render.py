@@ -102,6 +102,15 @@ def render_cluster(r: ClusterReport, out: Console | None = None) -> None:
             t.add_row(m, f"{v['gpus']:g}", f"{v['free_milli'] / 1000:g}",
                       Text(f"{stranded:.2f}", style="yellow" if stranded >= 1 else ""))  # fmt: skip
         out.print(t)
+    if r.queues:
+        t = Table("queue", "used / quota", "borrowed", "admitted", "pending", title="Tenant queues")
+        for q in r.queues:
+            used = ", ".join(f"{k} {q['usage'].get(k, 0)}/{v}" for k, v in q["quota"].items())
+            borrowed = ", ".join(f"{k} {v}" for k, v in q["borrowed"].items()) or "-"
+            shown = Text(q["invalid"], style="bold red") if q["invalid"] else Text(used)
+            waiting = Text(str(q["pending"]), style="yellow" if q["pending"] else "")
+            t.add_row(q["queue"], shown, borrowed, str(q["admitted"]), waiting)
+        out.print(t)
     drift = [f for f in r.findings if f.code.startswith("drift")]
     out.print(Text(f"Drift: {len(drift)} pod(s)", style="bold red" if drift else "bold green"))
     _findings(out, _grouped(r.findings))

@@ -3,7 +3,13 @@
 The file format is JSON (``SNAPSHOT_KIND``, version 1)::
 
     {"kind": "gpusched.io/doctor-snapshot", "version": 1, "source": "...",
-     "nodes": [<Node as the API shows it>, ...], "pods": [<Pod as the API shows it>, ...]}
+     "nodes": [<Node as the API shows it>, ...], "pods": [<Pod as the API shows it>, ...],
+     "queues": [<Queue (gpusched.io/v1alpha1) as the API shows it>, ...],
+     "namespaces": [{"metadata": {"name": ..., "labels": {...}}}, ...]}
+
+``queues`` is optional: absent (an older snapshot, or a cluster that does not serve the Queue
+CRD) means no queues, and the scheduler then ignores ``gpusched.io/queue``; ``namespaces`` (their
+names and labels: a Namespace's ``gpusched.io/queue`` label puts its pods in a queue) too.
 
 A bound pod's GPUs are its ``gpusched.io/assignment`` annotation, as on a live cluster, and the
 device plugin's allocation its ``gpusched.io/allocated`` annotation; a Node's failed GPUs its
@@ -51,15 +57,27 @@ class Snapshot:
     pods: Sequence[Mapping[str, Any]]
     source: str = ""
     meta: Mapping[str, Any] = field(default_factory=dict)
+    queues: Sequence[Mapping[str, Any]] | None = None
+    """The Queue objects; None: the cluster does not serve Queues (or an older snapshot)."""
+    namespaces: Sequence[Mapping[str, Any]] = ()
+    """The Namespaces (name and labels), for the queue a namespace's label names."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "kind": SNAPSHOT_KIND,
             "version": SNAPSHOT_VERSION,
             "source": self.source,
             "nodes": list(self.nodes),
             "pods": list(self.pods),
         }
+        if self.queues is not None:
+            out["queues"] = list(self.queues)
+        if self.namespaces:
+            out["namespaces"] = [
+                {"metadata": {k: v for k, v in (n.get("metadata") or {}).items() if k in ("name", "labels")}}
+                for n in self.namespaces
+            ]
+        return out
 
 
 # ------------------------------------------------------------------------- core -> API objects
@@ -211,8 +229,14 @@ def parse_snapshot(data: object, where: str = "snapshot") -> Snapshot:
         raise SnapshotError(f"{where}: field kind is {data.get('kind')!r}, expected {SNAPSHOT_KIND!r}")
     if data.get("version") != SNAPSHOT_VERSION:
         raise SnapshotError(f"{where}: field version is {data.get('version')!r}; this doctor reads version 1")
+    queues = _objects(data, "queues", where) if data.get("queues") is not None else None
+    namespaces = _objects(data, "namespaces", where) if data.get("namespaces") is not None else []
     return Snapshot(
-        _objects(data, "nodes", where), _objects(data, "pods", where), str(data.get("source") or where)
+        _objects(data, "nodes", where),
+        _objects(data, "pods", where),
+        str(data.get("source") or where),
+        queues=queues,
+        namespaces=namespaces,
     )
 
 

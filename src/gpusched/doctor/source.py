@@ -13,8 +13,9 @@ API_TIMEOUT_S = 10.0
 
 
 def from_api(kubeconfig: str | None = None, *, timeout_s: float = API_TIMEOUT_S) -> Snapshot:
-    """List every Node and Pod. Raises ApiUnreachable naming the server (or the kubeconfig) when
-    the API cannot be read."""
+    """List every Node and Pod, and the Queues (``queues.gpusched.io``) with the Namespaces when the
+    API serves Queues (a cluster without the CRD: no queues, not an error). Raises ApiUnreachable
+    naming the server (or the kubeconfig) when the API cannot be read."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
     from kubernetes.config.config_exception import ConfigException
@@ -35,10 +36,33 @@ def from_api(kubeconfig: str | None = None, *, timeout_s: float = API_TIMEOUT_S)
         raw_nodes: Any = v1.list_node(_preload_content=False, _request_timeout=timeout_s)
         raw_pods: Any = v1.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=timeout_s)
         nodes, pods = json.loads(raw_nodes.data), json.loads(raw_pods.data)
+        queues, namespaces = _queues(api, timeout_s)
     except ApiException as e:
         raise ApiUnreachable(f"Kubernetes API at {host}: {e.status} {e.reason}") from None
     except (HTTPError, OSError) as e:
         raise ApiUnreachable(f"Kubernetes API at {host} is unreachable: {type(e).__name__}: {e}") from None
     finally:
         api.close()  # type: ignore[no-untyped-call]
-    return Snapshot(nodes.get("items") or [], pods.get("items") or [], f"API {host}")
+    return Snapshot(
+        nodes.get("items") or [], pods.get("items") or [], f"API {host}", queues=queues, namespaces=namespaces
+    )
+
+
+def _queues(api: Any, timeout_s: float) -> tuple[list[Any] | None, list[Any]]:
+    """The Queue objects and the Namespaces; (None, []) when Queues are not served (404), as the
+    scheduler then ignores queues. Other API errors propagate."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from gpusched.k8s.queues import GROUP, PLURAL, VERSION
+
+    try:
+        raw: Any = client.CustomObjectsApi(api).list_cluster_custom_object(
+            GROUP, VERSION, PLURAL, _preload_content=False, _request_timeout=timeout_s
+        )
+    except ApiException as e:
+        if e.status == 404:
+            return None, []
+        raise
+    raw_ns: Any = client.CoreV1Api(api).list_namespace(_preload_content=False, _request_timeout=timeout_s)
+    return json.loads(raw.data).get("items") or [], json.loads(raw_ns.data).get("items") or []
