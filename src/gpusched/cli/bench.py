@@ -277,6 +277,20 @@ def bench_gangs_cmd(
     _per_size(nodes or [5000], decisions, run, render.gangs_table, json_out)
 
 
+@bench_app.command("gang-preemption")
+@reports_errors
+def bench_gang_preemption_cmd(
+    nodes: Annotated[int, typer.Option(help="Nodes of 8 GPUs, every GPU held by a low-priority pod.")] = 5000,
+    size: Annotated[int, typer.Option(help="Pods of 8 GPUs in the preempting gang (its minMember).")] = 64,
+    repeats: Annotated[int, typer.Option(help="Timed plans (the median is reported).")] = 3,
+    json_out: JsonOpt = False,
+) -> None:
+    """A gang as a preemptor in the core: time to find the fewest victims on a full cluster."""
+    from gpusched.bench.gang_preemption import bench_gang_preemption
+
+    render.gang_preemption(bench_gang_preemption(nodes, size, repeats).as_dict(), json_out)
+
+
 @bench_app.command("tenants")
 @reports_errors
 def bench_tenants_cmd(

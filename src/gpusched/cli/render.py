@@ -166,6 +166,18 @@ def extender_pick(report: Mapping[str, Any], json_out: bool) -> None:
     )
 
 
+def gang_preemption(report: Mapping[str, Any], json_out: bool) -> None:
+    if json_out:
+        emit_json(report)
+        return
+    out_console.print(
+        f"gang of {report['size']} x 8 GPUs preempting on {report['nodes']} full nodes: "
+        f"{report['victims']} victims (fewest possible {report['minimum_victims']}), "
+        f"{report['placed']} members placed; median {report['wall_median_s']} s wall, "
+        f"{report['cpu_median_s']} s CPU of {report['repeats']}"
+    )
+
+
 def gangs_k8s(report: Mapping[str, Any], json_out: bool) -> None:
     if json_out:
         emit_json(report)
