@@ -1,7 +1,8 @@
-"""``gpusched doctor`` on the real control plane: six seeded faults. For each, doctor (the
-``kubectl gpusched doctor pod ... --json`` command, reading the API) names the cause, and its
-counterfactual, applied in the API, holds: the standalone scheduler then binds the pod where
-doctor said (or, for drift, doctor finds the books and the device plugin agreeing again).
+"""``gpusched doctor`` on the real control plane: seven seeded faults (the seventh: a pod waiting
+for quota in its tenant queue). For each, doctor (the ``kubectl gpusched doctor pod ... --json``
+command, reading the API) names the cause, and its counterfactual, applied in the API, holds:
+the standalone scheduler then binds the pod where doctor said (or, for drift, doctor finds the
+books and the device plugin agreeing again).
 
 Each test has its own namespace, schedulerName and node group (a label every pod selects), and
 removes what it made.
@@ -303,3 +304,47 @@ def test_gpu_map_from_the_live_api(env: Env) -> None:
             assert b"gpusched" in r.read()
     finally:
         server.shutdown()
+
+
+def test_waits_for_quota_in_its_queue(env: Env) -> None:
+    """A Queue with a 1-GPU quota over the namespace, one GPU pod running in it, a second pending:
+    doctor names the quota and the raise it needs; the Queue patched so, the pod binds."""
+    from kubernetes import client
+
+    from gpusched.bench.reclaim import install_queue_crd, queue_body
+    from gpusched.k8s.queues import GROUP as QGROUP
+    from gpusched.k8s.queues import PLURAL, VERSION
+
+    install_queue_crd(env.cp)
+    custom = client.CustomObjectsApi(env.api)
+    queue = f"q-{env.tag}"
+    custom.create_cluster_custom_object(
+        QGROUP, VERSION, PLURAL, queue_body(queue, 1, namespaces=[env.ns]), _preload_content=False
+    )
+    try:
+        node = env.node("n", 2)
+        env.pod("w", {"nvidia.com/gpu": "1"})
+        env.schedule(bound=["w"])
+        env.pod("p", {"nvidia.com/gpu": "1"})
+        env.schedule(pending=["p"])
+        causes, cf = env.diagnose("p")
+        assert "queue" in causes
+        assert cf["kind"] == "quota" and cf["verified"] and cf["node"] == node
+        assert cf["message"].startswith(
+            f"waits for quota in queue {queue}: needs 1 more GPU(s) (used 1 of quota 1"
+        )
+        assert cf["change"]["raises"] == [
+            {"key": "gpus", "by": 1, "field": "spec.nominalQuota.gpus", "to": 2}
+        ]
+        c = env.doctor("cluster")
+        (row,) = [q for q in c["queues"] if q["queue"] == queue]
+        assert (row["usage"], row["quota"], row["pending"]) == ({"gpus": 1}, {"gpus": 1}, 1)
+        assert any(r["reason"] == f"waits for quota in queue {queue}" for r in c["top_reasons"])
+        # the counterfactual applied: the Queue's quota raised by the amount doctor named
+        custom.patch_cluster_custom_object(QGROUP, VERSION, PLURAL, queue, cf["change"]["patch"])
+        env.schedule(bound=["p"])
+        assert env.read_pod("p")["spec"]["nodeName"] == node
+        causes, _ = env.diagnose("w")
+        assert "queue" not in causes
+    finally:
+        custom.delete_cluster_custom_object(QGROUP, VERSION, PLURAL, queue, _preload_content=False)
