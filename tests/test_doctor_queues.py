@@ -111,6 +111,17 @@ def test_a_borrowing_limit_refuses_and_the_least_raise_is_named() -> None:
     assert "borrowing limit 0, cohort idle 0" in cf.message
 
 
+def test_a_queue_within_its_quota_is_told_the_scheduler_reclaims_from_borrowers() -> None:
+    st = ClusterState([node("n", 4)])
+    for i in range(4):  # b holds all four GPUs: two of them borrowed from a
+        st.assume(whole(f"b{i}", queue="b", priority=i), 0, [i])
+    queues = [queue_body("org", 0), queue_body("a", 2, parent="org"), queue_body("b", 2, parent="org")]
+    r = doctor_pod(Books.of(snap_with(st, [whole("p", queue="a")], queues)), "default/p")
+    f = finding(r, "queue")
+    assert not f.evidence["admits"] and f.evidence["reclaim"] == ["default/b0"]  # the lowest priority
+    assert "so the scheduler reclaims it: evicts 1 pod(s) of borrowing queues (default/b0)" in f.message
+
+
 def test_unknown_and_invalid_queues_are_named_and_make_the_pod_wait() -> None:
     queues = [queue_body("x", 1, parent="y"), queue_body("y", 1, parent="x")]
     b = Books.of(snap_with(one_running("z"), [whole("p", queue="nope"), whole("q", queue="x")], queues))

@@ -18,7 +18,14 @@ from gpusched.doctor.checks import drift_findings
 from gpusched.doctor.counterfactual import counterfactuals, feasible_nodes
 from gpusched.doctor.errors import UnknownObject
 from gpusched.doctor.findings import ClusterReport, Finding, NodeReport, PodReport
-from gpusched.doctor.queues import Admission, admission, queue_finding, queue_rows, quota_counterfactual
+from gpusched.doctor.queues import (
+    Admission,
+    admission,
+    queue_finding,
+    queue_rows,
+    quota_counterfactual,
+    reclaim_plan,
+)
 
 _NODE_SHOWN = 8
 """Nodes whose own findings a pending pod's report shows (those with errors or warnings)."""
@@ -256,7 +263,8 @@ def doctor_pod(books: Books, key: str) -> PodReport:
     adm = _admission(books, pod)
     if adm is not None:
         assert books.queues is not None
-        findings.append(queue_finding(books.queues, adm, key))
+        plan = reclaim_plan(books.queues, adm, pod, books.profile, books.state)
+        findings.append(queue_finding(books.queues, adm, key, plan))
         if not adm.ok:
             fits = feasible_nodes(books.profile, pod, books.state)
             node_ = books.state.names[fits[0]] if fits else ""

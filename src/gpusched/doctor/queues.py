@@ -17,8 +17,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpusched.core.cluster import ClusterState
+from gpusched.core.framework import Profile
+from gpusched.core.gang import Unit, without_post_filters
 from gpusched.core.model import PodSpec
 from gpusched.core.queues.quota import QueueBook, Verdict
+from gpusched.core.queues.reclaim import ReclaimPlan, plan_reclaim
 from gpusched.core.queues.spec import ANY_MODEL, InvalidQueue, QueueSpec, QueueTree, Quota, ResourceKey
 from gpusched.core.queues.status import queue_statuses
 from gpusched.core.queues.usage import Usage, charge_of
@@ -277,9 +280,23 @@ def patch_of(spec: QueueSpec) -> dict[str, Any]:
     return {"spec": body}
 
 
-def queue_finding(qb: QueueBooks, adm: Admission, key: str) -> Finding:
+def reclaim_plan(
+    qb: QueueBooks, adm: Admission, pod: PodSpec, profile: Profile, state: ClusterState
+) -> ReclaimPlan | None:
+    """What the scheduler does next for a pod its queue refuses while the queue would stay within
+    its own quota: reclaim, evicting pods of borrowing queues (``core.queues.reclaim.plan_reclaim``
+    on a copy of the book, as ``k8s/tenants.py`` asks it). None when it would not reclaim."""
+    if adm.problem or adm.ok:
+        return None
+    p = replace(pod, queue=adm.queue)
+    plan = plan_reclaim(without_post_filters(profile), state, qb.book.copy(), Unit(p.key, (p,), 1))
+    return plan if plan.ok else None
+
+
+def queue_finding(qb: QueueBooks, adm: Admission, key: str, reclaim: ReclaimPlan | None = None) -> Finding:
     """The ``queue`` finding of a pending pod: its queue, usage against quota per key, what it
-    borrows and could borrow, and whether the queue admits it now (or why it never can)."""
+    borrows and could borrow, and whether the queue admits it now (or why it never can); when the
+    scheduler would reclaim for it (``reclaim_plan``), the pods it would evict."""
     if adm.problem:
         code = "queue-invalid" if adm.queue in qb.directory.invalid else "queue-unknown"
         msg = f"{adm.problem}: the scheduler makes the pod wait (FailedScheduling) until the queue is fixed"
@@ -288,6 +305,12 @@ def queue_finding(qb: QueueBooks, adm: Admission, key: str) -> Finding:
     lines = key_lines(qb.book, adm.queue)
     state = "admits the pod now" if adm.ok else f"does not admit the pod now: {adm.verdict.reason}"
     msg = f"queue {adm.queue} ({adm.source}): {state}; " + "; ".join(kl.text() for kl in lines)
+    if reclaim is not None:
+        n = len(reclaim.victims)
+        msg += (
+            f"; within its own quota, so the scheduler reclaims it: evicts {n} pod(s) of borrowing "
+            f"queues ({', '.join(reclaim.victims[:5])}{', ...' if n > 5 else ''}) and waits for them"
+        )
     evidence = {
         "queue": adm.queue,
         "source": adm.source,
@@ -297,6 +320,7 @@ def queue_finding(qb: QueueBooks, adm: Admission, key: str) -> Finding:
         "model": adm.model,
         "pending": qb.pending.get(adm.queue, 0),
         "keys": [kl.to_dict() for kl in lines],
+        "reclaim": list(reclaim.victims) if reclaim is not None else [],
     }
     return Finding("scheduling", "ok" if adm.ok else "error", "queue", msg, evidence, key)
 
