@@ -227,6 +227,23 @@ def test_malformed_queue_entry_is_a_snapshot_error(tmp_path: Any, queues: Any, m
         load_snapshot(p)
 
 
+def test_command_line_quota_text_and_a_malformed_queue_exits_2(tmp_path: Any) -> None:
+    from typer.testing import CliRunner
+
+    from gpusched.cli.doctor import kubectl_app
+
+    snap = snap_with(one_running(), [whole("p", queue="a")], [queue_body("a", 1)])
+    good = write_snapshot(tmp_path / "good.json", snap)
+    r = CliRunner().invoke(kubectl_app(), ["doctor", "pod", "default/p", "--snapshot", str(good)])
+    assert r.exit_code == 0 and "waits for quota in queue a: needs 1 more GPU(s)" in r.stdout
+    r = CliRunner().invoke(kubectl_app(), ["doctor", "cluster", "--snapshot", str(good)])
+    assert r.exit_code == 0 and "Tenant queues" in r.stdout and "gpus 1/1" in r.stdout
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**snap.to_json(), "queues": [{"metadata": {}}]}))
+    r = CliRunner().invoke(kubectl_app(), ["doctor", "pod", "default/p", "--snapshot", str(bad)])
+    assert r.exit_code == 2 and "queues[0] has no metadata.name" in r.stderr
+
+
 # ----------------------------------------------------------------------- properties
 @st.composite
 def books(draw: st.DrawFn) -> tuple[QueueBook, str]:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -306,7 +307,7 @@ def test_gpu_map_from_the_live_api(env: Env) -> None:
         server.shutdown()
 
 
-def test_waits_for_quota_in_its_queue(env: Env) -> None:
+def test_waits_for_quota_in_its_queue(env: Env, tmp_path: Path) -> None:
     """A Queue with a 1-GPU quota over the namespace, one GPU pod running in it, a second pending:
     doctor names the quota and the raise it needs; the Queue patched so, the pod binds."""
     from kubernetes import client
@@ -336,6 +337,17 @@ def test_waits_for_quota_in_its_queue(env: Env) -> None:
         assert cf["change"]["raises"] == [
             {"key": "gpus", "by": 1, "field": "spec.nominalQuota.gpus", "to": 2}
         ]
+        # the live cluster saved with its Queues and Namespaces: the snapshot says the same
+        saved = tmp_path / "snap.json"
+        code = "from gpusched.cli.doctor import kubectl_main; kubectl_main()"
+        kc = str(env.cp.kubeconfig_path)
+        subprocess.run([sys.executable, "-c", code, "doctor", "snapshot", str(saved), "--kubeconfig", kc],
+                       check=True, capture_output=True, timeout=120)  # fmt: skip
+        assert any(q["metadata"]["name"] == queue for q in json.loads(saved.read_text())["queues"])
+        args = ["doctor", "pod", f"{env.ns}/p", "--snapshot", str(saved), "--json"]
+        r = subprocess.run([sys.executable, "-c", code, *args], check=True, capture_output=True, text=True,
+                           timeout=120)  # fmt: skip
+        assert json.loads(r.stdout)["counterfactuals"][0]["change"] == cf["change"]
         c = env.doctor("cluster")
         (row,) = [q for q in c["queues"] if q["queue"] == queue]
         assert (row["usage"], row["quota"], row["pending"]) == ({"gpus": 1}, {"gpus": 1}, 1)
