@@ -15,7 +15,7 @@ from gpusched.core.scheduler import diagnose, pre_filter
 from gpusched.core.status import Code, Diagnosis, NodeFailure
 from gpusched.doctor.books import Books
 from gpusched.doctor.checks import drift_findings
-from gpusched.doctor.counterfactual import counterfactuals, feasible_nodes
+from gpusched.doctor.counterfactual import counterfactuals
 from gpusched.doctor.errors import UnknownObject
 from gpusched.doctor.findings import ClusterReport, Finding, NodeReport, PodReport
 from gpusched.doctor.queues import (
@@ -179,16 +179,21 @@ def _scheduling_causes(books: Books, pod: PodSpec, diag: Diagnosis, healed: set[
     return out
 
 
-def _admission(books: Books, pod: PodSpec) -> Admission | None:
+def _fitting(books: Books, diag: Diagnosis) -> list[int]:
+    """The nodes that pass every filter: those the diagnosis does not name (none after a
+    PreFilter failure)."""
+    if diag.pre_filter is not None and not diag.pre_filter.ok:
+        return []
+    failed = {f.node for f in diag.failures}
+    return [i for i, name in enumerate(books.state.names) if name not in failed]
+
+
+def _admission(books: Books, pod: PodSpec, diag: Diagnosis) -> Admission | None:
     """The pod's queue's answer, as the scheduler asks it (None: no queues, or under none)."""
     if books.queues is None:
         return None
-
-    def models() -> list[str]:
-        snap = books.state
-        return sorted({snap.nodes[i].gpu_model for i in feasible_nodes(books.profile, pod, snap)})
-
-    return admission(books.queues, pod, models)
+    nodes = books.state.nodes
+    return admission(books.queues, pod, lambda: sorted({nodes[i].gpu_model for i in _fitting(books, diag)}))
 
 
 def doctor_pod(books: Books, key: str) -> PodReport:
@@ -260,13 +265,13 @@ def doctor_pod(books: Books, key: str) -> PodReport:
         )
     diag = diagnosis(books, pod)
     quota = None
-    adm = _admission(books, pod)
+    adm = _admission(books, pod, diag)
     if adm is not None:
         assert books.queues is not None
         plan = reclaim_plan(books.queues, adm, pod, books.profile, books.state)
         findings.append(queue_finding(books.queues, adm, key, plan))
         if not adm.ok:
-            fits = feasible_nodes(books.profile, pod, books.state)
+            fits = _fitting(books, diag)
             node_ = books.state.names[fits[0]] if fits else ""
             quota = quota_counterfactual(books.queues, adm, pod, node_)
     cfs = counterfactuals(books.profile, pod, books.state, diag, quota)
@@ -357,7 +362,7 @@ def _pending_summary(books: Books) -> list[dict[str, Any]]:
         diag = diagnosis(books, pod)
         reasons = dict(diag.reason_counts())
         message = diag.message()
-        adm = _admission(books, pod)
+        adm = _admission(books, pod, diag)
         if adm is not None and not adm.ok:  # quota is asked first: it leads
             why = f"queue {adm.queue} is unusable" if adm.problem else f"waits for quota in queue {adm.queue}"
             reasons = {why: 1, **reasons}

@@ -15,6 +15,7 @@ import copy
 import functools
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -62,7 +63,7 @@ def with_failed_gpu(snap: Snapshot, node: int = 1) -> Snapshot:
     sick = copy.deepcopy(nodes[node])
     sick["metadata"].setdefault("annotations", {})[ANN_UNHEALTHY] = "0"
     nodes[node] = sick
-    return Snapshot(nodes, snap.pods, snap.source)
+    return replace(snap, nodes=nodes)
 
 
 def _timed(f: Callable[[], T], wall: list[float], cpu: list[float]) -> T:
