@@ -212,10 +212,13 @@ def _raised(spec: QueueSpec, key: ResourceKey, by: int) -> QueueSpec:
 
 
 def rebooked(book: QueueBook, specs: Mapping[str, QueueSpec]) -> QueueBook:
-    """A new book on the queues ``specs`` with the same charges as ``book``."""
+    """A new book on the queues ``specs`` with the same usage as ``book``, for ``check``: each
+    leaf charged its pods' total at once (the demands ``D`` depend only on each leaf's total, so
+    they are those of charging the pods one by one; the pods themselves are not in it)."""
     out = QueueBook(QueueTree(specs.values()))
-    for pod_key, (q, usage) in book.charged.items():
-        out.charge(pod_key, q, usage)
+    for q, usage in book.own.items():
+        if not usage.zero:
+            out.charge(f"queue/{q}", q, usage)
     return out
 
 
