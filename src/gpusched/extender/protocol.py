@@ -199,10 +199,10 @@ def node_names(args: Mapping[str, Any]) -> list[str] | None:
 
 
 def check_names(names: list[Any]) -> None:
-    if not all(type(n) is str for n in names):
+    if not set(map(type, names)) <= {str}:
         raise BadRequest("field 'NodeNames' must be a list of strings")
-    longest = max(names, key=len, default="")
-    check_name("NodeNames", longest)
+    if names and max(map(len, names)) > MAX_NAME_CHARS:
+        check_name("NodeNames", max(names, key=len))
 
 
 def check_quantities(pod: Mapping[str, Any]) -> None:
