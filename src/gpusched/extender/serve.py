@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+import sys
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -24,6 +25,10 @@ from gpusched.extender.protocol import DEFAULT_MAX_BODY_BYTES, DEFAULT_SYNC_WAIT
 log = logging.getLogger("gpusched.extender")
 
 DEFAULT_PORT = 8888
+GIL_SWITCH_INTERVAL_S = 0.001
+"""How long a thread may hold the GIL while another waits (CPython's default is 5 ms). The event
+loop answers kube-scheduler's ``/filter`` inside its serial scheduling cycle; the informer, binding
+and settler threads are background work and must not make it wait 5 ms for the interpreter."""
 
 
 def build_profile(policy: str, seed: int = 0) -> Profile:
@@ -105,6 +110,7 @@ def serve_extender(
     reflectors = start_informers(core, cluster, pod_handler=extender.observe_pod)
     pool = ThreadPoolExecutor(max_workers=bind_threads, thread_name_prefix="gpusched-bind")
     limit_heap_growth()
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     app = make_app(
         extender,
         ready=lambda: all(r.synced.is_set() for r in reflectors),
