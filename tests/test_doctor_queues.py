@@ -288,3 +288,11 @@ def test_headroom_and_the_least_raise_agree_with_the_core(drawn: tuple[QueueBook
 
         less = rebooked(book, {**book.tree.specs, q: _raised(book.tree.specs[q], GPUS, by - 1)})
         assert not less.check(q, charge).ok
+
+
+def test_queue_bench_runs_both_sides_and_the_pod_waits_for_quota() -> None:
+    from gpusched.doctor.bench import bench_doctor_queues
+
+    r = bench_doctor_queues(20, repeat=1)
+    assert set(r["cpu_seconds"]) == {"none", "queues"} and set(r["ratio"]) == {"books", "doctor pod"}
+    assert r["counterfactual"].startswith("waits for quota in queue a: needs 1000 more milli-GPU")

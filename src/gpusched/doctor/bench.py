@@ -105,3 +105,37 @@ def bench_doctor(nodes: int = 5000, *, repeat: int = 3, seed: int = 0) -> dict[s
         "counterfactual": report.counterfactuals[0].message if report.counterfactuals else "",
         "counterfactuals_with_a_failed_gpu": [c.kind for c in sick_report.counterfactuals],
     }
+
+
+def bench_doctor_queues(nodes: int = 5000, *, repeat: int = 3, seed: int = 0) -> dict[str, Any]:
+    """The cost of tenant queues in doctor, side by side in one run: the synthetic cluster
+    without Queues, and with a Queue tree over every pod (leaf ``a`` at its milli-GPU quota,
+    ``b`` idle beside it under ``org``), so the pending pod waits for quota and the raise is
+    searched. CPU seconds, best of ``repeat``, alternating; ratios queues / none."""
+    books, key = synthetic_books(nodes, seed)
+    plain = books.snapshot
+    used = sum(a.pod.gpu_demand_milli for a in books.state.allocations.values())
+    queues = [
+        {"metadata": {"name": "org"}, "spec": {"nominalQuota": {"gpuMilli": 0}}},
+        {"metadata": {"name": "a"}, "spec": {"parent": "org", "namespaces": ["default"],
+                                             "nominalQuota": {"gpuMilli": used}}},
+        {"metadata": {"name": "b"}, "spec": {"parent": "org", "nominalQuota": {"gpuMilli": 1000}}},
+    ]  # fmt: skip
+    runs = {"none": plain, "queues": replace(plain, queues=queues)}
+    cpu: dict[str, dict[str, list[float]]] = {r: {"books": [], "doctor pod": []} for r in runs}
+    wall: list[float] = []
+    first = ""
+    for _ in range(repeat):
+        for name, snap in runs.items():
+            b = _timed(functools.partial(Books.of, snap), wall, cpu[name]["books"])
+            r = _timed(functools.partial(doctor_pod, b, key), wall, cpu[name]["doctor pod"])
+            if name == "queues":
+                first = r.counterfactuals[0].message
+    best = {n: {k: min(v) for k, v in steps.items()} for n, steps in cpu.items()}
+    return {
+        "nodes": nodes,
+        "pods": len(plain.pods),
+        "cpu_seconds": best,
+        "ratio": {k: best["queues"][k] / best["none"][k] for k in best["none"]},
+        "counterfactual": first,
+    }
