@@ -189,6 +189,7 @@ def test_cluster_report_names_pods_waiting_for_quota_and_a_line_per_queue() -> N
         rows["a"]["usage"] == {"gpus": 1} and rows["a"]["quota"] == {"gpus": 1} and rows["a"]["pending"] == 2
     )
     assert "spec.parent 'gone' is not a known Queue" in rows["x"]["invalid"]
+    assert [f.subject for f in c.findings if f.code == "queue-invalid"] == ["x"]
     assert c.to_dict()["queues"] == list(c.queues)
 
 

@@ -419,6 +419,11 @@ def doctor_cluster(books: Books) -> ClusterReport:
         Finding("scheduling", "error", "unreadable", why, {}, what)
         for what, why in sorted(books.invalid.items())
     ]
+    if books.queues is not None:  # the scheduler makes the pods of an invalid Queue wait
+        findings += [
+            Finding("scheduling", "error", "queue-invalid", why, {"queue": q}, q)
+            for q, why in sorted(books.queues.directory.invalid.items())
+        ]
     return ClusterReport(
         len(snap),
         int(snap.gpu_count.sum()),
