@@ -170,6 +170,14 @@ def test_per_model_quota_refuses_on_the_model_the_pod_would_land_on() -> None:
     ).evidence["admits"]
 
 
+def test_a_gang_member_is_told_its_gang_is_admitted_as_a_unit() -> None:
+    b = Books.of(snap_with(one_running(), [whole("p", queue="a", gang="g")], [queue_body("a", 1)]))
+    assert (
+        "member of gang g: the scheduler admits the gang's members as one unit"
+        in finding(doctor_pod(b, "default/p"), "queue").message
+    )
+
+
 def test_namespace_label_puts_pods_in_a_queue() -> None:
     ns = [{"metadata": {"name": "team", "labels": {"gpusched.io/queue": "a"}}}]
     st = ClusterState([node("n", 4)])

@@ -269,7 +269,7 @@ def doctor_pod(books: Books, key: str) -> PodReport:
     if adm is not None:
         assert books.queues is not None
         plan = reclaim_plan(books.queues, adm, pod, books.profile, books.state)
-        findings.append(queue_finding(books.queues, adm, key, plan))
+        findings.append(queue_finding(books.queues, adm, key, plan, pod.gang))
         if not adm.ok:
             fits = _fitting(books, diag)
             node_ = books.state.names[fits[0]] if fits else ""

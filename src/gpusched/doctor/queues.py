@@ -296,7 +296,9 @@ def reclaim_plan(
     return plan if plan.ok else None
 
 
-def queue_finding(qb: QueueBooks, adm: Admission, key: str, reclaim: ReclaimPlan | None = None) -> Finding:
+def queue_finding(
+    qb: QueueBooks, adm: Admission, key: str, reclaim: ReclaimPlan | None = None, gang: str = ""
+) -> Finding:
     """The ``queue`` finding of a pending pod: its queue, usage against quota per key, what it
     borrows and could borrow, and whether the queue admits it now (or why it never can); when the
     scheduler would reclaim for it (``reclaim_plan``), the pods it would evict."""
@@ -308,6 +310,11 @@ def queue_finding(qb: QueueBooks, adm: Admission, key: str, reclaim: ReclaimPlan
     lines = key_lines(qb.book, adm.queue)
     state = "admits the pod now" if adm.ok else f"does not admit the pod now: {adm.verdict.reason}"
     msg = f"queue {adm.queue} ({adm.source}): {state}; " + "; ".join(kl.text() for kl in lines)
+    if gang:
+        msg += (
+            f"; the pod is a member of gang {gang}: the scheduler admits the gang's members as one "
+            "unit (k8s/gangs.py), this is the pod's own charge"
+        )
     if reclaim is not None:
         n = len(reclaim.victims)
         msg += (
