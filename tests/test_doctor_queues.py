@@ -305,3 +305,37 @@ def test_queue_bench_runs_both_sides_and_the_pod_waits_for_quota() -> None:
     r = bench_doctor_queues(20, repeat=1)
     assert set(r["cpu_seconds"]) == {"none", "queues"} and set(r["ratio"]) == {"books", "doctor pod"}
     assert r["counterfactual"].startswith("waits for quota in queue a: needs 1000 more milli-GPU")
+
+
+@pytest.mark.parametrize(("status", "served"), [(404, False), (403, False), (500, True)])
+def test_queues_from_the_api_absent_forbidden_or_failing(monkeypatch: Any, status: int, served: bool) -> None:
+    """404: the CRD is not served (no queues); 403: named as unreadable; anything else propagates."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from gpusched.doctor.source import _queues
+
+    class Refusing:
+        def __init__(self, api: Any) -> None:
+            pass
+
+        def list_cluster_custom_object(self, *a: Any, **kw: Any) -> Any:
+            raise ApiException(status=status, reason="Nope")
+
+    monkeypatch.setattr(client, "CustomObjectsApi", Refusing)
+    if served:
+        with pytest.raises(ApiException):
+            _queues(None, 1.0)
+        return
+    queues, namespaces, why = _queues(None, 1.0)
+    assert queues is None and namespaces == []
+    assert why == ("" if status == 404 else "listing Queues or Namespaces: 403 Nope")
+
+
+def test_unreadable_queues_are_named_not_taken_for_absent(tmp_path: Any) -> None:
+    snap = replace(snap_with(one_running(), [whole("p", queue="a")], None), queues_unreadable="403 Forbidden")
+    back = load_snapshot(write_snapshot(tmp_path / "s.json", snap))
+    b = Books.of(back)
+    f = finding(doctor_pod(b, "default/p"), "queue")
+    assert f.severity == "warn" and "refused doctor the Queues (403 Forbidden)" in f.message
+    assert "queues-unreadable" in {x.code for x in doctor_cluster(b).findings}

@@ -164,17 +164,16 @@ def _scheduling_causes(books: Books, pod: PodSpec, diag: Diagnosis, healed: set[
                     key,
                 )
             )
+    unreadable = books.snapshot.queues_unreadable
     if pod.queue and books.queues is None:
+        msg = (
+            f"queue {pod.queue}: the API refused doctor the Queues ({unreadable}); its quota is not checked"
+            if unreadable
+            else f"queue {pod.queue}: the cluster does not serve Queues (queues.gpusched.io); the "
+            "scheduler ignores the pod's queue and nothing waits for quota"
+        )
         out.append(
-            Finding(
-                "scheduling",
-                "info",
-                "queue",
-                f"queue {pod.queue}: the cluster does not serve Queues (queues.gpusched.io); the "
-                "scheduler ignores the pod's queue and nothing waits for quota",
-                {"queue": pod.queue},
-                key,
-            )
+            Finding("scheduling", "warn" if unreadable else "info", "queue", msg, {"queue": pod.queue}, key)
         )
     return out
 
@@ -419,6 +418,9 @@ def doctor_cluster(books: Books) -> ClusterReport:
         Finding("scheduling", "error", "unreadable", why, {}, what)
         for what, why in sorted(books.invalid.items())
     ]
+    if books.snapshot.queues_unreadable:
+        why = f"the API refused doctor the Queues ({books.snapshot.queues_unreadable}): quotas not checked"
+        findings.append(Finding("scheduling", "warn", "queues-unreadable", why, {}, "queues"))
     if books.queues is not None:  # the scheduler makes the pods of an invalid Queue wait
         findings += [
             Finding("scheduling", "error", "queue-invalid", why, {"queue": q}, q)

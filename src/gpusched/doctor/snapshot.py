@@ -61,6 +61,8 @@ class Snapshot:
     """The Queue objects; None: the cluster does not serve Queues (or an older snapshot)."""
     namespaces: Sequence[Mapping[str, Any]] = ()
     """The Namespaces (name and labels), for the queue a namespace's label names."""
+    queues_unreadable: str = ""
+    """Why the Queues could not be listed (the API refused: 403), "" otherwise."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -72,6 +74,8 @@ class Snapshot:
         }
         if self.queues is not None:
             out["queues"] = list(self.queues)
+        if self.queues_unreadable:
+            out["queues_unreadable"] = self.queues_unreadable
         if self.namespaces:
             out["namespaces"] = [
                 {"metadata": {k: v for k, v in (n.get("metadata") or {}).items() if k in ("name", "labels")}}
@@ -237,6 +241,7 @@ def parse_snapshot(data: object, where: str = "snapshot") -> Snapshot:
         str(data.get("source") or where),
         queues=queues,
         namespaces=namespaces,
+        queues_unreadable=str(data.get("queues_unreadable") or ""),
     )
 
 

@@ -36,7 +36,7 @@ def from_api(kubeconfig: str | None = None, *, timeout_s: float = API_TIMEOUT_S)
         raw_nodes: Any = v1.list_node(_preload_content=False, _request_timeout=timeout_s)
         raw_pods: Any = v1.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=timeout_s)
         nodes, pods = json.loads(raw_nodes.data), json.loads(raw_pods.data)
-        queues, namespaces = _queues(api, timeout_s)
+        queues, namespaces, unreadable = _queues(api, timeout_s)
     except ApiException as e:
         raise ApiUnreachable(f"Kubernetes API at {host}: {e.status} {e.reason}") from None
     except (HTTPError, OSError) as e:
@@ -44,13 +44,20 @@ def from_api(kubeconfig: str | None = None, *, timeout_s: float = API_TIMEOUT_S)
     finally:
         api.close()  # type: ignore[no-untyped-call]
     return Snapshot(
-        nodes.get("items") or [], pods.get("items") or [], f"API {host}", queues=queues, namespaces=namespaces
+        nodes.get("items") or [],
+        pods.get("items") or [],
+        f"API {host}",
+        queues=queues,
+        namespaces=namespaces,
+        queues_unreadable=unreadable,
     )
 
 
-def _queues(api: Any, timeout_s: float) -> tuple[list[Any] | None, list[Any]]:
-    """The Queue objects and the Namespaces; (None, []) when Queues are not served (404), as the
-    scheduler then ignores queues. Other API errors propagate."""
+def _queues(api: Any, timeout_s: float) -> tuple[list[Any] | None, list[Any], str]:
+    """The Queue objects, the Namespaces and why they could not be read: (None, [], "") when Queues
+    are not served (404), as the scheduler then ignores queues; (None, [], why) when the API
+    refuses to list them (403: a reader without that permission, e.g. the defrag controller's
+    service account), which doctor then names instead of checking quotas. Other errors propagate."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
@@ -60,9 +67,11 @@ def _queues(api: Any, timeout_s: float) -> tuple[list[Any] | None, list[Any]]:
         raw: Any = client.CustomObjectsApi(api).list_cluster_custom_object(
             GROUP, VERSION, PLURAL, _preload_content=False, _request_timeout=timeout_s
         )
+        raw_ns: Any = client.CoreV1Api(api).list_namespace(_preload_content=False, _request_timeout=timeout_s)
     except ApiException as e:
         if e.status == 404:
-            return None, []
+            return None, [], ""
+        if e.status == 403:
+            return None, [], f"listing Queues or Namespaces: {e.status} {e.reason}"
         raise
-    raw_ns: Any = client.CoreV1Api(api).list_namespace(_preload_content=False, _request_timeout=timeout_s)
-    return json.loads(raw.data).get("items") or [], json.loads(raw_ns.data).get("items") or []
+    return json.loads(raw.data).get("items") or [], json.loads(raw_ns.data).get("items") or [], ""
