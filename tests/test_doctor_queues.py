@@ -20,7 +20,7 @@ from gpusched.core.model import PodSpec
 from gpusched.core.queues import QueueBook, QueueSpec, QueueTree, Quota, ResourceKey, Usage
 from gpusched.doctor import Books, doctor_cluster, doctor_pod, snapshot_of_state
 from gpusched.doctor.errors import SnapshotError
-from gpusched.doctor.queues import headroom, quota_change
+from gpusched.doctor.queues import finishing, headroom, quota_change
 from gpusched.doctor.snapshot import Snapshot, load_snapshot, write_snapshot
 
 GPUS = ResourceKey("", "gpus")
@@ -71,6 +71,10 @@ def test_queue_at_quota_is_named_and_the_raise_it_names_admits_the_pod() -> None
     assert cf.kind == "quota" and cf.verified and cf.node == "n" and len(r.counterfactuals) == 1
     assert cf.message.startswith("waits for quota in queue a: needs 1 more GPU(s) (used 1 of quota 1")
     assert cf.change["raises"] == [{"key": "gpus", "by": 1, "field": "spec.nominalQuota.gpus", "to": 2}]
+    assert (
+        cf.change["or_finish"] == ["default/w"]
+        and "(or once 1 pod(s) of the queue finish: default/w)" in cf.message
+    )
     # applied to the Queue object: the queue admits it and it fits now
     after = Books.of(
         snap_with(one_running(), [whole("p", queue="a")], apply_patch(queues, "a", cf.change["patch"]))
@@ -292,6 +296,16 @@ def test_headroom_and_the_least_raise_agree_with_the_core(drawn: tuple[QueueBook
     assert change.verified
     by = change.raises.get(GPUS, 0)
     assert (by == 0) == book.check(q, charge).ok
+    gone = finishing(book, q, charge)
+    if gone:  # they finishing admits it; any one of them spared does not
+        trial = book.copy()
+        for k in gone:
+            trial.release(k)
+        assert trial.check(q, charge).ok
+        for k in gone:
+            trial.charge(k, *book.charged[k])
+            assert not trial.check(q, charge).ok
+            trial.release(k)
     if by > 1:  # the least: one less is refused
         from gpusched.doctor.queues import _raised, rebooked
 

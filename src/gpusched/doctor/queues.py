@@ -335,6 +335,33 @@ def queue_finding(
     return Finding("scheduling", "ok" if adm.ok else "error", "queue", msg, evidence, key)
 
 
+def finishing(book: QueueBook, queue: str, charge: Usage) -> tuple[str, ...]:
+    """The fewest pods of leaf ``queue`` whose finishing lets the core admit ``charge``: released
+    on a copy of the book largest first (in the key that refuses), then each spared again, the
+    smallest first, while the charge is still admitted; () when even all of them would not do."""
+    v = book.check(queue, charge)
+    if v.ok or v.key is None:
+        return ()
+    key = v.key
+    size = {k: u[key] for k, (q, u) in book.charged.items() if q == queue}
+    trial = book.copy()
+    gone: list[str] = []
+    for k in sorted(size, key=lambda k: (-size[k], k)):
+        if trial.check(queue, charge).ok:
+            break
+        trial.release(k)
+        gone.append(k)
+    if not trial.check(queue, charge).ok:
+        return ()
+    for k in sorted(gone, key=lambda k: (size[k], k)):
+        trial.charge(k, queue, book.charged[k][1])
+        if trial.check(queue, charge).ok:
+            gone.remove(k)
+        else:
+            trial.release(k)
+    return tuple(sorted(gone))
+
+
 def quota_counterfactual(qb: QueueBooks, adm: Admission, pod: PodSpec, node: str = "") -> Counterfactual:
     """The quota counterfactual, "waits for quota in queue Q: needs N more ...": the smallest
     raise of the queue's quota, verified by the core's admission on a book rebuilt with the raise.
@@ -360,12 +387,17 @@ def quota_counterfactual(qb: QueueBooks, adm: Admission, pod: PodSpec, node: str
         raises.append({"key": str(k), "by": by, "field": f"{field_}.{_CRD_FIELDS[k.dim]}",
                        "to": raised.nominal_of(k)})  # fmt: skip
     fix = ", ".join(f"{r['field']} to {r['to']}" for r in raises)
+    done = finishing(qb.book, adm.queue, charge_of(pod, adm.model))
+    if done:
+        shown = ", ".join(done[:5]) + (", ..." if len(done) > 5 else "")
+        fix += f" (or once {len(done)} pod(s) of the queue finish: {shown})"
     where = f"; it then fits on {node}" if node else "; it also does not fit on any node now (see below)"
     msg = f"waits for quota in queue {adm.queue}: {'; '.join(parts)}; admitted once {fix}{where}"
     evidence = {
         "queue": adm.queue,
         "raises": raises,
         "patch": patch_of(raised),
+        "or_finish": list(done),
         "fits_physically": node != "",
     }
     return Counterfactual("quota", msg, 0, change.verified, node, evidence)
