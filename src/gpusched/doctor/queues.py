@@ -22,49 +22,29 @@ from gpusched.core.gang import Unit, without_post_filters
 from gpusched.core.model import PodSpec
 from gpusched.core.queues.quota import QueueBook, Verdict
 from gpusched.core.queues.reclaim import ReclaimPlan, plan_reclaim
-from gpusched.core.queues.spec import ANY_MODEL, InvalidQueue, QueueSpec, QueueTree, Quota, ResourceKey
+from gpusched.core.queues.spec import ANY_MODEL, QueueSpec, QueueTree, Quota, ResourceKey
 from gpusched.core.queues.status import queue_statuses
 from gpusched.core.queues.usage import Usage, charge_of
 from gpusched.doctor.findings import Counterfactual, Finding
-from gpusched.k8s.queues import LABEL_QUEUE, Directory, queue_from_k8s, valid_tree
+from gpusched.k8s.queues import LABEL_QUEUE, Directory, build_directory, charge_booked
 
 UNITS = {"gpus": "GPU(s)", "gpu_milli": "milli-GPU", "gpu_memory_mib": "MiB of GPU memory"}
 
 
 def directory_of(queues: Iterable[Mapping[str, Any]], namespaces: Iterable[Mapping[str, Any]]) -> Directory:
-    """The queues as ``k8s.queues.QueueDirectory`` sees them (its ``_build``, on a list of Queue
-    objects and Namespaces instead of its informers): the valid tree, the invalid queues with
-    why, and namespace -> queue (``spec.namespaces``, overridden by a Namespace's label)."""
-    specs: dict[str, QueueSpec] = {}
-    errors: dict[str, str] = {}
-    by_ns: dict[str, str] = {}
+    """The queues as the scheduler's ``k8s.queues.QueueDirectory`` sees them
+    (``k8s.queues.build_directory``), from a list of Queue objects and Namespaces."""
     objs = {str((o.get("metadata") or {}).get("name")): o for o in queues}
-    for name in sorted(objs):
-        try:
-            specs[name] = queue_from_k8s(objs[name])
-        except (InvalidQueue, TypeError, ValueError, AttributeError) as e:
-            errors[name] = str(e) if isinstance(e, InvalidQueue) else f"Queue {name}: spec: {e}"
-            continue
-        for ns in (objs[name].get("spec") or {}).get("namespaces") or []:
-            by_ns.setdefault(str(ns), name)
-    tree, invalid = valid_tree(specs)
+    labels = {}
     for ns in namespaces:
         meta = ns.get("metadata") or {}
-        q = str((meta.get("labels") or {}).get(LABEL_QUEUE, ""))
-        if q:
-            by_ns[str(meta.get("name", ""))] = q
-    return Directory(tree, {**errors, **invalid}, by_ns)
+        labels[str(meta.get("name", ""))] = str((meta.get("labels") or {}).get(LABEL_QUEUE, ""))
+    return build_directory(objs, labels)[0]
 
 
 def book_of(state: ClusterState, d: Directory) -> QueueBook:
-    """Every booked pod under a valid leaf queue charged what it asks, with its node's model (as
-    ``TenantQueues._booked`` charges them)."""
-    book = QueueBook(d.tree)
-    for key, a in state.allocations.items():
-        q, _ = d.queue_of(a.pod)
-        if q and not d.problem(q, ""):
-            book.charge(key, q, charge_of(a.pod, state.nodes[a.node].gpu_model))
-    return book
+    """Every booked pod under a valid leaf queue charged (``k8s.queues.charge_booked``)."""
+    return charge_booked(state, d)
 
 
 @dataclass

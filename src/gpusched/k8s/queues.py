@@ -26,8 +26,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpusched.core.cluster import ClusterState
 from gpusched.core.model import PodSpec
+from gpusched.core.queues.quota import QueueBook
 from gpusched.core.queues.spec import InvalidQueue, QueueSpec, QueueTree, Quota
+from gpusched.core.queues.usage import charge_of
 from gpusched.k8s.convert import ANN_QUEUE
 from gpusched.k8s.informer import Handlers, Reflector
 
@@ -129,6 +132,41 @@ class Directory:
         return ""
 
 
+def build_directory(
+    objs: Mapping[str, Mapping[str, Any]], ns_labels: Mapping[str, str]
+) -> tuple[Directory, dict[str, str]]:
+    """The directory of Queue objects (name → object) and Namespaces' queue labels (namespace →
+    queue, "" for none): the valid tree, the invalid queues with why, namespace → queue
+    (``spec.namespaces``, overridden by a Namespace's label); and the Queues that could not be read
+    (name → why). Used by ``QueueDirectory`` on its informers' objects and by doctor on a list."""
+    specs: dict[str, QueueSpec] = {}
+    errors: dict[str, str] = {}
+    by_ns: dict[str, str] = {}
+    for name in sorted(objs):
+        obj = objs[name]
+        try:
+            specs[name] = queue_from_k8s(obj)
+        except (InvalidQueue, TypeError, ValueError, AttributeError) as e:  # wrong JSON types too
+            errors[name] = str(e) if isinstance(e, InvalidQueue) else f"Queue {name}: spec: {e}"
+            continue
+        for ns in (obj.get("spec") or {}).get("namespaces") or []:
+            by_ns.setdefault(str(ns), name)
+    tree, invalid = valid_tree(specs)
+    by_ns.update({ns: q for ns, q in ns_labels.items() if q})
+    return Directory(tree, {**errors, **invalid}, by_ns), errors
+
+
+def charge_booked(snap: ClusterState, d: Directory) -> QueueBook:
+    """A queue book charged with every booked pod under a valid leaf queue: what it asks, with its
+    node's GPU model (the scheduler's kept book starts so; doctor's books are built so)."""
+    book = QueueBook(d.tree)
+    for key, a in snap.allocations.items():
+        q, _ = d.queue_of(a.pod)
+        if q and not d.problem(q, ""):
+            book.charge(key, q, charge_of(a.pod, snap.nodes[a.node].gpu_model))
+    return book
+
+
 class QueueDirectory:
     """Queues and Namespaces, kept current by list + watch. ``custom``: a ``CustomObjectsApi``;
     ``core``: a ``CoreV1Api``."""
@@ -202,21 +240,8 @@ class QueueDirectory:
             return self._frozen
 
     def _build(self) -> Directory:
-        specs: dict[str, QueueSpec] = {}
-        self.errors = {}
-        by_ns: dict[str, str] = {}
-        for name in sorted(self._objs):
-            obj = self._objs[name]
-            try:
-                specs[name] = queue_from_k8s(obj)
-            except InvalidQueue as e:
-                self.errors[name] = str(e)
-                continue
-            for ns in (obj.get("spec") or {}).get("namespaces") or []:
-                by_ns.setdefault(str(ns), name)
-        tree, invalid = valid_tree(specs)
-        by_ns.update({ns: q for ns, q in self._ns_labels.items() if q})
-        return Directory(tree, {**self.errors, **invalid}, by_ns)
+        d, self.errors = build_directory(self._objs, self._ns_labels)
+        return d
 
     def objects(self) -> dict[str, Mapping[str, Any]]:
         with self._lock:

@@ -58,7 +58,7 @@ from gpusched.k8s.convert import InvalidRequest
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.eviction import Evictor
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
-from gpusched.k8s.queues import GROUP, PLURAL, VERSION, Directory, QueueDirectory
+from gpusched.k8s.queues import GROUP, PLURAL, VERSION, Directory, QueueDirectory, charge_booked
 from gpusched.k8s.state import LiveCluster
 
 log = logging.getLogger(__name__)
@@ -179,12 +179,7 @@ class TenantQueues:
         k = self._kept
         fresh = k is not None and k.snap is snap and k.directory is d and k.version == snap.version
         if k is None or not fresh or not self.keep_book:
-            book = QueueBook(d.tree)
-            for key, a in snap.allocations.items():
-                q, _ = d.queue_of(a.pod)
-                if q and not d.problem(q, ""):
-                    book.charge(key, q, charge_of(a.pod, snap.nodes[a.node].gpu_model))
-            k = self._kept = _Kept(snap, d, snap.version, book)
+            k = self._kept = _Kept(snap, d, snap.version, charge_booked(snap, d))
             self.books_built += 1
         return k.book
 
