@@ -124,7 +124,7 @@ class DefragEnv(Env):
             scheduler_name=self.scheduler, wait_s=2.0, interval_s=0.5, poll_s=0.2, bind_timeout_s=60, **kw
         )
         kubeconfig = str(self.cp.kubeconfig_path)
-        return DefragController(self.api, lambda: Books.of(from_api(kubeconfig)), cfg)
+        return DefragController(self.api, lambda: Books.of(from_api(kubeconfig, queues=False)), cfg)
 
     def moved_events(self) -> list[dict[str, Any]]:
         return self.events("Defragmented")

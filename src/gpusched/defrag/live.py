@@ -30,7 +30,7 @@ def read_view(
 
     if snapshot is not None:
         return ClusterView(Books.of(load_snapshot(snapshot), policy))
-    books = Books.of(from_api(kubeconfig), policy)
+    books = Books.of(from_api(kubeconfig, queues=False), policy)  # moves ignore queues
     budgets, invalid = _api_budgets(kubeconfig)
     return ClusterView(books, budgets, {f"pdb/{k}": v for k, v in invalid.items()})
 

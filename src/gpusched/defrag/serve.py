@@ -36,7 +36,7 @@ def serve_defrag(
     api = api_client(kubeconfig)
     identity = default_identity()
     config = dataclasses.replace(config, identity=identity)
-    ctl = DefragController(api, lambda: Books.of(from_api(kubeconfig), config.policy), config)
+    ctl = DefragController(api, lambda: Books.of(from_api(kubeconfig, queues=False), config.policy), config)
     stop = threading.Event()
     server = ProbeServer(
         port,

@@ -12,10 +12,12 @@ from gpusched.doctor.snapshot import Snapshot
 API_TIMEOUT_S = 10.0
 
 
-def from_api(kubeconfig: str | None = None, *, timeout_s: float = API_TIMEOUT_S) -> Snapshot:
-    """List every Node and Pod, and the Queues (``queues.gpusched.io``) with the Namespaces when the
-    API serves Queues (a cluster without the CRD: no queues, not an error). Raises ApiUnreachable
-    naming the server (or the kubeconfig) when the API cannot be read."""
+def from_api(
+    kubeconfig: str | None = None, *, timeout_s: float = API_TIMEOUT_S, queues: bool = True
+) -> Snapshot:
+    """List every Node and Pod, and (with ``queues``) the Queues (``queues.gpusched.io``) with the
+    Namespaces when the API serves Queues (a cluster without the CRD: no queues, not an error).
+    Raises ApiUnreachable naming the server (or the kubeconfig) when the API cannot be read."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
     from kubernetes.config.config_exception import ConfigException
@@ -36,7 +38,7 @@ def from_api(kubeconfig: str | None = None, *, timeout_s: float = API_TIMEOUT_S)
         raw_nodes: Any = v1.list_node(_preload_content=False, _request_timeout=timeout_s)
         raw_pods: Any = v1.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=timeout_s)
         nodes, pods = json.loads(raw_nodes.data), json.loads(raw_pods.data)
-        queues, namespaces, unreadable = _queues(api, timeout_s)
+        queue_objs, namespaces, unreadable = _queues(api, timeout_s) if queues else (None, [], "")
     except ApiException as e:
         raise ApiUnreachable(f"Kubernetes API at {host}: {e.status} {e.reason}") from None
     except (HTTPError, OSError) as e:
@@ -47,7 +49,7 @@ def from_api(kubeconfig: str | None = None, *, timeout_s: float = API_TIMEOUT_S)
         nodes.get("items") or [],
         pods.get("items") or [],
         f"API {host}",
-        queues=queues,
+        queues=queue_objs,
         namespaces=namespaces,
         queues_unreadable=unreadable,
     )
