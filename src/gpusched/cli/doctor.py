@@ -107,11 +107,19 @@ def snapshot_cmd(
 def bench(
     nodes: Annotated[int, typer.Option(help="Nodes of the synthetic cluster.")] = 5000,
     repeat: Annotated[int, typer.Option(help="Timed runs.")] = 3,
+    queues: Annotated[
+        bool,
+        typer.Option(help="The same cluster without and with a Queue tree over every pod, side by side."),
+    ] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Doctor's time for one pending pod (every counterfactual tried) on a large cluster."""
-    from gpusched.doctor.bench import bench_doctor
+    from gpusched.doctor.bench import bench_doctor, bench_doctor_queues
 
+    if queues:
+        with_queues = bench_doctor_queues(nodes, repeat=repeat)
+        render.json_out(with_queues) if json_out else render.bench_queues(with_queues)
+        return
     result = bench_doctor(nodes, repeat=repeat)
     render.json_out(result) if json_out else render.bench(result)
 

@@ -144,5 +144,17 @@ def bench(result: Mapping[str, Any]) -> None:
     console().print(f"counterfactual: {result['counterfactual']}")
 
 
+def bench_queues(result: Mapping[str, Any]) -> None:
+    t = Table(
+        "step", "no Queues (CPU s)", "Queues (CPU s)", "ratio",
+        title=f"doctor at {result['nodes']} nodes ({result['pods']} pods), without and with tenant queues",
+    )  # fmt: skip
+    cpu = result["cpu_seconds"]
+    for k, r in result["ratio"].items():
+        t.add_row(k, f"{cpu['none'][k]:.3f}", f"{cpu['queues'][k]:.3f}", f"{r:.2f}")
+    console().print(t)
+    console().print(f"counterfactual with queues: {result['counterfactual']}")
+
+
 def wrote(path: Path, nodes: int, pods: int) -> None:
     console().print(f"wrote {path}: {nodes} nodes, {pods} pods")
