@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.bench.k8s_compare import CASES, CompareConfig, bench_compare
+from gpusched.bench.k8s_compare import CASES, EXTRA_CASES, CompareConfig, bench_compare
 
 pytestmark = pytest.mark.e2e
 
@@ -32,7 +32,8 @@ def test_compare_binds_every_pod_once_per_scheduler(control_plane_bin: Path) -> 
         assert isinstance(report[key], float) and report[key] > 0, (key, report[key])
     assert len(report["kube_scheduler_runs_pods_per_s"]) == 2  # first and last
     assert report["kube_scheduler_pods_per_s"] == max(report["kube_scheduler_runs_pods_per_s"])
-    assert set(report["latency_p99_ms"]) == set(CASES)
+    assert set(report["latency_p99_ms"]) == set(CASES + EXTRA_CASES)
+    assert all(report["latency_p99_ms"][c] is None for c in EXTRA_CASES)  # not run unless named
     runs = [(c["case"], c["run"]) for c in report["cases"]]
     assert runs[0] == ("kube-scheduler", 1) and runs[-1] == ("kube-scheduler", 2)
     assert sorted({c for c, _ in runs}) == sorted(CASES)
