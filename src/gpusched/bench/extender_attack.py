@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from gpusched.bench.k8s_extender import _bound_pods, node_dicts, share_pod
+from gpusched.bench.k8s_extender import live_books, node_dicts, share_pod
 from gpusched.core.errors import InvalidInput
 
 ATTACKS = ("gpu_claim", "max_body", "over_body", "deep", "garbage")
@@ -180,21 +180,13 @@ def _serve(argv: Sequence[str]) -> None:
     from gpusched.extender.app import limit_heap_growth, make_app
     from gpusched.extender.handlers import Extender
     from gpusched.extender.serve import build_profile
-    from gpusched.k8s.state import LiveCluster
 
     p = argparse.ArgumentParser(prog="extender_attack serve")
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-body-bytes", type=int, default=None)
     a = p.parse_args(argv)
-    live = LiveCluster()
-    objs = node_dicts(a.nodes, a.seed)
-    for o in objs:
-        live.upsert_node(o)
-    for pod in _bound_pods(objs, np.random.default_rng(a.seed)):
-        live.upsert_pod(pod)
-    with live.snapshot():
-        pass  # build the books before serving
+    live, _ = live_books(a.nodes, a.seed)
     kwargs: dict[str, Any] = {}
     if a.max_body_bytes is not None:
         kwargs["max_body_bytes"] = a.max_body_bytes

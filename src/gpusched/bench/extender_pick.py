@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from gpusched.bench.k8s_extender import _bound_pods, node_dicts, share_pod
+from gpusched.bench.k8s_extender import live_books, share_pod
 from gpusched.core.errors import InvalidInput
 
 
@@ -49,18 +49,11 @@ def window_size(nodes: int) -> int:
 def bench_extender_pick(nodes: int = 1000, pods: int = 400, seed: int = 0) -> PickReport:
     from gpusched.extender.handlers import Extender
     from gpusched.extender.serve import build_profile
-    from gpusched.k8s.state import LiveCluster
 
     if nodes < 1 or pods < 2:
         raise InvalidInput("nodes must be positive and pods at least 2")
     rng = np.random.default_rng(seed)
-    live = LiveCluster()
-    objs = node_dicts(nodes, seed)
-    for o in objs:
-        live.upsert_node(o)
-    for p in _bound_pods(objs, rng):
-        live.upsert_pod(p)
-    names = [o["metadata"]["name"] for o in objs]
+    live, names = live_books(nodes, seed, rng)
     profile = build_profile("default")
     modes = {True: Extender(live, profile, pick=True), False: Extender(live, profile, pick=False)}
     cpu = {True: 0.0, False: 0.0}

@@ -77,22 +77,30 @@ def _bound_pods(nodes: list[dict[str, Any]], rng: np.random.Generator) -> list[d
     return pods
 
 
-def _serve(nodes: int, seed: int, port: int, ready: Any) -> None:
-    from aiohttp import web
-
-    from gpusched.extender.app import make_app
-    from gpusched.extender.handlers import Extender
-    from gpusched.extender.serve import build_profile
+def live_books(nodes: int, seed: int = 0, rng: np.random.Generator | None = None) -> tuple[Any, list[str]]:
+    """A ``LiveCluster`` of ``nodes`` synthetic GPU nodes with shares bound on about half their
+    GPUs (``rng``, default seeded by ``seed``), its books built; and the node names."""
     from gpusched.k8s.state import LiveCluster
 
     live = LiveCluster()
     objs = node_dicts(nodes, seed)
     for o in objs:
         live.upsert_node(o)
-    for p in _bound_pods(objs, np.random.default_rng(seed)):
+    for p in _bound_pods(objs, rng if rng is not None else np.random.default_rng(seed)):
         live.upsert_pod(p)
     with live.snapshot():
         pass  # build the books before serving
+    return live, [o["metadata"]["name"] for o in objs]
+
+
+def _serve(nodes: int, seed: int, port: int, ready: Any) -> None:
+    from aiohttp import web
+
+    from gpusched.extender.app import make_app
+    from gpusched.extender.handlers import Extender
+    from gpusched.extender.serve import build_profile
+
+    live, _ = live_books(nodes, seed)
     app = make_app(Extender(live, build_profile("default")))  # filter/prioritize only: no binding
     ready.set()
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, handle_signals=True)
