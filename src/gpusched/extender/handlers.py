@@ -83,6 +83,17 @@ def soft_preferences(pod: Mapping[str, Any]) -> bool:
     )
 
 
+def _by_name(nodes: list[str], failed: dict[str, str] | None = None) -> dict[str, Any]:
+    """An ExtenderFilterResult naming the passing ``nodes`` (resolvable ``failed`` ones beside)."""
+    return {
+        "Nodes": None,
+        "NodeNames": nodes,
+        "FailedNodes": failed or {},
+        "FailedAndUnresolvableNodes": {},
+        "Error": "",
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class BindPlan:
     pod: PodSpec
@@ -188,13 +199,7 @@ class Extender:
             if self.pick and objs is None and not soft_preferences(args["Pod"]):
                 chosen = self.evaluator.pick(pod, names)
                 if chosen is not None:
-                    return {
-                        "Nodes": None,
-                        "NodeNames": [chosen.node],
-                        "FailedNodes": {},
-                        "FailedAndUnresolvableNodes": {},
-                        "Error": "",
-                    }
+                    return _by_name([chosen.node])
             ev = self.evaluator.evaluate(pod, names, objs, score=False, explain=True)
         except LimitExceeded:
             raise  # HTTP 400
@@ -235,21 +240,9 @@ class Extender:
         When kube-scheduler did not send ``node``, every node fails (resolvable) until the API
         settles the first binding."""
         if node in names:
-            return {
-                "Nodes": None,
-                "NodeNames": [node],
-                "FailedNodes": {},
-                "FailedAndUnresolvableNodes": {},
-                "Error": "",
-            }
+            return _by_name([node])
         why = f"held on node {node} until its earlier binding there is settled"
-        return {
-            "Nodes": None,
-            "NodeNames": [],
-            "FailedNodes": dict.fromkeys(names, why),
-            "FailedAndUnresolvableNodes": {},
-            "Error": "",
-        }
+        return _by_name([], dict.fromkeys(names, why))
 
     def _priorities(self, args: Mapping[str, Any]) -> tuple[list[str], I64, NodeList | None]:
         pod = self._pod(args)
