@@ -19,6 +19,7 @@ from gpusched.core.model import PodSpec
 from gpusched.core.status import Code, Status
 from gpusched.extender.apibind import AsyncAPIBinder
 from gpusched.extender.app import make_app
+from gpusched.extender.serve import EVENT_LOOPS, new_event_loop
 from gpusched.k8s.convert import ANN_ASSIGNMENT, parse_assignment
 from test_extender_handlers import FakeBinder, make, node, pod
 
@@ -58,9 +59,10 @@ def cfg(host: str, token: str = "") -> Any:
     )
 
 
-@pytest.fixture
-def api() -> Iterator[tuple[FakeAPI, TestServer, asyncio.AbstractEventLoop]]:
-    loop = asyncio.new_event_loop()
+@pytest.fixture(params=EVENT_LOOPS)
+def api(request: pytest.FixtureRequest) -> Iterator[tuple[FakeAPI, TestServer, asyncio.AbstractEventLoop]]:
+    """The fake apiserver and the binder on each event loop ``gpusched extender`` can run."""
+    loop = new_event_loop(request.param)
     fake = FakeAPI()
     server = TestServer(fake.app(), loop=loop)
     loop.run_until_complete(server.start_server())

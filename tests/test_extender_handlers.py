@@ -433,3 +433,20 @@ def test_cli_rejects_half_tls_and_unknown_policy() -> None:
         extender_command(tls_cert="cert.pem")
     with pytest.raises(ValueError, match="unknown policy"):
         extender_command(policy="nope")
+    with pytest.raises(ValueError, match="unknown event loop 'tornado'; choose one of uvloop, asyncio"):
+        extender_command(event_loop="tornado")
+
+
+def test_event_loops() -> None:
+    """uvloop by default (a dependency wherever the extender runs), the standard loop on request."""
+    import uvloop
+
+    from gpusched.extender.serve import new_event_loop
+
+    for kind, cls in (("uvloop", uvloop.Loop), ("asyncio", asyncio.BaseEventLoop)):
+        loop = new_event_loop(kind)
+        try:
+            assert isinstance(loop, cls)
+            assert (kind == "uvloop") == isinstance(loop, uvloop.Loop)
+        finally:
+            loop.close()

@@ -55,6 +55,7 @@ from gpusched.bench.k8s_watch import BindingWatcher
 from gpusched.core.errors import InvalidInput
 from gpusched.k8s.client import api_client
 from gpusched.k8s.convert import ANN_ASSIGNMENT, RES_GPU, RES_MILLI
+from gpusched.k8s.rest import FastCoreV1
 from gpusched.testenv import ControlPlane, wait_until
 
 KUBE = "kube-scheduler"
@@ -63,12 +64,14 @@ STANDALONE = "standalone"
 STANDALONE_SHARES = "standalone-shares"
 EXTENDER = "extender"
 EXTENDER_PRIORITIZE = "extender-prioritize"
+EXTENDER_ASYNCIO = "extender-asyncio"
 CASES = (KUBE, KUBE_DEFAULT, STANDALONE, STANDALONE_SHARES, EXTENDER)
 """The cases a plain ``--compare`` runs."""
-EXTRA_CASES = (EXTENDER_PRIORITIZE,)
+EXTRA_CASES = (EXTENDER_PRIORITIZE, EXTENDER_ASYNCIO)
 """Cases run only when named in ``--only``: the extender with ``--no-pick-in-filter`` (every
-passing node back to kube-scheduler, which scores them and calls ``/prioritize``)."""
-_SHARES = (STANDALONE_SHARES, EXTENDER, EXTENDER_PRIORITIZE)
+passing node back to kube-scheduler, which scores them and calls ``/prioritize``), and the
+extender on the standard library's event loop (``--event-loop asyncio``) instead of uvloop."""
+_SHARES = (STANDALONE_SHARES, EXTENDER, EXTENDER_PRIORITIZE, EXTENDER_ASYNCIO)
 VARIANT = "standalone@"
 
 
@@ -178,6 +181,8 @@ class CompareReport:
             "extender_ratio": ratio(rate[EXTENDER], ref),
             "extender_prioritize_pods_per_s": rate[EXTENDER_PRIORITIZE],
             "extender_prioritize_ratio": ratio(rate[EXTENDER_PRIORITIZE], ref),
+            "extender_asyncio_pods_per_s": rate[EXTENDER_ASYNCIO],
+            "extender_asyncio_ratio": ratio(rate[EXTENDER_ASYNCIO], ref),
             "latency_p50_ms": {
                 c: (r.latency_p50_ms if (r := self._best(c)) else None) for c in CASES + EXTRA_CASES
             },
@@ -266,6 +271,7 @@ class _Bench:
         self.tag = uuid.uuid4().hex[:8]
         self.api = api_client(str(cp.kubeconfig_path), qps_pool=2 * cfg.create_threads)
         self.v1: Any = client.CoreV1Api(self.api)
+        self.fast = FastCoreV1(self.api)  # pod creation: the generated client's CPU is not the schedulers'
         self.log_dir = Path(cp.workdir) / "bench-logs"
         self.rng = np.random.default_rng(cfg.seed)
 
@@ -312,7 +318,10 @@ class _Bench:
         else:
             ext_name = f"{name}-gpusched"
             pick = case != EXTENDER_PRIORITIZE
-            started = gpusched_extender(self.cp, ext_name, self.log_dir, self.cfg.profile_dir, pick=pick)
+            loop = "asyncio" if case == EXTENDER_ASYNCIO else "uvloop"
+            started = gpusched_extender(
+                self.cp, ext_name, self.log_dir, self.cfg.profile_dir, pick=pick, event_loop=loop
+            )
             with started as (ext, url):
                 conf = kube_scheduler_config(kc, sched, qps=LIFTED_QPS, extender_url=url)
                 with kube_scheduler(self.cp, name, conf, self.log_dir) as p:
@@ -330,7 +339,7 @@ class _Bench:
             backlog = [_pod(f"b-{i:06d}", self.tag, sched, shares, self.rng) for i in range(pods)]
             self.note(f"{case} (run {run}): creating a backlog of {pods} pods")
             with ThreadPoolExecutor(cfg.create_threads) as ex:
-                list(ex.map(lambda b: _retrying(v1.create_namespaced_pod, ns, b), backlog))
+                list(ex.map(lambda b: _retrying(self.fast.create_namespaced_pod, ns, b), backlog))
             wait_until(
                 lambda: watch.count_seen() >= pods, timeout=cfg.timeout_s, what="the backlog in the watch"
             )
@@ -389,7 +398,7 @@ class _Bench:
 
         def create(body: dict[str, Any]) -> None:
             t = time.monotonic()
-            _retrying(self.v1.create_namespaced_pod, ns, body)
+            _retrying(self.fast.create_namespaced_pod, ns, body)
             with lock:
                 sent[body["metadata"]["name"]] = t
 

@@ -207,14 +207,16 @@ def gpusched_extender(
     profile_dir: Path | None = None,
     timeout_s: float = 120.0,
     pick: bool = True,
+    event_loop: str = "uvloop",
 ) -> Iterator[tuple[SchedulerProcess, str]]:
     """``gpusched extender`` on a loopback port; yields it and its URL once it answers ``/readyz``.
-    ``pick``: its ``/filter`` picks the node (the default), else ``--no-pick-in-filter``."""
+    ``pick``: its ``/filter`` picks the node (the default), else ``--no-pick-in-filter``;
+    ``event_loop``: its ``--event-loop``."""
     port = free_port()
     cmd = _python(
         "extender", "--kubeconfig", str(cp.kubeconfig_path), "--host", "127.0.0.1", "--port", str(port),
         "--policy", "default", "--log-level", "warning",
-        "--pick-in-filter" if pick else "--no-pick-in-filter",
+        "--pick-in-filter" if pick else "--no-pick-in-filter", "--event-loop", event_loop,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     with _spawned(name, cmd, log_dir, profile_dir) as proc:

@@ -84,7 +84,8 @@ def bench_k8s_cmd(
         typer.Option(
             help="With --compare: these cases only (comma-separated): kube-scheduler, "
             "kube-scheduler-default, standalone, standalone-shares, extender; also extender-prioritize "
-            "(the extender with --no-pick-in-filter, for a before/after in one run)."
+            "(the extender with --no-pick-in-filter) and extender-asyncio (with --event-loop asyncio), "
+            "for a before/after in one run."
         ),
     ] = None,
     warmup: Annotated[int, typer.Option(help="With --compare: warm-up pods (kube-scheduler) first.")] = 500,

@@ -104,6 +104,9 @@ def extender(
             "and /prioritize); --no-pick-in-filter returns every passing node for kube-scheduler to score."
         ),
     ] = True,
+    event_loop: Annotated[
+        str, typer.Option(help="Event loop of the HTTP server and the bindings: uvloop or asyncio.")
+    ] = "uvloop",
 ) -> None:
     """Serve the kube-scheduler extender (see deploy/extender/scheduler-config.yaml)."""
     from gpusched.extender.serve import serve_extender
@@ -121,6 +124,7 @@ def extender(
         max_body_bytes=max_body_bytes,
         sync_wait_s=sync_wait_seconds,
         pick_in_filter=pick_in_filter,
+        event_loop=event_loop,
     )
 
 

@@ -10,6 +10,10 @@ proxy and pool size), with the same authentication headers (``update_params_for_
 bearer tokens, refreshed as the client refreshes them), a body serialised by orjson, and
 answers read whole.
 
+The benchmarks create their pods through it too (``create_namespaced_pod``): the generated
+client's pod creation costs about 8 ms of CPU a pod, which at 50 pods/s is a fifth of a core taken
+from the schedulers being measured.
+
 It offers the ``CoreV1Api`` methods the hot path calls, under their names and positional
 arguments, so that the binder, the event recorder and the read-back take either. A call
 answered with a status outside 2xx raises ``ApiException`` with that status, reason and body,
@@ -109,6 +113,11 @@ class FastCoreV1:
         self, name: str, namespace: str, *, _request_timeout: float | None = None, **_: Any
     ) -> urllib3.BaseHTTPResponse:
         return self._call("GET", self._pod_path(namespace, name), timeout=_request_timeout)
+
+    def create_namespaced_pod(
+        self, namespace: str, body: Mapping[str, Any], *, _request_timeout: float | None = None, **_: Any
+    ) -> urllib3.BaseHTTPResponse:
+        return self._call("POST", self._pod_path(namespace), body, timeout=_request_timeout)
 
     def create_namespaced_event(
         self, namespace: str, body: Mapping[str, Any], *, _request_timeout: float | None = None, **_: Any
