@@ -46,6 +46,7 @@ requests = st.one_of(
 @given(cl=clusters(), p=requests, policy=st.sampled_from(["default", "bestfit"]), order=st.randoms())
 def test_pick_is_schedule_ones_choice(cl: Any, p: dict[str, Any], policy: str, order: Any) -> None:
     nodes, bound = cl
+    p["metadata"]["resourceVersion"] = "7"  # converted once: /bind finds the spec /filter used
     ext = make(nodes, bound, policy=policy, pick=True)
     names = [n["metadata"]["name"] for n in nodes]
     order.shuffle(names)  # kube-scheduler's order is not name order
@@ -59,6 +60,8 @@ def test_pick_is_schedule_ones_choice(cl: Any, p: dict[str, Any], policy: str, o
     if r.scheduled:
         assert answer["NodeNames"] == [r.node_name]
         assert answer["FailedNodes"] == {} and answer["FailedAndUnresolvableNodes"] == {}
+        # /bind then takes the GPUs schedule_one takes there (the pick's device choice, reused)
+        assert ext.reserve(ext._pod({"Pod": p}), "u-p", r.node_name).gpus == r.gpus
     else:  # nothing fits: every node explained, as without pick
         plain = make(nodes, bound, policy=policy, pick=False).filter({"Pod": p, "NodeNames": names})
         assert answer == plain and answer["NodeNames"] == []
@@ -100,3 +103,28 @@ def test_soft_scheduling_terms_leave_the_choice_to_kube_scheduler(spec: dict[str
     }
     plain = pod("q", mem=10000)
     assert ext.filter({"Pod": plain, "NodeNames": ["n1", "n2", "n3"]})["NodeNames"] == ["n1"]
+
+
+def test_bind_reuses_the_picks_device_choice_only_while_the_node_is_unchanged() -> None:
+    """``/bind`` takes the GPU ``/filter``'s pick chose without scoring the node again, unless
+    something was booked or released on that node in between (its generation moved)."""
+    ann = json.dumps({"node": "n1", "gpus": [1], "milli": 500, "memoryMiB": 0})
+    busy = pod("busy", milli=500, node_name="n1", annotations={ANN_ASSIGNMENT: ann})
+    ext = make([node("n1", gpus=2), node("n2", gpus=2)], [busy], policy="default", pick=True)
+    request = pod("p", milli=500, uid="u-p")
+    request["metadata"]["resourceVersion"] = "7"  # the spec is converted once, kept for /bind
+    assert ext.filter({"Pod": request, "NodeNames": ["n1", "n2"]})["NodeNames"] == ["n1"]
+    spec = ext._pod({"Pod": request})
+    with ext.cluster.snapshot() as snap:
+        n1 = snap.index["n1"]
+        assert ext.evaluator.device_hint(snap, spec, snap.index["n2"]) is None  # another node: no hint
+    ext.filter({"Pod": request, "NodeNames": ["n1", "n2"]})
+    with ext.cluster.snapshot() as snap:
+        assert ext.evaluator.device_hint(snap, spec, n1) == 1  # the half-used GPU
+        assert ext.evaluator.device_hint(snap, spec, n1) is None  # used once
+    ext.filter({"Pod": request, "NodeNames": ["n1", "n2"]})
+    other = ext._pod({"Pod": pod("q", milli=250, uid="u-q")})
+    ext.cluster.assume(other, n1, (0,))  # n1 changes between the pick and the binding
+    with ext.cluster.snapshot() as snap:
+        assert ext.evaluator.device_hint(snap, spec, n1) is None
+    assert ext.reserve(spec, "u-p", "n1").gpus == (1,)  # scored again: still the tightest fit

@@ -31,6 +31,8 @@ from gpusched.k8s.state import LiveCluster
 UNKNOWN_NODE = "node not (yet) known to gpusched"
 CACHED_NAMES = 100_000
 """Node names kept in the name-list cache, all lists together (the oldest lists go first)."""
+KEPT_PICKS = 4096
+"""Picks kept for ``/bind`` (``Evaluator.device_hint``); the oldest go first."""
 UNRES = Code.UNSCHEDULABLE_AND_UNRESOLVABLE
 Failure = tuple[int, str, Code]  # position in the request, reason, code
 F64 = npt.NDArray[np.float64]
@@ -88,6 +90,14 @@ class Pick:
     gpu_hint: int  # the heaviest device-choosing score plugin's GPU there, -1 for none
 
 
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    pod: PodSpec
+    node: int
+    gen: int  # the node's generation when it was scored
+    gpu_hint: int
+
+
 class Evaluator:
     def __init__(self, cluster: LiveCluster, profile: Profile) -> None:
         self.cluster = cluster
@@ -95,10 +105,11 @@ class Evaluator:
         self._snap: ClusterState | None = None
         self._cache: dict[tuple[str, ...], NodeList] = {}
         self._cached = 0  # names in _cache
+        self._picks: dict[str, _Kept] = {}  # pod key -> its last pick on self._snap
 
     def _by_name(self, snap: ClusterState, names: list[str]) -> NodeList:
         if snap is not self._snap:
-            self._snap, self._cache, self._cached = snap, {}, 0
+            self._snap, self._cache, self._cached, self._picks = snap, {}, 0, {}
         try:
             key = tuple(names)
             hit = self._cache.get(key)
@@ -184,4 +195,23 @@ class Evaluator:
             candidates = most_preferred(state, self.profile, pod, snap, feasible)
             total, choice = score_nodes(state, self.profile, pod, snap, candidates)
             k = select_host(total, candidates, None)
-            return Pick(snap.names[int(candidates[k])], int(choice[k]) if choice is not None else -1)
+            node, hint = int(candidates[k]), int(choice[k]) if choice is not None else -1
+            self._keep(pod.key, _Kept(pod, node, int(snap.gen[node]), hint))
+            return Pick(snap.names[node], hint)
+
+    def _keep(self, key: str, kept: _Kept) -> None:
+        self._picks.pop(key, None)
+        self._picks[key] = kept
+        if len(self._picks) > KEPT_PICKS:
+            del self._picks[next(iter(self._picks))]
+
+    def device_hint(self, snap: ClusterState, pod: PodSpec, node: int) -> int | None:
+        """The device choice of ``pod``'s last pick, when it picked ``node`` of ``snap`` and the
+        node has not changed since (same generation): the score there would be the same (a
+        score is node-local: ``core.policies.cache`` keys its rows by node generation, too), so
+        ``/bind`` need not score the node again. None otherwise (and the pick is forgotten).
+        Call it holding the cluster's lock."""
+        kept = self._picks.pop(pod.key, None)
+        if kept is None or snap is not self._snap or kept.pod is not pod or kept.node != node:
+            return None
+        return kept.gpu_hint if kept.gen == int(snap.gen[node]) else None

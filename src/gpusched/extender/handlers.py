@@ -354,7 +354,8 @@ class Extender:
                 gpus = held.gpus  # a retried bind: keep its GPUs
             else:
                 try:
-                    gpus = choose_devices(CycleState(), self.profile, pod, snap, n)
+                    hint = self.evaluator.device_hint(snap, pod, n)  # /filter's pick scored it already
+                    gpus = choose_devices(CycleState(), self.profile, pod, snap, n, hint)
                     self.cluster.assume(pod, n, gpus)
                 except (ValueError, AccountingError) as e:
                     raise BadRequest(f"pod {pod.key} no longer fits node {node}: {e}") from None
