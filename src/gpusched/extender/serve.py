@@ -95,6 +95,7 @@ def serve_extender(
     from gpusched.extender.handlers import Extender
     from gpusched.k8s.binder import APIBinder
     from gpusched.k8s.client import api_client
+    from gpusched.k8s.heap import freeze_heap, freeze_when
     from gpusched.k8s.state import LiveCluster, start_informers
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -135,14 +136,20 @@ def serve_extender(
     pool = ThreadPoolExecutor(max_workers=bind_threads, thread_name_prefix="gpusched-bind")
     limit_heap_growth()
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+
+    def synced() -> bool:
+        return all(r.synced.is_set() for r in reflectors)
+
     app = make_app(
         extender,
-        ready=lambda: all(r.synced.is_set() for r in reflectors),
+        ready=synced,
         executor=pool,
         sync_wait_s=sync_wait_s,
         max_body_bytes=max_body_bytes,
         first_binder=AsyncAPIBinder(core.api_client.configuration),
     )
+    freeze_heap("start-up")  # the modules: out of every full pass of the cycle collector
+    freeze_when(synced, "informers synced")  # and the books of the nodes and pods listed
     log.info(
         "gpusched extender: policy %s%s, listening on %s:%d (%s, %s event loop)",
         policy,

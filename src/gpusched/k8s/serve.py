@@ -11,6 +11,7 @@ import logging
 import signal
 import threading
 
+from gpusched.k8s.heap import freeze_heap, freeze_when
 from gpusched.k8s.httpserver import ProbeServer, text
 from gpusched.k8s.leader import LeaderElector, default_identity
 from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
@@ -58,6 +59,8 @@ def serve_scheduler(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     sched.start(lead=not leader_elect)
+    freeze_heap("start-up")  # the modules: out of every full pass of the cycle collector
+    freeze_when(sched.synced, "informers synced", stop=stop)  # and the books of the nodes and pods listed
     elector = None
     if leader_elect:
         elector = LeaderElector(
