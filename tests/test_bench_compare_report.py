@@ -96,3 +96,18 @@ def test_extender_prioritize_runs_only_when_named() -> None:
     ]
     d = r.to_dict()
     assert d["extender_prioritize_pods_per_s"] == 40.0 and d["extender_prioritize_ratio"] == 0.4
+
+
+def test_request_counts_reads_the_extenders_served_requests_by_verb() -> None:
+    """The count of each verb's request-duration histogram, as the extender exports it (and not
+    the other histograms' counts)."""
+    from gpusched.bench.k8s_procs import request_counts
+    from gpusched.metrics.scheduling import SchedulerMetrics
+
+    m = SchedulerMetrics()
+    for verb, n in (("filter", 5), ("bind", 3)):
+        for _ in range(n):
+            m.extender_duration.labels(verb).observe(0.002)
+    m.binding_duration.labels("bound").observe(0.01)
+    assert request_counts(m.exposition().decode()) == {"filter": 5, "bind": 3}
+    assert request_counts("") == {}

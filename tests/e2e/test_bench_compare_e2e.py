@@ -44,4 +44,8 @@ def test_compare_binds_every_pod_once_per_scheduler(control_plane_bin: Path) -> 
         assert c["unbound"] == 0 and c["rebound"] == 0, where
         assert c["overbooked_gpus"] == 0, where
         assert 0 < c["latency_p50_ms"] <= c["latency_p99_ms"], where
+        if c["case"] == "extender":  # read from its /metrics: at least one of each per pod
+            assert c["extender_requests"]["filter"] >= 50 and c["extender_requests"]["bind"] >= 50, where
+        else:
+            assert c["extender_requests"] is None, where
     assert any("extender" in n for n in notes)

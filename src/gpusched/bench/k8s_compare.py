@@ -49,6 +49,7 @@ from gpusched.bench.k8s_procs import (
     gpusched_scheduler,
     kube_scheduler,
     kube_scheduler_config,
+    served_requests,
 )
 from gpusched.bench.k8s_standalone import bench_node, ready_nodes
 from gpusched.bench.k8s_watch import BindingWatcher
@@ -141,6 +142,9 @@ class CaseResult:
     """Pods seen bound to two nodes (must be 0)."""
     overbooked_gpus: int = 0
     """GPUs whose assignment annotations add up to more than the GPU (must be 0)."""
+    extender_requests: dict[str, int] | None = None
+    """Extender cases: the requests it served by verb, backlog and arrivals together (one
+    ``filter`` and one ``bind`` per pod unless kube-scheduler retried pods)."""
 
 
 @dataclass
@@ -358,6 +362,10 @@ class _Bench:
                 sent = self._arrive(ns, arrivals, case, run) if arrivals else {}
                 if sent:
                     self._wait_bound(watch, set(sent), procs, case)
+                served = next((served_requests(p.metrics_url) for p in procs if p.metrics_url), None)
+            if served is not None:
+                verbs = ", ".join(f"{n} /{verb}" for verb, n in sorted(served.items()))
+                self.note(f"{case} (run {run}): the extender served {verbs} for {pods + len(sent)} pods")
             lat = watch.times(set(sent))
             ms = np.array([1e3 * (lat[n] - sent[n]) for n in lat]) if lat else np.zeros(0)
             items = orjson.loads(_retrying(v1.list_namespaced_pod, ns).data)["items"]
@@ -369,6 +377,7 @@ class _Bench:
                 unbound=sum(1 for p in items if not (p.get("spec") or {}).get("nodeName")),
                 rebound=len(watch.rebound),
                 overbooked_gpus=_overbooked(items),
+                extender_requests=served,
             )  # fmt: skip
             if sent:
                 self.note(f"{case} (run {run}): {len(lat)} arrivals at {cfg.arrival_rate:g}/s, "

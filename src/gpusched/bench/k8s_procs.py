@@ -49,6 +49,8 @@ class SchedulerProcess:
 
     def __init__(self, name: str, popen: subprocess.Popen[bytes], log: Path) -> None:
         self.name, self.popen, self.log = name, popen, log
+        self.metrics_url: str | None = None
+        """Its Prometheus endpoint, where the benchmark reads what it served (the extender's)."""
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -220,6 +222,35 @@ def gpusched_extender(
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     with _spawned(name, cmd, log_dir, profile_dir) as proc:
+        proc.metrics_url = f"{url}/metrics"
         wait_until(lambda: proc.alive() and _ready(f"{url}/readyz"), timeout=timeout_s,
                    what=f"{name} to be ready", control_plane=cp)  # fmt: skip
         yield proc, url
+
+
+EXTENDER_REQUESTS = "gpusched_extender_request_duration_seconds"
+
+
+def request_counts(exposition: str) -> dict[str, int]:
+    """Requests an extender served, by verb (``filter``, ``bind``, ...), from its ``/metrics``
+    text (the count of its request-duration histogram). kube-scheduler sends one ``/filter``
+    per scheduling attempt and one ``/bind`` per binding: more than one of each per pod means
+    that pods were retried."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counts: dict[str, int] = {}
+    for family in text_string_to_metric_families(exposition):
+        if family.name == EXTENDER_REQUESTS:
+            for sample in family.samples:
+                if sample.name == f"{EXTENDER_REQUESTS}_count":
+                    counts[sample.labels["verb"]] = int(sample.value)
+    return counts
+
+
+def served_requests(metrics_url: str) -> dict[str, int] | None:
+    """``request_counts`` of the process serving ``metrics_url``; None if it does not answer."""
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=10) as r:
+            return request_counts(r.read().decode())
+    except (OSError, urllib.error.URLError, ValueError):
+        return None
