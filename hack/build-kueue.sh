@@ -55,7 +55,14 @@ trap 'rm -rf "${STAGE}"' EXIT
 start=${SECONDS}
 
 log "Kueue's CRDs (${MODULE} ${VERSION}, config/components/crd/bases)"
+# `go list -m` names the module's folder only once it is in the module cache: download it first
+# (a fresh machine, or a cleaned cache, has nothing there yet)
+(cd "${HACK_DIR}/kueue" && go mod download "${MODULE}") >&2
 src_dir="$(cd "${HACK_DIR}/kueue" && go list -m -f '{{.Dir}}' "${MODULE}")"
+if [[ -z "${src_dir}" || ! -d "${src_dir}/config/components/crd/bases" ]]; then
+  log "cannot find ${MODULE} ${VERSION}'s CRDs in the module cache (go list -m gave '${src_dir}')"
+  exit 1
+fi
 mkdir -p "${STAGE}/crds"
 cp "${src_dir}"/config/components/crd/bases/kueue.x-k8s.io_*.yaml "${STAGE}/crds/"
 chmod 644 "${STAGE}"/crds/*.yaml
