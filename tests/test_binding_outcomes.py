@@ -260,3 +260,47 @@ def test_a_held_booking_is_released_only_after_the_grace_period_and_handed_back(
     assert cluster.assumed() == [] and settler.held() == [] and released == ["default/p"]
     with cluster.snapshot() as snap:
         assert snap.node_gpu_free(0) == [1000, 1000]
+
+
+def test_a_binding_event_arriving_after_the_api_said_gone_books_nothing() -> None:
+    """The state machine's find: a binding is committed but its answer lost, the pod is deleted,
+    the settler's read-back finds it gone and releases its GPU, another pod takes that GPU; then
+    the informer delivers the first pod's (late) bound event, then its deletion. The late event
+    is history (the read-back was newer): it must not book the gone pod over the other one."""
+    api, cluster = FakeAPI(), LiveCluster()
+    for n in NODES:
+        cluster.upsert_node(node_obj(n))
+    api.create("p", {"gpusched.io/gpu-milli": "500"})
+    cluster.upsert_pod(api.events.pop(0)[0])
+    pod = pod_from_k8s(api.pods["default/p"])
+    with cluster.snapshot() as snap:
+        cluster.assume(pod, snap.index["n0"], (1,))
+    settler = Settler(cluster, api.read, grace_s=GRACE_S, interval_s=0, clock=lambda: 0.0)
+    api.read_fails = True  # committed, the answer lost, and nobody can read it back now
+    out = bind_until_settled(
+        lambda: api.bind(pod, "n0", (1,), "committed"), pod, settler, keep_trying=lambda: False
+    )
+    assert out.result is Result.HELD
+    api.read_fails = False
+    api.delete("default/p")
+    settler.run_once()  # read back: gone, released
+    assert cluster.assumed() == [] and settler.held() == []
+    api.create("q", {"nvidia.com/gpu": "2"})  # takes both GPUs, the released one included
+    other = pod_from_k8s(api.pods["default/q"])
+    with cluster.snapshot() as snap:
+        cluster.assume(other, snap.index["n0"], (0, 1))
+    late_bound, deleted, _q_added = api.events
+    assert late_bound[0]["spec"]["nodeName"] == "n0" and deleted[1]
+    cluster.upsert_pod(late_bound[0])
+    with cluster.snapshot() as snap:
+        assert (snap.gpu_free >= 0).all() and "default/p" not in snap.allocations
+    assert not cluster.conflicts
+    cluster.delete_pod(pod_key(deleted[0]), deleted[0]["metadata"]["uid"])
+    api.events.clear()
+    api.create("p", {"gpusched.io/gpu-milli": "500"})  # the same name, a new UID: its events count
+    again = pod_from_k8s(api.pods["default/p"])
+    assert api.bind(again, "n1", (0,), "ok").ok
+    cluster.upsert_pod(api.events[-1][0])
+    with cluster.snapshot() as snap:
+        a = snap.allocations["default/p"]
+        assert (snap.names[a.node], a.gpus) == ("n1", (0,)) and (snap.gpu_free >= 0).all()

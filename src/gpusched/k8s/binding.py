@@ -175,8 +175,8 @@ def bind_until_settled(
         st = bind()
         if st.ok:
             return Outcome(Result.BOUND, st, attempts=attempts)
-        if st.code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE:
-            settler.cluster.forget(pod.key)
+        if st.code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE:  # 404: the pod is gone
+            settler.cluster.gone(pod.key, pod.uid)
             return Outcome(Result.GONE, st, attempts=attempts)
         verdict = settler.settle(pod)
         if verdict is Verdict.BOUND:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
@@ -31,6 +32,9 @@ UNREADABLE_TAINT = Taint("gpusched.io/node-unreadable", "true", "NoSchedule")
 """Put (in the books only) on a known node whose Node object stopped converting."""
 
 TERMINAL = ("Succeeded", "Failed")
+GONE_KEPT = 10_000
+"""UIDs of pods the API said are gone, kept so that their late watch events book nothing
+(the oldest are dropped first)."""
 
 
 def pod_key(obj: Mapping[str, Any]) -> str:
@@ -62,6 +66,10 @@ class LiveCluster:
         self._bound: dict[str, tuple[PodSpec, str, tuple[int, ...]]] = {}  # key -> (pod, node, gpus from API)
         self._assumed: dict[str, tuple[PodSpec, str, tuple[int, ...]]] = {}  # decided here, not yet bound
         self._state: ClusterState | None = None
+        self._gone: OrderedDict[str, None] = OrderedDict()
+        """UIDs the API answered for as gone (a read-back found no pod or another UID, a binding
+        got 404) before the informer delivered their deletion: their earlier events, still on
+        the way, are history and must not book them again (``gone``)."""
         self._on_invalid = on_invalid
         self.conflicts: list[str] = []
         """Pods whose recorded assignment did not fit the books on rebuild (never expected)."""
@@ -131,9 +139,12 @@ class LiveCluster:
         # ends and keeps its GPUs until the API deletes it: it stays booked, as in
         # kube-scheduler's cache. Otherwise a preemptor could land on a GPU still in use.
         node = (obj.get("spec") or {})["nodeName"]
+        uid = meta.get("uid")
         with self.lock:
             if key in self._bound and self._bound[key][1] == node:
                 return  # already booked (a status update): skip the conversion
+            if uid and uid in self._gone:
+                return  # an event from before the API said the pod is gone
         try:
             spec = pod_from_k8s(obj, constraints="lenient")
             assignment = parse_assignment(obj)
@@ -156,8 +167,11 @@ class LiveCluster:
                 st.forget(key)
             self._book(st, spec, node, gpus)
 
-    def delete_pod(self, key: str) -> None:
+    def delete_pod(self, key: str, uid: str = "") -> None:
+        """The pod ``key`` is deleted (``uid``: the deleted pod's, when known: its last event)."""
         with self.lock:
+            if uid:
+                self._gone.pop(uid, None)  # nothing of it comes after its deletion
             held = self._bound.pop(key, None) is not None
             held |= self._assumed.pop(key, None) is not None
             if held and self._state is not None and key in self._state.allocations:
@@ -192,6 +206,20 @@ class LiveCluster:
             self._assumed[pod.key] = (pod, st.names[a.node], a.gpus)
             return a
 
+    def gone(self, key: str, uid: str) -> None:
+        """The API says pod ``key`` of UID ``uid`` no longer exists (a read-back found none or
+        another UID, a binding got 404): forget its decision and ignore its earlier events still
+        on their way through the informer. A binding committed before the pod was deleted comes
+        as a bound event after the read-back already said gone: booked then, it would hold GPUs
+        that may have been given to another pod since (until the deletion's event arrives)."""
+        with self.lock:
+            if uid:
+                self._gone[uid] = None
+                self._gone.move_to_end(uid)
+                while len(self._gone) > GONE_KEPT:
+                    self._gone.popitem(last=False)
+            self.forget(key)  # booked as bound by an earlier event: kept until its deletion's event
+
     def forget(self, key: str) -> None:
         """Undo an assumed decision whose binding failed."""
         with self.lock:
@@ -207,7 +235,7 @@ class LiveCluster:
         booking is released; still pending: the booking is kept."""
         meta = (obj or {}).get("metadata") or {}
         if obj is None or (uid and meta.get("uid") and meta["uid"] != uid):
-            self.forget(key)
+            self.gone(key, uid)
             return Verdict.GONE
         if (obj.get("spec") or {}).get("nodeName"):
             self.upsert_pod(obj)
@@ -307,7 +335,7 @@ def start_informers(core_api: Any, cluster: LiveCluster, pod_handler: Any = None
             pod_handler(obj, False)
 
     def pod_delete(obj: Mapping[str, Any]) -> None:
-        cluster.delete_pod(pod_key(obj))
+        cluster.delete_pod(pod_key(obj), str((obj.get("metadata") or {}).get("uid") or ""))
         if pod_handler:
             pod_handler(obj, True)
 
