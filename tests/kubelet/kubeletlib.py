@@ -97,10 +97,21 @@ class Ns:
     def describe(self, name: str) -> str:
         return self.cp.kubectl("describe", "pod", "-n", self.name, name, check=False).stdout[-4000:]
 
-    def exec_env(self, name: str, container: str = "main") -> dict[str, str]:
-        """The container's environment, read by ``kubectl exec`` (through the kubelet)."""
-        out = self.cp.kubectl("exec", "-n", self.name, name, "-c", container, "--", "env")
-        return dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+    def exec_env(self, name: str, container: str = "main", timeout: float = 30) -> dict[str, str]:
+        """The container's environment, read by ``kubectl exec`` (through the kubelet). A kubelet
+        that has just restarted answers "pod does not exist" until it has read its pods from the
+        API again: asked again until then (``timeout``); any other failure fails at once."""
+
+        def probe() -> tuple[str] | None:
+            out = self.cp.kubectl("exec", "-n", self.name, name, "-c", container, "--", "env", check=False)
+            if out.returncode == 0:
+                return (out.stdout,)
+            if "pod does not exist" in out.stderr:
+                return None
+            raise AssertionError(f"kubectl exec into {self.name}/{name} failed: {out.stderr.strip()}")
+
+        (text,) = self.wait(f"the kubelet to know {self.name}/{name} for kubectl exec", probe, timeout)
+        return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
     def logs_env(self, name: str, container: str = "main") -> dict[str, str]:
         """The environment the container printed at start (``kubectl logs``, through the kubelet)."""
