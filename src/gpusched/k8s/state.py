@@ -154,8 +154,8 @@ class LiveCluster:
             return
         gpus = assignment[1] if assignment and assignment[0] == node else ()
         with self.lock:
-            if key in self._bound and self._bound[key][1] == node:
-                return
+            if (key in self._bound and self._bound[key][1] == node) or (uid and uid in self._gone):
+                return  # booked, or found gone, while it was converted
             self._bound[key] = (spec, node, gpus)
             assumed = self._assumed.pop(key, None)
             st = self._state
