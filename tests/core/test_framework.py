@@ -99,6 +99,7 @@ def test_score_cache_drops_the_least_recently_used_entry() -> None:
     c.put("a", 10)  # overwriting refreshes too
     c.put("d", 4)
     assert c.keys() == ["a", "d"]
+    assert c.pop("a") == 10 and c.pop("a") is None and c.keys() == ["d"]
     with pytest.raises(ValueError, match="capacity must be positive"):
         LRUCache(0)
 

@@ -54,6 +54,10 @@ class LRUCache(Generic[K, V]):
         while len(self._data) > self.capacity:
             self._data.popitem(last=False)
 
+    def pop(self, key: K) -> V | None:
+        """Remove ``key``'s entry and return its value (None if there was none)."""
+        return self._data.pop(key, None)
+
     def __len__(self) -> int:
         return len(self._data)
 

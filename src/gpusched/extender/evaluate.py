@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from gpusched.core.caches import LRUCache
 from gpusched.core.cluster import I64, BoolArr, ClusterState
 from gpusched.core.framework import CycleState, Profile
 from gpusched.core.model import NodeSpec, PodSpec
@@ -105,11 +106,12 @@ class Evaluator:
         self._snap: ClusterState | None = None
         self._cache: dict[tuple[str, ...], NodeList] = {}
         self._cached = 0  # names in _cache
-        self._picks: dict[str, _Kept] = {}  # pod key -> its last pick on self._snap
+        self._picks: LRUCache[str, _Kept] = LRUCache(KEPT_PICKS)  # pod key -> its last pick on self._snap
 
     def _by_name(self, snap: ClusterState, names: list[str]) -> NodeList:
         if snap is not self._snap:
-            self._snap, self._cache, self._cached, self._picks = snap, {}, 0, {}
+            self._snap, self._cache, self._cached = snap, {}, 0
+            self._picks.clear()
         try:
             key = tuple(names)
             hit = self._cache.get(key)
@@ -196,14 +198,8 @@ class Evaluator:
             total, choice = score_nodes(state, self.profile, pod, snap, candidates)
             k = select_host(total, candidates, None)
             node, hint = int(candidates[k]), int(choice[k]) if choice is not None else -1
-            self._keep(pod.key, _Kept(pod, node, int(snap.gen[node]), hint))
+            self._picks.put(pod.key, _Kept(pod, node, int(snap.gen[node]), hint))
             return Pick(snap.names[node], hint)
-
-    def _keep(self, key: str, kept: _Kept) -> None:
-        self._picks.pop(key, None)
-        self._picks[key] = kept
-        if len(self._picks) > KEPT_PICKS:
-            del self._picks[next(iter(self._picks))]
 
     def device_hint(self, snap: ClusterState, pod: PodSpec, node: int) -> int | None:
         """The device choice of ``pod``'s last pick, when it picked ``node`` of ``snap`` and the
@@ -211,7 +207,7 @@ class Evaluator:
         score is node-local: ``core.policies.cache`` keys its rows by node generation, too), so
         ``/bind`` need not score the node again. None otherwise (and the pick is forgotten).
         Call it holding the cluster's lock."""
-        kept = self._picks.pop(pod.key, None)
+        kept = self._picks.pop(pod.key)
         if kept is None or snap is not self._snap or kept.pod is not pod or kept.node != node:
             return None
         return kept.gpu_hint if kept.gen == int(snap.gen[node]) else None

@@ -15,12 +15,12 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
+from gpusched.core.caches import LRUCache
 from gpusched.core.cluster import AccountingError, ClusterState
 from gpusched.core.devices import pick_gpus
 from gpusched.core.model import Allocation, NodeSpec, PodSpec, Taint
@@ -66,7 +66,7 @@ class LiveCluster:
         self._bound: dict[str, tuple[PodSpec, str, tuple[int, ...]]] = {}  # key -> (pod, node, gpus from API)
         self._assumed: dict[str, tuple[PodSpec, str, tuple[int, ...]]] = {}  # decided here, not yet bound
         self._state: ClusterState | None = None
-        self._gone: OrderedDict[str, None] = OrderedDict()
+        self._gone: LRUCache[str, bool] = LRUCache(GONE_KEPT)
         """UIDs the API answered for as gone (a read-back found no pod or another UID, a binding
         got 404) before the informer delivered their deletion: their earlier events, still on
         the way, are history and must not book them again (``gone``)."""
@@ -171,7 +171,7 @@ class LiveCluster:
         """The pod ``key`` is deleted (``uid``: the deleted pod's, when known: its last event)."""
         with self.lock:
             if uid:
-                self._gone.pop(uid, None)  # nothing of it comes after its deletion
+                self._gone.pop(uid)  # nothing of it comes after its deletion
             held = self._bound.pop(key, None) is not None
             held |= self._assumed.pop(key, None) is not None
             if held and self._state is not None and key in self._state.allocations:
@@ -214,10 +214,7 @@ class LiveCluster:
         that may have been given to another pod since (until the deletion's event arrives)."""
         with self.lock:
             if uid:
-                self._gone[uid] = None
-                self._gone.move_to_end(uid)
-                while len(self._gone) > GONE_KEPT:
-                    self._gone.popitem(last=False)
+                self._gone.put(uid, True)
             self.forget(key)  # booked as bound by an earlier event: kept until its deletion's event
 
     def forget(self, key: str) -> None:
