@@ -33,6 +33,8 @@ from gpusched.k8s.convert import ANN_ASSIGNMENT, assignment_annotation
 
 CONNECTIONS = 64
 """Connections to the apiserver at most (kube-scheduler binds up to its parallelism at once)."""
+USER_AGENT = "gpusched-extender"
+"""How the apiserver's audit log and metrics name these requests."""
 
 
 class AsyncBinder(Protocol):
@@ -91,7 +93,7 @@ class AsyncAPIBinder:
         self._session: aiohttp.ClientSession | None = None
 
     def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        headers = {"Content-Type": "application/json", "Accept": "application/json", "User-Agent": USER_AGENT}
         for auth in self.cfg.auth_settings().values():  # a bearer token (refreshed by its hook), if any
             if auth.get("in") == "header" and auth.get("value"):
                 headers[auth["key"]] = auth["value"]

@@ -305,8 +305,11 @@ def make_app(
 
     async def body(request: web.Request) -> dict[str, Any]:
         try:
-            async with asyncio.timeout(body_timeout_s):
+            if request.content.is_eof():  # all of it has arrived (most bodies): no wait, no timer
                 data = await read_body(request)
+            else:
+                async with asyncio.timeout(body_timeout_s):
+                    data = await read_body(request)
         except TimeoutError:
             raise BadRequest(f"request body not received within {body_timeout_s:g} s", 408) from None
         except HttpProcessingError as e:  # a malformed chunk, a body cut short

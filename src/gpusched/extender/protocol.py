@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import orjson
-from kubernetes.utils.quantity import parse_quantity
 
 from gpusched.core.errors import InvalidInput
+from gpusched.k8s.quantity import parse_quantity
 
 MAX_PRIORITY = 10
 """``MaxExtenderPriority``: extender scores are 0..10."""
@@ -232,7 +232,7 @@ def check_quantities(pod: Mapping[str, Any]) -> None:
                     f"more than the limit of {MAX_QUANTITY_CHARS}"
                 )
             try:
-                q = parse_quantity(value)  # type: ignore[no-untyped-call]
+                q = parse_quantity(value)
             except (ValueError, TypeError, ArithmeticError):
                 continue  # not a quantity: the conversion names it
             if q.is_nan():

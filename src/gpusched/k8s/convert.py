@@ -44,8 +44,6 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from kubernetes.utils.quantity import parse_quantity
-
 from gpusched.agent.health import ANN_UNHEALTHY_GPUS, unhealthy_gpus_of_node
 from gpusched.core.model import (
     GPU_MILLI,
@@ -66,6 +64,7 @@ from gpusched.core.selectors import (
 from gpusched.k8s.constraints import node_affinity, pod_affinity, preferred_affinity, spread_constraints
 from gpusched.k8s.errors import InvalidRequest as InvalidRequest
 from gpusched.k8s.groupref import group_name_of
+from gpusched.k8s.quantity import parse_quantity
 
 RES_GPU = "nvidia.com/gpu"
 RES_MILLI = "gpusched.io/gpu-milli"
@@ -116,7 +115,7 @@ above any machine, below int64; ``int(Decimal("1e999999999"))`` would never retu
 
 def _quantity(value: object, where: str) -> Decimal:
     try:
-        q = parse_quantity(value)  # type: ignore[no-untyped-call]
+        q = parse_quantity(value)
         negative, over = q < 0, q > MAX_QUANTITY  # exact Decimal comparisons; NaN raises here
     except (ValueError, TypeError, ArithmeticError):
         raise InvalidRequest(f"{where}: {_shown(value)} is not a Kubernetes quantity") from None

@@ -223,9 +223,10 @@ class DefaultScore:
             cand &= snap.gpu_mem_free[nodes] >= pod.gpu_memory_mib
         g = np.where(cand, g, -1)
         order = np.argsort(g, axis=1, kind="stable")  # equal values: lowest index first
-        gs = np.take_along_axis(g, order, axis=1)
-        first = np.ones(gs.shape, dtype=bool)
-        first[:, 1:] = gs[:, 1:] != gs[:, :-1]
+        gs = g[np.arange(len(g))[:, None], order]
+        first = np.empty(gs.shape, dtype=bool)
+        first[:, 0] = True
+        np.not_equal(gs[:, 1:], gs[:, :-1], out=first[:, 1:])
         rows, cols = np.nonzero(first & (gs >= 0))
         vals = gs[rows, cols]
         after_c = self.fragment(
@@ -234,7 +235,11 @@ class DefaultScore:
         after_c = after_c + self.params.off_plan_cost * self.plan.off_plan(r, GPU_MILLI - vals)
         key = after_c + 1e-6 * (vals - r)
         o = np.lexsort((key, rows))
-        head = o[np.r_[True, rows[o][1:] != rows[o][:-1]]] if len(o) else o
+        ro = rows[o]
+        new_row = np.empty(len(o), dtype=bool)
+        new_row[:1] = True
+        np.not_equal(ro[1:], ro[:-1], out=new_row[1:])
+        head = o[new_row]
         after = np.full(len(nodes), np.inf)
         gpu = np.full(len(nodes), -1, dtype=np.int64)
         after[rows[head]] = after_c[head]

@@ -172,4 +172,4 @@ class PairingPlan:
         f = self.fits(milli)
         if f is None:
             return np.zeros(np.shape(used), dtype=bool)
-        return ~f[np.clip(used, 0, GPU_MILLI)]
+        return ~f[np.minimum(np.maximum(used, 0), GPU_MILLI)]  # np.clip costs a few µs more
