@@ -24,6 +24,15 @@ def test_variant_cases_get_dns_label_names() -> None:
     assert plan((STANDALONE,), ["base"]) == [(STANDALONE, 1), ("standalone@base", 1)]
 
 
+def test_a_variant_runs_each_varied_front_end_that_runs_right_after_it() -> None:
+    assert plan((KUBE, EXTENDER), ["base"]) == [(KUBE, 1), (EXTENDER, 1), ("extender@base", 1), (KUBE, 2)]
+    assert plan((STANDALONE, EXTENDER), ["a", "b"]) == [
+        (STANDALONE, 1), ("standalone@a", 1), ("standalone@b", 1),
+        (EXTENDER, 1), ("extender@a", 1), ("extender@b", 1),
+    ]  # fmt: skip
+    assert plan((KUBE,), ["base"]) == [(KUBE, 1), (KUBE, 2)]
+
+
 def test_kube_scheduler_runs_first_and_last() -> None:
     assert plan(CASES) == [(KUBE, 1), *((c, 1) for c in CASES[1:]), (KUBE, 2)]
     assert plan((EXTENDER,)) == [(EXTENDER, 1)]
@@ -111,3 +120,32 @@ def test_request_counts_reads_the_extenders_served_requests_by_verb() -> None:
     m.binding_duration.labels("bound").observe(0.01)
     assert request_counts(m.exposition().decode()) == {"filter": 5, "bind": 3}
     assert request_counts("") == {}
+
+
+def test_own_cpu_ratios_read_the_best_runs() -> None:
+    r = CompareReport(CompareConfig(only=(KUBE, EXTENDER)))
+    r.cases = [
+        CaseResult(KUBE, 1, 100, 100, 50.0, 2.0, cpu_ms_per_pod={"kube-scheduler": 4.0}),
+        CaseResult(KUBE, 2, 100, 100, 100.0, 1.0, cpu_ms_per_pod={"kube-scheduler": 2.0}),
+        CaseResult(EXTENDER, 1, 100, 100, 80.0, 1.0, cpu_ms_per_pod={"kube-scheduler": 2.2, "gpusched": 1.0}),
+    ]
+    d = r.to_dict()
+    assert d["extender_own_cpu_ratio"] == 0.5
+    assert d["extender_scheduler_cpu_ratio"] == 1.6
+    assert d["cpu_ms_per_pod"][EXTENDER] == {"kube-scheduler": 2.2, "gpusched": 1.0}
+    r.cases[1].cpu_ms_per_pod = None
+    assert r.to_dict()["extender_own_cpu_ratio"] is None
+
+
+def test_extender_variants_are_reported_by_case() -> None:
+    r = CompareReport(CompareConfig(only=(KUBE, EXTENDER)))
+    r.cases = [
+        CaseResult(KUBE, 1, 100, 100, 100.0, 1.0),
+        CaseResult(EXTENDER, 1, 100, 100, 80.0, 1.0),
+        CaseResult("extender@base", 1, 100, 100, 60.0, 1.0, cpu_ms_per_pod={"gpusched": 3.0}),
+    ]
+    d = r.to_dict()
+    assert d["variants_pods_per_s"] == {"extender@base": 60.0}
+    assert d["variants_ratio"] == {"extender@base": 0.6}
+    assert d["variants_cpu_ms_per_pod"] == {"extender@base": {"gpusched": 3.0}}
+    assert d["extender_ratio"] == 0.8

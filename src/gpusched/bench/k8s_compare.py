@@ -27,6 +27,7 @@ annotations; then the case's pods are deleted before the next case starts.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 import uuid
@@ -52,7 +53,8 @@ from gpusched.bench.k8s_procs import (
     served_requests,
 )
 from gpusched.bench.k8s_standalone import bench_node, ready_nodes
-from gpusched.bench.k8s_watch import BindingWatcher
+from gpusched.bench.k8s_watch import BindingRate, BindingWatcher
+from gpusched.bench.proc_cpu import MACHINE, CpuSampler
 from gpusched.core.errors import InvalidInput
 from gpusched.k8s.client import api_client
 from gpusched.k8s.convert import ANN_ASSIGNMENT, RES_GPU, RES_MILLI
@@ -74,7 +76,10 @@ EXTRA_CASES = (EXTENDER_PRIORITIZE, EXTENDER_ASYNCIO)
 passing node back to kube-scheduler, which scores them and calls ``/prioritize``), and the
 extender on the standard library's event loop (``--event-loop asyncio``) instead of uvloop."""
 _SHARES = (STANDALONE_SHARES, EXTENDER, EXTENDER_PRIORITIZE, EXTENDER_ASYNCIO)
-VARIANT = "standalone@"
+VARIANT = "@"
+"""Joins a case and a variant's label: ``standalone@base``, ``extender@base``."""
+_VARIED = (STANDALONE, EXTENDER)
+"""The cases a variant runs again, from its source."""
 
 
 @dataclass(frozen=True)
@@ -92,10 +97,11 @@ class CompareConfig:
     """Per wait (nodes Ready, a backlog bound, ...)."""
     create_threads: int = 16
     profile_dir: Path | None = None
-    variants: tuple[tuple[str, Path], ...] = ()
-    """(label, source folder): ``gpusched scheduler`` from another source tree (e.g. a git worktree
-    of an earlier commit), whole GPUs, as case ``standalone@<label>`` right after ``standalone``."""
     """py-spy samples every gpusched process into this folder (``<case>-<run>.txt``, collapsed stacks)."""
+    variants: tuple[tuple[str, Path], ...] = ()
+    """(label, source folder): gpusched from another source tree (e.g. a git worktree of an earlier
+    commit), as case ``standalone@<label>`` right after ``standalone`` and ``extender@<label>``
+    right after ``extender`` (each where that case runs): the same front end, the same pods."""
 
     def check(self) -> None:
         unknown = sorted(set(self.only) - set(CASES + EXTRA_CASES))
@@ -145,6 +151,13 @@ class CaseResult:
     extender_requests: dict[str, int] | None = None
     """Extender cases: the requests it served by verb, backlog and arrivals together (one
     ``filter`` and one ``bind`` per pod unless kube-scheduler retried pods)."""
+    cpu_ms_per_pod: dict[str, float] | None = None
+    """CPU milliseconds per bound pod of the backlog, by process (``kube-scheduler``,
+    ``gpusched``, ``kube-apiserver``, ``etcd``, ``kwok``, ``kube-controller-manager``, ``bench``:
+    this process's watch; ``all``: their sum), from the first binding to the last (``/proc``)."""
+    cores_used: float | None = None
+    """The machine's busy cores over the same window (every process on it): near the core count,
+    throughput follows the CPU per pod of all the processes together."""
 
 
 @dataclass
@@ -155,6 +168,15 @@ class CompareReport:
     def _best(self, case: str) -> CaseResult | None:
         runs = [c for c in self.cases if c.case == case]
         return max(runs, key=lambda c: c.pods_per_s) if runs else None
+
+    def _own_cpu_ratio(self, case: str, *procs: str) -> float | None:
+        """CPU per pod of ``procs`` in ``case``'s best run against kube-scheduler's own in its best."""
+        mine, ref = self._best(case), self._best(KUBE)
+        if not (mine and ref and mine.cpu_ms_per_pod and ref.cpu_ms_per_pod):
+            return None
+        base = ref.cpu_ms_per_pod.get("kube-scheduler")
+        used = sum(mine.cpu_ms_per_pod.get(p, 0.0) for p in procs)
+        return round(used / base, 3) if base else None
 
     def to_dict(self) -> dict[str, Any]:
         rate = {c: (r.pods_per_s if (r := self._best(c)) else None) for c in CASES + EXTRA_CASES}
@@ -196,14 +218,15 @@ class CompareReport:
             "standalone_p99_latency_ratio": ratio(p99[STANDALONE], kube_p99),
             "standalone_shares_p99_latency_ratio": ratio(p99[STANDALONE_SHARES], kube_p99),
             "extender_p99_latency_ratio": ratio(p99[EXTENDER], kube_p99),
-            "variants_pods_per_s": {
-                c.case.removeprefix(VARIANT): c.pods_per_s for c in self.cases if c.case.startswith(VARIANT)
+            "cpu_ms_per_pod": {
+                c: (r.cpu_ms_per_pod if (r := self._best(c)) else None) for c in CASES + EXTRA_CASES
             },
-            "variants_ratio": {
-                c.case.removeprefix(VARIANT): ratio(c.pods_per_s, ref)
-                for c in self.cases
-                if c.case.startswith(VARIANT)
-            },
+            "extender_own_cpu_ratio": self._own_cpu_ratio(EXTENDER, "gpusched"),
+            "extender_scheduler_cpu_ratio": self._own_cpu_ratio(EXTENDER, "kube-scheduler", "gpusched"),
+            "cpus": os.cpu_count(),
+            "variants_pods_per_s": {c.case: c.pods_per_s for c in self.cases if VARIANT in c.case},
+            "variants_ratio": {c.case: ratio(c.pods_per_s, ref) for c in self.cases if VARIANT in c.case},
+            "variants_cpu_ms_per_pod": {c.case: c.cpu_ms_per_pod for c in self.cases if VARIANT in c.case},
             "cases": [asdict(c) for c in self.cases],
         }
 
@@ -314,18 +337,19 @@ class _Bench:
             conf = kube_scheduler_config(kc, sched, qps=qps)
             with kube_scheduler(self.cp, name, conf, self.log_dir) as p:
                 yield [p]
-        elif case in (STANDALONE, STANDALONE_SHARES) or case.startswith(VARIANT):
-            src = (
-                dict(self.cfg.variants).get(case.removeprefix(VARIANT)) if case.startswith(VARIANT) else None
-            )
-            with gpusched_scheduler(self.cp, name, sched, self.log_dir, self.cfg.profile_dir, src) as p:
-                yield [p]
         else:
-            ext_name = f"{name}-gpusched"
-            pick = case != EXTENDER_PRIORITIZE
-            loop = "asyncio" if case == EXTENDER_ASYNCIO else "uvloop"
+            base, _, label = case.partition(VARIANT)
+            src = dict(self.cfg.variants)[label] if label else None
+            if base in (STANDALONE, STANDALONE_SHARES):
+                prof = self.cfg.profile_dir
+                with gpusched_scheduler(self.cp, slug(name), sched, self.log_dir, prof, src) as p:
+                    yield [p]
+                return
+            ext_name = f"{slug(name)}-gpusched"
+            pick = base != EXTENDER_PRIORITIZE
+            loop = "asyncio" if base == EXTENDER_ASYNCIO else "uvloop"
             started = gpusched_extender(
-                self.cp, ext_name, self.log_dir, self.cfg.profile_dir, pick=pick, event_loop=loop
+                self.cp, ext_name, self.log_dir, self.cfg.profile_dir, pick=pick, event_loop=loop, source=src
             )
             with started as (ext, url):
                 conf = kube_scheduler_config(kc, sched, qps=LIFTED_QPS, extender_url=url)
@@ -337,7 +361,7 @@ class _Bench:
         cfg, v1 = self.cfg, self.v1
         ns = f"bench-{self.tag}-{slug(case)}-{run}"
         sched = f"bench-{slug(case)}-{run}"
-        shares = case in _SHARES
+        shares = case.partition(VARIANT)[0] in _SHARES
         _retrying(v1.create_namespace, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
         watch = BindingWatcher(v1, ns).start()
         try:
@@ -354,8 +378,16 @@ class _Bench:
             ]  # fmt: skip
             with self.scheduler(case, run, sched) as procs:
                 self.note(f"{case} (run {run}): scheduler started, binding")
-                self._wait_bound(watch, names, procs, case)
+                sampler = CpuSampler(self._pids(procs)).start()
+                try:
+                    self._wait_bound(watch, names, procs, case)
+                finally:
+                    sampler.stop()
                 rate = watch.rate(names)
+                cpu, cores = _cpu_per_pod(sampler, rate)
+                if cpu is not None:
+                    top = ", ".join(f"{k} {v:.2f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])[:5])
+                    self.note(f"{case} (run {run}): CPU ms per bound pod: {top}; {cores} cores busy")
                 self.note(
                     f"{case} (run {run}): {rate.bound} pods in {rate.seconds:.1f} s, {rate.pods_per_s} pods/s"
                 )
@@ -377,7 +409,7 @@ class _Bench:
                 unbound=sum(1 for p in items if not (p.get("spec") or {}).get("nodeName")),
                 rebound=len(watch.rebound),
                 overbooked_gpus=_overbooked(items),
-                extender_requests=served,
+                extender_requests=served, cpu_ms_per_pod=cpu, cores_used=cores,
             )  # fmt: skip
             if sent:
                 self.note(f"{case} (run {run}): {len(lat)} arrivals at {cfg.arrival_rate:g}/s, "
@@ -389,6 +421,17 @@ class _Bench:
                 self._clear(ns)
             except Exception as e:  # an overloaded apiserver: say so, keep the error that matters
                 self.note(f"cleaning up {ns} failed: {e}")
+
+    def _pids(self, procs: list[SchedulerProcess]) -> dict[str, list[int]]:
+        """The processes whose CPU a case reports: the schedulers, the control plane, this one."""
+        pids: dict[str, list[int]] = {name: [pid] for name, pid in self.cp.pids().items()}
+        for p in procs:
+            args = p.popen.args
+            exe = args[0] if isinstance(args, list) and args else args
+            kind = "kube-scheduler" if Path(str(exe)).name == "kube-scheduler" else "gpusched"
+            pids.setdefault(kind, []).append(p.popen.pid)
+        pids["bench"] = [os.getpid()]
+        return pids
 
     def _wait_bound(
         self, watch: BindingWatcher, names: set[str], procs: list[SchedulerProcess], case: str
@@ -436,6 +479,20 @@ class _Bench:
         _retrying(self.v1.delete_namespace, ns)
 
 
+def _cpu_per_pod(sampler: CpuSampler, rate: BindingRate) -> tuple[dict[str, float] | None, float | None]:
+    """CPU ms per bound pod by process (and ``all``) and the machine's busy cores, over the
+    window from the first binding to the last (None where there is no window or no ``/proc``)."""
+    span = rate.last - rate.first
+    used = sampler.used(rate.first, rate.last) if span > 0 and rate.bound > 1 else {}
+    if not used:
+        return None, None
+    pods = rate.bound - 1  # the bindings after the first, as in the rate
+    machine = used.pop(MACHINE, None)
+    per_pod = {name: round(1e3 * s / pods, 3) for name, s in sorted(used.items())}
+    per_pod["all"] = round(1e3 * sum(used.values()) / pods, 3)
+    return per_pod, (round(machine / span, 2) if machine is not None else None)
+
+
 def slug(case: str) -> str:
     """A case's name as a DNS label (namespace, schedulerName): ``standalone@a`` -> ``standalone-at-a``."""
     return case.replace("@", "-at-").lower()
@@ -443,13 +500,13 @@ def slug(case: str) -> str:
 
 def plan(only: Sequence[str], variants: Sequence[str] = ()) -> list[tuple[str, int]]:
     """The runs in order: kube-scheduler (limit lifted) first and last, the others between
-    (the ``variants``' standalone cases right after ``standalone``)."""
+    (each variant's ``standalone`` and ``extender`` right after the current one's)."""
     middle = []
     for c in CASES + EXTRA_CASES:
         if c in only and c != KUBE:
             middle.append((c, 1))
-        if c == STANDALONE:
-            middle += [(VARIANT + v, 1) for v in variants]
+            if c in _VARIED:
+                middle += [(f"{c}{VARIANT}{v}", 1) for v in variants]
     if KUBE not in only:
         return middle
     return [(KUBE, 1), *middle, (KUBE, 2)]

@@ -210,10 +210,11 @@ def gpusched_extender(
     timeout_s: float = 120.0,
     pick: bool = True,
     event_loop: str = "uvloop",
+    source: Path | None = None,
 ) -> Iterator[tuple[SchedulerProcess, str]]:
     """``gpusched extender`` on a loopback port; yields it and its URL once it answers ``/readyz``.
     ``pick``: its ``/filter`` picks the node (the default), else ``--no-pick-in-filter``;
-    ``event_loop``: its ``--event-loop``."""
+    ``event_loop``: its ``--event-loop``; ``source``: as for ``gpusched_scheduler``."""
     port = free_port()
     cmd = _python(
         "extender", "--kubeconfig", str(cp.kubeconfig_path), "--host", "127.0.0.1", "--port", str(port),
@@ -221,7 +222,8 @@ def gpusched_extender(
         "--pick-in-filter" if pick else "--no-pick-in-filter", "--event-loop", event_loop,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    with _spawned(name, cmd, log_dir, profile_dir) as proc:
+    env = {**os.environ, "PYTHONPATH": str(source)} if source is not None else None
+    with _spawned(name, cmd, log_dir, profile_dir, env) as proc:
         proc.metrics_url = f"{url}/metrics"
         wait_until(lambda: proc.alive() and _ready(f"{url}/readyz"), timeout=timeout_s,
                    what=f"{name} to be ready", control_plane=cp)  # fmt: skip

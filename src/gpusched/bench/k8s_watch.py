@@ -24,6 +24,9 @@ class BindingRate:
     seconds: float
     """From the first binding seen to the last."""
     pods_per_s: float
+    first: float = 0.0
+    last: float = 0.0
+    """``time.monotonic()`` of the first and last binding seen."""
 
 
 class BindingWatcher:
@@ -80,4 +83,5 @@ class BindingWatcher:
         if len(ts) < 2:
             return BindingRate(len(ts), 0.0, 0.0)
         span = ts[-1] - ts[0]
-        return BindingRate(len(ts), round(span, 3), round((len(ts) - 1) / span, 1) if span > 0 else 0.0)
+        per_s = round((len(ts) - 1) / span, 1) if span > 0 else 0.0
+        return BindingRate(len(ts), round(span, 3), per_s, ts[0], ts[-1])

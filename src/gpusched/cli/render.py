@@ -218,6 +218,34 @@ def k8s_compare(report: Mapping[str, Any], json_out: bool) -> None:
         return
     for k in K8S_COMPARE_KEYS:
         out_console.print(f"{k}: {report[k]}")
+    out_console.print(k8s_compare_cpu_table(report))
+
+
+CPU_PROCESSES = {
+    "kube-scheduler": "kube-sched",
+    "gpusched": "gpusched",
+    "kube-apiserver": "apiserver",
+    "etcd": "etcd",
+    "kwok": "kwok",
+    "kube-controller-manager": "ctrl-mgr",
+    "bench": "bench",
+    "all": "all",
+}
+"""Processes of the CPU table, with their column headings."""
+
+
+def k8s_compare_cpu_table(report: Mapping[str, Any]) -> Table:
+    """Each run of ``bench k8s --compare``: its rate and the CPU each process spent per bound pod."""
+    t = Table(title="Backlog: pods/s, CPU ms per bound pod by process, busy cores (first binding to last)")
+    for col in ("case", "pods/s", *CPU_PROCESSES.values(), "cores"):
+        t.add_column(col, justify="left" if col == "case" else "right")
+    for c in report.get("cases") or []:
+        cpu = c.get("cpu_ms_per_pod") or {}
+        cells = [f"{cpu[p]:.2f}" if p in cpu else "-" for p in CPU_PROCESSES]
+        cores = c.get("cores_used")
+        name = c["case"] if c["run"] == 1 else f"{c['case']} ({c['run']})"
+        t.add_row(name, f"{c['pods_per_s']:.1f}", *cells, "-" if cores is None else f"{cores:.2f}")
+    return t
 
 
 def extender_attack(report: dict[str, Any], json_out: bool) -> None:

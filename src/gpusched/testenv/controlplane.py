@@ -91,10 +91,7 @@ def _kubeconfig(server: str, ca_cert: Path, ident: _Identity, user: str) -> dict
     }
 
 
-
-def stop_process(
-    popen: subprocess.Popen[bytes], sig: int, timeout: float, *, group: bool = False
-) -> None:
+def stop_process(popen: subprocess.Popen[bytes], sig: int, timeout: float, *, group: bool = False) -> None:
     """Send ``sig`` to a running process (to its process group with ``group``), wait ``timeout``
     seconds for it to exit, then SIGKILL it and wait. Nothing happens to one that already exited."""
     if popen.poll() is not None:
@@ -285,6 +282,10 @@ class ControlPlane:
         if self._workdir is not None and not self._keep_workdir and self._workdir_arg is None:
             shutil.rmtree(self._workdir, ignore_errors=True)
         self._server = None
+
+    def pids(self) -> dict[str, int]:
+        """The pid of each running process by name (``etcd``, ``kube-apiserver``, ``kwok``, ...)."""
+        return {p.name: p.popen.pid for p in self._processes if p.popen.poll() is None}
 
     def detach(self) -> dict[str, int]:
         """Let the running processes outlive this object and this Python process; return their pids by name.
