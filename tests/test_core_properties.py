@@ -539,6 +539,48 @@ def test_cached_scores_equal_scores_on_a_fresh_copy(policy: str, sc: Scenario) -
         schedule_one(profile, x, snap, diagnose_failures=False)
 
 
+@pytest.mark.parametrize("policy", DETERMINISTIC)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sc=scenarios(max_events=25, palette=True), data=st.data())
+def test_relabelling_in_place_keeps_only_caches_that_stay_true(
+    policy: str, sc: Scenario, data: st.DataObject
+) -> None:
+    """A node's labels or taints change between decisions (in place, ``relabel_node``): the
+    placements with the caches that survive it (capacity tables, score rows refreshed by
+    generation) are those of a snapshot whose caches are all dropped before every decision."""
+    relabels = data.draw(
+        st.lists(
+            st.tuples(
+                st.integers(0, len(sc.nodes) - 1),
+                st.sampled_from("abc"),
+                st.sampled_from(DRIVER_LABELS),
+                st.sampled_from(((), (TAINT,), (SOFT_TAINT,))),
+            ),
+            min_size=len(sc.events),
+            max_size=len(sc.events),
+        )
+    )
+    runs = []
+    for clear_cache in (False, True):
+        profile = profile_for(policy, sc.pods)
+        snap = ClusterState(sc.nodes)
+        out = []
+        for (kind, x), (n, zone, driver, taints) in zip(sc.events, relabels, strict=True):
+            old = snap.nodes[n]
+            assert snap.relabel_node(n, replace(old, labels={**old.labels, "zone": zone, **driver}, taints=taints))
+            if kind == "del":
+                assert isinstance(x, int)
+                delete_one(snap, x)
+                continue
+            assert isinstance(x, PodSpec)
+            if clear_cache:
+                snap.caches.clear()
+            r = schedule_one(profile, x, snap, tiebreak=sc.tiebreak, diagnose_failures=False)
+            out.append((r.node, r.gpus))
+        runs.append(out)
+    assert runs[0] == runs[1]
+
+
 # ------------------------------------------------------------- filters restricted to some nodes
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sc=scenarios(max_events=20), pod=pods(999), data=st.data())

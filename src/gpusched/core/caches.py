@@ -101,3 +101,12 @@ class SnapshotCaches:
         for c in (self.masks, self.domains, self.tables, self.rows):
             c.clear()
         self.soft_taints = None
+
+    def labels_changed(self) -> None:
+        """A node's labels or taints changed, and its generation moved: drop what reads labels
+        or taints (``masks``, ``domains``, ``soft_taints``). ``tables`` read node capacities
+        alone, and ``rows`` are node-local and refreshed by generation, so they stay: one
+        relabelled node costs one row per pod shape, not every row of every node."""
+        self.masks.clear()
+        self.domains.clear()
+        self.soft_taints = None
