@@ -567,7 +567,8 @@ def test_relabelling_in_place_keeps_only_caches_that_stay_true(
         out = []
         for (kind, x), (n, zone, driver, taints) in zip(sc.events, relabels, strict=True):
             old = snap.nodes[n]
-            assert snap.relabel_node(n, replace(old, labels={**old.labels, "zone": zone, **driver}, taints=taints))
+            labels = {**old.labels, "zone": zone, **driver}
+            assert snap.relabel_node(n, replace(old, labels=labels, taints=taints))
             if kind == "del":
                 assert isinstance(x, int)
                 delete_one(snap, x)
