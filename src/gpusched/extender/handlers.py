@@ -370,7 +370,9 @@ class Extender:
     @staticmethod
     def bound_pod(plan: BindPlan) -> PodSpec:
         """The pod of ``plan`` with the UID to bind it under (the request's)."""
-        return dataclasses.replace(plan.pod, uid=plan.uid) if plan.uid else plan.pod
+        if not plan.uid or plan.uid == plan.pod.uid:
+            return plan.pod  # most binds: the pod /filter converted, under the same UID
+        return dataclasses.replace(plan.pod, uid=plan.uid)
 
     def call_binder(
         self, plan: BindPlan, first: Status | None = None, deadline: float | None = None

@@ -37,12 +37,13 @@ those GPUs, and a restarted scheduler rebuilds its books from the annotations.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
+
+import orjson
 
 from gpusched.agent.health import ANN_UNHEALTHY_GPUS, unhealthy_gpus_of_node
 from gpusched.core.model import (
@@ -205,9 +206,7 @@ def _movable(ann: Mapping[str, Any], key: str) -> bool:
     if value is None:
         return True
     if not isinstance(value, str) or value.strip().lower() not in ("true", "false"):
-        raise InvalidRequest(
-            f"pod {key}: annotation {ANN_DEFRAG} must be \"true\" or \"false\", got {value!r}"
-        )
+        raise InvalidRequest(f'pod {key}: annotation {ANN_DEFRAG} must be "true" or "false", got {value!r}')
     return value.strip().lower() == "true"
 
 
@@ -423,10 +422,9 @@ def unhealthy_gpus(node: Mapping[str, Any], gpu_count: int) -> frozenset[int]:
 def assignment_annotation(node: str, gpus: tuple[int, ...], pod: PodSpec) -> str:
     """``milli`` is 1000 for whole GPUs (the pod holds them whole; ``memoryMiB`` is then the
     least memory it asked of each), else the share's milli and memory."""
-    return json.dumps(
-        {"node": node, "gpus": list(gpus), "milli": pod.gpu_milli, "memoryMiB": pod.gpu_memory_mib},
-        separators=(",", ":"),
-    )
+    return orjson.dumps(
+        {"node": node, "gpus": list(gpus), "milli": pod.gpu_milli, "memoryMiB": pod.gpu_memory_mib}
+    ).decode()
 
 
 def parse_assignment(pod: Mapping[str, Any]) -> tuple[str, tuple[int, ...]] | None:
@@ -437,7 +435,7 @@ def parse_assignment(pod: Mapping[str, Any]) -> tuple[str, tuple[int, ...]] | No
     if raw is None:
         return None
     try:
-        data = json.loads(raw)
+        data = orjson.loads(raw)
         node = str(data["node"])
         gpus = tuple(int(g) for g in data["gpus"])
     except (ValueError, KeyError, TypeError):
