@@ -3,10 +3,12 @@ pod is bound exactly once, no GPU is over-booked, and the report has the documen
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+import gpusched
 from gpusched.bench.k8s_compare import CASES, EXTRA_CASES, CompareConfig, bench_compare
 
 pytestmark = pytest.mark.e2e
@@ -24,7 +26,11 @@ KEYS = (
 
 
 def test_compare_binds_every_pod_once_per_scheduler(control_plane_bin: Path) -> None:
-    cfg = CompareConfig(nodes=20, pods=40, warmup=4, arrival_rate=20.0, arrival_pods=10, timeout_s=240.0)
+    src = Path(gpusched.__file__).resolve().parents[1]  # this very source, as a variant of itself
+    variants = (("same", src),)
+    cfg = CompareConfig(
+        nodes=20, pods=40, warmup=4, arrival_rate=20.0, arrival_pods=10, timeout_s=240.0, variants=variants
+    )
     notes: list[str] = []
     report = bench_compare(cfg, on_progress=notes.append, bin_dir=control_plane_bin)
 
@@ -36,7 +42,9 @@ def test_compare_binds_every_pod_once_per_scheduler(control_plane_bin: Path) -> 
     assert all(report["latency_p99_ms"][c] is None for c in EXTRA_CASES)  # not run unless named
     runs = [(c["case"], c["run"]) for c in report["cases"]]
     assert runs[0] == ("kube-scheduler", 1) and runs[-1] == ("kube-scheduler", 2)
-    assert sorted({c for c, _ in runs}) == sorted(CASES)
+    assert sorted({c for c, _ in runs}) == sorted([*CASES, "standalone@same", "extender@same"])
+    assert runs.index(("extender@same", 1)) == runs.index(("extender", 1)) + 1
+    assert set(report["variants_pods_per_s"]) == {"standalone@same", "extender@same"}
     for c in report["cases"]:
         where = f"{c['case']} run {c['run']}"
         assert c["bound"] == c["pods"] == 40, where
@@ -44,7 +52,16 @@ def test_compare_binds_every_pod_once_per_scheduler(control_plane_bin: Path) -> 
         assert c["unbound"] == 0 and c["rebound"] == 0, where
         assert c["overbooked_gpus"] == 0, where
         assert 0 < c["latency_p50_ms"] <= c["latency_p99_ms"], where
-        if c["case"] == "extender":  # read from its /metrics: at least one of each per pod
+        cpu = c["cpu_ms_per_pod"]  # from /proc, first binding to last
+        kube = ("kube-scheduler",)
+        by_case = {"kube-scheduler": kube, "kube-scheduler-default": kube, "extender": (*kube, "gpusched")}
+        schedulers = by_case.get(c["case"].split("@")[0], ("gpusched",))
+        for proc in (*schedulers, "kube-apiserver", "etcd", "all"):
+            assert cpu[proc] > 0, (where, proc, cpu)
+        assert ("gpusched" in cpu) == ("gpusched" in schedulers), (where, cpu)
+        assert abs(cpu["all"] - sum(v for k, v in cpu.items() if k != "all")) < 0.01, (where, cpu)  # rounded
+        assert 0 < c["cores_used"] <= (os.cpu_count() or 1) + 0.1, where
+        if c["case"].startswith("extender"):  # read from its /metrics: at least one of each per pod
             assert c["extender_requests"]["filter"] >= 50 and c["extender_requests"]["bind"] >= 50, where
         else:
             assert c["extender_requests"] is None, where

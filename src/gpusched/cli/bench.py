@@ -98,8 +98,9 @@ def bench_k8s_cmd(
     variant: Annotated[
         list[str] | None,
         typer.Option(
-            help="With --compare: LABEL=SRC, gpusched scheduler from another source folder "
-            "(e.g. a worktree of an earlier commit's src/) beside the current one; repeatable."
+            help="With --compare: LABEL=SRC, gpusched from another source folder (e.g. a worktree "
+            "of an earlier commit's src/) beside the current one: standalone@LABEL right after "
+            "standalone, extender@LABEL right after extender (where they run); repeatable."
         ),
     ] = None,
     json_out: JsonOpt = False,
