@@ -168,6 +168,28 @@ def bench_extender_pick_cmd(
     render.extender_pick(bench_extender_pick(nodes=nodes, pods=pods).as_dict(), json_out)
 
 
+@bench_app.command("watch-cost")
+@reports_errors
+def bench_watch_cost_cmd(
+    pods: Annotated[int, typer.Option(help="Pod lifecycles per round.")] = 1500,
+    watchers: Annotated[
+        str, typer.Option(help="Extra watchers of every pod, per round (comma-separated).")
+    ] = "0,1,2",
+    rounds: Annotated[int, typer.Option(help="Times through the watcher counts.")] = 2,
+    json_out: JsonOpt = False,
+) -> None:
+    """What one more watcher of every pod (as an extender's informer) costs kube-apiserver per pod
+    lifecycle: create, bind, status, delete on a real etcd + apiserver (no scheduler, no kwok)."""
+    from gpusched.bench.watch_cost import bench_watch_cost
+
+    try:
+        counts = [int(w) for w in watchers.split(",") if w.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"--watchers: comma-separated counts, got {watchers!r}") from None
+    report = bench_watch_cost(pods=pods, watchers=counts, rounds=rounds, on_progress=render.note)
+    render.watch_cost(report.as_dict(), json_out)
+
+
 def _variant(text: str) -> tuple[str, Path]:
     label, sep, src = text.partition("=")
     if not sep or not label or not src:

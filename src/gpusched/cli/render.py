@@ -166,6 +166,26 @@ def extender_pick(report: Mapping[str, Any], json_out: bool) -> None:
     )
 
 
+def watch_cost(report: Mapping[str, Any], json_out: bool) -> None:
+    if json_out:
+        emit_json(report)
+        return
+    t = Table(title=f"apiserver and etcd CPU ms per pod lifecycle ({report['pods_per_round']} pods a round)")
+    for col in ("extra watchers", "pods/s", "apiserver", "etcd"):
+        t.add_column(col, justify="right")
+    for r in report["rounds"]:
+        t.add_row(
+            str(r["watchers"]),
+            f"{r['pods_per_s']:.0f}",
+            f"{r['apiserver_ms_per_pod']:.3f}",
+            f"{r['etcd_ms_per_pod']:.3f}",
+        )
+    medians = ", ".join(f"{w}: {v}" for w, v in report["apiserver_ms_per_pod_by_watchers"].items())
+    slope = report["apiserver_ms_per_pod_per_watcher"]
+    t.caption = f"apiserver medians by extra watchers: {medians}; each watcher adds {slope} ms"
+    out_console.print(t)
+
+
 def gang_preemption(report: Mapping[str, Any], json_out: bool) -> None:
     if json_out:
         emit_json(report)
