@@ -6,7 +6,7 @@ The feasibility oracle (``bf_fits``) is written here from the spec, independentl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -469,11 +469,18 @@ def test_placement_frag_matches_recomputation(
 
 # --------------------------------------------------------------------------------- (g) score cache
 def _placements(
-    profile: Profile, sc: Scenario, clear_cache: bool, capacity: int = 1024
+    profile: Profile,
+    sc: Scenario,
+    clear_cache: bool,
+    capacity: int = 1024,
+    before: Callable[[ClusterState, int], None] | None = None,
 ) -> list[tuple[int, tuple[int, ...]]]:
+    """The placements of ``sc``'s arrivals; ``before(snap, i)`` runs before event ``i``."""
     snap = ClusterState(sc.nodes, score_cache_capacity=capacity)
     out = []
-    for kind, x in sc.events:
+    for i, (kind, x) in enumerate(sc.events):
+        if before is not None:
+            before(snap, i)
         if kind == "del":
             assert isinstance(x, int)
             delete_one(snap, x)
@@ -560,25 +567,14 @@ def test_relabelling_in_place_keeps_only_caches_that_stay_true(
             max_size=len(sc.events),
         )
     )
-    runs = []
-    for clear_cache in (False, True):
-        profile = profile_for(policy, sc.pods)
-        snap = ClusterState(sc.nodes)
-        out = []
-        for (kind, x), (n, zone, driver, taints) in zip(sc.events, relabels, strict=True):
-            old = snap.nodes[n]
-            labels = {**old.labels, "zone": zone, **driver}
-            assert snap.relabel_node(n, replace(old, labels=labels, taints=taints))
-            if kind == "del":
-                assert isinstance(x, int)
-                delete_one(snap, x)
-                continue
-            assert isinstance(x, PodSpec)
-            if clear_cache:
-                snap.caches.clear()
-            r = schedule_one(profile, x, snap, tiebreak=sc.tiebreak, diagnose_failures=False)
-            out.append((r.node, r.gpus))
-        runs.append(out)
+
+    def relabel(snap: ClusterState, i: int) -> None:
+        n, zone, driver, taints = relabels[i]
+        old = snap.nodes[n]
+        labels = {**old.labels, "zone": zone, **driver}
+        assert snap.relabel_node(n, replace(old, labels=labels, taints=taints))
+
+    runs = [_placements(profile_for(policy, sc.pods), sc, clear, before=relabel) for clear in (False, True)]
     assert runs[0] == runs[1]
 
 
