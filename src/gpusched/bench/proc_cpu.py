@@ -19,6 +19,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from gpusched.testenv.session import proc_stat
+
 MACHINE = "machine"
 """The key of the whole machine's busy CPU (every core, every process) in ``used``."""
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -26,11 +28,9 @@ _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 def cpu_seconds(pid: int) -> float | None:
     """User + system CPU seconds of process ``pid`` so far (None: no such process)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+    fields = proc_stat(pid)
+    if fields is None:
         return None
-    fields = text[text.rfind(")") + 2 :].split()  # after the command name, which may hold spaces
     return (int(fields[11]) + int(fields[12])) / _TICK  # stat fields 14 and 15: utime, stime
 
 

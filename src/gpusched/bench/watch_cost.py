@@ -26,8 +26,9 @@ from kubernetes import client
 
 from gpusched.bench.proc_cpu import CpuSampler
 from gpusched.core.errors import InvalidInput
+from gpusched.core.model import PodSpec
 from gpusched.k8s.client import api_client
-from gpusched.k8s.convert import ANN_ASSIGNMENT, RES_MILLI
+from gpusched.k8s.convert import ANN_ASSIGNMENT, RES_MILLI, assignment_annotation
 from gpusched.k8s.informer import Handlers, Reflector
 from gpusched.k8s.rest import FastCoreV1
 from gpusched.testenv import ControlPlane
@@ -91,7 +92,7 @@ def _pod(name: str) -> dict[str, Any]:
 
 
 def _binding(name: str) -> dict[str, Any]:
-    ann = f'{{"node":"{NODE}","gpus":[0],"milli":300,"memoryMiB":0}}'
+    ann = assignment_annotation(NODE, (0,), PodSpec(name, num_gpu=1, gpu_milli=300, namespace=NAMESPACE))
     return {
         "apiVersion": "v1",
         "kind": "Binding",
@@ -123,9 +124,9 @@ def bench_watch_cost(
 
         def life(name: str) -> None:
             fast.create_namespaced_pod(NAMESPACE, _pod(name))
-            v1.create_namespaced_binding(NAMESPACE, _binding(name), _preload_content=False)
+            fast.create_namespaced_binding(NAMESPACE, _binding(name))
             status = {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
-            v1.patch_namespaced_pod_status(name, NAMESPACE, status, _preload_content=False)
+            fast.patch_namespaced_pod_status(name, NAMESPACE, status)
             v1.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0, _preload_content=False)
 
         for r in range(rounds):

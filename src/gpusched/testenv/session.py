@@ -116,7 +116,7 @@ def _ready_nodes(cp: ControlPlane, names: Iterable[str]) -> bool:
 # --------------------------------------------------------------------------------------------- processes
 
 
-def _proc_stat(pid: int) -> list[str] | None:
+def proc_stat(pid: int) -> list[str] | None:
     """The fields of ``/proc/<pid>/stat`` after the command name, or None if there is no such process."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
@@ -126,14 +126,14 @@ def _proc_stat(pid: int) -> list[str] | None:
 
 
 def _start_ticks(pid: int) -> int | None:
-    fields = _proc_stat(pid)
+    fields = proc_stat(pid)
     return int(fields[19]) if fields is not None else None  # field 22 of stat: starttime
 
 
 def _alive(rec: ProcessRecord) -> bool:
     """Whether the process recorded is still running (a zombie or a new process under the same pid is not)."""
     if Path("/proc/self/stat").exists():
-        fields = _proc_stat(rec.pid)
+        fields = proc_stat(rec.pid)
         if fields is None or fields[0] in ("Z", "X"):
             return False
         return rec.start_ticks is None or int(fields[19]) == rec.start_ticks
