@@ -56,8 +56,11 @@ def test_compare_binds_every_pod_once_per_scheduler(control_plane_bin: Path) -> 
         kube = ("kube-scheduler",)
         by_case = {"kube-scheduler": kube, "kube-scheduler-default": kube, "extender": (*kube, "gpusched")}
         schedulers = by_case.get(c["case"].split("@")[0], ("gpusched",))
-        for proc in (*schedulers, "kube-apiserver", "etcd", "all"):
-            assert cpu[proc] > 0, (where, proc, cpu)
+        # a toy backlog binds in 0.04-0.15 s, a few of /proc's 10 ms ticks: every process is
+        # there, but one may not have ticked; the full-size runs show the values
+        for proc in (*schedulers, "kube-apiserver", "etcd"):
+            assert cpu[proc] >= 0, (where, proc, cpu)
+        assert cpu["all"] > 0, (where, cpu)
         assert ("gpusched" in cpu) == ("gpusched" in schedulers), (where, cpu)
         assert abs(cpu["all"] - sum(v for k, v in cpu.items() if k != "all")) < 0.01, (where, cpu)  # rounded
         assert 0 < c["cores_used"] <= (os.cpu_count() or 1) + 0.1, where
