@@ -3,6 +3,8 @@ on the real control plane: ``tests/e2e/test_bench_watch_cost_e2e.py``)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gpusched.bench.watch_cost import WatchCostReport, WatchRound, bench_watch_cost
@@ -26,8 +28,15 @@ def test_the_slope_is_the_extra_cpu_per_watcher_of_the_medians() -> None:
 
 
 @pytest.mark.parametrize(
-    "kw", [{"pods": 0}, {"watchers": ()}, {"watchers": (-1,)}, {"rounds": 0}, {"watchers": (17,)}]
+    ("kw", "named"),
+    [
+        ({"pods": 0}, "got 0, 2 and 8"),
+        ({"rounds": 0}, "got 1500, 0 and 8"),
+        ({"watchers": ()}, "got []"),
+        ({"watchers": (-1,)}, "got [-1]"),
+        ({"watchers": (0, 17)}, "got [0, 17]"),
+    ],
 )
-def test_bad_settings_are_refused_by_name(kw: dict[str, object]) -> None:
-    with pytest.raises(GpuschedError):
+def test_bad_settings_are_refused_by_name(kw: dict[str, object], named: str) -> None:
+    with pytest.raises(GpuschedError, match=re.escape(named)):
         bench_watch_cost(**kw)  # type: ignore[arg-type]

@@ -110,8 +110,10 @@ def bench_watch_cost(
     bin_dir: Path | None = None,
     on_progress: Callable[[str], None] = lambda _m: None,
 ) -> WatchCostReport:
-    if pods < 1 or rounds < 1 or threads < 1 or not watchers or min(watchers) < 0 or max(watchers) > 16:
-        raise InvalidInput("pods, rounds and threads must be positive; watchers 0-16, at least one count")
+    if pods < 1 or rounds < 1 or threads < 1:
+        raise InvalidInput(f"pods, rounds and threads must be positive, got {pods}, {rounds} and {threads}")
+    if not watchers or min(watchers) < 0 or max(watchers) > 16:
+        raise InvalidInput(f"watchers: one or more counts of 0-16 extra watchers, got {list(watchers)}")
     report = WatchCostReport(pods)
     on_progress("starting etcd and kube-apiserver")
     with ControlPlane(bin_dir=bin_dir, scheduler=False, controller_manager=False, kwok=False) as cp:
