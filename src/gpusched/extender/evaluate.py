@@ -32,6 +32,9 @@ from gpusched.k8s.state import LiveCluster
 UNKNOWN_NODE = "node not (yet) known to gpusched"
 CACHED_NAMES = 100_000
 """Node names kept in the name-list cache, all lists together (the oldest lists go first)."""
+KEPT_LISTS = 8
+"""Name lists kept (kube-scheduler sends one list while it filters every node; its moving window
+of ``percentageOfNodesToScore`` never repeats, and each list kept costs a miss a comparison)."""
 KEPT_PICKS = 4096
 """Picks kept for ``/bind`` (``Evaluator.device_hint``); the oldest go first."""
 UNRES = Code.UNSCHEDULABLE_AND_UNRESOLVABLE
@@ -62,9 +65,17 @@ class Evaluation:
 
 def index_names(snap: ClusterState, names: list[str]) -> NodeList:
     """The request's names in the snapshot: positions of the known ones and their indices (one
-    C-level pass: kube-scheduler's moving window misses the cache pod after pod)."""
-    found = np.array(list(map(snap.index.get, names, repeat(-1, len(names)))), dtype=np.int64)
+    C-level pass: kube-scheduler's moving window misses the cache pod after pod). The names are
+    checked (``check_names``: BadRequest, LimitExceeded) only when some are not found: a name
+    the snapshot knows is a node's name, so a list found whole needs no check."""
+    try:
+        found = np.fromiter(map(snap.index.get, names, repeat(-1)), dtype=np.int64, count=len(names))
+    except TypeError:  # an unhashable item, or a non-integer found
+        check_names(names)
+        raise
     pos = np.flatnonzero(found >= 0)
+    if len(pos) < len(names):
+        check_names(names)
     return NodeList(pos, found[pos])
 
 
@@ -104,29 +115,26 @@ class Evaluator:
         self.cluster = cluster
         self.profile = profile
         self._snap: ClusterState | None = None
-        self._cache: dict[tuple[str, ...], NodeList] = {}
-        self._cached = 0  # names in _cache
+        self._lists: list[tuple[list[str], NodeList]] = []  # recent name lists, the latest first
+        self._cached = 0  # names in _lists
         self._picks: LRUCache[str, _Kept] = LRUCache(KEPT_PICKS)  # pod key -> its last pick on self._snap
 
     def _by_name(self, snap: ClusterState, names: list[str]) -> NodeList:
         if snap is not self._snap:
-            self._snap, self._cache, self._cached = snap, {}, 0
+            self._snap, self._lists, self._cached = snap, [], 0
             self._picks.clear()
-        try:
-            key = tuple(names)
-            hit = self._cache.get(key)
-        except TypeError:  # unhashable items: rejected by check_names
-            hit, key = None, ()
-        if hit is None:
-            check_names(names)
-            hit = index_names(snap, names)
-            while self._cache and (len(self._cache) >= 64 or self._cached + len(key) > CACHED_NAMES):
-                oldest = next(iter(self._cache))
-                del self._cache[oldest]
-                self._cached -= len(oldest)
-            if len(key) <= CACHED_NAMES:
-                self._cache[key] = hit
-                self._cached += len(key)
+        for i, (sent, hit) in enumerate(self._lists):
+            # a moving window differs at its first name: a miss costs a comparison or two
+            if len(sent) == len(names) and sent[:1] == names[:1] and sent == names:
+                if i:
+                    self._lists.insert(0, self._lists.pop(i))
+                return hit
+        hit = index_names(snap, names)
+        if len(names) <= CACHED_NAMES:
+            self._lists.insert(0, (names, hit))
+            self._cached += len(names)
+            while len(self._lists) > KEPT_LISTS or self._cached > CACHED_NAMES:
+                self._cached -= len(self._lists.pop()[0])
         return hit
 
     def evaluate(
