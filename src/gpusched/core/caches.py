@@ -7,7 +7,8 @@ end. A dropped entry is simply recomputed when asked for again, so the bound nev
 placement. Each kind of value has its own cache:
 
 - ``masks``: node masks of label and taint constraints, by constraint (``NodeAffinity``,
-  ``TaintToleration``): node labels and taints never change within a snapshot;
+  ``TaintToleration``; ``node_mask``): a node relabelled in place (a taint lifted, a label
+  added) has its own entry of each mask recomputed when the mask is next read, the others kept;
 - ``domains``: per label key, each node's domain (``ClusterState.domains``);
 - ``tables``: per-snapshot tables of the policies computed from node capacities alone;
 - ``rows``: node-local values by pod shape, refreshed by node generation (``policies.cache``);
@@ -19,7 +20,7 @@ A copy of the snapshot starts with empty caches (``fresh``).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -79,12 +80,24 @@ class Rows:
     seen: npt.NDArray[np.int64]
 
 
+@dataclass(slots=True)
+class Mask:
+    """A node mask, the length of the relabel log when it was brought up to date, and whether
+    every node passes."""
+
+    mask: npt.NDArray[np.bool_]
+    seen: int
+    everywhere: bool
+
+
 class SnapshotCaches:
-    __slots__ = ("capacity", "domains", "masks", "rows", "soft_taints", "tables")
+    __slots__ = ("capacity", "domains", "masks", "relabelled", "rows", "soft_taints", "tables")
 
     def __init__(self, capacity: int = 1024) -> None:
         self.capacity = capacity
-        self.masks: LRUCache[Hashable, npt.NDArray[np.bool_]] = LRUCache(capacity)
+        self.masks: LRUCache[Hashable, Mask] = LRUCache(capacity)
+        self.relabelled: list[int] = []
+        """The nodes relabelled in place, in order (a log the masks catch up with)."""
         self.domains: LRUCache[str, tuple[npt.NDArray[np.int64], tuple[str, ...]]] = LRUCache(capacity)
         self.tables: LRUCache[Hashable, npt.NDArray[Any]] = LRUCache(capacity)
         self.rows: LRUCache[Hashable, Rows] = LRUCache(capacity)
@@ -100,13 +113,39 @@ class SnapshotCaches:
     def clear(self) -> None:
         for c in (self.masks, self.domains, self.tables, self.rows):
             c.clear()
+        self.relabelled.clear()
         self.soft_taints = None
 
-    def labels_changed(self) -> None:
-        """A node's labels or taints changed, and its generation moved: drop what reads labels
-        or taints (``masks``, ``domains``, ``soft_taints``). ``tables`` read node capacities
-        alone, and ``rows`` are node-local and refreshed by generation, so they stay: one
-        relabelled node costs one row per pod shape, not every row of every node."""
-        self.masks.clear()
+    def node_mask(
+        self, key: Hashable, size: int, passes: Callable[[int], bool]
+    ) -> npt.NDArray[np.bool_] | None:
+        """The mask of constraint ``key`` over the ``size`` nodes (``passes(node)``: whether one
+        node passes), None when every node passes. Computed once per snapshot; after relabels
+        only the nodes relabelled since it was last read are asked again."""
+        entry = self.masks.get(key)
+        if entry is None:
+            mask = np.fromiter(map(passes, range(size)), dtype=bool, count=size)
+            mask.flags.writeable = False
+            entry = Mask(mask, len(self.relabelled), bool(mask.all()))
+            self.masks.put(key, entry)
+        elif entry.seen != len(self.relabelled):
+            mask = entry.mask.copy()  # a mask handed out before stays as it was
+            for node in set(self.relabelled[entry.seen :]):
+                mask[node] = passes(node)
+            mask.flags.writeable = False
+            entry.mask, entry.seen, entry.everywhere = mask, len(self.relabelled), bool(mask.all())
+        return None if entry.everywhere else entry.mask
+
+    def labels_changed(self, node: int, size: int) -> None:
+        """Node ``node``'s labels or taints changed, and its generation moved: the masks
+        recompute its entry when next read (``node_mask``); ``domains`` and ``soft_taints`` are
+        dropped. ``tables`` read node capacities alone, and ``rows`` are node-local and
+        refreshed by generation, so they stay: one relabelled node costs one entry per mask and
+        one row per pod shape, not every node's. A log grown past four entries a node is
+        dropped with the masks (recomputed whole once)."""
+        self.relabelled.append(node)
+        if len(self.relabelled) > 4 * max(size, 16):
+            self.masks.clear()
+            self.relabelled.clear()
         self.domains.clear()
         self.soft_taints = None

@@ -289,15 +289,15 @@ class ClusterState:
     def relabel_node(self, node: int, spec: NodeSpec) -> bool:
         """Put ``spec`` in place of node ``node``'s spec when the two differ only in labels and
         taints (a taint added or lifted, a label changed): its bookings stay, its generation
-        moves and the per-snapshot caches that read labels or taints are dropped (the others
-        stay: ``SnapshotCaches.labels_changed``). Returns False,
+        moves, the cached node masks recompute its entry and the other per-snapshot caches that
+        read labels or taints are dropped (``SnapshotCaches.labels_changed``). Returns False,
         changing nothing, when any capacity, the GPU model or a GPU's health differs (rebuild)."""
         old = self.nodes[node]
         if old.name != spec.name or replace(spec, labels=old.labels, taints=old.taints) != old:
             return False
         self.nodes = (*self.nodes[:node], spec, *self.nodes[node + 1 :])
         self.gen[node] += 1
-        self.caches.labels_changed()
+        self.caches.labels_changed(node, len(self.nodes))
         return True
 
     # --------------------------------------------------------------- copying

@@ -3,7 +3,8 @@ and its preferred node affinity (Prefer).
 
 Required node affinity is Kubernetes' ``requiredDuringSchedulingIgnoredDuringExecution``: the
 node must match at least one selector term, and a term matches when all its requirements do.
-Labels never change within a snapshot, so each constraint's mask is computed once and cached.
+Each constraint's mask is computed once per snapshot and cached; a node relabelled in place is
+asked again alone (``SnapshotCaches.node_mask``).
 """
 
 from __future__ import annotations
@@ -34,13 +35,13 @@ class NodeAffinity:
         if not pod.node_selector and not pod.node_affinity:
             return snap.everywhere if nodes is None else snap.everywhere[nodes]
         key = ("NodeAffinity", tuple(sorted(pod.node_selector.items())), pod.node_affinity)
-        cached = snap.caches.masks.get(key)
-        if cached is None:
-            cached = np.array([affinity_matches(pod, nd.name, nd.labels) for nd in snap.nodes], dtype=bool)
-            if cached.all():
-                cached = snap.everywhere
-            snap.caches.masks.put(key, cached)
-        return cached if nodes is None else cached[nodes]
+        nds = snap.nodes
+        mask = snap.caches.node_mask(
+            key, len(nds), lambda n: affinity_matches(pod, nds[n].name, nds[n].labels)
+        )
+        if mask is None:
+            mask = snap.everywhere
+        return mask if nodes is None else mask[nodes]
 
     def prefer(self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64) -> F64 | None:
         """Preferred node affinity: the weights of the terms each node matches, 100 for the most."""

@@ -27,13 +27,11 @@ class TaintToleration:
         self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64 | None = None
     ) -> BoolArr:
         key = ("TaintToleration", pod.tolerations)
-        cached = snap.caches.masks.get(key)
-        if cached is None:
-            cached = np.array([untolerated(pod, nd) is None for nd in snap.nodes], dtype=bool)
-            if cached.all():
-                cached = snap.everywhere  # no taint in the way: the cycle skips it
-            snap.caches.masks.put(key, cached)
-        return cached if nodes is None else cached[nodes]
+        nds = snap.nodes
+        mask = snap.caches.node_mask(key, len(nds), lambda n: untolerated(pod, nds[n]) is None)
+        if mask is None:
+            mask = snap.everywhere  # no taint in the way: the cycle skips it
+        return mask if nodes is None else mask[nodes]
 
     def prefer(self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64) -> F64 | None:
         """Fewer untolerated PreferNoSchedule taints is better (100 for none); None when no node
