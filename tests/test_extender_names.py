@@ -71,7 +71,9 @@ def test_the_kept_names_are_bounded_by_count(monkeypatch: pytest.MonkeyPatch) ->
         (["n1", "x" * 300], LimitExceeded),
     ],
 )
-def test_malformed_lists_are_refused_even_after_a_good_one(sent: list[object], error: type[Exception]) -> None:
+def test_malformed_lists_are_refused_even_after_a_good_one(
+    sent: list[object], error: type[Exception]
+) -> None:
     ev = evaluator()
     with ev.cluster.snapshot() as snap:
         ev._by_name(snap, ["n1", "n2"])

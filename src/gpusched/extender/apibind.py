@@ -18,6 +18,8 @@ reading the pod back and binds again with ``APIBinder``: the retries and their r
 
 from __future__ import annotations
 
+import asyncio
+import ssl
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -26,10 +28,11 @@ import orjson
 
 from gpusched.core.model import PodSpec
 from gpusched.core.status import Code, Status
-from gpusched.k8s.aio import CONNECTIONS, AioAPI
 from gpusched.k8s.binder import REQUEST_TIMEOUT_S, outcome_code
 from gpusched.k8s.convert import ANN_ASSIGNMENT, assignment_annotation
 
+CONNECTIONS = 64
+"""Connections to the apiserver at most (kube-scheduler binds up to its parallelism at once)."""
 USER_AGENT = "gpusched-extender"
 """How the apiserver's audit log and metrics name these requests."""
 
@@ -58,33 +61,56 @@ def binding_body(pod: PodSpec, node: str, gpus: tuple[int, ...]) -> bytes:
     )
 
 
+def _ssl_context(cfg: Any) -> ssl.SSLContext | bool:
+    """The TLS settings of a ``kubernetes.client.Configuration``: its CA, client certificate and
+    ``verify_ssl``; True (the system's defaults) when it names none."""
+    if not str(cfg.host).startswith("https"):
+        return False
+    ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None)
+    if not cfg.verify_ssl:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    if cfg.cert_file:
+        ctx.load_cert_chain(cfg.cert_file, cfg.key_file or None)
+    return ctx
+
+
 class AsyncAPIBinder:
     """Binds on the running event loop; ``bind`` must be awaited on one loop only, ``close`` at the end."""
 
     name = "APIBinder"
 
     def __init__(
-        self,
-        cfg: Any,
-        *,
-        timeout_s: float = REQUEST_TIMEOUT_S,
-        connections: int = CONNECTIONS,
-        api: AioAPI | None = None,
+        self, cfg: Any, *, timeout_s: float = REQUEST_TIMEOUT_S, connections: int = CONNECTIONS
     ) -> None:
         """``cfg``: the ``kubernetes.client.Configuration`` of the extender's API client (its host,
-        TLS files and credentials, refreshed tokens included); ``api``: a session to share (the
-        extender's watches run on it too), else one of its own, closed by ``close``."""
-        self.api = api or AioAPI(cfg, user_agent=USER_AGENT, connections=connections)
-        self._owns = api is None
+        TLS files and credentials, refreshed tokens included)."""
+        self.cfg = cfg
+        self.host = str(cfg.host).rstrip("/")
+        self.ssl = _ssl_context(cfg)
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.connections = connections
+        self._session: aiohttp.ClientSession | None = None
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "Accept": "application/json", "User-Agent": USER_AGENT}
+        for auth in self.cfg.auth_settings().values():  # a bearer token (refreshed by its hook), if any
+            if auth.get("in") == "header" and auth.get("value"):
+                headers[auth["key"]] = auth["value"]
+        return headers
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            conn = aiohttp.TCPConnector(limit=self.connections, ssl=self.ssl, keepalive_timeout=60)
+            self._session = aiohttp.ClientSession(connector=conn, timeout=self.timeout)
+        return self._session
 
     async def bind(self, pod: PodSpec, node: str, gpus: tuple[int, ...]) -> Status:
         ns, name = quote(pod.namespace, safe=""), quote(pod.name, safe="")
-        url = f"{self.api.host}/api/v1/namespaces/{ns}/pods/{name}/binding"
+        url = f"{self.host}/api/v1/namespaces/{ns}/pods/{name}/binding"
         body = binding_body(pod, node, gpus)
-        headers = self.api.headers("application/json")
         try:
-            async with self.api.session().post(url, data=body, headers=headers, timeout=self.timeout) as r:
+            async with self.session().post(url, data=body, headers=self._headers()) as r:
                 status, reason, body = r.status, r.reason or "", await r.read()
         except (aiohttp.ClientError, TimeoutError, OSError) as e:  # no answer: the outcome is unknown
             return Status(Code.ERROR, (f"{type(e).__name__}: {e}",), self.name)
@@ -98,5 +124,6 @@ class AsyncAPIBinder:
         return Status(outcome_code(status), (text,), self.name)
 
     async def close(self) -> None:
-        if self._owns:
-            await self.api.close()
+        if self._session is not None:
+            await self._session.close()
+            await asyncio.sleep(0)  # let the connector close its transports

@@ -190,7 +190,7 @@ def make_app(
 
     async def synced(verb: str) -> bool:
         """Whether the books are whole, waiting up to ``sync_wait_s`` for them (polling: the
-        informers may be threads or tasks on this loop; ``ready`` reads their flags)."""
+        informers are threads, ``ready`` reads their events)."""
         if ready():
             return True
         t0 = time.monotonic()

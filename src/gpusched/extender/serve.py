@@ -90,15 +90,13 @@ def serve_extender(
     from aiohttp import web
     from kubernetes import client
 
-    from gpusched.extender.apibind import USER_AGENT, AsyncAPIBinder
+    from gpusched.extender.apibind import AsyncAPIBinder
     from gpusched.extender.app import limit_heap_growth, make_app
     from gpusched.extender.handlers import Extender
-    from gpusched.k8s.aio import AioAPI
     from gpusched.k8s.binder import APIBinder
     from gpusched.k8s.client import api_client
     from gpusched.k8s.heap import freeze_heap, freeze_when
-    from gpusched.k8s.informer_async import reflectors_for
-    from gpusched.k8s.state import LiveCluster, informer_handlers
+    from gpusched.k8s.state import LiveCluster, start_informers
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if policy not in POLICIES:
@@ -134,9 +132,7 @@ def serve_extender(
         pod_getter=get_pod,
         pick=pick_in_filter,
     )
-    # the watches and the first binding attempts run on the loop that answers kube-scheduler
-    api = AioAPI(core.api_client.configuration, user_agent=USER_AGENT)
-    reflectors = reflectors_for(api, *informer_handlers(cluster, pod_handler=extender.observe_pod))
+    reflectors = start_informers(core, cluster, pod_handler=extender.observe_pod)
     pool = ThreadPoolExecutor(max_workers=bind_threads, thread_name_prefix="gpusched-bind")
     limit_heap_growth()
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
@@ -150,20 +146,8 @@ def serve_extender(
         executor=pool,
         sync_wait_s=sync_wait_s,
         max_body_bytes=max_body_bytes,
-        first_binder=AsyncAPIBinder(core.api_client.configuration, api=api),
+        first_binder=AsyncAPIBinder(core.api_client.configuration),
     )
-
-    async def watch(app: web.Application) -> None:
-        for r in reflectors:
-            r.start()
-
-    async def unwatch(app: web.Application) -> None:
-        for r in reflectors:
-            await r.stop()
-        await api.close()
-
-    app.on_startup.append(watch)
-    app.on_cleanup.append(unwatch)
     freeze_heap("start-up")  # the modules: out of every full pass of the cycle collector
     freeze_when(synced, "informers synced")  # and the books of the nodes and pods listed
     log.info(
@@ -180,6 +164,8 @@ def serve_extender(
     except OSError as e:  # the address is taken or not ours
         raise ResourceError(f"cannot serve on {host}:{port}: {e}") from None
     finally:
+        for r in reflectors:
+            r.stop()
         pool.shutdown(wait=False, cancel_futures=True)
 
 

@@ -36,52 +36,20 @@ class Gone(Exception):
     """The watch's resourceVersion is too old (HTTP 410)."""
 
 
-def split_lines(buf: bytes, chunk: bytes) -> tuple[list[bytes], bytes]:
-    """The complete non-blank lines of ``buf + chunk`` and what is left of them after the last
-    newline (each chunk split once, not once per line)."""
-    if b"\n" not in chunk:
-        return [], buf + chunk
-    lines = (buf + chunk).split(b"\n")
-    rest = lines.pop()
-    return [line for line in lines if line.strip()], rest
-
-
 def _lines(resp: Any) -> Iterator[bytes]:
-    """The newline-separated lines of a streamed response."""
+    """The newline-separated lines of a streamed response (each chunk split once, not once per line)."""
     buf = b""
     for chunk in resp.stream(amt=65536, decode_content=True):
-        lines, buf = split_lines(buf, chunk)
-        yield from lines
+        if b"\n" not in chunk:
+            buf += chunk
+            continue
+        lines = (buf + chunk).split(b"\n")
+        buf = lines.pop()
+        for line in lines:
+            if line.strip():
+                yield line
     if buf.strip():
         yield buf
-
-
-def apply_list(handlers: Handlers, data: Mapping[str, Any]) -> str:
-    """Hand a decoded list's every object to ``handlers`` (then ``on_synced``); its resourceVersion."""
-    items = data.get("items") or []
-    for obj in items:
-        handlers.on_upsert(obj)
-    if handlers.on_synced:
-        handlers.on_synced(items)
-    return str(data["metadata"]["resourceVersion"])
-
-
-def dispatch(name: str, handlers: Handlers, line: bytes) -> str | None:
-    """Hand one watch event (a line of JSON) to ``handlers``; the resourceVersion it carries (a
-    bookmark's too), if any. Raises Gone for an expired version, RuntimeError for another error
-    event, orjson.JSONDecodeError for a line that is not JSON."""
-    ev = orjson.loads(line)
-    kind, obj = ev.get("type"), ev.get("object") or {}
-    if kind == "ERROR":
-        if obj.get("code") == 410:
-            raise Gone(obj.get("message", ""))
-        raise RuntimeError(f"watch {name}: {obj.get('message', obj)}")
-    if kind in ("ADDED", "MODIFIED"):
-        handlers.on_upsert(obj)
-    elif kind == "DELETED":
-        handlers.on_delete(obj)
-    rv = (obj.get("metadata") or {}).get("resourceVersion")
-    return str(rv) if rv else None
 
 
 class Reflector:
@@ -115,7 +83,13 @@ class Reflector:
 
     def list_once(self) -> None:
         resp = self.list_fn(_preload_content=False, **self._kwargs())
-        self.resource_version = apply_list(self.handlers, orjson.loads(resp.data))
+        data = orjson.loads(resp.data)
+        items = data.get("items") or []
+        for obj in items:
+            self.handlers.on_upsert(obj)
+        if self.handlers.on_synced:
+            self.handlers.on_synced(items)
+        self.resource_version = data["metadata"]["resourceVersion"]
         self.relists += 1
         self.synced.set()
 
@@ -132,7 +106,17 @@ class Reflector:
             for line in _lines(resp):
                 if self._stop.is_set():
                     return
-                rv = dispatch(self.name, self.handlers, line)
+                ev = orjson.loads(line)
+                kind, obj = ev.get("type"), ev.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise Gone(obj.get("message", ""))
+                    raise RuntimeError(f"watch {self.name}: {obj.get('message', obj)}")
+                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                if kind in ("ADDED", "MODIFIED"):
+                    self.handlers.on_upsert(obj)
+                elif kind == "DELETED":
+                    self.handlers.on_delete(obj)
                 if rv:
                     self.resource_version = rv
         finally:

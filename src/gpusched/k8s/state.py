@@ -25,7 +25,6 @@ from gpusched.core.cluster import AccountingError, ClusterState
 from gpusched.core.devices import pick_gpus
 from gpusched.core.model import Allocation, NodeSpec, PodSpec, Taint
 from gpusched.k8s.convert import InvalidRequest, node_from_k8s, parse_assignment, pod_from_k8s
-from gpusched.k8s.informer import Handlers
 
 log = logging.getLogger(__name__)
 
@@ -322,9 +321,10 @@ class LiveCluster:
             log.error("cannot book bound pod %s on %s: %s", spec.key, node, e)
 
 
-def informer_handlers(cluster: LiveCluster, pod_handler: Any = None) -> tuple[Handlers, Handlers]:
-    """What the node and the pod informer hand their events to: ``cluster``, and for pods also
-    ``pod_handler(obj, deleted)`` (the standalone scheduler's queue, the extender's pod index)."""
+def start_informers(core_api: Any, cluster: LiveCluster, pod_handler: Any = None) -> list[Any]:
+    """Reflectors for nodes and pods feeding ``cluster``; ``pod_handler(obj, deleted)`` also
+    sees every pod event (the standalone scheduler's queue)."""
+    from gpusched.k8s.informer import Handlers, Reflector
 
     def pod_upsert(obj: Mapping[str, Any]) -> None:
         cluster.upsert_pod(obj)
@@ -336,20 +336,16 @@ def informer_handlers(cluster: LiveCluster, pod_handler: Any = None) -> tuple[Ha
         if pod_handler:
             pod_handler(obj, True)
 
-    nodes = Handlers(
-        cluster.upsert_node,
-        lambda o: cluster.delete_node((o.get("metadata") or {}).get("name", "")),
-        cluster.sync_nodes,
+    nodes = Reflector(
+        "nodes",
+        core_api.list_node,
+        Handlers(
+            cluster.upsert_node,
+            lambda o: cluster.delete_node((o.get("metadata") or {}).get("name", "")),
+            cluster.sync_nodes,
+        ),
     )
-    return nodes, Handlers(pod_upsert, pod_delete, cluster.sync_pods)
-
-
-def start_informers(core_api: Any, cluster: LiveCluster, pod_handler: Any = None) -> list[Any]:
-    """Reflectors (threads) for nodes and pods feeding ``cluster`` (``informer_handlers``)."""
-    from gpusched.k8s.informer import Reflector
-
-    nodes, pods = informer_handlers(cluster, pod_handler)
-    return [
-        Reflector("nodes", core_api.list_node, nodes).start(),
-        Reflector("pods", core_api.list_pod_for_all_namespaces, pods).start(),
-    ]
+    pods = Reflector(
+        "pods", core_api.list_pod_for_all_namespaces, Handlers(pod_upsert, pod_delete, cluster.sync_pods)
+    )
+    return [nodes.start(), pods.start()]
