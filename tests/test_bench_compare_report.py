@@ -16,6 +16,7 @@ from gpusched.bench.k8s_compare import (
     plan,
     slug,
 )
+from gpusched.bench.k8s_standalone import settled
 from gpusched.core.errors import GpuschedError
 
 
@@ -149,3 +150,31 @@ def test_extender_variants_are_reported_by_case() -> None:
     assert d["variants_ratio"] == {"extender@base": 0.6}
     assert d["variants_cpu_ms_per_pod"] == {"extender@base": {"gpusched": 3.0}}
     assert d["extender_ratio"] == 0.8
+
+
+def _node(ready: bool = True, taints: tuple[str, ...] = (), beta: bool = True) -> dict[str, object]:
+    labels = {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
+    if beta:
+        labels |= {"beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64"}
+    return {
+        "metadata": {"name": "n", "labels": labels},
+        "spec": {"taints": [{"key": k, "effect": "NoSchedule"} for k in taints]},
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+def test_a_node_is_settled_once_ready_untainted_and_its_legacy_labels_are_added() -> None:
+    assert settled(_node())
+    assert not settled(_node(ready=False))
+    assert not settled(_node(taints=("node.kubernetes.io/not-ready",)))  # Ready, the taint not lifted yet
+    assert not settled(_node(beta=False))  # the lifecycle controller has still to label it
+    bare = _node(beta=False)
+    bare["metadata"] = {"name": "n", "labels": {}}  # no stable os/arch label: no legacy one expected
+    assert settled(bare)
+    assert not settled({"metadata": {}, "spec": {}, "status": {}})
+
+
+def test_the_settle_wait_is_reported() -> None:
+    r = CompareReport(CompareConfig(only=(KUBE,)), nodes_settle_s=12.5, nodes_unsettled=3)
+    d = r.to_dict()
+    assert d["nodes_settle_s"] == 12.5 and d["nodes_unsettled"] == 3

@@ -36,6 +36,7 @@ def test_compare_binds_every_pod_once_per_scheduler(control_plane_bin: Path) -> 
 
     for key in KEYS:
         assert isinstance(report[key], float) and report[key] > 0, (key, report[key])
+    assert report["nodes_unsettled"] == 0 and report["nodes_settle_s"] >= 0  # settled before any case
     assert len(report["kube_scheduler_runs_pods_per_s"]) == 2  # first and last
     assert report["kube_scheduler_pods_per_s"] == max(report["kube_scheduler_runs_pods_per_s"])
     assert set(report["latency_p99_ms"]) == set(CASES + EXTRA_CASES)
