@@ -446,3 +446,67 @@ def test_a_rebuild_keeps_our_decisions_before_pods_bound_without_an_assignment()
 def books_unchecked(lc: LiveCluster) -> dict[str, tuple[str, tuple[int, ...]]]:
     with lc.snapshot() as st:
         return {k: (st.names[a.node], a.gpus) for k, a in st.allocations.items()}
+
+
+def _assumed(lc: LiveCluster, name: str, gpus: tuple[int, ...], **spec: Any) -> PodSpec:
+    """Our decision: pod ``name`` (one GPU) assumed on n1 with ``gpus``."""
+    decided = pod_from_k8s(pod(name, {"nvidia.com/gpu": "1"}, **spec))
+    with lc.snapshot() as st:
+        lc.assume(decided, st.index["n1"], gpus)
+    return decided
+
+
+def test_our_decision_seen_bound_as_decided_is_not_converted_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpusched.k8s.state as state
+
+    lc = LiveCluster()
+    lc.upsert_node(node("n1"))
+    decided = _assumed(lc, "p", (2,))
+    converted: list[str] = []
+    real = state.pod_from_k8s
+    monkeypatch.setattr(
+        state, "pod_from_k8s", lambda o, **kw: converted.append(o["metadata"]["name"]) or real(o, **kw)
+    )
+    lc.upsert_pod(pod("p", {"nvidia.com/gpu": "1"}, node_name="n1", gpus=(2,)))
+    assert converted == [] and lc.assumed() == [] and lc.bound_node("default/p") == "n1"
+    assert books(lc) == {"default/p": ("n1", (2,))}
+    lc.rebuild()  # the books rebuilt from what was seen bound: the decision's spec and GPUs
+    assert books(lc) == {"default/p": ("n1", (2,))}
+    with lc.snapshot() as st:
+        assert st.allocations["default/p"].pod is decided
+    # bound without an assignment annotation (e.g. by hand): ours stands until a rebuild
+    _assumed(lc, "q", (3,))
+    lc.upsert_pod(pod("q", {"nvidia.com/gpu": "1"}, node_name="n1"))
+    assert converted == [] and books(lc)["default/q"] == ("n1", (3,))
+
+
+@pytest.mark.parametrize(
+    ("seen", "why"),
+    [
+        ({"node_name": "n2", "gpus": (2,)}, "bound elsewhere"),
+        ({"node_name": "n1", "gpus": (5,)}, "other GPUs recorded"),
+        ({"node_name": "n1", "gpus": (2,), "uid": "uid-recreated"}, "another pod of the same name"),
+    ],
+)
+def test_a_bound_pod_that_is_not_our_decision_as_decided_is_converted(
+    seen: dict[str, Any], why: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gpusched.k8s.state as state
+
+    lc = LiveCluster()
+    lc.upsert_node(node("n1"))
+    lc.upsert_node(node("n2"))
+    _assumed(lc, "p", (2,))
+    converted: list[str] = []
+    real = state.pod_from_k8s
+    monkeypatch.setattr(
+        state, "pod_from_k8s", lambda o, **kw: converted.append(o["metadata"]["name"]) or real(o, **kw)
+    )
+    where = {k: v for k, v in seen.items() if k != "uid"}
+    obj = pod("p", {"nvidia.com/gpu": "1"}, uid=seen.get("uid", ""), **where)
+    lc.upsert_pod(obj)
+    assert converted == ["p"], why
+    assert books(lc) == {"default/p": (seen["node_name"], seen["gpus"])}, why
+    lc.rebuild()  # what was seen bound is this pod as the API has it
+    with lc.snapshot() as st:
+        assert st.allocations["default/p"].pod.uid == obj["metadata"]["uid"], why

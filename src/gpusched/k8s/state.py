@@ -145,6 +145,8 @@ class LiveCluster:
                 return  # already booked (a status update): skip the conversion
             if uid and uid in self._gone:
                 return  # an event from before the API said the pod is gone
+            if self._confirm(key, uid, node, obj):
+                return  # our own decision, bound as decided: the books hold it already
         try:
             spec = pod_from_k8s(obj, constraints="lenient")
             assignment = parse_assignment(obj)
@@ -166,6 +168,25 @@ class LiveCluster:
             if assumed is not None:
                 st.forget(key)
             self._book(st, spec, node, gpus)
+
+    def _confirm(self, key: str, uid: str | None, node: str, obj: Mapping[str, Any]) -> bool:
+        """When the bound pod ``obj`` is a decision of ours (same UID) bound where it was decided,
+        with the GPUs decided (or no assignment annotation): record it as bound with the spec the
+        decision was made with, without converting the pod again (the books already hold that
+        spec; a rebuild then books the same). False (nothing changed) otherwise. Holds the lock."""
+        assumed = self._assumed.get(key)
+        if assumed is None or assumed[1] != node or not uid or assumed[0].uid != uid:
+            return False
+        try:
+            recorded = parse_assignment(obj)
+        except InvalidRequest:
+            return False  # the conversion path reports it
+        gpus = recorded[1] if recorded and recorded[0] == node else ()
+        if gpus and gpus != assumed[2]:
+            return False
+        self._bound[key] = (assumed[0], node, gpus)
+        del self._assumed[key]
+        return True
 
     def delete_pod(self, key: str, uid: str = "") -> None:
         """The pod ``key`` is deleted (``uid``: the deleted pod's, when known: its last event)."""
