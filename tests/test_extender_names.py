@@ -104,3 +104,13 @@ def test_the_latest_lists_are_kept_and_a_hit_moves_to_the_front() -> None:
         assert ev._by_name(snap, list(oldest_kept)) is hits[-KEPT_LISTS]
         assert ev._lists[0][0] == oldest_kept
         assert ev._by_name(snap, list(lists[0])) is not hits[0]  # dropped: looked up again
+
+
+def test_a_list_changed_by_its_sender_after_the_lookup_is_not_found_as_it_was() -> None:
+    ev = evaluator()
+    with ev.cluster.snapshot() as snap:
+        sent = ["n1", "n2"]
+        first = ev._by_name(snap, sent)
+        sent[1] = "n3"  # the same list object, changed
+        again = ev._by_name(snap, sent)
+        assert again is not first and again.idx.tolist() == [snap.index["n1"], snap.index["n3"]]

@@ -131,7 +131,7 @@ class Evaluator:
                 return hit
         hit = index_names(snap, names)
         if len(names) <= CACHED_NAMES:
-            self._lists.insert(0, (names, hit))
+            self._lists.insert(0, (list(names), hit))  # a copy: the caller's list may change
             self._cached += len(names)
             while len(self._lists) > KEPT_LISTS or self._cached > CACHED_NAMES:
                 self._cached -= len(self._lists.pop()[0])
