@@ -359,7 +359,8 @@ class _Bench:
         except TimeoutError:
             self.note(f"{self.unsettled} of {cfg.nodes} nodes still not settled; measuring anyway")
         self.settle_s = round(time.monotonic() - t0, 1)
-        self.note(f"nodes settled in {self.settle_s:g} s")
+        if not self.unsettled:
+            self.note(f"nodes settled in {self.settle_s:g} s")
 
     # ------------------------------------------------------------ schedulers
     @contextlib.contextmanager

@@ -84,18 +84,20 @@ def ready_nodes(v1: Any, tag: str) -> set[str]:
     return {i["metadata"]["name"] for i in _bench_nodes(v1, tag) if _is_ready(i)}
 
 
-def settled(item: dict[str, Any]) -> bool:
-    """Whether a node is done joining: Ready, without a NoSchedule or NoExecute taint (the node
-    lifecycle controller lifts ``node.kubernetes.io/not-ready`` some time after the node turns
-    Ready) and with its legacy ``beta.kubernetes.io/os``/``arch`` labels, which the same
-    controller adds. Until then each of those changes is an update to every node watcher."""
-    labels = (item.get("metadata") or {}).get("labels") or {}
+def _schedulable(item: dict[str, Any]) -> bool:
+    """Ready, and without a NoSchedule or NoExecute taint."""
     taints = (item.get("spec") or {}).get("taints") or []
-    return (
-        _is_ready(item)
-        and not any(t.get("effect") in ("NoSchedule", "NoExecute") for t in taints)
-        and all(f"beta.{k}" in labels for k in ("kubernetes.io/os", "kubernetes.io/arch") if k in labels)
-    )
+    return _is_ready(item) and not any(t.get("effect") in ("NoSchedule", "NoExecute") for t in taints)
+
+
+def settled(item: dict[str, Any]) -> bool:
+    """Whether a node is done joining: ``_schedulable`` (the node lifecycle controller lifts
+    ``node.kubernetes.io/not-ready`` some time after the node turns Ready) and with its legacy
+    ``beta.kubernetes.io/os``/``arch`` labels, which the same controller adds. Until then each of
+    those changes is an update to every node watcher."""
+    labels = (item.get("metadata") or {}).get("labels") or {}
+    legacy = all(f"beta.{k}" in labels for k in ("kubernetes.io/os", "kubernetes.io/arch") if k in labels)
+    return _schedulable(item) and legacy
 
 
 def settled_nodes(v1: Any, tag: str) -> int:
@@ -104,11 +106,7 @@ def settled_nodes(v1: Any, tag: str) -> int:
 
 
 def ready_untainted(v1: Any, tag: str) -> int:
-    n = 0
-    for item in _bench_nodes(v1, tag):
-        taints = (item.get("spec") or {}).get("taints") or []
-        n += _is_ready(item) and not any(t.get("effect") in ("NoSchedule", "NoExecute") for t in taints)
-    return n
+    return sum(_schedulable(item) for item in _bench_nodes(v1, tag))
 
 
 def bench_standalone(
