@@ -178,3 +178,61 @@ def test_the_settle_wait_is_reported() -> None:
     r = CompareReport(CompareConfig(only=(KUBE,)), nodes_settle_s=12.5, nodes_unsettled=3)
     d = r.to_dict()
     assert d["nodes_settle_s"] == 12.5 and d["nodes_unsettled"] == 3
+
+
+class _FakeCoreV1:
+    """Pods gone at once; the namespace answers ``reads_left`` reads before it 404s, after a 503."""
+
+    def __init__(self, reads_left: int) -> None:
+        self.reads_left = reads_left
+        self.calls: list[str] = []
+
+    def delete_collection_namespaced_pod(self, ns: str, **kw: object) -> None:
+        self.calls.append("delete pods")
+
+    def list_namespaced_pod(self, ns: str, **kw: object) -> object:
+        return type("R", (), {"data": b'{"items": []}'})()
+
+    def delete_namespace(self, ns: str, **kw: object) -> None:
+        self.calls.append("delete namespace")
+
+    def read_namespace(self, ns: str, **kw: object) -> object:
+        from kubernetes.client.exceptions import ApiException
+
+        self.calls.append("read namespace")
+        if self.reads_left == 2:
+            self.reads_left -= 1
+            raise ApiException(status=503, reason="Service Unavailable")  # retried, as every call is
+        if self.reads_left <= 0:
+            raise ApiException(status=404, reason="Not Found")
+        self.reads_left -= 1
+        return object()
+
+
+def test_a_case_ends_when_its_namespace_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The namespace controller deletes a case's Events (one per binding) for seconds after the
+    pods are gone: the next case must not start, and be measured, while it does."""
+    from gpusched.bench import k8s_compare
+
+    monkeypatch.setattr(k8s_compare.time, "sleep", lambda s: None)  # the retry's back-off
+    b = object.__new__(k8s_compare._Bench)
+    notes: list[str] = []
+    b.v1, b.cfg, b.note = _FakeCoreV1(reads_left=3), CompareConfig(timeout_s=30.0), notes.append
+    b._clear("bench-x-extender-1")
+    assert b.v1.calls == ["delete pods", "delete namespace", *["read namespace"] * 4]
+    assert len(notes) == 1 and notes[0].startswith("namespace bench-x-extender-1 deleted in")
+
+
+def test_a_namespace_read_that_fails_otherwise_is_raised() -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    from gpusched.bench import k8s_compare
+
+    class Forbidden(_FakeCoreV1):
+        def read_namespace(self, ns: str, **kw: object) -> object:
+            raise ApiException(status=403, reason="Forbidden")
+
+    b = object.__new__(k8s_compare._Bench)
+    b.v1 = Forbidden(0)
+    with pytest.raises(ApiException):
+        b._gone("bench-x")
