@@ -8,6 +8,7 @@ from gpusched.bench.k8s_compare import (
     CASES,
     EXTENDER,
     KUBE,
+    KUBE_DEFAULT,
     STANDALONE,
     CaseResult,
     CompareConfig,
@@ -38,6 +39,44 @@ def test_kube_scheduler_runs_first_and_last() -> None:
     assert plan(CASES) == [(KUBE, 1), *((c, 1) for c in CASES[1:]), (KUBE, 2)]
     assert plan((EXTENDER,)) == [(EXTENDER, 1)]
     assert plan((EXTENDER, KUBE)) == [(KUBE, 1), (EXTENDER, 1), (KUBE, 2)]
+
+
+def test_rounds_repeat_every_case_with_kube_scheduler_between_them() -> None:
+    assert plan((KUBE, EXTENDER), rounds=2) == [(KUBE, 1), (EXTENDER, 1), (KUBE, 2), (EXTENDER, 2), (KUBE, 3)]
+    assert plan((EXTENDER,), ["a"], rounds=2) == [
+        (EXTENDER, 1),
+        ("extender@a", 1),
+        (EXTENDER, 2),
+        ("extender@a", 2),
+    ]
+    runs = plan(CASES, rounds=3)
+    assert [r for c, r in runs if c == KUBE] == [1, 2, 3, 4]
+    assert [r for c, r in runs if c == EXTENDER] == [1, 2, 3]
+    assert [r for c, r in runs if c == KUBE_DEFAULT] == [1]  # a reference that takes a minute: once
+    assert plan(CASES, rounds=1) == plan(CASES)
+
+
+def test_with_rounds_each_case_is_reported_by_its_best_run() -> None:
+    r = CompareReport(CompareConfig(only=(KUBE, EXTENDER), rounds=2))
+    r.cases = [
+        CaseResult(KUBE, 1, 100, 100, 100.0, 1.0, latency_p99_ms=200.0),
+        CaseResult(EXTENDER, 1, 100, 100, 60.0, 1.0, latency_p99_ms=150.0),
+        CaseResult(KUBE, 2, 100, 100, 90.0, 1.0, latency_p99_ms=100.0),
+        CaseResult(EXTENDER, 2, 100, 100, 85.0, 1.0, latency_p99_ms=250.0),
+        CaseResult(KUBE, 3, 100, 100, 80.0, 1.0, latency_p99_ms=300.0),
+    ]
+    d = r.to_dict()
+    assert d["rounds"] == 2
+    assert d["runs_pods_per_s"][EXTENDER] == [60.0, 85.0] and d["runs_pods_per_s"][KUBE] == [
+        100.0,
+        90.0,
+        80.0,
+    ]
+    assert d["extender_pods_per_s"] == 85.0 and d["extender_ratio"] == 0.85  # best against best
+    assert (
+        d["kube_scheduler_p99_ms"] == 100.0 and d["latency_p99_ms"][EXTENDER] == 150.0
+    )  # the lowest of each
+    assert d["extender_p99_latency_ratio"] == 1.5
 
 
 def test_ratios_are_against_kube_schedulers_best_run() -> None:
@@ -72,6 +111,7 @@ def test_no_ratio_without_kube_scheduler() -> None:
         CompareConfig(only=()),
         CompareConfig(pods=1),
         CompareConfig(arrival_rate=0),
+        CompareConfig(rounds=0),
     ],
 )
 def test_bad_configs_are_refused_by_name(cfg: CompareConfig) -> None:

@@ -14,6 +14,11 @@ start it (``bench.k8s_procs``):
   (``gpusched.io/gpu-milli``);
 - ``extender``: kube-scheduler (limit lifted) calling ``gpusched extender``, the same shares.
 
+With ``rounds`` > 1 the cases between run that many times, kube-scheduler between each round,
+and every case counts by its best run (its lowest p99 for latency): on a shared VM whose speed
+drifts over minutes, one run of a case against the best of two kube-scheduler runs is biased
+against the case; best against best gives each the same number of tries.
+
 A warm-up (``warmup`` pods through kube-scheduler, not reported) comes first. Each case then
 creates a backlog of ``pods`` pending pods for its own ``schedulerName`` in its own namespace,
 starts its scheduler and counts the binding rate from the first binding to the last, as a
@@ -104,6 +109,11 @@ class CompareConfig:
     """(label, source folder): gpusched from another source tree (e.g. a git worktree of an earlier
     commit), as case ``standalone@<label>`` right after ``standalone`` and ``extender@<label>``
     right after ``extender`` (each where that case runs): the same front end, the same pods."""
+    rounds: int = 1
+    """Every case this many times, kube-scheduler before the first round, between rounds and
+    after the last (``plan``); each case is reported by its best run. More than 1 when the
+    machine's speed drifts over minutes (a shared VM): best against best, each case as many
+    tries as the others."""
 
     def check(self) -> None:
         unknown = sorted(set(self.only) - set(CASES + EXTRA_CASES))
@@ -128,6 +138,8 @@ class CompareConfig:
                 )
         if self.arrival_pods and self.arrival_rate <= 0:
             raise InvalidInput("arrival rate must be positive")
+        if self.rounds < 1:
+            raise InvalidInput(f"rounds must be at least 1, got {self.rounds}")
 
 
 @dataclass
@@ -175,6 +187,13 @@ class CompareReport:
         runs = [c for c in self.cases if c.case == case]
         return max(runs, key=lambda c: c.pods_per_s) if runs else None
 
+    def _best_p99(self, case: str) -> float | None:
+        """The lowest steady-arrival p99 of ``case``'s runs (kube-scheduler's and every other
+        case's alike: each case's best)."""
+        return min(
+            (c.latency_p99_ms for c in self.cases if c.case == case and c.latency_p99_ms), default=None
+        )
+
     def _own_cpu_ratio(self, case: str, *procs: str) -> float | None:
         """CPU per pod of ``procs`` in ``case``'s best run against kube-scheduler's own in its best."""
         mine, ref = self._best(case), self._best(KUBE)
@@ -191,10 +210,8 @@ class CompareReport:
         def ratio(v: float | None, base: float | None) -> float | None:
             return round(v / base, 3) if v is not None and base else None
 
-        p99 = {c: (r.latency_p99_ms if (r := self._best(c)) else None) for c in CASES + EXTRA_CASES}
-        kube_p99 = min(
-            (c.latency_p99_ms for c in self.cases if c.case == KUBE and c.latency_p99_ms), default=None
-        )
+        p99 = {c: self._best_p99(c) for c in CASES + EXTRA_CASES}
+        kube_p99 = p99[KUBE]
         cfg = self.config
         return {
             "nodes": cfg.nodes,
@@ -206,6 +223,10 @@ class CompareReport:
             "arrival_pods": cfg.arrival_pods,
             "kube_scheduler_pods_per_s": ref,
             "kube_scheduler_runs_pods_per_s": [c.pods_per_s for c in self.cases if c.case == KUBE],
+            "rounds": cfg.rounds,
+            "runs_pods_per_s": {
+                c: [r.pods_per_s for r in self.cases if r.case == c] for c in CASES + EXTRA_CASES
+            },
             "kube_scheduler_default_pods_per_s": rate[KUBE_DEFAULT],
             "standalone_pods_per_s": rate[STANDALONE],
             "standalone_shares_pods_per_s": rate[STANDALONE_SHARES],
@@ -550,18 +571,21 @@ def slug(case: str) -> str:
     return case.replace("@", "-at-").lower()
 
 
-def plan(only: Sequence[str], variants: Sequence[str] = ()) -> list[tuple[str, int]]:
+def plan(only: Sequence[str], variants: Sequence[str] = (), rounds: int = 1) -> list[tuple[str, int]]:
     """The runs in order: kube-scheduler (limit lifted) first and last, the others between
-    (each variant's ``standalone`` and ``extender`` right after the current one's)."""
-    middle = []
-    for c in CASES + EXTRA_CASES:
-        if c in only and c != KUBE:
-            middle.append((c, 1))
-            if c in _VARIED:
-                middle += [(f"{c}{VARIANT}{v}", 1) for v in variants]
-    if KUBE not in only:
-        return middle
-    return [(KUBE, 1), *middle, (KUBE, 2)]
+    (each variant's ``standalone`` and ``extender`` right after the current one's); with
+    ``rounds`` > 1 the others that many times (kube-scheduler at its shipped defaults, a reference
+    that takes a minute, once), kube-scheduler between each round too."""
+    out: list[tuple[str, int]] = [(KUBE, 1)] if KUBE in only else []
+    for r in range(1, rounds + 1):
+        for c in CASES + EXTRA_CASES:
+            if c in only and c != KUBE and (r == 1 or c != KUBE_DEFAULT):  # a reference: a minute a run
+                out.append((c, r))
+                if c in _VARIED:
+                    out += [(f"{c}{VARIANT}{v}", r) for v in variants]
+        if KUBE in only:
+            out.append((KUBE, r + 1))
+    return out
 
 
 def bench_compare(
@@ -591,6 +615,6 @@ def bench_compare(
         freeze_heap("bench set-up")  # no full-collection stalls in the watch that times the bindings
         if cfg.warmup:
             b.run_case("warmup", 1, max(2, cfg.warmup))
-        for case, run in plan(cfg.only, [label for label, _ in cfg.variants]):
+        for case, run in plan(cfg.only, [label for label, _ in cfg.variants], cfg.rounds):
             report.cases.append(b.run_case(case, run, cfg.pods))
     return report.to_dict()

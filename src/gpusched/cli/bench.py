@@ -95,6 +95,13 @@ def bench_k8s_cmd(
         Path | None,
         typer.Option(help="With --compare: py-spy samples each gpusched process into this folder."),
     ] = None,
+    rounds: Annotated[
+        int,
+        typer.Option(
+            help="With --compare: every case this many times, kube-scheduler between rounds; each "
+            "case reported by its best run (best against best on a machine whose speed drifts)."
+        ),
+    ] = 1,
     variant: Annotated[
         list[str] | None,
         typer.Option(
@@ -114,7 +121,7 @@ def bench_k8s_cmd(
         cases = tuple(c.strip() for c in only.split(",") if c.strip()) if only else CASES
         cfg = CompareConfig(nodes=nodes, pods=pods, warmup=warmup, arrival_rate=arrival_rate,
                             arrival_pods=arrival_pods, only=cases, profile_dir=profile,
-                            variants=tuple(_variant(v) for v in variant or ()))  # fmt: skip
+                            variants=tuple(_variant(v) for v in variant or ()), rounds=rounds)  # fmt: skip
         render.k8s_compare(bench_compare(cfg, on_progress=render.note), json_out)
         return
     from gpusched.bench.k8s import bench_k8s
