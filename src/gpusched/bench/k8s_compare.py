@@ -27,8 +27,11 @@ watch in this process sees them (``bench.k8s_watch``); then, with the scheduler 
 binding latency (from sending the create to seeing the binding) gives p50/p99. Afterwards every
 pod must be bound, none to two nodes, and no GPU booked beyond its capacity by the assignment
 annotations; then the case's pods and namespace are deleted, and the next case starts once
-the namespace is gone (the namespace controller deletes the case's Events for 6-9 s after a
-3000-pod case; before, that work fell into the next case's backlog).
+the namespace is gone (the namespace controller works on it for 5.5 s after a 40-pod case and
+6-9 s after a 3000-pod one, deleting its Events among others; before, that fell into the next
+case's backlog) and etcd is compacted
+(``testenv.etcd``; the apiserver's own compaction every 5 minutes is off: it fell into whichever
+case ran at that moment).
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ from gpusched.k8s.convert import ANN_ASSIGNMENT, RES_GPU, RES_MILLI
 from gpusched.k8s.heap import freeze_heap
 from gpusched.k8s.rest import FastCoreV1
 from gpusched.testenv import ControlPlane, wait_until
+from gpusched.testenv.etcd import compact
 
 KUBE = "kube-scheduler"
 KUBE_DEFAULT = "kube-scheduler-default"
@@ -541,6 +545,14 @@ class _Bench:
         wait_until(lambda: self._gone(ns), timeout=self.cfg.timeout_s, what=f"namespace {ns} to be deleted",
                    interval=0.5)  # fmt: skip
         self.note(f"namespace {ns} deleted in {time.monotonic() - t0:.1f} s")
+        self.compact()
+
+    def compact(self) -> None:
+        """Compact etcd between cases (the apiserver's periodic compaction is off, see
+        ``testenv.etcd``): every case starts on a compacted store and none pays for a compaction."""
+        t0 = time.monotonic()
+        revision = compact(self.cp.etcd_url, timeout=self.cfg.timeout_s)
+        self.note(f"etcd compacted at revision {revision} in {time.monotonic() - t0:.1f} s")
 
     def _gone(self, ns: str) -> bool:
         try:
@@ -596,6 +608,8 @@ def bench_compare(
     report = CompareReport(cfg)
     on_progress("starting the control plane (etcd, kube-apiserver, kube-controller-manager, kwok)")
     extra = {
+        # etcd is compacted between cases instead of every 5 minutes, in whichever case runs then
+        "kube-apiserver": ["--etcd-compaction-interval=0"],
         "kwok": ["--v=WARN"],  # not a log line per node lease renewal: that CPU belongs to the apiserver
         # a lease renewal late on a busy machine must not taint the node (an update to every scheduler)
         "kube-controller-manager": [
@@ -612,6 +626,7 @@ def bench_compare(
         b = _Bench(cp, cfg, on_progress)
         b.add_nodes()
         report.nodes_settle_s, report.nodes_unsettled = b.settle_s, b.unsettled
+        b.compact()  # the nodes' joining
         freeze_heap("bench set-up")  # no full-collection stalls in the watch that times the bindings
         if cfg.warmup:
             b.run_case("warmup", 1, max(2, cfg.warmup))
