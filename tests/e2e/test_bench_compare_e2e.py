@@ -70,3 +70,8 @@ def test_compare_binds_every_pod_once_per_scheduler(control_plane_bin: Path) -> 
         else:
             assert c["extender_requests"] is None, where
     assert any("extender" in n for n in notes)
+    # each case (the warm-up too) ends once its namespace is gone and etcd is compacted; etcd is
+    # compacted once more before the first, after the nodes joined
+    cases = len(report["cases"]) + 1
+    assert sum(n.startswith("namespace ") and " deleted in " in n for n in notes) == cases
+    assert sum(n.startswith("etcd compacted at revision ") for n in notes) == cases + 1

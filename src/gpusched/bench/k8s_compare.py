@@ -481,6 +481,7 @@ class _Bench:
             watch.stop()
             try:
                 self._clear(ns)
+                self.compact()
             except Exception as e:  # an overloaded apiserver: say so, keep the error that matters
                 self.note(f"cleaning up {ns} failed: {e}")
 
@@ -545,7 +546,6 @@ class _Bench:
         wait_until(lambda: self._gone(ns), timeout=self.cfg.timeout_s, what=f"namespace {ns} to be deleted",
                    interval=0.5)  # fmt: skip
         self.note(f"namespace {ns} deleted in {time.monotonic() - t0:.1f} s")
-        self.compact()
 
     def compact(self) -> None:
         """Compact etcd between cases (the apiserver's periodic compaction is off, see
