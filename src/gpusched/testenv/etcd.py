@@ -14,10 +14,12 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from gpusched.testenv.binaries import ControlPlaneError
+
 __all__ = ["EtcdError", "compact"]
 
 
-class EtcdError(RuntimeError):
+class EtcdError(ControlPlaneError):
     """etcd answered a compaction with something other than success."""
 
 
