@@ -26,12 +26,11 @@ watch in this process sees them (``bench.k8s_watch``); then, with the scheduler 
 ``arrival_pods`` more pods are created at ``arrival_rate`` per second, and their creation →
 binding latency (from sending the create to seeing the binding) gives p50/p99. Afterwards every
 pod must be bound, none to two nodes, and no GPU booked beyond its capacity by the assignment
-annotations; then the case's pods and namespace are deleted, and the next case starts once
-the namespace is gone (the namespace controller works on it for 5.5 s after a 40-pod case and
-6-9 s after a 3000-pod one, deleting its Events among others; before, that fell into the next
-case's backlog) and etcd is compacted
-(``testenv.etcd``; the apiserver's own compaction every 5 minutes is off: it fell into whichever
-case ran at that moment).
+annotations; then the case's pods and namespace are deleted. The next case starts once the
+namespace is gone (the namespace controller works on it for 5.5 s after a 40-pod case and 6-10 s
+after a 3000-pod one, deleting its Events among others; before, that fell into the next case's
+backlog) and etcd is compacted (``testenv.etcd``; the apiserver's own compaction every 5 minutes
+is off: it fell into whichever case ran at that moment).
 """
 
 from __future__ import annotations
