@@ -15,9 +15,10 @@ start it (``bench.k8s_procs``):
 - ``extender``: kube-scheduler (limit lifted) calling ``gpusched extender``, the same shares.
 
 With ``rounds`` > 1 the cases between run that many times, kube-scheduler between each round,
-and every case counts by its best run (its lowest p99 for latency): on a shared VM whose speed
-drifts over minutes, one run of a case against the best of two kube-scheduler runs is biased
-against the case; best against best gives each the same number of tries.
+and every case counts by its best run (its lowest p99 for latency): where one run varies a lot
+(a 2-core VM: the extender pair's rate spread over 146-276 pods/s between invocations), one run
+of a case against the best of two kube-scheduler runs is biased against the case; best against
+best gives each the same number of tries.
 
 A warm-up (``warmup`` pods through kube-scheduler, not reported) comes first. Each case then
 creates a backlog of ``pods`` pending pods for its own ``schedulerName`` in its own namespace,
@@ -114,9 +115,8 @@ class CompareConfig:
     right after ``extender`` (each where that case runs): the same front end, the same pods."""
     rounds: int = 1
     """Every case this many times, kube-scheduler before the first round, between rounds and
-    after the last (``plan``); each case is reported by its best run. More than 1 when the
-    machine's speed drifts over minutes (a shared VM): best against best, each case as many
-    tries as the others."""
+    after the last (``plan``); each case is reported by its best run. More than 1 where one run
+    varies a lot: best against best, each case as many tries as the others."""
 
     def check(self) -> None:
         unknown = sorted(set(self.only) - set(CASES + EXTRA_CASES))

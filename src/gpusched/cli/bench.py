@@ -99,7 +99,7 @@ def bench_k8s_cmd(
         int,
         typer.Option(
             help="With --compare: every case this many times, kube-scheduler between rounds; each "
-            "case reported by its best run (best against best on a machine whose speed drifts)."
+            "case reported by its best run (best against best, where one run varies a lot)."
         ),
     ] = 1,
     variant: Annotated[
