@@ -75,3 +75,13 @@ def test_any_other_refusal_is_raised_with_etcds_words(gateway: tuple[_Gateway, s
     gw.fail = "etcdserver: permission denied"
     with pytest.raises(EtcdError, match=r"HTTP 400.*permission denied"):
         compact(url)
+
+
+def test_an_etcd_that_does_not_answer_is_named() -> None:
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(EtcdError, match=rf"etcd http://127.0.0.1:{port}/v3/kv/range: no answer"):
+        compact(f"http://127.0.0.1:{port}", timeout=5.0)

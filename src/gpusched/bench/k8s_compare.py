@@ -215,6 +215,7 @@ class CompareReport:
 
         p99 = {c: self._best_p99(c) for c in CASES + EXTRA_CASES}
         kube_p99 = p99[KUBE]
+        runs = {c: [r.pods_per_s for r in self.cases if r.case == c] for c in CASES + EXTRA_CASES}
         cfg = self.config
         return {
             "nodes": cfg.nodes,
@@ -225,11 +226,9 @@ class CompareReport:
             "arrival_rate_per_s": cfg.arrival_rate,
             "arrival_pods": cfg.arrival_pods,
             "kube_scheduler_pods_per_s": ref,
-            "kube_scheduler_runs_pods_per_s": [c.pods_per_s for c in self.cases if c.case == KUBE],
+            "kube_scheduler_runs_pods_per_s": runs[KUBE],
             "rounds": cfg.rounds,
-            "runs_pods_per_s": {
-                c: [r.pods_per_s for r in self.cases if r.case == c] for c in CASES + EXTRA_CASES
-            },
+            "runs_pods_per_s": runs,
             "kube_scheduler_default_pods_per_s": rate[KUBE_DEFAULT],
             "standalone_pods_per_s": rate[STANDALONE],
             "standalone_shares_pods_per_s": rate[STANDALONE_SHARES],

@@ -35,6 +35,8 @@ def _post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
     except urllib.error.HTTPError as e:
         detail = e.read().decode(errors="replace")
         raise EtcdError(f"etcd {url}: HTTP {e.code}: {detail}") from None
+    except OSError as e:  # refused, unreachable, timed out (urllib.error.URLError is one)
+        raise EtcdError(f"etcd {url}: no answer: {getattr(e, 'reason', e)}") from None
 
 
 def compact(etcd_url: str, timeout: float = 120.0) -> int:
