@@ -19,7 +19,7 @@ from gpusched.k8s.convert import pod_from_k8s
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.gangs import GangHost, Gangs
 from gpusched.k8s.groupref import ANN_VOLCANO, API, LABEL_COSCHEDULING, GroupRef, group_ref_of
-from gpusched.k8s.groupstatus import status_body
+from gpusched.k8s.groupstatus import GroupStatusWriter, status_body
 from gpusched.k8s.podgroups import DEFAULT_TIMEOUT_S, PodGroups, group_from_k8s
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
 from gpusched.k8s.state import LiveCluster, pod_key
@@ -296,3 +296,61 @@ def test_group_status_per_api() -> None:
     )
     vc = status_body(API.VOLCANO, False, 0, "why")["status"]
     assert vc["phase"] == "Pending" and vc["conditions"][0]["type"] == "Unschedulable"
+
+
+class _QueuedWrites:
+    """An ``EventRecorder`` stand-in that keeps the queued writes, to run them in any order."""
+
+    def __init__(self) -> None:
+        self.queued: list[Callable[[], None]] = []
+
+    def write(self, fn: Callable[[], None]) -> None:
+        self.queued.append(fn)
+
+
+def _last_status(custom: mock.MagicMock, api: API) -> dict[str, Any]:
+    volcano = api is API.VOLCANO  # its CRD has no status subresource
+    patch = custom.patch_namespaced_custom_object if volcano else custom.patch_namespaced_custom_object_status
+    return cast(dict[str, Any], patch.call_args.args[5]["status"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    api=st.sampled_from(list(API)),
+    calls=st.lists(st.tuples(st.booleans(), st.integers(1, 4)), min_size=1, max_size=6),
+    order=st.randoms(use_true_random=False),
+)
+def test_group_status_ends_at_the_latest_state_whatever_order_the_writers_run(
+    api: API, calls: list[tuple[bool, int]], order: Any
+) -> None:
+    """The recorder's workers may run queued status writes out of order (CI saw a PodGroup stay
+    ``PodGroupInitiallyScheduled=False`` after it was placed): the group must end at the latest state."""
+    custom, writes = mock.MagicMock(), _QueuedWrites()
+    writer = GroupStatusWriter(custom, cast(EventRecorder, writes))
+    group = group_from_k8s(
+        api, {"metadata": {"name": "g", "namespace": "ns", "uid": "u"}, "spec": {"minMember": 2}}
+    )
+    expected: tuple[bool, int] | None = None
+    for placed, count in calls:
+        if placed:
+            writer.placed(group, count)
+            expected = (True, count)
+        else:
+            writer.unschedulable(group, f"waits ({count})")
+            if not (api is API.WORKLOAD and expected is not None):  # never back to False once True
+                expected = (False, 0)
+    order.shuffle(writes.queued)
+    for fn in writes.queued:
+        fn()
+    status = _last_status(custom, api)
+    assert expected is not None
+    placed, count = expected
+    if api is API.WORKLOAD:
+        cond = status["conditions"][0]
+        assert cond["status"] == ("True" if placed else "False")
+        if placed:
+            assert cond["message"].startswith(f"{count} pod(s) placed")
+    elif api is API.COSCHEDULING:
+        assert status["phase"] == ("Scheduled" if placed else "Pending")
+    else:
+        assert status["phase"] == ("Running" if placed else "Pending")

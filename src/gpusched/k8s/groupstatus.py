@@ -8,7 +8,10 @@
 - Volcano ``scheduling.volcano.sh/v1beta1`` (its CRD has no status subresource): ``phase``
   (``Pending`` / ``Running``) and the ``Unschedulable`` / ``Scheduled`` condition, on the object.
 
-Writes are best effort and asynchronous (behind the events); each distinct state once.
+Writes are best effort and asynchronous (behind the events); each distinct state once. The event
+recorder runs writes on several threads, so a queued write does not carry its body: it sends the
+group's latest wanted state when it runs, one send at a time. Two writes queued in a row (waiting,
+then placed) therefore cannot land in the wrong order and leave a placed group marked waiting.
 """
 
 from __future__ import annotations
@@ -57,8 +60,10 @@ class GroupStatusWriter:
     def __init__(self, custom: Any, events: EventRecorder) -> None:
         self.custom = custom
         self.events = events
-        self._lock = threading.Lock()
-        self._last: dict[GroupRef, tuple[bool, int, str]] = {}
+        self._lock = threading.Lock()  # guards the three maps
+        self._send_lock = threading.Lock()  # one patch at a time: the latest wanted state wins
+        self._want: dict[GroupRef, tuple[bool, int, str]] = {}
+        self._sent: dict[GroupRef, tuple[bool, int, str]] = {}
         self._placed_once: set[GroupRef] = set()
 
     @staticmethod
@@ -77,24 +82,33 @@ class GroupStatusWriter:
         msg = f"{count} pod(s) placed (minimum {group.min_member})"
         with self._lock:
             self._placed_once.add(group.ref)
-        self._write(group, True, count, msg)
+        self._write(group.ref, (True, count, msg))
 
     def unschedulable(self, group: GroupSpec, message: str) -> None:
         with self._lock:
             if group.ref.api is API.WORKLOAD and group.ref in self._placed_once:
                 return  # PodGroupInitiallyScheduled never goes back to False
-        self._write(group, False, 0, message)
+        self._write(group.ref, (False, 0, message))
 
-    def _write(self, group: GroupSpec, placed: bool, count: int, message: str) -> None:
-        state = (placed, count, message)
+    def _write(self, ref: GroupRef, state: tuple[bool, int, str]) -> None:
         with self._lock:
-            if self._last.get(group.ref) == state:
+            if self._want.get(ref) == state:
                 return
-            self._last[group.ref] = state
-        body = status_body(group.ref.api, placed, count, message)
-        self.events.write(lambda: self._patch(group.ref, body))
+            self._want[ref] = state
+        self.events.write(lambda: self._send(ref))
 
-    def _patch(self, ref: GroupRef, body: dict[str, Any]) -> None:
+    def _send(self, ref: GroupRef) -> None:
+        """Patch the group with its latest wanted state, unless that was sent already."""
+        with self._send_lock:
+            with self._lock:
+                want = self._want.get(ref)
+                if want is None or self._sent.get(ref) == want:
+                    return
+            if self._patch(ref, status_body(ref.api, *want)):
+                with self._lock:
+                    self._sent[ref] = want
+
+    def _patch(self, ref: GroupRef, body: dict[str, Any]) -> bool:
         a = ref.api.value
         args = (a.group, a.version, ref.namespace, a.plural, ref.name, body)
         try:
@@ -104,3 +118,5 @@ class GroupStatusWriter:
                 self.custom.patch_namespaced_custom_object_status(*args, _preload_content=False)
         except Exception as e:  # best effort: the events say it too
             log.debug("status of %s: %s", ref.describe(), e)
+            return False
+        return True
