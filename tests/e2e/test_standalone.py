@@ -431,6 +431,40 @@ def test_invalid_and_unschedulable_pods_get_events(env: Env) -> None:
     assert not pods["invalid"]["spec"].get("nodeName")
 
 
+def test_an_unschedulable_condition_queued_behind_the_binding_never_marks_a_bound_pod(env: Env) -> None:
+    """The recorder queues the PodScheduled=False write; the pod may be bound or deleted before it
+    is sent. Against the real apiserver: a pod changed meanwhile but still pending gets the
+    condition; a bound pod keeps PodScheduled=True; a deleted one gets nothing."""
+    from gpusched.k8s.events import EventRecorder
+    from gpusched.k8s.rest import FastCoreV1
+
+    env.nodes([(f"{env.tag}-n0", 16000, 65536, 4, "T4")])
+    names = ("relabelled", "bound", "gone")
+    env.create_pods([env.pod(n, {"cpu": "1", "nvidia.com/gpu": "1"}) for n in names])
+    seen = {p["metadata"]["name"]: p for p in env.list_pods()}  # what the scheduler's watch had
+    env.v1.patch_namespaced_pod("relabelled", env.ns, {"metadata": {"labels": {"x": "y"}}})
+    binding = {"metadata": {"name": "bound"}, "target": {"kind": "Node", "name": f"{env.tag}-n0"}}
+    env.v1.create_namespaced_binding(env.ns, binding, _preload_content=False)
+    env.v1.delete_namespaced_pod("gone", env.ns, grace_period_seconds=0)
+    wait_until(lambda: len(env.list_pods()) == 2, timeout=30, what="'gone' deleted")
+    rec = EventRecorder(FastCoreV1(env.api), env.scheduler, workers=1)
+    try:
+        for name in names:
+            rec.failed(seen[name], f"0/1 nodes are available: {name} waits.")
+        rec.flush()
+    finally:
+        rec.stop()
+    pods = {p["metadata"]["name"]: p for p in env.list_pods()}
+    cond = {n: [c for c in p["status"]["conditions"] if c["type"] == "PodScheduled"] for n, p in pods.items()}
+    assert [(c["status"], c["reason"], c["message"]) for c in cond["relabelled"]] == [
+        ("False", "Unschedulable", "0/1 nodes are available: relabelled waits.")
+    ]
+    assert pods["bound"]["spec"]["nodeName"] == f"{env.tag}-n0"
+    assert [c["status"] for c in cond["bound"]] == ["True"]
+    assert (rec.stale, rec.errors) == (2, 0)
+    assert {e["involvedObject"]["name"] for e in env.events("FailedScheduling")} == set(names)
+
+
 def test_required_node_affinity_on_the_driver_version(env: Env) -> None:
 
     driver = "nvidia.com/cuda.driver-version.major"

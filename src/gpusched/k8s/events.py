@@ -8,6 +8,10 @@ as client-go's broadcaster drops them) and a few worker threads send them:
 - ``failed`` — Warning ``FailedScheduling`` (or any reason, e.g. ``InvalidGPURequest``) with
   the message; the same (pod, reason, message) is emitted once, so retries do not spam; with
   ``condition=True`` the pod's ``PodScheduled`` condition is set False / Unschedulable too.
+  That write carries the pod's ``resourceVersion`` as a precondition: the queue may hold it until
+  after the pod was bound, and a bound pod must not be marked Unschedulable. On a conflict the pod
+  is read again; bound, deleted or replaced, the write is dropped (``stale``), still pending, it is
+  sent once more at the pod's new version.
 
 Core v1 Events (``involvedObject``, ``source.component``, ``reportingComponent``).
 """
@@ -21,6 +25,10 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from gpusched.k8s.binder import read_pod
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +58,7 @@ class EventRecorder:
         self.dropped = 0
         self.sent = 0
         self.errors = 0
+        self.stale = 0
         self._threads = [
             threading.Thread(target=self._work, name=f"events-{i}", daemon=True) for i in range(workers)
         ]
@@ -166,7 +175,9 @@ class EventRecorder:
         self.core.create_namespaced_event(ns, body, _preload_content=False)
 
     def _condition(self, pod: Mapping[str, Any], message: str) -> None:
+        """Set ``PodScheduled`` False / Unschedulable, unless the pod was bound meanwhile (module doc)."""
         meta = pod.get("metadata") or {}
+        name, ns, uid = meta.get("name"), meta.get("namespace", "default"), meta.get("uid")
         cond = {
             "type": "PodScheduled",
             "status": "False",
@@ -175,9 +186,25 @@ class EventRecorder:
             "lastTransitionTime": _now(),
             "lastProbeTime": None,
         }
-        self.core.patch_namespaced_pod_status(
-            meta.get("name"),
-            meta.get("namespace", "default"),
-            {"status": {"conditions": [cond]}},
-            _preload_content=False,
-        )
+        version = meta.get("resourceVersion")
+        for attempt in range(2):
+            body: dict[str, Any] = {"status": {"conditions": [cond]}}
+            if version:
+                body["metadata"] = {"resourceVersion": str(version)}
+            try:
+                self.core.patch_namespaced_pod_status(name, ns, body, _preload_content=False)
+                return
+            except ApiException as e:
+                if e.status == 404:  # deleted: nothing to mark
+                    with self._lock:
+                        self.stale += 1
+                    return
+                if e.status != 409 or attempt:
+                    raise
+            fresh = read_pod(self.core, str(ns), str(name))
+            fresh_meta = (fresh or {}).get("metadata") or {}
+            if fresh is None or fresh_meta.get("uid") != uid or (fresh.get("spec") or {}).get("nodeName"):
+                with self._lock:
+                    self.stale += 1
+                return
+            version = fresh_meta.get("resourceVersion")

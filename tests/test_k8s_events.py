@@ -1,0 +1,82 @@
+"""The event recorder's PodScheduled=False write against a fake API: it carries the pod's
+resourceVersion, and a conflict is settled by reading the pod again (``k8s/events.py``). The same
+against the real apiserver is ``tests/e2e/test_standalone.py``."""
+
+from __future__ import annotations
+
+from typing import Any
+from unittest import mock
+
+import orjson
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from gpusched.k8s.events import EventRecorder
+
+POD = {"metadata": {"name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "7"}, "spec": {}}
+
+
+def _read(obj: dict[str, Any] | None) -> Any:
+    if obj is None:
+        return mock.Mock(side_effect=ApiException(status=404))
+    return mock.Mock(return_value=mock.Mock(data=orjson.dumps(obj)))
+
+
+def _send(core: mock.Mock) -> EventRecorder:
+    rec = EventRecorder(core, workers=1)
+    rec.failed(POD, "0/3 nodes are available.")
+    rec.flush()
+    rec.stop()
+    return rec
+
+
+def _versions(core: mock.Mock) -> list[str]:
+    return [c.args[2]["metadata"]["resourceVersion"] for c in core.patch_namespaced_pod_status.call_args_list]
+
+
+def test_the_condition_carries_the_version_the_scheduler_saw() -> None:
+    core = mock.Mock()
+    rec = _send(core)
+    assert _versions(core) == ["7"]
+    (cond,) = core.patch_namespaced_pod_status.call_args.args[2]["status"]["conditions"]
+    assert (cond["type"], cond["status"], cond["reason"]) == ("PodScheduled", "False", "Unschedulable")
+    assert (rec.stale, rec.errors) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    "now",
+    [
+        {"metadata": {"uid": "u1", "resourceVersion": "9"}, "spec": {"nodeName": "n1"}},  # bound meanwhile
+        {"metadata": {"uid": "u2", "resourceVersion": "9"}, "spec": {}},  # a new pod under the name
+        None,  # deleted
+    ],
+    ids=["bound", "replaced", "deleted"],
+)
+def test_a_conflict_with_a_pod_that_no_longer_waits_drops_the_write(now: dict[str, Any] | None) -> None:
+    core = mock.Mock()
+    core.patch_namespaced_pod_status.side_effect = ApiException(status=409)
+    core.read_namespaced_pod = _read(now)
+    rec = _send(core)
+    assert _versions(core) == ["7"]
+    assert (rec.stale, rec.errors) == (1, 0)
+
+
+def test_a_conflict_with_a_pod_still_waiting_is_sent_once_more_at_its_new_version() -> None:
+    core = mock.Mock()
+    core.patch_namespaced_pod_status.side_effect = [ApiException(status=409), mock.Mock()]
+    core.read_namespaced_pod = _read({"metadata": {"uid": "u1", "resourceVersion": "9"}, "spec": {}})
+    rec = _send(core)
+    assert _versions(core) == ["7", "9"]
+    assert (rec.stale, rec.errors) == (0, 0)
+
+
+def test_a_deleted_pod_or_a_second_conflict_is_not_retried() -> None:
+    core = mock.Mock()
+    core.patch_namespaced_pod_status.side_effect = ApiException(status=404)
+    assert (_send(core).stale, len(_versions(core))) == (1, 1)
+    core = mock.Mock()
+    core.patch_namespaced_pod_status.side_effect = ApiException(status=409)
+    core.read_namespaced_pod = _read({"metadata": {"uid": "u1", "resourceVersion": "9"}, "spec": {}})
+    rec = _send(core)
+    assert _versions(core) == ["7", "9"]
+    assert (rec.stale, rec.errors) == (0, 1)
