@@ -80,3 +80,24 @@ def test_a_deleted_pod_or_a_second_conflict_is_not_retried() -> None:
     rec = _send(core)
     assert _versions(core) == ["7", "9"]
     assert (rec.stale, rec.errors) == (0, 1)
+
+
+def test_events_are_sent_once_per_message_and_the_memory_of_them_is_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import gpusched.k8s.events as events
+
+    monkeypatch.setattr(events, "_DEDUP_MAX", 3)
+    rec = EventRecorder(mock.Mock(), workers=1)
+    try:
+        groups = [{"kind": "PodGroup", "name": f"g{i}", "namespace": "ns", "uid": f"g{i}"} for i in range(5)]
+        assert [rec.about(g, "Warning", "GangWaiting", "waits") for g in groups] == [True] * 5
+        assert len(rec._seen) == 3  # the newest kept
+        assert not rec.about(groups[4], "Warning", "GangWaiting", "waits")  # the same news: once
+        assert rec.about(groups[4], "Warning", "GangWaiting", "waits longer")
+        assert rec.about(groups[0], "Warning", "GangWaiting", "waits")  # forgotten: news again
+        assert rec.failed(POD, "0/3 nodes are available.", condition=False)
+        assert not rec.failed(POD, "0/3 nodes are available.", condition=False)
+        assert len(rec._seen) == 3  # pods and groups together
+    finally:
+        rec.stop()

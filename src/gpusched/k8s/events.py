@@ -82,14 +82,8 @@ class EventRecorder:
     ) -> bool:
         """Warn once per distinct message; returns whether anything was queued."""
         meta = pod.get("metadata") or {}
-        k = (str(meta.get("uid", "")), reason)
-        with self._lock:
-            if self._seen.get(k) == message:
-                return False
-            self._seen[k] = message
-            self._seen.move_to_end(k)
-            while len(self._seen) > _DEDUP_MAX:
-                self._seen.popitem(last=False)
+        if not self._first((str(meta.get("uid", "")), reason), message):
+            return False
         self._submit(lambda: self._event(pod, "Warning", reason, message))
         if condition:
             self._submit(lambda: self._condition(pod, message))
@@ -99,11 +93,20 @@ class EventRecorder:
         """An event on any object (``involved``: its ``apiVersion``, ``kind``, ``namespace``, ``name``,
         ``uid``; e.g. a PodGroup), once per distinct message; returns whether anything was queued."""
         k = (str(involved.get("uid") or f"{involved.get('kind')}/{involved.get('name')}"), reason)
+        if not self._first(k, message):
+            return False
+        self._submit(lambda: self._write(dict(involved), type_, reason, message))
+        return True
+
+    def _first(self, k: tuple[str, str], message: str) -> bool:
+        """Whether ``message`` is news for (object, reason); remembers it (the newest ``_DEDUP_MAX``)."""
         with self._lock:
             if self._seen.get(k) == message:
                 return False
             self._seen[k] = message
-        self._submit(lambda: self._write(dict(involved), type_, reason, message))
+            self._seen.move_to_end(k)
+            while len(self._seen) > _DEDUP_MAX:
+                self._seen.popitem(last=False)
         return True
 
     def write(self, fn: Callable[[], None]) -> None:
