@@ -47,6 +47,10 @@ class FakeGroups:
         self.known[g.ref] = g
         self.on_change(g.ref)
 
+    def remove(self, api: API, name: str, ns: str = "ns") -> None:
+        self.known.pop(GroupRef(api, ns, name))
+        self.on_change(GroupRef(api, ns, name))
+
 
 class Harness:
     def __init__(self, nodes: int = 2, gpus: int = 4) -> None:
@@ -354,3 +358,30 @@ def test_group_status_ends_at_the_latest_state_whatever_order_the_writers_run(
         assert status["phase"] == ("Scheduled" if placed else "Pending")
     else:
         assert status["phase"] == ("Running" if placed else "Pending")
+
+
+@pytest.mark.parametrize("api", list(API))
+def test_a_group_deleted_and_created_again_under_its_name_gets_its_own_status(h: Harness, api: API) -> None:
+    """A Job run again: its PodGroup is deleted and created under the same name, and lands the same
+    way. The new object's status must be written, though the state is the same as the old one's."""
+    spec = {"schedulingPolicy": {"gang": {"minCount": 2}}} if api is API.WORKLOAD else {"minMember": 2}
+    custom = cast(mock.MagicMock, h.groups.custom)
+    volcano = api is API.VOLCANO
+    patch = custom.patch_namespaced_custom_object if volcano else custom.patch_namespaced_custom_object_status
+
+    def run(job: str) -> int:
+        h.groups.add(api, "train", spec)
+        for i in range(2):
+            h.pod(f"train-{job}-{i}", 1, "train", api)
+        h.drain()
+        h.events.flush()
+        return len([c for c in patch.call_args_list if c.args[4] == "train"])
+
+    first = run("a")
+    assert first >= 1 and sorted(h.bound) == ["ns/train-a-0", "ns/train-a-1"]
+    for key in list(h.bound):  # the Job is deleted: its pods, then its group
+        h.gangs.on_pod(k8s_pod(key.split("/")[1], ns="ns"), True)
+        h.cluster.delete_pod(key)
+    h.groups.remove(api, "train")
+    assert run("b") == 2 * first
+    assert sorted(h.bound) == ["ns/train-a-0", "ns/train-a-1", "ns/train-b-0", "ns/train-b-1"]

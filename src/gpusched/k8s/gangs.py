@@ -157,6 +157,8 @@ class Gangs:
         self.host.queue.activate(others)  # one more member: the group may be complete now
 
     def _group_changed(self, ref: GroupRef) -> None:
+        if self.groups.get(ref) is None:  # deleted
+            self.status.forget(ref)
         with self._lock:
             keys = list(self._members.get(ref, ()))
         self.host.queue.activate(keys)

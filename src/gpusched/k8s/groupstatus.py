@@ -8,7 +8,8 @@
 - Volcano ``scheduling.volcano.sh/v1beta1`` (its CRD has no status subresource): ``phase``
   (``Pending`` / ``Running``) and the ``Unschedulable`` / ``Scheduled`` condition, on the object.
 
-Writes are best effort and asynchronous (behind the events); each distinct state once. The event
+Writes are best effort and asynchronous (behind the events); each distinct state once per group
+object (a group deleted is forgotten, so one created again under its name starts afresh). The event
 recorder runs writes on several threads, so a queued write does not carry its body: it sends the
 group's latest wanted state when it runs, one send at a time. Two writes queued in a row (waiting,
 then placed) therefore cannot land in the wrong order and leave a placed group marked waiting.
@@ -89,6 +90,14 @@ class GroupStatusWriter:
             if group.ref.api is API.WORKLOAD and group.ref in self._placed_once:
                 return  # PodGroupInitiallyScheduled never goes back to False
         self._write(group.ref, (False, 0, message))
+
+    def forget(self, ref: GroupRef) -> None:
+        """The group was deleted: drop what was wanted and sent for it, so that a group created
+        again under its name (a Job run again) gets its own status, and nothing is kept for it."""
+        with self._lock:
+            self._want.pop(ref, None)
+            self._sent.pop(ref, None)
+            self._placed_once.discard(ref)
 
     def _write(self, ref: GroupRef, state: tuple[bool, int, str]) -> None:
         with self._lock:
