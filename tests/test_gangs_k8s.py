@@ -385,3 +385,29 @@ def test_a_group_deleted_and_created_again_under_its_name_gets_its_own_status(h:
     h.groups.remove(api, "train")
     assert run("b") == 2 * first
     assert sorted(h.bound) == ["ns/train-a-0", "ns/train-a-1", "ns/train-b-0", "ns/train-b-1"]
+
+
+@pytest.mark.parametrize("api", [API.WORKLOAD, API.VOLCANO])
+def test_the_transition_time_moves_only_when_the_group_goes_from_waiting_to_placed_or_back(
+    api: API, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gpusched.k8s.groupstatus as groupstatus
+
+    clock = iter(f"2026-12-06T00:00:{s:02d}Z" for s in range(60))
+    monkeypatch.setattr(groupstatus, "_now", lambda: next(clock))
+    custom, writes = mock.MagicMock(), _QueuedWrites()
+    writer = GroupStatusWriter(custom, cast(EventRecorder, writes))
+    group = group_from_k8s(
+        api, {"metadata": {"name": "g", "namespace": "ns", "uid": "u"}, "spec": {"minMember": 2}}
+    )
+    times = []
+    for step in (
+        lambda: writer.unschedulable(group, "waits: 1 of 2"),
+        lambda: writer.unschedulable(group, "waits: still 1 of 2"),  # the same state, a new message
+        lambda: writer.placed(group, 2),  # a transition
+        lambda: writer.placed(group, 3),  # one more member follows
+    ):
+        step()
+        writes.queued.pop()()
+        times.append(_last_status(custom, api)["conditions"][0]["lastTransitionTime"])
+    assert times[0] == times[1] != times[2] == times[3]

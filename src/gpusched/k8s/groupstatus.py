@@ -33,9 +33,11 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def status_body(api: API, placed: bool, count: int, message: str) -> dict[str, Any]:
-    """The merge patch that records the group as placed (``count`` members) or waiting."""
-    now = _now()
+def status_body(api: API, placed: bool, count: int, message: str, since: str = "") -> dict[str, Any]:
+    """The merge patch that records the group as placed (``count`` members) or waiting;
+    ``since``: when it last went from one to the other (the conditions' ``lastTransitionTime``;
+    now when empty)."""
+    now = since or _now()
     if api is API.WORKLOAD:
         cond = {
             "type": "PodGroupInitiallyScheduled",
@@ -64,6 +66,7 @@ class GroupStatusWriter:
         self._lock = threading.Lock()  # guards the three maps
         self._send_lock = threading.Lock()  # one patch at a time: the latest wanted state wins
         self._want: dict[GroupRef, tuple[bool, int, str]] = {}
+        self._since: dict[GroupRef, tuple[bool, str]] = {}  # placed or not, since when
         self._sent: dict[GroupRef, tuple[bool, int, str]] = {}
         self._placed_once: set[GroupRef] = set()
 
@@ -96,6 +99,7 @@ class GroupStatusWriter:
         again under its name (a Job run again) gets its own status, and nothing is kept for it."""
         with self._lock:
             self._want.pop(ref, None)
+            self._since.pop(ref, None)
             self._sent.pop(ref, None)
             self._placed_once.discard(ref)
 
@@ -104,6 +108,8 @@ class GroupStatusWriter:
             if self._want.get(ref) == state:
                 return
             self._want[ref] = state
+            if self._since.get(ref, (None,))[0] != state[0]:  # a transition, not a new count or message
+                self._since[ref] = (state[0], _now())
         self.events.write(lambda: self._send(ref))
 
     def _send(self, ref: GroupRef) -> None:
@@ -113,7 +119,8 @@ class GroupStatusWriter:
                 want = self._want.get(ref)
                 if want is None or self._sent.get(ref) == want:
                     return
-            if self._patch(ref, status_body(ref.api, *want)):
+                since = self._since[ref][1]
+            if self._patch(ref, status_body(ref.api, *want, since=since)):
                 with self._lock:
                     self._sent[ref] = want
 
