@@ -101,3 +101,29 @@ def test_events_are_sent_once_per_message_and_the_memory_of_them_is_bounded(
         assert len(rec._seen) == 3  # pods and groups together
     finally:
         rec.stop()
+
+
+def test_a_new_message_keeps_the_time_the_pod_became_unschedulable() -> None:
+    waiting = {
+        **POD,
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": "False", "lastTransitionTime": "2026-12-06T00:00:00Z"},
+                {"type": "PodScheduled", "status": "False", "lastTransitionTime": "2026-12-06T00:00:05Z"},
+            ]
+        },
+    }
+    fresh = {**POD, "status": {"conditions": [{"type": "PodScheduled", "status": "True"}]}}
+    core = mock.Mock()
+    rec = EventRecorder(core, workers=1)
+    try:
+        rec.failed(waiting, "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
+        rec.failed(fresh, "0/4 nodes are available: 4 Insufficient nvidia.com/gpu.")
+        rec.flush()
+    finally:
+        rec.stop()
+    times = [
+        c.args[2]["status"]["conditions"][0]["lastTransitionTime"]
+        for c in core.patch_namespaced_pod_status.call_args_list
+    ]
+    assert times[0] == "2026-12-06T00:00:05Z" and times[1] > "2026-12-06T00:00:05Z"

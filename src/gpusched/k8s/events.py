@@ -181,12 +181,21 @@ class EventRecorder:
         """Set ``PodScheduled`` False / Unschedulable, unless the pod was bound meanwhile (module doc)."""
         meta = pod.get("metadata") or {}
         name, ns, uid = meta.get("name"), meta.get("namespace", "default"), meta.get("uid")
+        # as kube-scheduler's UpdatePodCondition: the transition time moves only when the status does
+        since = next(
+            (
+                c.get("lastTransitionTime")
+                for c in (pod.get("status") or {}).get("conditions") or ()
+                if c.get("type") == "PodScheduled" and c.get("status") == "False"
+            ),
+            None,
+        )
         cond = {
             "type": "PodScheduled",
             "status": "False",
             "reason": "Unschedulable",
             "message": message,
-            "lastTransitionTime": _now(),
+            "lastTransitionTime": since or _now(),
             "lastProbeTime": None,
         }
         version = meta.get("resourceVersion")
