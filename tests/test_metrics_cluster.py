@@ -163,3 +163,25 @@ def test_diagnosis_labels_pick_the_reason_most_nodes_gave() -> None:
     pre = Status.unschedulable("no node has model H100", "GPUModel")
     assert diagnosis_labels(Diagnosis(3, (), pre), Status()) == ("GPUModel", "no node has model H100")
     assert diagnosis_labels(None, pre) == ("GPUModel", "no node has model H100")
+
+
+def test_event_writes_are_exposed_by_result_as_the_recorder_counts_them() -> None:
+    from unittest import mock
+
+    from gpusched.k8s.events import RESULTS, EventRecorder
+
+    m = SchedulerMetrics()
+    assert not [k for k in _samples(m) if k[0].startswith("gpusched_event_writes")]  # no recorder yet
+    core = mock.Mock()
+    core.create_namespaced_event.side_effect = [None, RuntimeError("apiserver down")]
+    rec = EventRecorder(core, workers=1)
+    try:
+        m.watch_event_writes(rec.counts)
+        rec.scheduled({"metadata": {"name": "a", "namespace": "ns", "uid": "a"}}, "n1")
+        rec.scheduled({"metadata": {"name": "b", "namespace": "ns", "uid": "b"}}, "n1")
+        rec.flush()
+    finally:
+        rec.stop()
+    got = {dict(k[1])["result"]: v for k, v in _samples(m).items() if k[0] == "gpusched_event_writes_total"}
+    assert got == {"sent": 1.0, "failed": 1.0, "dropped": 0.0, "stale": 0.0}
+    assert set(got) == set(RESULTS)

@@ -14,6 +14,8 @@ as client-go's broadcaster drops them) and a few worker threads send them:
   sent once more at the pod's new version.
 
 Core v1 Events (``involvedObject``, ``source.component``, ``reportingComponent``).
+``counts()`` says what became of the writes (sent, dropped, failed, stale); the standalone
+scheduler exposes it as ``gpusched_event_writes_total{result}``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,21 @@ from gpusched.k8s.binder import read_pod
 log = logging.getLogger(__name__)
 
 _DEDUP_MAX = 50_000
+STALE = "stale"
+RESULTS = ("sent", "dropped", "failed", STALE)
+"""What became of each write (``EventRecorder.counts``; ``gpusched_event_writes_total{result}``)."""
+
+
+class _Flushed:
+    """``flush``'s marker in the queue: not a write."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+    def __call__(self) -> None:
+        self.done.set()
 
 
 def _now() -> str:
@@ -52,13 +69,10 @@ class EventRecorder:
         self.core = core
         self.component = component
         self.instance = instance or component
-        self._q: queue.Queue[Callable[[], None] | None] = queue.Queue(max_queue)
+        self._q: queue.Queue[Callable[[], object] | None] = queue.Queue(max_queue)
         self._seen: OrderedDict[tuple[str, str], str] = OrderedDict()  # (uid, reason) -> last message
         self._lock = threading.Lock()
-        self.dropped = 0
-        self.sent = 0
-        self.errors = 0
-        self.stale = 0
+        self._counts = dict.fromkeys(RESULTS, 0)
         self._threads = [
             threading.Thread(target=self._work, name=f"events-{i}", daemon=True) for i in range(workers)
         ]
@@ -109,7 +123,7 @@ class EventRecorder:
                 self._seen.popitem(last=False)
         return True
 
-    def write(self, fn: Callable[[], None]) -> None:
+    def write(self, fn: Callable[[], object]) -> None:
         """Queue another best-effort write (e.g. a group's status) behind the events."""
         self._submit(fn)
 
@@ -121,9 +135,9 @@ class EventRecorder:
 
     def flush(self, timeout: float = 10.0) -> None:
         """Wait until queued writes are sent (tests, shutdown)."""
-        done = threading.Event()
-        self._submit(done.set)
-        done.wait(timeout)
+        marker = _Flushed()
+        self._submit(marker)
+        marker.done.wait(timeout)
 
     def stop(self) -> None:
         for _ in self._threads:
@@ -133,22 +147,50 @@ class EventRecorder:
                 break
 
     # ---------------------------------------------------------- workers
-    def _submit(self, fn: Callable[[], None]) -> None:
+    def counts(self) -> dict[str, int]:
+        """Writes so far by result (``RESULTS``): sent, dropped (the queue was full), failed (the
+        API refused or did not answer), stale (the pod was bound, replaced or deleted first)."""
+        with self._lock:
+            return dict(self._counts)
+
+    @property
+    def sent(self) -> int:
+        return self._counts["sent"]
+
+    @property
+    def dropped(self) -> int:
+        return self._counts["dropped"]
+
+    @property
+    def errors(self) -> int:
+        return self._counts["failed"]
+
+    @property
+    def stale(self) -> int:
+        return self._counts["stale"]
+
+    def _count(self, result: str) -> None:
+        with self._lock:
+            self._counts[result] += 1
+
+    def _submit(self, fn: Callable[[], object]) -> None:
         try:
             self._q.put_nowait(fn)
         except queue.Full:
-            self.dropped += 1
+            self._count("dropped")
 
     def _work(self) -> None:
         while True:
             fn = self._q.get()
             if fn is None:
                 return
-            try:
+            if isinstance(fn, _Flushed):
                 fn()
-                self.sent += 1
+                continue
+            try:
+                self._count(STALE if fn() == STALE else "sent")
             except Exception as e:  # an event is best effort: log and go on
-                self.errors += 1
+                self._count("failed")
                 log.debug("event write failed: %s", e)
 
     def _event(self, pod: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
@@ -177,7 +219,7 @@ class EventRecorder:
         }
         self.core.create_namespaced_event(ns, body, _preload_content=False)
 
-    def _condition(self, pod: Mapping[str, Any], message: str) -> None:
+    def _condition(self, pod: Mapping[str, Any], message: str) -> str | None:
         """Set ``PodScheduled`` False / Unschedulable, unless the pod was bound meanwhile (module doc)."""
         meta = pod.get("metadata") or {}
         name, ns, uid = meta.get("name"), meta.get("namespace", "default"), meta.get("uid")
@@ -205,18 +247,15 @@ class EventRecorder:
                 body["metadata"] = {"resourceVersion": str(version)}
             try:
                 self.core.patch_namespaced_pod_status(name, ns, body, _preload_content=False)
-                return
+                return None
             except ApiException as e:
                 if e.status == 404:  # deleted: nothing to mark
-                    with self._lock:
-                        self.stale += 1
-                    return
+                    return STALE
                 if e.status != 409 or attempt:
                     raise
             fresh = read_pod(self.core, str(ns), str(name))
             fresh_meta = (fresh or {}).get("metadata") or {}
             if fresh is None or fresh_meta.get("uid") != uid or (fresh.get("spec") or {}).get("nodeName"):
-                with self._lock:
-                    self.stale += 1
-                return
+                return STALE
             version = fresh_meta.get("resourceVersion")
+        return None

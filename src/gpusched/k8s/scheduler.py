@@ -112,6 +112,7 @@ class StandaloneScheduler:
         self.events = EventRecorder(self.fast, cfg.scheduler_name, cfg.identity)
         self.metrics = metrics or SchedulerMetrics(profile=cfg.scheduler_name)
         self.metrics.set_leader(cfg.lease_name, False)
+        self.metrics.watch_event_writes(self.events.counts)
         self.budgets = BudgetReader(client.PolicyV1Api(api))  # PodDisruptionBudgets, for preemption
         self._preemptor = Preemptor(self.core, self.events)  # victims leave by the Eviction API
         self.leading = threading.Event()

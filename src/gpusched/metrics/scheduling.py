@@ -17,6 +17,9 @@ gpusched's own:
 - ``gpusched_is_leader`` — as ``leader_election_master_status`` (kept: tests and scripts read it)
 - ``gpusched_gpu_allocation_ratio`` — allocated / total GPU milli, whole cluster
 - ``gpusched_pending_pods_by_reason{reason}`` — pending pods by the reason most nodes gave
+- ``gpusched_event_writes_total{result}`` — the asynchronous writes of events, ``PodScheduled``
+  conditions and group status: sent | dropped (the queue was full: the API cannot keep up) |
+  failed (refused, or no answer) | stale (the pod was bound, replaced or deleted first)
 - per ``{model,pool}`` (``metrics.cluster``): ``gpusched_nodes``, ``gpusched_gpus{state}``,
   ``gpusched_gpus_allocated``, ``gpusched_gpu_memory_bytes``,
   ``gpusched_gpu_memory_allocated_bytes``, ``gpusched_gpus_free``, ``gpusched_gpus_stranded``,
@@ -44,7 +47,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -265,6 +268,25 @@ class ClusterCollector(Collector):
         return (used, quota, borrowed, pend, admitted, r_used, r_quota, r_borrowed)
 
 
+class EventWritesCollector(Collector):
+    """``gpusched_event_writes_total{result}`` from the event recorder's counts, read at scrape."""
+
+    def __init__(self) -> None:
+        self.counts: Callable[[], Mapping[str, int]] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        if self.counts is None:
+            return
+        fam = CounterMetricFamily(
+            "gpusched_event_writes",
+            "Asynchronous writes of events, PodScheduled conditions and group status, by result.",
+            labels=["result"],
+        )
+        for result, n in sorted(self.counts().items()):
+            fam.add_metric([result], n)
+        yield fam
+
+
 class SchedulerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None, *, profile: str = "gpusched") -> None:
         self.registry = registry or CollectorRegistry()
@@ -331,6 +353,8 @@ class SchedulerMetrics:
         of recording a decision (``gpusched bench metrics-overhead``)."""
         self.cluster.profile = profile
         r.register(self.cluster)
+        self.event_writes = EventWritesCollector()
+        r.register(self.event_writes)
 
     # ------------------------------------------------------------ feeding
     def observe_attempt(self, result: str, seconds: float) -> None:
@@ -342,6 +366,10 @@ class SchedulerMetrics:
             )
         children[0].inc()
         children[1].observe(seconds)
+
+    def watch_event_writes(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        """Expose ``counts()`` (the event recorder's, by result) as ``gpusched_event_writes_total``."""
+        self.event_writes.counts = counts
 
     def set_leader(self, lease: str, leading: bool) -> None:
         self.is_leader.set(1 if leading else 0)
