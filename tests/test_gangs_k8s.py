@@ -411,3 +411,23 @@ def test_the_transition_time_moves_only_when_the_group_goes_from_waiting_to_plac
         writes.queued.pop()()
         times.append(_last_status(custom, api)["conditions"][0]["lastTransitionTime"])
     assert times[0] == times[1] != times[2] == times[3]
+
+
+def test_a_refused_status_write_counts_as_failed_and_the_next_state_is_sent() -> None:
+    core = mock.MagicMock()
+    custom = mock.MagicMock()
+    custom.patch_namespaced_custom_object_status.side_effect = [RuntimeError("503"), None]
+    rec = EventRecorder(core, workers=1)
+    writer = GroupStatusWriter(custom, rec)
+    group = group_from_k8s(
+        API.COSCHEDULING, {"metadata": {"name": "g", "namespace": "ns", "uid": "u"}, "spec": {"minMember": 2}}
+    )
+    try:
+        writer.unschedulable(group, "waits")
+        rec.flush()
+        writer.placed(group, 2)
+        rec.flush()
+    finally:
+        rec.stop()
+    assert rec.counts()["failed"] == 1 and rec.counts()["sent"] == 1
+    assert _last_status(custom, API.COSCHEDULING) == {"phase": "Scheduled"}

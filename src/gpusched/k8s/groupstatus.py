@@ -18,15 +18,12 @@ then placed) therefore cannot land in the wrong order and leave a placed group m
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import threading
 from typing import Any
 
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.groupref import API, GroupRef
 from gpusched.k8s.podgroups import GroupSpec
-
-log = logging.getLogger(__name__)
 
 
 def _now() -> str:
@@ -113,26 +110,22 @@ class GroupStatusWriter:
         self.events.write(lambda: self._send(ref))
 
     def _send(self, ref: GroupRef) -> None:
-        """Patch the group with its latest wanted state, unless that was sent already."""
+        """Patch the group with its latest wanted state, unless that was sent already. A failed
+        patch raises: the recorder logs it and counts it failed, and the next state is sent anew."""
         with self._send_lock:
             with self._lock:
                 want = self._want.get(ref)
                 if want is None or self._sent.get(ref) == want:
                     return
                 since = self._since[ref][1]
-            if self._patch(ref, status_body(ref.api, *want, since=since)):
-                with self._lock:
-                    self._sent[ref] = want
+            self._patch(ref, status_body(ref.api, *want, since=since))
+            with self._lock:
+                self._sent[ref] = want
 
-    def _patch(self, ref: GroupRef, body: dict[str, Any]) -> bool:
+    def _patch(self, ref: GroupRef, body: dict[str, Any]) -> None:
         a = ref.api.value
         args = (a.group, a.version, ref.namespace, a.plural, ref.name, body)
-        try:
-            if ref.api is API.VOLCANO:
-                self.custom.patch_namespaced_custom_object(*args, _preload_content=False)
-            else:
-                self.custom.patch_namespaced_custom_object_status(*args, _preload_content=False)
-        except Exception as e:  # best effort: the events say it too
-            log.debug("status of %s: %s", ref.describe(), e)
-            return False
-        return True
+        if ref.api is API.VOLCANO:  # its CRD has no status subresource
+            self.custom.patch_namespaced_custom_object(*args, _preload_content=False)
+        else:
+            self.custom.patch_namespaced_custom_object_status(*args, _preload_content=False)
