@@ -149,7 +149,8 @@ class EventRecorder:
     # ---------------------------------------------------------- workers
     def counts(self) -> dict[str, int]:
         """Writes so far by result (``RESULTS``): sent, dropped (the queue was full), failed (the
-        API refused or did not answer), stale (the pod was bound, replaced or deleted first)."""
+        API refused or did not answer), stale (not sent: the pod was bound, replaced or deleted first,
+        or a newer write of the same status went first)."""
         with self._lock:
             return dict(self._counts)
 

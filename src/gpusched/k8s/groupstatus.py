@@ -21,7 +21,7 @@ import datetime as dt
 import threading
 from typing import Any
 
-from gpusched.k8s.events import EventRecorder
+from gpusched.k8s.events import STALE, EventRecorder
 from gpusched.k8s.groupref import API, GroupRef
 from gpusched.k8s.podgroups import GroupSpec
 
@@ -109,18 +109,19 @@ class GroupStatusWriter:
                 self._since[ref] = (state[0], _now())
         self.events.write(lambda: self._send(ref))
 
-    def _send(self, ref: GroupRef) -> None:
+    def _send(self, ref: GroupRef) -> str | None:
         """Patch the group with its latest wanted state, unless that was sent already. A failed
         patch raises: the recorder logs it and counts it failed, and the next state is sent anew."""
         with self._send_lock:
             with self._lock:
                 want = self._want.get(ref)
                 if want is None or self._sent.get(ref) == want:
-                    return
+                    return STALE  # the group is gone, or an earlier write sent this state
                 since = self._since[ref][1]
             self._patch(ref, status_body(ref.api, *want, since=since))
             with self._lock:
                 self._sent[ref] = want
+            return None
 
     def _patch(self, ref: GroupRef, body: dict[str, Any]) -> None:
         a = ref.api.value

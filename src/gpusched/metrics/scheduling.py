@@ -19,7 +19,8 @@ gpusched's own:
 - ``gpusched_pending_pods_by_reason{reason}`` — pending pods by the reason most nodes gave
 - ``gpusched_event_writes_total{result}`` — the asynchronous writes of events, ``PodScheduled``
   conditions and group status: sent | dropped (the queue was full: the API cannot keep up) |
-  failed (refused, or no answer) | stale (the pod was bound, replaced or deleted first)
+  failed (refused, or no answer) | stale (not sent: the pod was bound, replaced or
+  deleted first, or a newer write of the same status went first)
 - per ``{model,pool}`` (``metrics.cluster``): ``gpusched_nodes``, ``gpusched_gpus{state}``,
   ``gpusched_gpus_allocated``, ``gpusched_gpu_memory_bytes``,
   ``gpusched_gpu_memory_allocated_bytes``, ``gpusched_gpus_free``, ``gpusched_gpus_stranded``,
