@@ -60,7 +60,7 @@ class GroupStatusWriter:
     def __init__(self, custom: Any, events: EventRecorder) -> None:
         self.custom = custom
         self.events = events
-        self._lock = threading.Lock()  # guards the three maps
+        self._lock = threading.Lock()  # guards the maps and the set below
         self._send_lock = threading.Lock()  # one patch at a time: the latest wanted state wins
         self._want: dict[GroupRef, tuple[bool, int, str]] = {}
         self._since: dict[GroupRef, tuple[bool, str]] = {}  # placed or not, since when
