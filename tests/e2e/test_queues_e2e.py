@@ -130,9 +130,12 @@ def test_resource_quota_on_gpu_resources_refuses_pods_and_gpusched_stays_consist
     }
     env.v1.create_namespaced_resource_quota(env.ns, quota, _preload_content=False)
 
-    def quota_ready() -> bool:
+    def quota_status() -> dict[str, Any]:
         rq = json.loads(env.v1.read_namespaced_resource_quota("gpus", env.ns, _preload_content=False).data)
-        return bool((rq.get("status") or {}).get("hard"))
+        return dict(rq.get("status") or {})
+
+    def quota_ready() -> bool:
+        return bool(quota_status().get("hard"))
 
     wait_until(quota_ready, timeout=30, what="the ResourceQuota's status")
     whole = {"cpu": "1", "nvidia.com/gpu": "1"}
@@ -157,6 +160,9 @@ def test_resource_quota_on_gpu_resources_refuses_pods_and_gpusched_stays_consist
         # a pod deleted frees quota: the API admits the next one and gpusched places it
         env.v1.delete_namespaced_pod("w0", env.ns, grace_period_seconds=0, _preload_content=False)
         wait_until(lambda: len(env.list_pods()) == 2, timeout=30, what="w0 gone")
+        # the quota controller releases w0's GPU a moment after the pod is gone (403 before that)
+        used = lambda: (quota_status().get("used") or {}).get("requests.nvidia.com/gpu")  # noqa: E731
+        wait_until(lambda: used() == "1", timeout=30, what="the quota to release w0's GPU")
         env.create_pods([env.pod("w3", whole)])
         wait_until(lambda: bound() == 3, timeout=60, what="w3 bound")
         assert check_no_overcommit(env.list_nodes(), env.list_pods()) == 2000 + 600
