@@ -306,16 +306,21 @@ class _QueuedWrites:
     """An ``EventRecorder`` stand-in that keeps the queued writes, to run them in any order."""
 
     def __init__(self) -> None:
-        self.queued: list[Callable[[], None]] = []
+        self.queued: list[Callable[[], object]] = []
 
-    def write(self, fn: Callable[[], None]) -> None:
+    def write(self, fn: Callable[[], object]) -> None:
         self.queued.append(fn)
 
 
+def _status_patch(custom: mock.MagicMock, api: API) -> mock.MagicMock:
+    """The call that writes a group's status in ``api`` (Volcano's CRD has no status subresource)."""
+    if api is API.VOLCANO:
+        return cast(mock.MagicMock, custom.patch_namespaced_custom_object)
+    return cast(mock.MagicMock, custom.patch_namespaced_custom_object_status)
+
+
 def _last_status(custom: mock.MagicMock, api: API) -> dict[str, Any]:
-    volcano = api is API.VOLCANO  # its CRD has no status subresource
-    patch = custom.patch_namespaced_custom_object if volcano else custom.patch_namespaced_custom_object_status
-    return cast(dict[str, Any], patch.call_args.args[5]["status"])
+    return cast(dict[str, Any], _status_patch(custom, api).call_args.args[5]["status"])
 
 
 @settings(max_examples=60, deadline=None)
@@ -365,9 +370,7 @@ def test_a_group_deleted_and_created_again_under_its_name_gets_its_own_status(h:
     """A Job run again: its PodGroup is deleted and created under the same name, and lands the same
     way. The new object's status must be written, though the state is the same as the old one's."""
     spec = {"schedulingPolicy": {"gang": {"minCount": 2}}} if api is API.WORKLOAD else {"minMember": 2}
-    custom = cast(mock.MagicMock, h.groups.custom)
-    volcano = api is API.VOLCANO
-    patch = custom.patch_namespaced_custom_object if volcano else custom.patch_namespaced_custom_object_status
+    patch = _status_patch(cast(mock.MagicMock, h.groups.custom), api)
 
     def run(job: str) -> int:
         h.groups.add(api, "train", spec)
