@@ -40,7 +40,7 @@ def test_the_condition_carries_the_version_the_scheduler_saw() -> None:
     assert _versions(core) == ["7"]
     (cond,) = core.patch_namespaced_pod_status.call_args.args[2]["status"]["conditions"]
     assert (cond["type"], cond["status"], cond["reason"]) == ("PodScheduled", "False", "Unschedulable")
-    assert (rec.stale, rec.errors) == (0, 0)
+    assert (rec.counts()["stale"], rec.counts()["failed"]) == (0, 0)
 
 
 @pytest.mark.parametrize(
@@ -58,7 +58,7 @@ def test_a_conflict_with_a_pod_that_no_longer_waits_drops_the_write(now: dict[st
     core.read_namespaced_pod = _read(now)
     rec = _send(core)
     assert _versions(core) == ["7"]
-    assert (rec.stale, rec.errors) == (1, 0)
+    assert (rec.counts()["stale"], rec.counts()["failed"]) == (1, 0)
 
 
 def test_a_conflict_with_a_pod_still_waiting_is_sent_once_more_at_its_new_version() -> None:
@@ -67,19 +67,19 @@ def test_a_conflict_with_a_pod_still_waiting_is_sent_once_more_at_its_new_versio
     core.read_namespaced_pod = _read({"metadata": {"uid": "u1", "resourceVersion": "9"}, "spec": {}})
     rec = _send(core)
     assert _versions(core) == ["7", "9"]
-    assert (rec.stale, rec.errors) == (0, 0)
+    assert (rec.counts()["stale"], rec.counts()["failed"]) == (0, 0)
 
 
 def test_a_deleted_pod_or_a_second_conflict_is_not_retried() -> None:
     core = mock.Mock()
     core.patch_namespaced_pod_status.side_effect = ApiException(status=404)
-    assert (_send(core).stale, len(_versions(core))) == (1, 1)
+    assert (_send(core).counts()["stale"], len(_versions(core))) == (1, 1)
     core = mock.Mock()
     core.patch_namespaced_pod_status.side_effect = ApiException(status=409)
     core.read_namespaced_pod = _read({"metadata": {"uid": "u1", "resourceVersion": "9"}, "spec": {}})
     rec = _send(core)
     assert _versions(core) == ["7", "9"]
-    assert (rec.stale, rec.errors) == (0, 1)
+    assert (rec.counts()["stale"], rec.counts()["failed"]) == (0, 1)
 
 
 def test_events_are_sent_once_per_message_and_the_memory_of_them_is_bounded(

@@ -461,7 +461,7 @@ def test_an_unschedulable_condition_queued_behind_the_binding_never_marks_a_boun
     ]
     assert pods["bound"]["spec"]["nodeName"] == f"{env.tag}-n0"
     assert [c["status"] for c in cond["bound"]] == ["True"]
-    assert (rec.stale, rec.errors) == (2, 0)
+    assert (rec.counts()["stale"], rec.counts()["failed"]) == (2, 0)
     assert {e["involvedObject"]["name"] for e in env.events("FailedScheduling")} == set(names)
 
 

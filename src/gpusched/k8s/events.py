@@ -154,22 +154,6 @@ class EventRecorder:
         with self._lock:
             return dict(self._counts)
 
-    @property
-    def sent(self) -> int:
-        return self._counts["sent"]
-
-    @property
-    def dropped(self) -> int:
-        return self._counts["dropped"]
-
-    @property
-    def errors(self) -> int:
-        return self._counts["failed"]
-
-    @property
-    def stale(self) -> int:
-        return self._counts["stale"]
-
     def _count(self, result: str) -> None:
         with self._lock:
             self._counts[result] += 1
