@@ -1,8 +1,9 @@
 /* A fake libnvidia-ml.so.1 for tests without a GPU: the NVML C ABI over a description of fake GPUs.
  *
  * The types below are written from NVML's documented ABI (nvml.h, API version 12: field order, widths and the
- * struct-version encoding). tests/test_fakenvml_abi.py compiles hack/fakenvml/abi_check.c against NVIDIA's
- * header (from the go-nvml module, when present) and against this file and compares sizes and offsets.
+ * struct-version encoding). They are checked only through their callers (pynvml's ctypes structs in
+ * tests/test_agent_nvml_lib.py, go-nvml's cgo structs in tests/test_gfd_fake_nvml.py), not compiled against
+ * NVIDIA's header.
  */
 #ifndef GPUSCHED_FAKENVML_H
 #define GPUSCHED_FAKENVML_H
