@@ -1,9 +1,8 @@
 /* A fake libnvidia-ml.so.1 for tests without a GPU: the NVML C ABI over a description of fake GPUs.
  *
  * The types below are written from NVML's documented ABI (nvml.h, API version 12: field order, widths and the
- * struct-version encoding). They are checked only through their callers (pynvml's ctypes structs in
- * tests/test_agent_nvml_lib.py, go-nvml's cgo structs in tests/test_gfd_fake_nvml.py), not compiled against
- * NVIDIA's header.
+ * struct-version encoding). tests/test_fakenvml_abi.py prints every size, offset and constant used here
+ * compiled against this file and against NVIDIA's nvml.h (go-nvml's copy in the Go module cache) and compares.
  */
 #ifndef GPUSCHED_FAKENVML_H
 #define GPUSCHED_FAKENVML_H
@@ -212,8 +211,7 @@ typedef struct {
     unsigned long long usedGpuMemory;
     unsigned int gpuInstanceId;
     unsigned int computeInstanceId;
-    unsigned long long usedGpuCcProtectedMemory;
-} nvmlProcessInfo_t;
+} nvmlProcessInfo_t; /* the v2 layout, which the _v3 calls take */
 
 /* ------------------------------------------------------------------------------------------ the model */
 
