@@ -16,11 +16,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from test_agent_nvml_lib import SHAPES  # noqa: E402
-from test_gfd_fake_nvml import run_gfd  # noqa: E402
-
 from gpusched.agent import labels  # noqa: E402
 from gpusched.agent.fake import FakeBackend  # noqa: E402
+from test_agent_nvml_lib import SHAPES  # noqa: E402
+from test_gfd_fake_nvml import run_gfd  # noqa: E402
 
 
 def built(script: str, env_var: str) -> Path:
