@@ -37,13 +37,20 @@ def _built(script: str, env_var: str, needs: str) -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
+def nvidia_parts() -> tuple[Path, Path]:
+    """(the bin dir of NVIDIA's GFD and device plugin, the fake library's directory); skips (fails under CI)
+    without root and unshare, which the private mounts over their fixed paths need."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        unavailable("NVIDIA's components on the fake library need root and unshare (private mounts)")
+    bins = _built("build-nvidia-device-plugin.sh", "GPUSCHED_NVIDIA_DEVICE_PLUGIN_BIN", "go")
+    lib = _built("build-fake-nvml.sh", "GPUSCHED_FAKE_NVML_LIB", os.environ.get("CC", "gcc"))
+    return bins, lib
+
+
 @pytest.fixture(scope="session")
 def gfd() -> tuple[Path, Path]:
     """(GFD's binary, the fake library's directory)."""
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        unavailable("GFD on the fake library needs root and unshare (a private mount for its sysfs reads)")
-    bins = _built("build-nvidia-device-plugin.sh", "GPUSCHED_NVIDIA_DEVICE_PLUGIN_BIN", "go")
-    lib = _built("build-fake-nvml.sh", "GPUSCHED_FAKE_NVML_LIB", os.environ.get("CC", "gcc"))
+    bins, lib = nvidia_parts()
     return bins / "gpu-feature-discovery", lib
 
 
