@@ -11,6 +11,7 @@ over them.
 
 from __future__ import annotations
 
+import ctypes
 import shutil
 import subprocess
 import tempfile
@@ -25,6 +26,9 @@ from gpusched.agent import labels
 from gpusched.agent.fake import FakeBackend
 from gpusched.agent.fakenvml import flat_config
 from gpusched.agent.inventory import is_critical_xid
+from gpusched.agent.nvml import NvmlBackend
+from gpusched.agent.pods import MemoryPods
+from gpusched.agent.run import Agent, AgentConfig
 from gpusched.agent.testing import FakeKubelet, Watcher
 from test_gfd_fake_nvml import nvidia_parts
 
@@ -89,7 +93,15 @@ def plugin() -> Iterator[dict[str, Any]]:
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", cmd], env=env, stdout=log, stderr=log
     )
     try:
-        yield {"kubelet": kubelet, "inventory": fake.inventory(), "xids": xids, "log": tmp / "plugin.log"}
+        yield {
+            "kubelet": kubelet,
+            "inventory": fake.inventory(),
+            "xids": xids,
+            "log": tmp / "plugin.log",
+            "flat": tmp / "gpus.flat",
+            "lib": lib,
+            "tmp": tmp,
+        }
     finally:
         p.terminate()
         p.wait(10)
@@ -122,3 +134,49 @@ def test_nvidias_plugin_advertises_the_fake_gpus_and_marks_critical_xids(plugin:
     finally:
         for w in watchers.values():
             w.close()
+
+
+def test_the_agent_on_real_nvml_and_nvidias_plugin_see_the_same_devices_and_health(
+    plugin: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Side by side on one fake node (each with its own kubelet: both serve ``nvidia.com/gpu``), the agent
+    through nvidia-ml-py and NVIDIA's plugin through go-nvml list the same device IDs per resource, and after
+    the same XIDs the same health."""
+    ctypes.CDLL(str(plugin["lib"] / "libnvidia-ml.so.1"), mode=ctypes.RTLD_GLOBAL)
+    monkeypatch.setenv("GPUSCHED_FAKE_NVML_CONFIG", str(plugin["flat"]))
+    backend = NvmlBackend("node-d")
+    ours_dir = plugin["tmp"] / "a"
+    kubelet_a = FakeKubelet(ours_dir).start()
+    pods = MemoryPods()
+    agent = Agent(AgentConfig(node="node-d", plugin_dir=ours_dir, slots=2), backend, pods, pods)
+    agent.plugin.start(watch_interval_s=0.05)
+    theirs_k: FakeKubelet = plugin["kubelet"]
+    inv = plugin["inventory"]
+    resources = ["nvidia.com/gpu", *labels.mig_resources(inv)]
+    watchers: list[Watcher] = []
+    try:
+        ours = {r.resource_name: r.endpoint for r in kubelet_a.wait_registrations(len(resources) + 1)}
+        theirs = {r.resource_name: r.endpoint for r in theirs_k.wait_registrations(len(resources), 30)}
+        assert set(theirs) == set(resources) and set(resources) <= set(ours)
+        pairs = {}
+        for res in resources:
+            a, b = Watcher(kubelet_a, ours[res]), Watcher(theirs_k, theirs[res])
+            watchers += [a, b]
+            pairs[res] = (a, b)
+            n = len(b.wait_for(lambda lst: bool(lst)))
+            assert a.wait_for(lambda lst, n=n: len(lst) == n) == b.lists[-1], res
+        with plugin["xids"].open("a") as f:
+            f.write("0 79\n1 13\n")
+        agent.handle_xids(backend.poll_xids(2.0))
+        gpu0 = inv.devices[0].uuid
+        a, b = pairs["nvidia.com/gpu"]
+        assert b.wait_for(lambda lst: lst.get(gpu0) == "Unhealthy") == a.wait_for(
+            lambda lst: lst.get(gpu0) == "Unhealthy"
+        )
+        assert a.lists[-1][gpu0] == "Unhealthy" and list(a.lists[-1].values()).count("Unhealthy") == 1
+    finally:
+        for w in watchers:
+            w.close()
+        agent.plugin.stop()
+        backend.close()
+        kubelet_a.stop()
