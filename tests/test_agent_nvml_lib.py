@@ -83,6 +83,30 @@ SHAPES: dict[str, dict[str, Any]] = {
             },
         ],
     },
+    "mig-a100-40gb-b200": {
+        "hostname": "node-b",
+        "driverVersion": "570.86.15",
+        "cudaVersion": "12.8",
+        "gpus": [
+            {
+                "model": "NVIDIA A100-SXM4-40GB",
+                "migMode": True,
+                "mig": [
+                    {"profile": "1g.10gb", "start": 6},
+                    {"profile": "1g.5gb+me", "start": 0},
+                    {"profile": "1g.5gb", "start": 1},
+                    {"profile": "2g.10gb", "start": 2},
+                ],
+            },
+            {
+                "model": "NVIDIA B200",
+                "memoryMiB": 183359,
+                "computeCapability": "10.0",
+                "migMode": True,
+                "mig": [{"profile": "7g.180gb", "start": 0}],
+            },
+        ],
+    },
     "mig-h200": {
         "hostname": "node-h",
         "gpus": [
