@@ -106,12 +106,12 @@ def test_gfd_and_the_agent_write_the_same_labels(
     theirs = run_gfd(gfd, doc, strategy, tmp_path)
     inv = FakeBackend.from_file(tmp_path / "gpus.yaml").inventory()
     ours = labels.gfd_labels(inv, strategy)
-    full_models = {d.name for d in inv.devices if not d.mig_enabled}
-    if len(full_models) > 1:
-        # Several models of full GPUs: GFD labels whichever its Go map iteration reaches last (it differs from
-        # run to run), so its per-model labels must be one model's, and the rest must match.
+    candidates = labels.label_candidates(inv)
+    if len(candidates) > 1:
+        # Several models in the group GFD labels last: it writes whichever model its Go map iteration reaches
+        # last (it differs from run to run), so its per-model labels must be one of them, and the rest match.
         product = theirs["nvidia.com/gpu.product"]
-        model = next(d for d in inv.devices if labels.sanitise(d.name) == product and not d.mig_enabled)
+        model = next(d for d in candidates if labels.sanitise(d.name) == product)
         count = sum(d.name == model.name for d in inv.devices)
         ours = {**ours, **labels.per_model_labels(model, count)}
     only_gfd = {k: theirs[k] for k in sorted(set(theirs) - set(ours))}

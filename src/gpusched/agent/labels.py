@@ -76,9 +76,17 @@ def _gpu_labels(dev: GpuDevice, count: int, *, mig_enabled: bool) -> dict[str, s
 
 
 def per_model_labels(dev: GpuDevice, count: int) -> dict[str, str]:
-    """The product, count, replicas, memory and architecture labels GFD writes for ``count`` full GPUs like
-    ``dev`` (on a node with several models GFD writes one model's, which one changing from run to run)."""
-    return _gpu_labels(dev, count, mig_enabled=False)
+    """The product, count, replicas, memory and architecture labels GFD writes for ``count`` GPUs like ``dev``
+    (on a node with several models GFD writes one model's, which one changing from run to run)."""
+    return _gpu_labels(dev, count, mig_enabled=dev.mig_enabled)
+
+
+def label_candidates(inv: Inventory) -> list[GpuDevice]:
+    """One GPU per model whose per-model labels GFD may end up writing: the full GPUs' models if there are
+    full GPUs (their labeler runs last), else the MIG-enabled GPUs' models."""
+    full = [d for d in inv.devices if not d.mig_enabled]
+    group = full or list(inv.devices)
+    return list({d.name: d for d in group}.values())
 
 
 def gfd_labels(inv: Inventory, mig_strategy: str | None = None) -> dict[str, str]:
