@@ -43,9 +43,8 @@ print("Where a node has several models of full GPUs (or only MIG-enabled GPUs, o
 print(
     "writes one model's product, count, memory, family and compute labels, picked by Go map iteration order"
 )
-print(
-    "(it changes from run to run); the agent writes the last model's. Those rows are marked `any model` and the test accepts either. The agent offers no"
-)
+print("(it changes from run to run); the agent writes the last model's. Those rows are marked `any model`")
+print("and the test accepts either. The agent offers no")
 print("`single` strategy; `nvidia.com/gfd.timestamp` is left out by both.\n")
 print("Found by this comparison and fixed in the agent: under strategy `none` GFD labels MIG-enabled GPUs")
 print("`gpu.replicas=0` (full GPUs of the same name override it); the agent wrote 1. The table it replaces")
