@@ -298,3 +298,49 @@ def test_a_broken_or_missing_file_is_a_clear_nvml_error(nvml_env: FakeFiles, tmp
     nvml_env.mp.delenv(CONFIG_ENV)
     with pytest.raises(NvmlUnavailable, match="Driver Not Loaded"):
         NvmlBackend("h")
+
+
+def test_fake_nvml_config_writes_the_flat_form_and_names_a_bad_file(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gpusched.cli import app
+
+    spec, flat = tmp_path / "gpus.yaml", tmp_path / "gpus.flat"
+    spec.write_text(yaml.safe_dump(SHAPES["mig-mixed"]))
+    r = CliRunner().invoke(app, ["agent", "fake-nvml-config", str(spec), str(flat)])
+    assert r.exit_code == 0, r.output
+    lines = [line.split("\t") for line in flat.read_text().splitlines()]
+    assert lines[0] == ["gpusched-fake-nvml", "1"] and ["cuda", "12020"] in lines
+    gpus = [x for x in lines if x[0] == "gpu"]
+    assert [(x[1], x[9], x[10]) for x in gpus] == [
+        ("0", "3", "NVIDIA A100-SXM4-80GB"),
+        ("1", "3", "NVIDIA A100-SXM4-80GB"),
+        ("2", "2", "NVIDIA A100-SXM4-80GB"),
+        ("3", "3", "NVIDIA A30"),
+    ]
+    # 3g.40gb: NVML index 2, profile id 9, 3 SM slices, at most 2, 4 memory slices from slice 0 or 4
+    assert [
+        "profile",
+        "2",
+        "9",
+        "3",
+        "2",
+        "40960",
+        "42",
+        "3",
+        "2",
+        "0",
+        "0",
+        "0",
+        "4",
+        "17",
+        "3g.40gb",
+    ] in lines
+    assert [x[:5] for x in lines if x[0] == "mig"][:3] == [
+        ["mig", "1", "2", "4", "3"],
+        ["mig", "2", "7", "0", "1"],
+        ["mig", "3", "1", "2", "2"],
+    ]
+    spec.write_text("gpus: []\n")
+    r = CliRunner().invoke(app, ["agent", "fake-nvml-config", str(spec), str(flat)])
+    assert r.exit_code == 2 and f"{spec}: field gpus must be a non-empty list" in r.output
