@@ -1,4 +1,4 @@
-"""``gpusched agent discover|labels|run|bench|compare-smi``: the node agent's commands
+"""``gpusched agent discover|labels|run|bench|compare-smi|fake-nvml-config``: the node agent's commands
 (``gpusched.agent``); also ``python -m gpusched.agent ...``, the DaemonSet's entry point.
 
 Imports of the agent are lazy: the CLI starts fast everywhere, machines without a driver too.
@@ -150,6 +150,21 @@ def bench_cmd(
 
     render.agent_bench(bench_allocate(gpus, calls, pending))
     render.agent_bench(bench_idle(gpus))
+
+
+@agent_app.command("fake-nvml-config")
+@reports_errors
+def fake_nvml_config_cmd(
+    fake: Annotated[Path, typer.Argument(help="A fake-GPU file (YAML/JSON, as --fake reads).")],
+    out: Annotated[
+        Path, typer.Argument(help="Where to write the flat form for hack/fakenvml's libnvidia-ml.")
+    ],
+) -> None:
+    """Write the flat form of a fake-GPU file that hack/fakenvml's libnvidia-ml.so.1 reads
+    ($GPUSCHED_FAKE_NVML_CONFIG)."""
+    from gpusched.agent.fakenvml import write_flat_config
+
+    write_flat_config(fake, out)
 
 
 @agent_app.command("compare-smi")
