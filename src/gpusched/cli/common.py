@@ -58,7 +58,7 @@ def _argument_metavar(self: typer.core.TyperArgument, ctx: Any) -> str | None:
 def plain_help() -> None:
     """Help without type noise, and not cut at 80 columns off a terminal (see ``HELP_WIDTH_OFF_TTY``).
     Applied once when this module is imported: every command module imports it."""
-    typer.core.TyperOption.display_type_rich = _option_metavar  # type: ignore[method-assign,assignment]
+    typer.core.TyperOption.display_type_rich = _option_metavar  # type: ignore[method-assign]
     typer.core.TyperArgument.display_type_rich = _argument_metavar  # type: ignore[method-assign,assignment]
     if typer.rich_utils.MAX_WIDTH is None and not os.environ.get("COLUMNS") and not sys.stdout.isatty():
         typer.rich_utils.MAX_WIDTH = HELP_WIDTH_OFF_TTY
