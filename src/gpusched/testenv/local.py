@@ -128,13 +128,13 @@ def cluster_up(
     try:
         logs = Path(state.workdir) / "logs"
         kubectl = _Kubectl(bin_dir, state.kubeconfig)
+        pki = generate_pki(Path(state.workdir) / "webhook-pki")
+        port = free_port()
         pids: dict[str, int] = {}
         pids["gpusched-scheduler"] = _spawn("gpusched-scheduler", [
             "-m", "gpusched.k8s.cli_scheduler", "--kubeconfig", state.kubeconfig, "--scheduler-name",
             SCHEDULER_NAME, "--namespace", "kube-system", "--port", str(free_port()), "--flush-s", "5",
         ], logs)  # fmt: skip
-        pki = generate_pki(Path(state.workdir) / "webhook-pki")
-        port = free_port()
         pids["gpusched-webhook"] = _spawn("gpusched-webhook", [
             "-m", "gpusched.webhook", "--host", "127.0.0.1", "--port", str(port),
             "--tls-cert-file", str(pki.serving_cert), "--tls-key-file", str(pki.serving_key),
