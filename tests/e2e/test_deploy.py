@@ -814,8 +814,8 @@ def test_readme_commands_on_a_fresh_api_server(control_plane_bin: Path, tmp_path
     the webhook (its container carries the slot gpusched.io/gpu-share: 1) and lands: gpusched binds it to a
     node labelled as the agent labels one, with its assignment. The cluster is ``gpusched up``'s (kwok
     nodes, the scheduler and the webhook as processes); the one change the test makes is the webhook
-    configuration's clientConfig, pointed (after deploy/webhook-certs.sh) at the webhook process: there is
-    no kube-proxy to route its Service."""
+    configuration's clientConfig, pointed (right after deploy/webhook-certs.sh) at the webhook process: there
+    is no kube-proxy to route its Service (``gpusched up``'s own registration is deleted first)."""
     if not os.access("/usr/bin/openssl", os.X_OK) and not any(
         os.access(Path(d) / "openssl", os.X_OK) for d in os.environ.get("PATH", "").split(os.pathsep)
     ):
@@ -825,23 +825,19 @@ def test_readme_commands_on_a_fresh_api_server(control_plane_bin: Path, tmp_path
         local_hook = cluster.get("mutatingwebhookconfiguration", "gpusched-webhook")["webhooks"][0][
             "clientConfig"
         ]
+        cluster.kubectl("delete", "mutatingwebhookconfiguration", "gpusched-webhook")  # nothing of gpusched's
         kubectl = " ".join(cluster.kubectl_cmd)
-        commands = readme_commands()
-        examples = "kubectl apply -f deploy/manifests/standalone/examples/"
-        assert commands[-1] == examples, (
-            f"README applies the share pod before the webhook is there: {commands}"
-        )
-        for cmd in commands:
-            if cmd == examples:  # the webhook's Service, as the cluster would route it: the webhook process
-                patch = [{"op": "replace", "path": "/webhooks/0/clientConfig", "value": local_hook}]
-                cluster.kubectl("patch", "mutatingwebhookconfiguration", "gpusched-webhook", "--type=json",
-                                "-p", json.dumps(patch))  # fmt: skip
+        for cmd in readme_commands():
             if cmd.startswith("kubectl "):
                 proc = run([*cluster.kubectl_cmd, *cmd.split()[1:]], cwd=REPO)
             else:
                 proc = run(["bash", cmd], cwd=REPO, env={**os.environ, "KUBECTL": kubectl})
             assert proc.returncode == 0, f"{cmd}:\n{proc.stdout}\n{proc.stderr}"
             assert "Warning" not in proc.stderr, f"{cmd}:\n{proc.stderr}"
+            if cmd == "deploy/webhook-certs.sh":  # the webhook's Service, as the cluster would route it
+                patch = [{"op": "replace", "path": "/webhooks/0/clientConfig", "value": local_hook}]
+                cluster.kubectl("patch", "mutatingwebhookconfiguration", "gpusched-webhook", "--type=json",
+                                "-p", json.dumps(patch))  # fmt: skip
         secret = cluster.get("secret", "gpusched-webhook-tls", NAMESPACE)
         assert secret["data"]["tls.crt"]
         pod = cluster.get("pod", "gpu-share-example", "gpu-team-a")

@@ -66,5 +66,6 @@ def test_quickstart_as_written(control_plane_bin: Path, tmp_path: Path) -> None:
     assert assignment["milli"] == 500 and assignment["memoryMiB"] == 20480 and len(assignment["gpus"]) == 1
     limits = json.loads(next(line for line in share.splitlines() if '"gpusched.io/gpu-share"' in line))
     assert limits["gpusched.io/gpu-share"] == "1"
-    assert "too-big" in doctor and "8" in doctor, doctor
+    assert "gpu-count-too-large: the pod asks 8 GPUs; no node has more than 4" in doctor, doctor
+    assert "fits if nvidia.com/gpu ≤ 4" in doctor, doctor
     assert not (home / ".cache" / "gpusched" / "testenv").exists()  # down removed its state
