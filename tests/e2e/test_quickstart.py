@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from realparts import unavailable
+
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +39,7 @@ def test_quickstart_as_written(control_plane_bin: Path, tmp_path: Path) -> None:
     env = {**os.environ, "HOME": str(home), "GPUSCHED_CONTROLPLANE_BIN": str(control_plane_bin),
            "PATH": f"{scripts}{os.pathsep}{os.environ.get('PATH', '')}"}  # fmt: skip
     if shutil.which("gpusched", path=env["PATH"]) is None:
-        pytest.fail("the gpusched command is not installed (python3 -m pip install -e .)", pytrace=False)
+        unavailable("the gpusched command is not installed (python3 -m pip install -e .)")
     script = "set -euo pipefail\n" + "\n".join(
         f"echo '+++ {i}'\n{b}" for i, b in enumerate(quickstart_blocks())
     )

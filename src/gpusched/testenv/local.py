@@ -173,4 +173,4 @@ def cluster_up(
 
 def cluster_down(state_dir: Path) -> bool:
     """Stop everything ``cluster_up`` (or ``testenv up``) started and remove its state; False if none."""
-    return testenv_down(state_dir)
+    return testenv_down(state_dir, who="gpusched down")

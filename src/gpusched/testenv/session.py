@@ -297,7 +297,7 @@ def testenv_up(
     return state
 
 
-def testenv_down(state_dir: Path, *, quiet: bool = False) -> bool:
+def testenv_down(state_dir: Path, *, quiet: bool = False, who: str = "gpusched testenv") -> bool:
     """Stop the test environment of ``state_dir`` and remove its state; False if there was none."""
     state_dir = Path(state_dir).expanduser().resolve()
     state = read_state(state_dir)
@@ -305,7 +305,7 @@ def testenv_down(state_dir: Path, *, quiet: bool = False) -> bool:
         if (state_dir / WORKDIR).exists():
             _remove_state(state_dir)
         if not quiet:
-            print(f"gpusched testenv: nothing is up in {state_dir}")
+            print(f"{who}: nothing is up in {state_dir}")
         return False
     _stop_processes(state.processes)
     left = [f"{p.name} ({p.pid})" for p in state.processes if _alive(p)]
@@ -313,7 +313,7 @@ def testenv_down(state_dir: Path, *, quiet: bool = False) -> bool:
         raise TestEnvError(f"could not stop {', '.join(left)}; state kept in {state_dir}")
     _remove_state(state_dir)
     if not quiet:
-        print(f"gpusched testenv: stopped; removed {state_dir / WORKDIR}")
+        print(f"{who}: stopped; removed {state_dir / WORKDIR}")
     return True
 
 
