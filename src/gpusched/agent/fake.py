@@ -354,3 +354,13 @@ def _check_unique(devices: list[GpuDevice], source: str) -> None:
             if key in seen and seen[key] != d.index:
                 raise FakeConfigError(f"{source}: GPU index {d.index}: {key} is also GPU index {seen[key]}'s")
             seen[key] = d.index
+
+
+def fake_node_labels(model: str, count: int, hostname: str = "fake-node") -> dict[str, str]:
+    """The node labels the agent writes (GFD's names and values, ``gpusched.agent.labels.gfd_labels``) for a
+    node of ``count`` fake GPUs of NVML name ``model`` (e.g. "NVIDIA A100-SXM4-80GB", "Tesla T4") with this
+    format's defaults: what ``gpusched up`` and the tests put on kwok nodes, so they look like real ones."""
+    from gpusched.agent.labels import gfd_labels
+
+    doc = {"hostname": hostname, "gpus": [{"model": model, "count": count}]}
+    return gfd_labels(FakeBackend.from_dict(doc, f"fake GPUs {model!r}").inventory())

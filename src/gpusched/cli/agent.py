@@ -105,7 +105,10 @@ def run_cmd(
     metrics_port: Annotated[int, typer.Option(help="Prometheus port (dcgm-exporter's is 9400).")] = 9400,
     log_level: Annotated[str, typer.Option(help="debug, info, warning.")] = "info",
     no_api: Annotated[
-        bool, typer.Option(help="No Kubernetes API (measurements): no pods, node updates kept in memory.")
+        bool,
+        typer.Option(
+            "--no-api", help="No Kubernetes API (measurements): no pods, node updates kept in memory."
+        ),
     ] = False,
 ) -> None:
     """Run the device plugin, the node labeller, GPU health on the Node and the metrics exporter."""
