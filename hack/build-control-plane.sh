@@ -172,7 +172,7 @@ if core_built; then
 fi
 
 start=${SECONDS}
-log "building k8s ${K8S_VERSION} (with the kubelet), etcd ${ETCD_VERSION}, kwok ${KWOK_VERSION}, helm ${HELM_VERSION} into ${BIN_DIR} (takes a while)"
+log "building k8s ${K8S_VERSION} (with the kubelet), etcd ${ETCD_VERSION}, kwok ${KWOK_VERSION}, helm ${HELM_VERSION} into ${BIN_DIR}: the first build takes 12-25 minutes on 4 cores (then cached)"
 
 log "kube-apiserver kube-scheduler kube-controller-manager kubectl (k8s.io/kubernetes ${K8S_VERSION})"
 (cd "${HACK_DIR}/controlplane" && "${NICE[@]}" go build -trimpath -ldflags="${K8S_LDFLAGS}" -o "${STAGE}/bin/" \

@@ -17,7 +17,6 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -477,16 +476,13 @@ def test_helm_chart_matches_manifests(helm: list[str], mode: str) -> None:
 
 def test_testenv_up_down_round_trip(control_plane_bin: Path, tmp_path: Path) -> None:
     state_dir = tmp_path / "testenv"
-    script = textwrap.dedent(
-        f"""
-        from pathlib import Path
-        from gpusched.testenv.session import testenv_up
-        testenv_up(Path({str(state_dir)!r}), 2, 4, True, bin_dir=Path({str(control_plane_bin)!r}))
-        """
-    )
+    from gpusched.agent.fake import fake_node_labels
+
+    cmd = [sys.executable, "-m", "gpusched.cli", "testenv", "up", "--nodes", "2", "--gpus-per-node", "4",
+           "--with-scheduler", "--state-dir", str(state_dir)]  # fmt: skip
     try:
         # In a child process: the control plane must outlive the command that started it.
-        proc = run([sys.executable, "-c", script])
+        proc = run(cmd, env={**os.environ, "GPUSCHED_CONTROLPLANE_BIN": str(control_plane_bin)})
         assert proc.returncode == 0, proc.stderr
         state = session.read_state(state_dir)
         assert state is not None
@@ -508,7 +504,10 @@ def test_testenv_up_down_round_trip(control_plane_bin: Path, tmp_path: Path) -> 
         for node in nodes.values():
             assert any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
             labels, alloc = node["metadata"]["labels"], node["status"]["allocatable"]
-            assert labels["nvidia.com/gpu.product"] == "A100-SXM4-80GB"
+            assert (
+                labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
+            )  # as the agent labels a real node
+            assert fake_node_labels("NVIDIA A100-SXM4-80GB", 4).items() <= labels.items()
             assert labels["nvidia.com/gpu.memory"] == "81920"
             assert labels["nvidia.com/gpu.count"] == "4"
             assert alloc["nvidia.com/gpu"] == "4"
@@ -765,38 +764,161 @@ def test_readme_applies_every_manifests_folder_once() -> None:
     assert sorted(applied) == sorted(folders), (applied, folders)
 
 
-def test_readme_commands_on_a_fresh_api_server(control_plane_bin: Path) -> None:
+class LocalCluster:
+    """``gpusched up`` (``gpusched.testenv.local.cluster_up``) in ``tmp``: the control plane, kwok GPU nodes
+    labelled as the agent labels NVIDIA A100-SXM4-80GB GPUs, gpusched's scheduler (``schedulerName:
+    gpusched``) and webhook processes; ``down()`` stops it all."""
+
+    def __init__(self, bin_dir: Path, tmp: Path, nodes: int = 1, gpus: int = 4) -> None:
+        from gpusched.agent.fake import fake_node_labels
+        from gpusched.testenv import local
+
+        self.bin_dir, self.state_dir = bin_dir, tmp / "state"
+        self.state = local.cluster_up(
+            self.state_dir, nodes, gpus, fake_node_labels("NVIDIA A100-SXM4-80GB", gpus), bin_dir=bin_dir
+        )
+        self.kubectl_cmd = [str(bin_dir / "kubectl"), "--kubeconfig", self.state.kubeconfig]
+
+    def kubectl(self, *args: str, input: str | None = None) -> str:
+        proc = run([*self.kubectl_cmd, *args], input=input)
+        assert proc.returncode == 0, f"kubectl {' '.join(args)}: {proc.stderr}"
+        return proc.stdout
+
+    def get(self, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
+        ns = ["-n", namespace] if namespace else []
+        return dict(json.loads(self.kubectl("get", kind, name, *ns, "-o", "json")))
+
+    def add_agent_labelled_node(self, name: str, model: str, gpus: int) -> dict[str, str]:
+        """A kwok node with the labels the agent writes for ``gpus`` fake GPUs of NVML name ``model``."""
+        from gpusched.agent.fake import fake_node_labels
+        from gpusched.k8s.convert import LABEL_MEMORY, LABEL_PRODUCT
+        from gpusched.testenv.kwoknodes import kwok_gpu_node
+
+        labels = fake_node_labels(model, gpus, hostname=name)
+        product, memory = labels[LABEL_PRODUCT], int(labels[LABEL_MEMORY])
+        node = kwok_gpu_node(name, gpus, model=product, gpu_memory_mib=memory, labels=labels)
+        self.kubectl("apply", "-f", "-", input=json.dumps(node))
+        return labels
+
+    def down(self) -> None:
+        from gpusched.testenv import local
+
+        local.cluster_down(self.state_dir)
+
+
+def test_readme_commands_on_a_fresh_api_server(control_plane_bin: Path, tmp_path: Path) -> None:
     """A newcomer's first steps: deploy/README.md's commands exactly as written, in order, each once, on an
-    API server that has nothing yet: each folder brings what it needs (namespaces, PriorityClasses) in file
-    order. Both modes' blocks run too: they apply side by side, though a cluster runs only one."""
+    API server that has nothing of gpusched's yet (no namespace, PriorityClass, RBAC, ...): each folder
+    brings what it needs in file order. Both modes' blocks run too: they apply side by side, though a
+    cluster runs only one. The share pod of the examples, applied last as README says, is admitted through
+    the webhook (its container carries the slot gpusched.io/gpu-share: 1) and lands: gpusched binds it to a
+    node labelled as the agent labels one, with its assignment. The cluster is ``gpusched up``'s (kwok
+    nodes, the scheduler and the webhook as processes); the one change the test makes is the webhook
+    configuration's clientConfig, pointed (right after deploy/webhook-certs.sh) at the webhook process: there
+    is no kube-proxy to route its Service (``gpusched up``'s own registration is deleted first)."""
     if not os.access("/usr/bin/openssl", os.X_OK) and not any(
         os.access(Path(d) / "openssl", os.X_OK) for d in os.environ.get("PATH", "").split(os.pathsep)
     ):
         unavailable("openssl is not installed (deploy/webhook-certs.sh needs it)")
-    cp = ControlPlane(bin_dir=control_plane_bin, scheduler=False, controller_manager=False, kwok=False)
+    cluster = LocalCluster(control_plane_bin, tmp_path)
     try:
-        cp.start()
-    except ControlPlaneError as exc:
-        pytest.fail(f"the e2e control plane did not start: {exc}", pytrace=False)
-    try:
-        kubectl = f"{cp.bin_dir / 'kubectl'} --kubeconfig {cp.kubeconfig_path}"
+        local_hook = cluster.get("mutatingwebhookconfiguration", "gpusched-webhook")["webhooks"][0][
+            "clientConfig"
+        ]
+        cluster.kubectl("delete", "mutatingwebhookconfiguration", "gpusched-webhook")  # nothing of gpusched's
+        kubectl = " ".join(cluster.kubectl_cmd)
         for cmd in readme_commands():
             if cmd.startswith("kubectl "):
-                proc = run([*kubectl.split(), *cmd.split()[1:]], cwd=REPO)
+                proc = run([*cluster.kubectl_cmd, *cmd.split()[1:]], cwd=REPO)
             else:
                 proc = run(["bash", cmd], cwd=REPO, env={**os.environ, "KUBECTL": kubectl})
             assert proc.returncode == 0, f"{cmd}:\n{proc.stdout}\n{proc.stderr}"
             assert "Warning" not in proc.stderr, f"{cmd}:\n{proc.stderr}"
-        pod = json.loads(
-            cp.kubectl("get", "pod", "gpu-share-example", "-n", "gpu-team-a", "-o", "json").stdout
-        )
+            if cmd == "deploy/webhook-certs.sh":  # the webhook's Service, as the cluster would route it
+                patch = [{"op": "replace", "path": "/webhooks/0/clientConfig", "value": local_hook}]
+                cluster.kubectl("patch", "mutatingwebhookconfiguration", "gpusched-webhook", "--type=json",
+                                "-p", json.dumps(patch))  # fmt: skip
+        secret = cluster.get("secret", "gpusched-webhook-tls", NAMESPACE)
+        assert secret["data"]["tls.crt"]
+        pod = cluster.get("pod", "gpu-share-example", "gpu-team-a")
         assert pod["spec"]["priorityClassName"] == "gpu-batch"
-        hook = json.loads(
-            cp.kubectl("get", "mutatingwebhookconfiguration", "gpusched-webhook", "-o", "json").stdout
-        )
-        secret = json.loads(
-            cp.kubectl("get", "secret", "gpusched-webhook-tls", "-n", NAMESPACE, "-o", "json").stdout
-        )
-        assert hook["webhooks"][0]["clientConfig"]["caBundle"] and secret["data"]["tls.crt"]
+        assert pod["spec"]["containers"][0]["resources"]["limits"]["gpusched.io/gpu-share"] == "1"
+
+        def landed() -> bool:
+            return bool(cluster.get("pod", "gpu-share-example", "gpu-team-a")["spec"].get("nodeName"))
+
+        wait_until(landed, timeout=60, what="the README's share pod bound", interval=0.5)
+        pod = cluster.get("pod", "gpu-share-example", "gpu-team-a")
+        assignment = json.loads(pod["metadata"]["annotations"]["gpusched.io/assignment"])
+        assert assignment["node"] == pod["spec"]["nodeName"] and assignment["milli"] == 500
+        node = cluster.get("node", pod["spec"]["nodeName"])
+        assert node["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
     finally:
-        cp.stop()
+        cluster.down()
+
+
+EXAMPLE_DIRS = [DEPLOY / "examples" / "local", DEPLOY / "manifests" / "standalone" / "examples"]
+NEVER_FITS = {"gpu-demo/too-big"}  # 8 whole GPUs on nodes of 4: the quickstart's pod for doctor
+
+
+def test_every_example_lands_on_nodes_labelled_as_the_agent_labels_them(
+    control_plane_bin: Path, tmp_path: Path
+) -> None:
+    """Every example folder in deploy/ applied as is (the local one first: it brings the PriorityClasses),
+    with gpusched up's scheduler and webhook, on kwok nodes whose labels are exactly the agent's for fake
+    NVIDIA A100-SXM4-80GB, NVIDIA H100 80GB HBM3 and Tesla T4 GPUs: every example pod is bound, to a node
+    whose nvidia.com/gpu.product is one of the models its gpusched.io/gpu-models names (in either form, with
+    or without the vendor prefix), with its assignment and, for a share, its slot; but the one meant never to
+    fit, which stays Pending with a FailedScheduling event."""
+    from gpusched.core.gpumodel import canonical_gpu_model
+
+    found = sorted(p.relative_to(DEPLOY) for p in DEPLOY.rglob("*.yaml") if "examples" in p.parts)
+    assert found == sorted(p.relative_to(DEPLOY) for d in EXAMPLE_DIRS for p in d.glob("*.yaml")), found
+    cluster = LocalCluster(control_plane_bin, tmp_path, nodes=1, gpus=4)
+    try:
+        models = {"h100-node": "NVIDIA H100 80GB HBM3", "t4-node": "Tesla T4"}
+        labelled = {n: cluster.add_agent_labelled_node(n, m, 4) for n, m in models.items()}
+        for d in EXAMPLE_DIRS:
+            out = run([*cluster.kubectl_cmd, "apply", "-f", str(d)], cwd=REPO)
+            assert out.returncode == 0 and "Warning" not in out.stderr, f"{d}: {out.stderr}"
+        pods = [doc for d in EXAMPLE_DIRS for p in sorted(d.glob("*.yaml")) for doc in manifest_docs(p)
+                if doc["kind"] == "Pod"]  # fmt: skip
+        keys = {f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods}
+        assert keys >= NEVER_FITS and len(keys) >= 4
+
+        def live(key: str) -> dict[str, Any]:
+            ns, name = key.split("/")
+            return cluster.get("pod", name, ns)
+
+        def bound() -> bool:
+            return all(live(k)["spec"].get("nodeName") for k in keys - NEVER_FITS)
+
+        wait_until(bound, timeout=90, what=f"the example pods {sorted(keys - NEVER_FITS)} bound", interval=1)
+        for key in sorted(keys - NEVER_FITS):
+            pod = live(key)
+            node = cluster.get("node", pod["spec"]["nodeName"])
+            product = node["metadata"]["labels"]["nvidia.com/gpu.product"]
+            asked = (pod["metadata"].get("annotations") or {}).get("gpusched.io/gpu-models")
+            if asked:
+                assert canonical_gpu_model(product) in {canonical_gpu_model(m) for m in asked.split("|")}, key
+            if node["metadata"]["name"] in labelled:
+                assert labelled[node["metadata"]["name"]].items() <= node["metadata"]["labels"].items()
+            assert product.startswith(("NVIDIA-", "Tesla-")), product  # as the agent and GFD write it
+            assignment = json.loads(pod["metadata"]["annotations"]["gpusched.io/assignment"])
+            assert assignment["node"] == node["metadata"]["name"]
+            limits = pod["spec"]["containers"][0]["resources"]["limits"]
+            if "gpusched.io/gpu-milli" in limits or "gpusched.io/gpu-memory" in limits:
+                assert limits.get("gpusched.io/gpu-share") == "1", key  # the webhook's slot
+        (never,) = NEVER_FITS
+        ns, name = never.split("/")
+
+        def refused() -> bool:
+            events = json.loads(cluster.kubectl("get", "events", "-n", ns, "-o", "json"))["items"]
+            return any(
+                e["reason"] == "FailedScheduling" and e["involvedObject"]["name"] == name for e in events
+            )
+
+        wait_until(refused, timeout=30, what=f"a FailedScheduling event for {never}", interval=1)
+        assert not live(never)["spec"].get("nodeName")
+    finally:
+        cluster.down()

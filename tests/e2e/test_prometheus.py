@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 import urllib.parse
 import urllib.request
 import uuid
@@ -81,19 +82,26 @@ def _binary(name: str) -> str:
     return path
 
 
+FAST = {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"}
+
+
 class Prometheus:
-    def __init__(self, tmp: Path, targets: dict[str, list[int]]) -> None:
+    def __init__(
+        self, tmp: Path, targets: dict[str, list[int]], *, config: dict[str, Any] | None = None
+    ) -> None:
+        """``targets``: static scrape jobs, rules at ``for: 0s``; or ``config``: a whole prometheus.yml."""
         self.port = free_port()
-        rules = tmp / "rules.yaml"
-        rules.write_text(rules_yaml(Thresholds(p99_seconds=1e-6), for_override="0s"))
-        config = {
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(rules)],
-            "scrape_configs": [
-                {"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in ports]}]}
-                for job, ports in targets.items()
-            ],
-        }
+        if config is None:
+            rules = tmp / "rules.yaml"
+            rules.write_text(rules_yaml(Thresholds(p99_seconds=1e-6), for_override="0s"))
+            config = {
+                "global": FAST,
+                "rule_files": [str(rules)],
+                "scrape_configs": [
+                    {"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in ports]}]}
+                    for job, ports in targets.items()
+                ],
+            }
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.log = (tmp / "prometheus.log").open("ab")
         self.proc = subprocess.Popen(
@@ -610,3 +618,201 @@ def test_chart_ships_the_dashboards_and_rules(
         assert len(v1.list_namespaced_config_map(ns, label_selector="grafana_dashboard=1").items) == len(maps)
     finally:
         v1.delete_namespace(ns, _preload_content=False)
+
+
+# ------------------------------------------------------------------ the shipped plain scrape configuration
+SCRAPE_CONFIGS = ROOT / "deploy/prometheus/scrape-configs.yaml"
+SHIPPED_RULES = ROOT / "deploy/prometheus/gpusched-rules.yaml"
+POD_TEMPLATES = {  # component -> the shipped manifest whose pod template it runs from
+    "scheduler": ROOT / "deploy/manifests/standalone/04-deployment.yaml",
+    "extender": ROOT / "deploy/manifests/extender/02-extender.yaml",
+    "agent": ROOT / "deploy/manifests/agent/02-agent-daemonset.yaml",
+    "webhook": ROOT / "deploy/manifests/webhook/01-webhook.yaml",  # scraped by none of the jobs
+}
+
+
+def _pod_template(path: Path) -> dict[str, Any]:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    (workload,) = [d for d in docs if d["kind"] in ("Deployment", "DaemonSet")]
+    return dict(workload["spec"]["template"])
+
+
+def _pod_role_targets(component: str, port: int, namespace: str) -> list[dict[str, Any]]:
+    """What Prometheus's ``kubernetes_sd_configs: [{role: pod}]`` makes of a Running pod from the shipped
+    pod template (one target per declared container port, with the pod role's meta labels), its pod IP
+    127.0.0.1 and the metrics port moved to ``port``, where the real process listens."""
+    tpl = _pod_template(POD_TEMPLATES[component])
+    labels = {
+        "__meta_kubernetes_namespace": namespace,
+        "__meta_kubernetes_pod_name": f"{component}-0",
+        "__meta_kubernetes_pod_phase": "Running",
+        "__meta_kubernetes_pod_ip": "127.0.0.1",
+        "__meta_kubernetes_pod_node_name": "node-0",
+        **{
+            "__meta_kubernetes_pod_label_" + "".join(c if c.isalnum() else "_" for c in k): v
+            for k, v in tpl["metadata"]["labels"].items()
+        },
+    }
+    out = []
+    for c in tpl["spec"]["containers"]:
+        for i, p in enumerate(c.get("ports") or []):
+            address = f"127.0.0.1:{port if i == 0 else free_port()}"  # the first port serves /metrics
+            meta = {"__meta_kubernetes_pod_container_name": c["name"],
+                    "__meta_kubernetes_pod_container_port_name": p.get("name", ""),
+                    "__meta_kubernetes_pod_container_port_number": str(p["containerPort"])}  # fmt: skip
+            out.append({"targets": [address], "labels": {**labels, **meta}})
+    return out
+
+
+def test_scheduler_down_fires_through_the_shipped_scrape_config_with_the_shipped_for(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """deploy/prometheus/scrape-configs.yaml's jobs (their relabel rules as shipped) and gpusched-rules.yaml
+    as shipped (``for: 2m``): the scheduler, the extender and the agent run as processes, their targets
+    are the shipped manifests' pods as the pod role discovers them; the jobs find exactly their component,
+    named as the rules expect; the scheduler and the extender are killed and GPUSchedSchedulerDown and
+    GPUSchedExtenderDown fire after the shipped ``for:``.
+
+    Debian's Prometheus is built without Kubernetes service discovery, so the one change to the shipped jobs
+    is ``kubernetes_sd_configs`` replaced by a ``file_sd_configs`` file holding the pod role's targets;
+    scrape and evaluation run every second. The wait is the shipped ``for:`` (2 minutes) itself, about 2.5
+    minutes in all: the point of the test is that the shipped duration, not a test one, fires."""
+    _binary("prometheus")
+    shipped = yaml.safe_load(SCRAPE_CONFIGS.read_text())["scrape_configs"]
+    assert [j["job_name"] for j in shipped] == list(JOBS)
+    rules = yaml.safe_load(SHIPPED_RULES.read_text())
+    (down_rule,) = [
+        r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "GPUSchedSchedulerDown"
+    ]
+    for_s = int(down_rule["for"].rstrip("m")) * 60
+    assert down_rule["for"].endswith("m") and 0 < for_s <= 300, down_rule["for"]
+
+    ports = {"scheduler": free_port(), "extender": free_port(), "agent": free_port(), "webhook": free_port()}
+    kubeconfig = str(control_plane.kubeconfig_path)
+    ns, tag = "gpusched", uuid.uuid4().hex[:8]
+    fake = tmp_path / "gpus.yaml"
+    fake.write_text(yaml.safe_dump({"hostname": "node-0", "gpus": [{"model": "NVIDIA A100-SXM4-80GB"}]}))
+    (tmp_path / "dp").mkdir()
+    cmds = {
+        "scheduler": ["-m", "gpusched.k8s.cli_scheduler", "--kubeconfig", kubeconfig, "--scheduler-name",
+                      f"gpusched-{tag}", "--namespace", "default", "--lease-name", f"lease-{tag}",
+                      "--port", str(ports["scheduler"])],
+        "extender": ["-m", "gpusched.extender.cli_extender", "--kubeconfig", kubeconfig,
+                     "--host", "127.0.0.1", "--port", str(ports["extender"])],
+        "agent": ["-m", "gpusched.agent", "run", "--fake", str(fake), "--no-api", "--node", "node-0",
+                  "--plugin-dir", str(tmp_path / "dp"), "--metrics-port", str(ports["agent"]),
+                  "--log-level", "warning"],
+    }  # fmt: skip
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    prom: Prometheus | None = None
+    try:
+        for name, cmd in cmds.items():
+            log = (tmp_path / f"{name}.log").open("ab")
+            procs[name] = subprocess.Popen([sys.executable, *cmd], stdout=log, stderr=subprocess.STDOUT)
+        groups = [g for c, p in ports.items() for g in _pod_role_targets(c, p, ns)]
+        (tmp_path / "pods.json").write_text(json.dumps(groups))
+        jobs = []
+        for job in shipped:
+            job = {k: v for k, v in job.items() if k != "kubernetes_sd_configs"}
+            jobs.append({**job, "file_sd_configs": [{"files": [str(tmp_path / "pods.json")]}]})
+        config = {"global": FAST, "rule_files": [str(SHIPPED_RULES)], "scrape_configs": jobs}
+        prom = Prometheus(tmp_path, {}, config=config)
+
+        def all_up() -> bool:
+            active = prom.api("targets")["data"]["activeTargets"]
+            by_job = {j: [t for t in active if t["labels"]["job"] == j] for j in JOBS}
+            return (
+                all(len(ts) == 1 and ts[0]["health"] == "up" for ts in by_job.values()) and len(active) == 3
+            )
+
+        wait_until(all_up, timeout=60, interval=1, what=f"one healthy target per job (logs: {tmp_path})")
+        for t in prom.api("targets")["data"]["activeTargets"]:  # each job its own component, nothing else
+            assert t["labels"]["kubernetes_pod"] == f"{t['labels']['job'].removeprefix('gpusched-')}-0"
+        for name in ("scheduler", "extender"):
+            procs[name].kill()
+            procs[name].wait()
+        killed = time.monotonic()
+
+        def firing() -> set[str]:
+            assert prom is not None
+            return prom.firing()
+
+        wait_until(lambda: "GPUSchedSchedulerDown" in {a["labels"]["alertname"]
+                   for a in prom.api("alerts")["data"]["alerts"]}, timeout=30, interval=1,
+                   what="GPUSchedSchedulerDown pending")  # fmt: skip
+        assert "GPUSchedSchedulerDown" not in firing()  # pending: the for: holds it back
+        wait_until(lambda: firing() >= DOWN_ALERTS, timeout=for_s + 60, interval=1, what="down alerts firing")
+        waited = time.monotonic() - killed
+        assert waited >= for_s, f"fired after {waited:.0f} s, before the shipped for: {down_rule['for']}"
+        assert (
+            prom.check([Check("panel", "agent", q, q) for q in ['up{job="gpusched-agent"} == 1']])
+            .results[0]
+            .outcome
+            == "data"
+        )
+    finally:
+        if prom is not None:
+            prom.stop()
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_chart_servicemonitors_name_the_jobs_the_alert_rules_match(
+    control_plane_bin: Path, tmp_path: Path
+) -> None:
+    """helm template: with the Prometheus Operator's CRD among the API versions, one ServiceMonitor per
+    component, its job relabelled to the name the rules match, its selector, namespace and port those of a
+    rendered Service whose selector picks the component's pods and whose port is the container's metrics
+    port (the agent's a headless Service of its own); without the CRD, or switched off, none."""
+    helm = control_plane_bin / "helm"
+    if not helm.is_file():
+        unavailable(f"helm is not built in {control_plane_bin} (hack/build-control-plane.sh builds it)")
+    env = {k: str(tmp_path / k.lower()) for k in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")}
+    crd = ("--api-versions", "monitoring.coreos.com/v1/ServiceMonitor")
+
+    def render(*flags: str) -> list[dict[str, Any]]:
+        cmd = [
+            str(helm),
+            "template",
+            "gpusched",
+            str(ROOT / "deploy/helm/gpusched"),
+            "-n",
+            "gpusched",
+            *flags,
+        ]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+        assert out.returncode == 0, out.stderr
+        return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+    for mode, jobs in (("standalone", {"gpusched-scheduler", "gpusched-agent"}),
+                       ("extender", {"gpusched-extender", "gpusched-agent"})):  # fmt: skip
+        docs = render("--set", f"mode={mode}", *crd)
+        monitors = [d for d in docs if d["kind"] == "ServiceMonitor"]
+        assert {m["spec"]["endpoints"][0]["relabelings"][-1]["replacement"] for m in monitors} == jobs
+        assert jobs <= set(JOBS)
+        for m in monitors:
+            (ep,) = m["spec"]["endpoints"]
+            assert ep["relabelings"][-1]["targetLabel"] == "job"
+            sel, (ns,) = m["spec"]["selector"]["matchLabels"], m["spec"]["namespaceSelector"]["matchNames"]
+            services = [d for d in docs if d["kind"] == "Service" and d["metadata"]["namespace"] == ns
+                        and sel.items() <= d["metadata"]["labels"].items()]  # fmt: skip
+            (svc,) = [s for s in services if any(p["name"] == ep["port"] for p in s["spec"]["ports"])]
+            (port,) = [p for p in svc["spec"]["ports"] if p["name"] == ep["port"]]
+            workloads = [
+                d
+                for d in docs
+                if d["kind"] in ("Deployment", "DaemonSet")
+                and svc["spec"]["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
+            ]
+            (w,) = workloads  # fmt: skip
+            containers = w["spec"]["template"]["spec"]["containers"]
+            container_ports = {
+                p["name"]: p["containerPort"] for c in containers for p in c.get("ports") or []
+            }
+            assert port["targetPort"] in container_ports, (m["metadata"]["name"], port, container_ports)
+            assert ep.get("honorLabels", False) == (m["metadata"]["name"] == "gpusched-agent")
+    assert not [d for d in render() if d["kind"] == "ServiceMonitor"]  # no CRD: nothing to create
+    assert not [d for d in render("--set", "monitoring.serviceMonitor.enabled=false", *crd)
+                if d["kind"] == "ServiceMonitor"]  # fmt: skip

@@ -20,7 +20,8 @@ document itself). CI and the kubelet e2e use it. Format::
         migMode: true
         mig: [{profile: 3g.40gb, start: 4}, {profile: 1g.10gb, start: 0, uuid: MIG-...}]
         xids: [79]                    # injected once, at start
-        readings: {utilization: 35, memoryUsedMiB: 1024, temperature: 41, power: 250.5}
+        readings: {utilization: 35, memoryUsedMiB: 1024, temperature: 41, power: 250.5}  # memoryUsedMiB
+                                      # defaults to 0 (NVML always reports memory use); the others to none
 
 Errors name the file, the GPU (list position and index) and the field.
 """
@@ -177,15 +178,20 @@ class FakeBackend:
     def readings(self, index: int) -> Readings:
         r = self._readings.get(index, Readings())
         d = self._inv.by_index(index)
-        if d is not None and r.memory_used_mib is not None and r.memory_free_mib is None:
-            r = Readings(
-                r.gpu_util_percent,
-                r.memory_used_mib,
-                d.memory_mib - r.memory_used_mib,
-                r.temperature_c,
-                r.power_w,
-            )
+        if d is not None and r.memory_free_mib is None:
+            # NVML always reports memory use (nvmlDeviceGetMemoryInfo): none configured means none used
+            used = r.memory_used_mib or 0
+            r = Readings(r.gpu_util_percent, used, d.memory_mib - used, r.temperature_c, r.power_w)
         return r
+
+    @property
+    def xid_file(self) -> Path | None:
+        return self._xid_file
+
+    def pending_xids(self) -> list[XidEvent]:
+        """The XIDs not yet polled (the file's ``xids`` until the first poll), without taking them."""
+        with self._cond:
+            return list(self._pending)
 
     def set_readings(self, index: int, readings: Readings) -> None:
         self._readings[index] = readings
@@ -329,7 +335,7 @@ def _gpu(
         mig_capable=capable,
         mig_enabled=mig_mode,
         mig_instances=tuple(instances),
-        nvlink_peers=tuple(peers_raw),
+        nvlink_peers=tuple(sorted(set(peers_raw))),  # as NVML's links give them: a set, in index order
         numa_node=numa,
     )
     readings = Readings(
@@ -348,3 +354,13 @@ def _check_unique(devices: list[GpuDevice], source: str) -> None:
             if key in seen and seen[key] != d.index:
                 raise FakeConfigError(f"{source}: GPU index {d.index}: {key} is also GPU index {seen[key]}'s")
             seen[key] = d.index
+
+
+def fake_node_labels(model: str, count: int, hostname: str = "fake-node") -> dict[str, str]:
+    """The node labels the agent writes (GFD's names and values, ``gpusched.agent.labels.gfd_labels``) for a
+    node of ``count`` fake GPUs of NVML name ``model`` (e.g. "NVIDIA A100-SXM4-80GB", "Tesla T4") with this
+    format's defaults: what ``gpusched up`` and the tests put on kwok nodes, so they look like real ones."""
+    from gpusched.agent.labels import gfd_labels
+
+    doc = {"hostname": hostname, "gpus": [{"model": model, "count": count}]}
+    return gfd_labels(FakeBackend.from_dict(doc, f"fake GPUs {model!r}").inventory())

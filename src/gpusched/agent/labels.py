@@ -75,6 +75,20 @@ def _gpu_labels(dev: GpuDevice, count: int, *, mig_enabled: bool) -> dict[str, s
     return labels
 
 
+def per_model_labels(dev: GpuDevice, count: int) -> dict[str, str]:
+    """The product, count, replicas, memory and architecture labels GFD writes for ``count`` GPUs like ``dev``
+    (on a node with several models GFD writes one model's, which one changing from run to run)."""
+    return _gpu_labels(dev, count, mig_enabled=dev.mig_enabled)
+
+
+def label_candidates(inv: Inventory) -> list[GpuDevice]:
+    """One GPU per model whose per-model labels GFD may end up writing: the full GPUs' models if there are
+    full GPUs (their labeler runs last), else the MIG-enabled GPUs' models."""
+    full = [d for d in inv.devices if not d.mig_enabled]
+    group = full or list(inv.devices)
+    return list({d.name: d for d in group}.values())
+
+
 def gfd_labels(inv: Inventory, mig_strategy: str | None = None) -> dict[str, str]:
     """The labels gpu-feature-discovery would put on this node (without its timestamp)."""
     strategy = mig_strategy or default_strategy(inv)
@@ -112,12 +126,11 @@ def gfd_labels(inv: Inventory, mig_strategy: str | None = None) -> dict[str, str
     counts: dict[str, int] = {}
     for d in inv.devices:
         counts[d.name] = counts.get(d.name, 0) + 1
-    # With strategy none every GPU counts as a full GPU (GFD's device map ignores MIG then).
-    mig_on = strategy != "none"
-    # MIG-enabled GPUs first; full GPUs of the same name override them, as in GFD.
-    for d in [d for d in inv.devices if mig_on and d.mig_enabled]:
+    # MIG-enabled GPUs first; full GPUs of the same name override them, as in GFD, whatever the strategy (GFD
+    # run on hack/fakenvml labels a MIG-enabled GPU's gpu.replicas 0 under strategy none too).
+    for d in [d for d in inv.devices if d.mig_enabled]:
         labels.update(_gpu_labels(d, counts[d.name], mig_enabled=True))
-    for d in [d for d in inv.devices if not (mig_on and d.mig_enabled)]:
+    for d in [d for d in inv.devices if not d.mig_enabled]:
         labels.update(_gpu_labels(d, counts[d.name], mig_enabled=False))
     if strategy == "mixed":
         labels["nvidia.com/mig.strategy"] = "mixed"

@@ -181,13 +181,20 @@ class NvmlBackend:
             self._events = n.nvmlEventSetCreate()
             for h in self._handles:
                 self._try(n.nvmlDeviceRegisterEvents, h, n.nvmlEventTypeXidCriticalError, self._events)
-        try:
-            data = n.nvmlEventSetWait(self._events, int(timeout_s * 1000))
-        except n.NVMLError:
-            return []  # timeout
-        uuid = _str(n.nvmlDeviceGetUUID(data.device))
-        index = next(i for i, h in enumerate(self._handles) if _str(n.nvmlDeviceGetUUID(h)) == uuid)
-        return [XidEvent(index, int(data.eventData))]
+        out: list[XidEvent] = []
+        wait_ms = int(timeout_s * 1000)
+        while True:  # every event already there, as the fake backend gives them: wait only for the first
+            try:
+                data = n.nvmlEventSetWait(self._events, wait_ms)
+            except n.NVMLError:
+                return out  # timeout
+            wait_ms = 0
+            uuid = _str(n.nvmlDeviceGetUUID(data.device))
+            index = next(
+                (i for i, h in enumerate(self._handles) if _str(n.nvmlDeviceGetUUID(h)) == uuid), None
+            )
+            if index is not None:
+                out.append(XidEvent(index, int(data.eventData)))
 
     def close(self) -> None:
         if self._events is not None:

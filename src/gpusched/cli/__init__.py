@@ -4,7 +4,8 @@
 - ``bench ...`` — benchmarks (``cli/bench.py``);
 - ``scheduler``, ``extender``, ``webhook`` — the Kubernetes front ends and the share pods' admission
   webhook (``cli/serve.py``);
-- ``testenv up|down`` — the test control plane (``cli/testenv.py``);
+- ``up``, ``down`` — a local cluster with gpusched; ``testenv up|down`` — the test control plane
+  (``cli/testenv.py``);
 - ``doctor pod|node|cluster|snapshot|bench`` (``cli/doctor.py``), ``ui`` — the GPU map (``cli/ui.py``);
 - ``policies``, ``check-trace`` (``cli/traces.py``);
 - ``agent discover|labels|run|bench|compare-smi`` — the node agent (``cli/agent.py``; also

@@ -1,4 +1,4 @@
-"""``gpusched agent discover|labels|run|bench|compare-smi``: the node agent's commands
+"""``gpusched agent discover|labels|run|bench|compare-smi|fake-nvml-config``: the node agent's commands
 (``gpusched.agent``); also ``python -m gpusched.agent ...``, the DaemonSet's entry point.
 
 Imports of the agent are lazy: the CLI starts fast everywhere, machines without a driver too.
@@ -105,7 +105,10 @@ def run_cmd(
     metrics_port: Annotated[int, typer.Option(help="Prometheus port (dcgm-exporter's is 9400).")] = 9400,
     log_level: Annotated[str, typer.Option(help="debug, info, warning.")] = "info",
     no_api: Annotated[
-        bool, typer.Option(help="No Kubernetes API (measurements): no pods, node updates kept in memory.")
+        bool,
+        typer.Option(
+            "--no-api", help="No Kubernetes API (measurements): no pods, node updates kept in memory."
+        ),
     ] = False,
 ) -> None:
     """Run the device plugin, the node labeller, GPU health on the Node and the metrics exporter."""
@@ -150,6 +153,21 @@ def bench_cmd(
 
     render.agent_bench(bench_allocate(gpus, calls, pending))
     render.agent_bench(bench_idle(gpus))
+
+
+@agent_app.command("fake-nvml-config")
+@reports_errors
+def fake_nvml_config_cmd(
+    fake: Annotated[Path, typer.Argument(help="A fake-GPU file (YAML/JSON, as --fake reads).")],
+    out: Annotated[
+        Path, typer.Argument(help="Where to write the flat form for hack/fakenvml's libnvidia-ml.")
+    ],
+) -> None:
+    """Write the flat form of a fake-GPU file that hack/fakenvml's libnvidia-ml.so.1 reads
+    ($GPUSCHED_FAKE_NVML_CONFIG)."""
+    from gpusched.agent.fakenvml import write_flat_config
+
+    write_flat_config(fake, out)
 
 
 @agent_app.command("compare-smi")

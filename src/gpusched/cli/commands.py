@@ -11,7 +11,7 @@ from gpusched.cli.doctor import doctor_app
 from gpusched.cli.metrics import metrics_app
 from gpusched.cli.serve import extender, scheduler, webhook
 from gpusched.cli.simulate import simulate
-from gpusched.cli.testenv import testenv_app
+from gpusched.cli.testenv import down, testenv_app, up
 from gpusched.cli.traces import check_trace, policies
 from gpusched.cli.ui import ui
 
@@ -21,6 +21,8 @@ app.add_typer(bench_app, name="bench")
 app.command("scheduler")(scheduler)
 app.command()(extender)
 app.command()(webhook)
+app.command("up")(up)
+app.command("down")(down)
 app.add_typer(testenv_app, name="testenv")
 app.add_typer(agent_app, name="agent")
 app.command()(policies)

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, ParamSpec
+from typing import Annotated, Any, ParamSpec
 
 import typer
+import typer.core
+import typer.rich_utils
 
 from gpusched.core.errors import GpuschedError
 
@@ -21,6 +24,47 @@ P = ParamSpec("P")
 
 DEFAULT_JOBS = max(1, min(4, os.cpu_count() or 1))
 ERROR_EXIT = 2  # as click's usage errors: the input was wrong, not the program
+
+
+HELP_WIDTH_OFF_TTY = 120
+"""Columns of ``--help`` written to a file or a pipe (rich would cut it at 80): wide enough that no
+option's help or default is cut; ``$COLUMNS`` or typer's ``$TERMINAL_WIDTH`` still decide."""
+
+_CLICK_TYPE_NAMES = {"int": "INTEGER", "float": "FLOAT", "str": "TEXT", "path": "PATH", "file": "PATH"}
+_typer_option_type = typer.core.TyperOption.display_type_rich
+_typer_argument_type = typer.core.TyperArgument.display_type_rich
+
+
+def _click_name(label: str | None) -> str | None:
+    if label and label.startswith("<") and label.endswith(">"):
+        inner = label[1:-1]
+        return _CLICK_TYPE_NAMES.get(inner, inner)
+    return label
+
+
+def _option_metavar(self: typer.core.TyperOption, ctx: Any) -> str | None:
+    """An option's value placeholder in ``--help``: none for a flag (typer 0.29 shows ``<bool>``
+    beside ``--help`` and every switch), click's names for values (``INTEGER``, ``PATH``, ``TEXT``)
+    instead of typer's ``<int>``; a metavar given to the option wins."""
+    if self.is_flag or self.count:
+        return None
+    return _click_name(_typer_option_type(self, ctx))
+
+
+def _argument_metavar(self: typer.core.TyperArgument, ctx: Any) -> str | None:
+    return _click_name(_typer_argument_type(self, ctx))
+
+
+def plain_help() -> None:
+    """Help without type noise, and not cut at 80 columns off a terminal (see ``HELP_WIDTH_OFF_TTY``).
+    Applied once when this module is imported: every command module imports it."""
+    typer.core.TyperOption.display_type_rich = _option_metavar  # type: ignore[method-assign]
+    typer.core.TyperArgument.display_type_rich = _argument_metavar  # type: ignore[method-assign,assignment]
+    if typer.rich_utils.MAX_WIDTH is None and not os.environ.get("COLUMNS") and not sys.stdout.isatty():
+        typer.rich_utils.MAX_WIDTH = HELP_WIDTH_OFF_TTY
+
+
+plain_help()
 
 
 def run_cli(fn: Callable[[], None]) -> None:

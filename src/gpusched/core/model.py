@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from gpusched.core.errors import InvalidSpec
+from gpusched.core.gpumodel import canonical_gpu_model, canonical_gpu_models
 from gpusched.core.selectors import (
     LabelSelector,
     NodeSelectorTerm,
@@ -115,6 +116,8 @@ class NodeSpec:
         _check_extended(self.extended, f"node {self.name}")
         if self.gpu_count and not self.gpu_model:
             raise InvalidSpec(f"node {self.name}: has {self.gpu_count} GPUs but no gpu_model")
+        if self.gpu_model:
+            object.__setattr__(self, "gpu_model", canonical_gpu_model(self.gpu_model))
         bad = sorted(g for g in self.unhealthy_gpus if not isinstance(g, int) or not 0 <= g < self.gpu_count)
         if bad:
             raise InvalidSpec(f"node {self.name}: unhealthy GPU(s) {bad} not among its {self.gpu_count} GPUs")
@@ -177,6 +180,8 @@ class PodSpec:
         for m in self.gpu_models:
             if not m or "|" in m or m.strip() != m:
                 raise InvalidSpec(f"pod {self.key}: invalid GPU model name {m!r} in gpu_models")
+        if self.gpu_models:
+            object.__setattr__(self, "gpu_models", canonical_gpu_models(self.gpu_models))
         _check_extended(self.extended, f"pod {self.key}")
         if self.preemption_policy not in PREEMPTION_POLICIES:
             raise InvalidSpec(

@@ -12,8 +12,10 @@ How a pod asks for GPUs (documented in README, "Requesting GPUs"):
   and no milli, beside other shares but never on a GPU a whole-GPU pod holds.
 - A 0 for ``gpusched.io/gpu-milli`` or ``gpusched.io/gpu-memory`` is refused (it would ask for
   no GPU at all); a running pod is booked as the kubelet admitted it whatever its request says.
-- annotation ``gpusched.io/gpu-models: "A100-SXM4-80GB|H100-80GB-HBM3"`` — allowed GPU models
-  (the node label ``nvidia.com/gpu.product``).
+- annotation ``gpusched.io/gpu-models: "NVIDIA-A100-SXM4-80GB|NVIDIA-H100-80GB-HBM3"`` — allowed GPU
+  models: the node label ``nvidia.com/gpu.product`` as gpu-feature-discovery and the agent write it,
+  with or without its vendor prefix (``A100-SXM4-80GB``, ``Tesla-T4`` or ``T4``); both sides are
+  compared in ``gpusched.core.gpumodel.canonical_gpu_model``'s form.
 - other resources in the requests — device plugins' extended resources (``rdma/hca``, MIG slices
   like ``nvidia.com/mig-1g.10gb``) in whole units, ``ephemeral-storage`` and ``hugepages-*`` in
   MiB — and the node's allocatable ``pods`` are checked as kube-scheduler does.
@@ -167,7 +169,8 @@ def parse_models(text: str, where: str) -> frozenset[str]:
     bad = [m for m in models if not _MODEL_RE.match(m)]
     if bad or (text.strip() and not models):
         raise InvalidRequest(
-            f"{where}: invalid GPU model name(s) {bad or [text]}; use names like A100-SXM4-80GB|T4"
+            f"{where}: invalid GPU model name(s) {bad or [text]}; use the node label {LABEL_PRODUCT} "
+            "with or without its vendor prefix, '|' between models, e.g. NVIDIA-A100-SXM4-80GB|Tesla-T4"
         )
     return models
 

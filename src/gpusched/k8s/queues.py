@@ -71,6 +71,8 @@ def queue_from_k8s(obj: Mapping[str, Any]) -> QueueSpec:
         model = item.get("model") if isinstance(item, Mapping) else None
         if not isinstance(model, str) or not model:
             raise InvalidQueue(f"{where}.perModel[{i}].model: must be a GPU model name")
+        if model in per_model:
+            raise InvalidQueue(f"{where}.perModel[{i}].model: {model} is named twice")
         per_model[model] = _quota(item.get("nominalQuota"), f"{where}.perModel[{i}].nominalQuota")
     weight = spec.get("weight", 1)
     return QueueSpec(

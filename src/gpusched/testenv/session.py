@@ -3,9 +3,11 @@
 ``up`` starts the e2e control plane (etcd, kube-apiserver, kube-controller-manager, optionally
 kube-scheduler, and kwok playing the kubelets; see ``gpusched.testenv.controlplane``) in the background,
 so that it outlives the command, registers ``nodes`` kwok nodes with ``gpus_per_node`` NVIDIA
-A100-SXM4-80GB GPUs each (labels as NVIDIA's gpu-feature-discovery sets them; allocatable
-``nvidia.com/gpu``, ``gpusched.io/gpu-milli`` and ``gpusched.io/gpu-memory``), waits until they are
-Ready and prints the admin kubeconfig. ``down`` stops it all.
+A100-SXM4-80GB GPUs each (labelled as gpusched's agent and NVIDIA's gpu-feature-discovery label such a
+node: ``nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB``, or the labels given; allocatable
+``nvidia.com/gpu``, ``gpusched.io/gpu-milli``, ``gpusched.io/gpu-memory`` and the share slots), waits
+until they are Ready and prints the admin kubeconfig. ``down`` stops it all, and the processes that
+``gpusched up`` (``gpusched.testenv.local``) added to the state.
 
 Everything lives in ``state_dir``: ``state.json`` (pids, kubeconfig path, ...) and ``controlplane/``
 (etcd data, certificates, kubeconfigs, ``logs/``).
@@ -19,12 +21,13 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from gpusched.core.errors import GpuschedError
+from gpusched.k8s.convert import LABEL_MEMORY, LABEL_PRODUCT
 from gpusched.testenv import ControlPlane, ControlPlaneError, wait_until
 from gpusched.testenv.kwoknodes import kwok_gpu_node
 
@@ -43,10 +46,12 @@ __all__ = [
 
 #: Where ``gpusched testenv`` keeps its state unless told otherwise.
 DEFAULT_STATE_DIR = Path.home() / ".cache" / "gpusched" / "testenv"
-GPU_PRODUCT = "A100-SXM4-80GB"
+GPU_PRODUCT = "NVIDIA-A100-SXM4-80GB"  # the agent's and GFD's nvidia.com/gpu.product
 GPU_MEMORY_MIB = 81920
 LABEL_TESTENV = "gpusched.io/testenv"
 STATE_FILE = "state.json"
+ENV_FILE = "env.sh"
+"""Written by ``gpusched up``: ``KUBECONFIG`` and the control plane's ``kubectl`` on ``PATH``."""
 WORKDIR = "controlplane"
 _NODE_READY_TIMEOUT = 120.0
 _STOP_TIMEOUT = 10.0
@@ -93,10 +98,14 @@ class TestEnvState:
 # ------------------------------------------------------------------------------------------------- nodes
 
 
-def gpu_node_manifest(name: str, gpus: int) -> dict[str, Any]:
-    """A kwok Node with ``gpus`` A100-SXM4-80GB GPUs, labelled as gpu-feature-discovery labels them."""
+def gpu_node_manifest(name: str, gpus: int, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A kwok Node with ``gpus`` GPUs: NVIDIA A100-SXM4-80GB (product and memory labels) unless ``labels``
+    (e.g. the agent's labels of a fake GPU, ``gpusched.agent.fake.fake_node_labels``) say otherwise."""
+    labels = dict(labels or {})
+    model = labels.get(LABEL_PRODUCT, GPU_PRODUCT)
+    memory = int(labels.get(LABEL_MEMORY, GPU_MEMORY_MIB))
     return kwok_gpu_node(
-        name, gpus, model=GPU_PRODUCT, gpu_memory_mib=GPU_MEMORY_MIB, labels={LABEL_TESTENV: "true"}
+        name, gpus, model=model, gpu_memory_mib=memory, labels={**labels, LABEL_TESTENV: "true"}
     )
 
 
@@ -185,10 +194,26 @@ def read_state(state_dir: Path) -> TestEnvState | None:
         raise TestEnvError(f"{path} is not a gpusched testenv state file: {exc}") from exc
 
 
+def write_state(state_dir: Path, state: TestEnvState) -> None:
+    tmp = state_dir / f"{STATE_FILE}.tmp"
+    tmp.write_text(state.to_json())
+    tmp.replace(state_dir / STATE_FILE)
+
+
+def add_processes(state_dir: Path, state: TestEnvState, pids: Mapping[str, int]) -> TestEnvState:
+    """The state with these processes (each the leader of its own process group) added, written to
+    ``state.json``: ``down`` stops them first (the processes are stopped in reverse order)."""
+    records = [ProcessRecord(name, pid, _start_ticks(pid)) for name, pid in pids.items()]
+    new = replace(state, processes=[*state.processes, *records])
+    write_state(Path(state_dir).expanduser().resolve(), new)
+    return new
+
+
 def _remove_state(state_dir: Path) -> None:
     shutil.rmtree(state_dir / WORKDIR, ignore_errors=True)
-    with contextlib.suppress(FileNotFoundError):
-        (state_dir / STATE_FILE).unlink()
+    for name in (STATE_FILE, ENV_FILE):
+        with contextlib.suppress(FileNotFoundError):
+            (state_dir / name).unlink()
     with contextlib.suppress(OSError):
         state_dir.rmdir()  # only if nothing else is in it
 
@@ -204,6 +229,7 @@ def testenv_up(
     *,
     bin_dir: Path | None = None,
     quiet: bool = False,
+    node_labels: Mapping[str, str] | None = None,
 ) -> TestEnvState:
     """Start a background control plane with ``nodes`` kwok GPU nodes; print the kubeconfig; return the state.
 
@@ -237,7 +263,7 @@ def testenv_up(
     cp.start()
     try:
         names = [f"gpu-node-{i}" for i in range(nodes)]
-        items = [gpu_node_manifest(n, gpus_per_node) for n in names]
+        items = [gpu_node_manifest(n, gpus_per_node, node_labels) for n in names]
         manifest = {"apiVersion": "v1", "kind": "List", "items": items}
         cp.kubectl("apply", "-f", "-", input=json.dumps(manifest))
         wait_until(
@@ -261,18 +287,17 @@ def testenv_up(
         processes=[ProcessRecord(name, pid, _start_ticks(pid)) for name, pid in pids.items()],
         started_at=time.time(),
     )
-    tmp = state_dir / f"{STATE_FILE}.tmp"
-    tmp.write_text(state.to_json())
-    tmp.replace(state_dir / STATE_FILE)
+    write_state(state_dir, state)
     if not quiet:
-        print(f"gpusched testenv: {nodes} node(s) x {gpus_per_node} {GPU_PRODUCT} GPU(s) Ready at {server}")
+        product = items[0]["metadata"]["labels"][LABEL_PRODUCT]
+        print(f"gpusched testenv: {nodes} node(s) x {gpus_per_node} {product} GPU(s) Ready at {server}")
         print(f"logs: {state_dir / WORKDIR / 'logs'}")
         print(f"kubeconfig: {kubeconfig}")
         print(f"export KUBECONFIG={kubeconfig}")
     return state
 
 
-def testenv_down(state_dir: Path, *, quiet: bool = False) -> bool:
+def testenv_down(state_dir: Path, *, quiet: bool = False, who: str = "gpusched testenv") -> bool:
     """Stop the test environment of ``state_dir`` and remove its state; False if there was none."""
     state_dir = Path(state_dir).expanduser().resolve()
     state = read_state(state_dir)
@@ -280,7 +305,7 @@ def testenv_down(state_dir: Path, *, quiet: bool = False) -> bool:
         if (state_dir / WORKDIR).exists():
             _remove_state(state_dir)
         if not quiet:
-            print(f"gpusched testenv: nothing is up in {state_dir}")
+            print(f"{who}: nothing is up in {state_dir}")
         return False
     _stop_processes(state.processes)
     left = [f"{p.name} ({p.pid})" for p in state.processes if _alive(p)]
@@ -288,7 +313,7 @@ def testenv_down(state_dir: Path, *, quiet: bool = False) -> bool:
         raise TestEnvError(f"could not stop {', '.join(left)}; state kept in {state_dir}")
     _remove_state(state_dir)
     if not quiet:
-        print(f"gpusched testenv: stopped; removed {state_dir / WORKDIR}")
+        print(f"{who}: stopped; removed {state_dir / WORKDIR}")
     return True
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from gpusched.core.errors import InvalidInput
+from gpusched.core.gpumodel import canonical_gpu_model
 
 DIMENSIONS = ("gpus", "gpu_milli", "gpu_memory_mib")
 ANY_MODEL = ""
@@ -96,10 +97,20 @@ class QueueSpec:
             self.borrowing_limit.check(f"{where}: borrowingLimit")
         if self.lending_limit is not None:
             self.lending_limit.check(f"{where}: lendingLimit")
+        canonical: dict[str, Quota] = {}
         for model, q in self.per_model.items():
             if not model:
                 raise InvalidQueue(f"{where}: perModel has an empty model name")
             q.check(f"{where}: perModel[{model}]")
+            key = canonical_gpu_model(model)
+            if key in canonical:
+                raise InvalidQueue(
+                    f"{where}: perModel names GPU model {key} twice ({model!r} is the same model as "
+                    "another entry, with or without its vendor prefix)"
+                )
+            canonical[key] = q
+        if set(canonical) != set(self.per_model):
+            object.__setattr__(self, "per_model", MappingProxyType(canonical))
         if not isinstance(self.weight, int) or isinstance(self.weight, bool) or self.weight < 1:
             raise InvalidQueue(f"{where}: weight must be a positive integer, got {self.weight!r}")
         if self.parent == self.name:
