@@ -76,8 +76,9 @@ class PreemptionHost(Protocol):
         preemptors' and defragmentation's, of at least their priority)."""
         ...
 
-    def may_preempt(self, keys: Sequence[str], snap: ClusterState) -> bool:
-        """False while the victims of an earlier preemption for one of ``keys`` are leaving."""
+    def may_preempt(self, placement: Sequence[tuple[str, str]], snap: ClusterState) -> str:
+        """Why the members (pod key, node where it would land) may not preempt now ("" when they
+        may): the victims of an earlier preemption are leaving, or too many preemptions."""
         ...
 
     def preempt_gang(
@@ -314,10 +315,11 @@ class Gangs:
         )
         with rooms:
             (o,) = run_cycle(profile, snap, [unit], book=book, budgets=budgets, tiebreak=tiebreak)
-        if o.outcome is Outcome.PREEMPT and pre is not None and not pre.may_preempt(keys, snap):
-            o = UnitOutcome(
-                unit, Outcome.WAITING, reason=f"{o.reason}; waiting for the pods it preempted to leave"
-            )
+        wait = ""
+        if o.outcome is Outcome.PREEMPT and pre is not None:
+            wait = pre.may_preempt([(p.key, snap.names[n]) for p, n in o.nominated], snap)
+        if wait:
+            o = UnitOutcome(unit, Outcome.WAITING, reason=f"{o.reason}; preemption {wait}")
         return profile, o
 
     def _act(self, group: GroupSpec, unit: Unit, queue: str, snap: ClusterState, o: UnitOutcome) -> str:
