@@ -226,18 +226,19 @@ def db(name: str) -> PodSpec:
 def test_a_budget_is_broken_at_most_once_per_room_and_the_victim_gets_disruption_target() -> None:
     p, ev, api = preemptor()
     out = p.run(PodSpec("big", namespace="ns", priority=9), "n0", [db("a"), db("b")], DB)
-    assert ev.deleted == ["ns/a"] and out.forced == ["ns/a"] and out.broken == ["db"]
-    assert [b.key for b in out.blocked] == ["ns/b"]  # the second waits: "db" is broken already
+    assert ev.deleted == ["ns/a", "ns/b"] and out.forced == ["ns/a", "ns/b"] and out.broken == ["db", "db"]
     conds = [
         c.args[2]["status"]["conditions"][0]
         for c in api.patch_namespaced_pod_status.call_args_list
         if "conditions" in c.args[2]["status"]
     ]
-    assert [(c["type"], c["reason"]) for c in conds] == [("DisruptionTarget", "PreemptionByScheduler")]
-    assert ev.marked_first == [True]
-    # the same room again: the budget is spent
+    assert [(c["type"], c["reason"]) for c in conds] == [("DisruptionTarget", "PreemptionByScheduler")] * 2
+    assert ev.marked_first == [True, True]
+    # the same room again: the budget is spent, the victim waits (and the nomination is cleared)
     again = p.run(PodSpec("big", namespace="ns", priority=9), "n0", [db("c")], DB, spent=frozenset({"db"}))
-    assert ev.deleted == ["ns/a"] and not again.forced
+    assert ev.deleted == ["ns/a", "ns/b"] and not again.forced and [b.key for b in again.blocked] == ["ns/c"]
+    last = api.patch_namespaced_pod_status.call_args_list[-1].args
+    assert last[0] == "big" and last[2] == {"status": {"nominatedNodeName": None}}
 
 
 def test_a_victim_already_leaving_is_not_evicted_again_nor_told_again() -> None:
@@ -246,3 +247,19 @@ def test_a_victim_already_leaving_is_not_evicted_again_nor_told_again() -> None:
     assert ev.evicted == [] and ev.deleted == [] and out.leaving == ["ns/a"]
     p.events.flush()
     assert api.create_namespaced_event.call_count == 0
+
+
+def test_the_preemptor_is_nominated_before_its_victims_are_evicted() -> None:
+    """A scheduler SIGKILLed between the two finds the room when it starts again (F5)."""
+    p, ev, api = preemptor()
+    patched_before: list[int] = []
+    real_evict = ev.evict
+
+    def evict(ns: str, name: str, uid: str = "", **kw: Any) -> Eviction:
+        patched_before.append(api.patch_namespaced_pod_status.call_count)
+        return real_evict(ns, name, uid, **kw)
+
+    ev.evict = evict  # type: ignore[method-assign]
+    p.run(PodSpec("big", namespace="ns", priority=9), "n0", [db("a")], DB)
+    first = api.patch_namespaced_pod_status.call_args_list[0].args
+    assert patched_before == [1] and first[0] == "big" and first[2] == {"status": {"nominatedNodeName": "n0"}}

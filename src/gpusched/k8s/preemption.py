@@ -11,14 +11,16 @@ as data, so that a choice breaking no budget wins when one exists). ``Preemptor.
    (``violate_budgets``, the default) — the victim is deleted gracefully instead, with an event
    naming the budget; otherwise (the budget changed since it was read) the victim stays, and the
    preemptor is told to decide again later (``PreemptionRun.blocked``);
-3. sets the preemptor's ``status.nominatedNodeName`` when any victim is leaving (for a gang,
-   ``run_gang``: each member's, where it will land); the scheduler
-   keeps the room on that node for it (``core.statement.holding``) until it binds.
+3. sets the preemptor's ``status.nominatedNodeName`` (for a gang, ``run_gang``: each member's,
+   where it will land) *before* the evictions, so that a scheduler killed half-way finds the room
+   when it starts again, and clears it when no victim is leaving after all; the scheduler keeps
+   the room on that node for it (``core.statement.holding``) until it binds.
 
 Each victim leaving gets a ``Preempted`` event; the preemptor a ``PreemptionBlocked`` warning
 when a budget kept a victim. A victim already leaving (terminating, or evicted for another
-preemptor) is not evicted again and gets no second event. A budget is broken at most once per
-room (preemptor and node: ``spent``); a victim deleted despite its budget first gets the
+preemptor) is not evicted again and gets no second event. A budget is broken by at most one
+preemption per room (preemptor and node): one that a room broke already (``spent``) is never
+forced again for it, its victims wait; a victim deleted despite its budget first gets the
 ``DisruptionTarget`` condition kube-scheduler gives it (the Eviction API adds its own).
 
 ``Nominations`` is the scheduler's record of those rooms (issue 28, F1): who is nominated
@@ -92,9 +94,11 @@ class Preemptor:
         """Evict ``victims`` for ``pod`` (to land on ``node``), as the module says. ``leaving``:
         keys of pods already on their way out (not evicted again); ``spent``: budgets this room
         broke already (not broken again: the victim waits as if no choice had been forced)."""
+        nominated = self.nominate(pod, node)  # first: a scheduler restarted mid-way finds the room
         out = self._evict(pod.key, node, victims, budgets, [pod], leaving, spent)
-        if out.leaving:
-            out.nominated = self.nominate(pod, node)
+        out.nominated = nominated and bool(out.leaving)
+        if nominated and not out.leaving:
+            self.clear(pod)
         return out
 
     def run_gang(
@@ -111,9 +115,12 @@ class Preemptor:
         land (``placement``: pod, node) once they are gone; ``leaving``, ``spent`` as in ``run``."""
         nodes = ", ".join(sorted({n for _, n in placement}))
         told = [p for p, _ in placement]
+        nominated = all([self.nominate(p, n) for p, n in placement])
         out = self._evict(f"gang {gang}", nodes, victims, budgets, told, leaving, spent)
-        if out.leaving:
-            out.nominated = all([self.nominate(p, n) for p, n in placement])
+        out.nominated = nominated and bool(out.leaving)
+        if not out.leaving:
+            for p in told:
+                self.clear(p)
         return out
 
     def _evict(
@@ -131,7 +138,6 @@ class Preemptor:
         ordered = sorted(victims, key=lambda v: (-v.priority, v.key))  # most important first, as counted
         knowingly = {p.key for p in budgets.split(ordered)[0]} if budgets else set()
         out = PreemptionRun()
-        broken = set(spent)
         for v in victims:
             if v.key in leaving:  # on its way out already: no second eviction, no second event
                 out.leaving.append(v.key)
@@ -142,14 +148,13 @@ class Preemptor:
                 ev.outcome is Outcome.BLOCKED
                 and v.key in knowingly
                 and self.violate_budgets
-                and budget not in broken
+                and budget not in spent
             ):
                 self._disruption_target(v)
                 forced = self.evictor.delete(v.namespace, v.name, v.uid)
                 if forced.done:
                     out.forced.append(v.key)
                     out.broken.append(budget)
-                    broken.add(budget)
                     why = f" (PodDisruptionBudget {ev.budget or '?'} violated: no choice spared every budget)"
                     self._left(out, v, by + why, nodes)
                 else:
