@@ -263,3 +263,19 @@ def test_the_preemptor_is_nominated_before_its_victims_are_evicted() -> None:
     p.run(PodSpec("big", namespace="ns", priority=9), "n0", [db("a")], DB)
     first = api.patch_namespaced_pod_status.call_args_list[0].args
     assert patched_before == [1] and first[0] == "big" and first[2] == {"status": {"nominatedNodeName": "n0"}}
+
+
+def test_the_preemptor_is_tried_at_once_when_its_last_victim_is_gone(world: Callable[..., World]) -> None:
+    """No backoff: the room it waited for is free (time to bind, issue 28)."""
+    w = world(nodes=1, gpus=8)
+    issue_28(w)
+    big = w.pod("big", 4, priority=100)
+    w.drain()
+    victims = list(w.evictor.evicted)
+    for key in victims[:-1]:
+        w.gone(key)
+    w.drain()
+    assert big not in w.bound and w.s.queue.get(big) is not None  # waits, unschedulable
+    w.gone(victims[-1])
+    w.drain()  # no flush, no retry of everything: it was activated
+    assert w.bound.get(big) == "n0"

@@ -260,10 +260,11 @@ class Nominations:
         self._broken: dict[tuple[str, str], set[str]] = {}
 
     # -------------------------------------------------------------- informer
-    def observe(self, obj: Mapping[str, Any], deleted: bool) -> None:
+    def observe(self, obj: Mapping[str, Any], deleted: bool) -> list[str]:
         """One pod event: bound or deleted pods hold no room; a bound pod being deleted is
         leaving; a pending pod of ours showing ``status.nominatedNodeName`` has its room
-        (rebuilt after a restart: issue 28, F5); one whose nomination was cleared has none."""
+        (rebuilt after a restart: issue 28, F5); one whose nomination was cleared has none.
+        Returns the preemptors whose last victim this deletion was (their room is free now)."""
         meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
         key = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
         nominated = (obj.get("status") or {}).get("nominatedNodeName") or ""
@@ -274,30 +275,41 @@ class Nominations:
                     self._terminating.add(key)
                 else:
                     self._terminating.discard(key)
-                return
+                return self._victim_gone(key) if deleted else []
             held = self._by_pod.get(key)
             if meta.get("deletionTimestamp") or spec.get("schedulerName") != self.scheduler_name:
                 self._forget(key)
-                return
+                return []
             if not nominated:
                 if held is not None and held.seen:  # cleared by someone: the room is given up
                     self._forget(key)
-                return
+                return []
             if held is not None:
                 if held.node == nominated and not held.seen:
                     self._by_pod[key] = replace(held, seen=True)
                 elif held.node != nominated and held.seen:  # renominated by someone else
                     self._by_pod[key] = replace(held, node=nominated, victims=())
-                return  # (not seen yet: our own nomination, its status patch on the way)
+                return []  # (not seen yet: our own nomination, its status patch on the way)
             if "gpusched.io/defrag-room" in (meta.get("annotations") or {}):
-                return  # a room defragmentation keeps (k8s/reservation.py), not a preemptor's
+                return []  # a room defragmentation keeps (k8s/reservation.py), not a preemptor's
         try:
             pod = self.spec_of(obj)
         except Exception as e:  # an invalid pod: the scheduler reports it when it pops
             log.debug("not rebuilding the nomination of %s: %s", key, e)
-            return
+            return []
         with self._lock:
             self._by_pod.setdefault(key, Nomination(pod, nominated, (), seen=True))
+        return []
+
+    def _victim_gone(self, victim: str) -> list[str]:
+        ready = []
+        for k, n in list(self._by_pod.items()):
+            if victim in n.victims:
+                left = tuple(v for v in n.victims if v != victim)
+                self._by_pod[k] = replace(n, victims=left)
+                if not left:
+                    ready.append(k)
+        return ready
 
     def _forget(self, key: str) -> None:
         self._by_pod.pop(key, None)

@@ -213,7 +213,8 @@ class StandaloneScheduler:
         key = pod_key(obj)
         self.gangs.on_pod(obj, deleted)
         self.reservations.observe(obj, deleted)
-        self.nominations.observe(obj, deleted)
+        if ready := self.nominations.observe(obj, deleted):  # their last victim gone: try them now
+            self.queue.activate(ready)
         meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
         phase = (obj.get("status") or {}).get("phase")
         if deleted:
