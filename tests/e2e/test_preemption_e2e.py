@@ -116,10 +116,12 @@ def test_preemption_skips_the_victim_a_budget_protects_and_keeps_the_nomination(
         urgent["spec"]["priorityClassName"] = high
         env.create_pods([urgent])
 
-        def nominated() -> bool:
-            return (pod(env, "urgent").get("status") or {}).get("nominatedNodeName") == n1
+        def nominated() -> bool:  # nominated first, then the victim evicted
+            urgent, batch = pod(env, "urgent"), pod(env, "batch")
+            terminating = bool(batch["metadata"].get("deletionTimestamp"))
+            return terminating and (urgent.get("status") or {}).get("nominatedNodeName") == n1
 
-        wait_until(nominated, timeout=60, what="urgent nominated to the batch pod's node")
+        wait_until(nominated, timeout=60, what="urgent nominated to the batch pod's node, the victim leaving")
         batch = pod(env, "batch")
         assert batch["metadata"].get("deletionTimestamp"), "the victim is terminating"
         # it left through the Eviction API: the apiserver marks such a pod DisruptionTarget
