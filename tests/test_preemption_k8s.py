@@ -279,3 +279,27 @@ def test_the_preemptor_is_tried_at_once_when_its_last_victim_is_gone(world: Call
     w.gone(victims[-1])
     w.drain()  # no flush, no retry of everything: it was activated
     assert w.bound.get(big) == "n0"
+
+
+# ------------------------------------------------------------------ reclaim
+def test_a_reclaims_room_is_kept_from_pods_outside_the_queues_while_its_victims_leave(
+    world: Callable[..., World],
+) -> None:
+    """The claimant's room is held as a nominated preemptor's is: a pod under no queue, of the
+    same priority, does not take the GPUs the reclaimed pods free one by one."""
+    from test_gangs_tenants_k8s import cohort
+
+    w = world(cohort(4, 4), {"ns-a": "team-a", "ns-b": "team-b"}, nodes=1, gpus=8)
+    borrowers = [w.pod(f"b{i}", 1, ns="ns-b") for i in range(8)]  # team-b borrows all of team-a's 4
+    w.drain()
+    claim = w.pod("claim", 4, ns="ns-a")
+    w.drain()
+    assert len(w.evictor.evicted) == 4 and set(w.evictor.evicted) <= set(borrowers)
+    held = w.s.nominations.get(claim)
+    assert held is not None and held.node == "n0"
+    for i, key in enumerate(w.evictor.evicted):
+        w.gone(key)
+        w.pod(f"free{i}", 1, ns="ns-c")  # under no queue
+        w.retry()
+    assert w.bound.get(claim) == "n0"
+    assert not any(k.startswith("ns-c/") for k in w.bound)

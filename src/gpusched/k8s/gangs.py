@@ -60,7 +60,7 @@ from gpusched.k8s.groupstatus import GroupStatusWriter
 from gpusched.k8s.podgroups import DEFAULT_TIMEOUT_S, GroupSpec, PodGroups
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
 from gpusched.k8s.state import TERMINAL, LiveCluster, pod_key
-from gpusched.k8s.tenants import TenantQueues
+from gpusched.k8s.tenants import TenantQueues, landing
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +257,7 @@ class Gangs:
             if queue and self.host.tenants is not None:  # the kept queue book follows the bookings
                 t = self.host.tenants
                 t.settled(snap, t.directory.current(), [r.pod.key for r in o.placed])
-            acted = self._act(group, unit, queue, snap, o)
+            acted = self._act(group, unit, queue, snap, o, profile)
         dt = time.perf_counter() - t0
         placed = list(o.placed) if o.outcome is Outcome.PLACED else []
         self.host.attempts("scheduled", dt, len(placed))
@@ -322,12 +322,17 @@ class Gangs:
             o = UnitOutcome(unit, Outcome.WAITING, reason=f"{o.reason}; preemption {wait}")
         return profile, o
 
-    def _act(self, group: GroupSpec, unit: Unit, queue: str, snap: ClusterState, o: UnitOutcome) -> str:
+    def _act(
+        self, group: GroupSpec, unit: Unit, queue: str, snap: ClusterState, o: UnitOutcome, profile: Profile
+    ) -> str:
         """Start the reclaim or the preemption ``o`` asks for; returns what to add to the reason."""
         held = [snap.allocations[k] for k in o.victims if k in snap.allocations]
         if o.outcome is Outcome.RECLAIM and self.host.tenants is not None and held:
             victims = [(a.pod, snap.names[a.node]) for a in held]
-            self.host.tenants.start_reclaim(unit.pods, queue, victims, by=f"gang {group.ref.describe()}")
+            tiebreak = self.host.tiebreak(snap)
+            rooms = landing(profile, snap, unit.pods, o.victims, need=unit.need, tiebreak=tiebreak)
+            by = f"gang {group.ref.describe()}"
+            self.host.tenants.start_reclaim(unit.pods, queue, victims, by=by, rooms=rooms)
             return f"; reclaiming {len(held)} pod(s) from borrowing queues"
         if o.outcome is Outcome.PREEMPT and self.host.preemption is not None and held:
             placement = [(p, snap.names[n]) for p, n in o.nominated]

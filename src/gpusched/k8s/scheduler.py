@@ -142,6 +142,7 @@ class StandaloneScheduler:
                 lambda *bind: self._pool.submit(self._bind, *bind), self.budgets.budgets, self._pool.submit,
                 self.metrics.set_queue_statuses,  # gpusched_queue_*, each time the statuses are computed
                 self.rooms,  # nominated preemptors' and defragmentation's rooms
+                self.nominations,  # where a reclaim's room is kept for its claimant
             ),
             QueueDirectory(client.CustomObjectsApi(api), self.core), self.core, client.CustomObjectsApi(api),
         )  # fmt: skip
