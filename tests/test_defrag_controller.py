@@ -4,17 +4,23 @@ none is started (the moves, evictions and abandonment: tests/e2e/test_defrag_e2e
 from __future__ import annotations
 
 import datetime as dt
+from functools import partial
 from typing import Any
 
 from kubernetes import client
 
-from builders import node, share, whole
+import builders
+from builders import RS, node
 from gpusched.core.cluster import ClusterState
 from gpusched.defrag.controller import ControllerConfig, DefragController
 from gpusched.doctor import Books, snapshot_of_state
 from gpusched.metrics.defrag import ABANDON_REASONS, DefragMetrics
 
 NOW = 1_800_000_000.0
+
+# running pods that a ReplicaSet recreates: defragmentation may move them
+share = partial(builders.share, controller=RS)
+whole = partial(builders.whole, controller=RS)
 
 
 def books(
