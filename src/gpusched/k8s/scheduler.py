@@ -62,7 +62,7 @@ from gpusched.k8s.podgroups import PodGroups
 from gpusched.k8s.preemption import PreemptionRun, Preemptor
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
 from gpusched.k8s.queues import QueueDirectory
-from gpusched.k8s.reservation import Reservations
+from gpusched.k8s.reservation import LeaseRecord, Reservations
 from gpusched.k8s.rest import FastCoreV1
 from gpusched.k8s.state import TERMINAL, LiveCluster, pod_key, start_informers
 from gpusched.k8s.tenants import TenantHost, TenantQueues
@@ -90,6 +90,9 @@ class SchedulerConfig:
     preemption: bool = True
     """When a pod fits nowhere, evict lower-priority pods to make room (kube-scheduler's
     DefaultPreemption: minimal victims, least-harm node; ``core/plugins/preemption.py``)."""
+    defrag_lease: str = "kube-system/gpusched-defrag"
+    """The defragmentation controller's Lease (NAMESPACE/NAME): its rooms are held only while it
+    records their plan there (``k8s/reservation.py``)."""
 
 
 class StandaloneScheduler:
@@ -131,7 +134,8 @@ class StandaloneScheduler:
         self.bind_errors = 0
         # preemptor -> (its spec, the node nominated for it, the victims it is waiting for)
         self._nominated: dict[str, tuple[PodSpec, str, tuple[str, ...]]] = {}
-        self.reservations = Reservations()  # rooms defragmentation is making (k8s/reservation.py)
+        lease_ns, _, lease_name = cfg.defrag_lease.rpartition("/")  # rooms defragmentation is making
+        self.reservations = Reservations(LeaseRecord(client.CoordinationV1Api(api), lease_ns, lease_name))
         self._plock = threading.Lock()
         self.tenants = TenantQueues(  # tenant queues: quota, borrowing, reclaim (k8s/tenants.py)
             TenantHost(
@@ -327,6 +331,7 @@ class StandaloneScheduler:
         if not r.scheduled:
             self.metrics.observe_attempt("unschedulable", dt)
             msg = r.diagnosis.message() if r.diagnosis else r.status.message()
+            msg += self.reservations.note(pod)  # the defragmentation rooms that kept it off
             self.events.failed(qp.obj, msg)
             self.metrics.pod_unschedulable(qp.key, *diagnosis_labels(r.diagnosis, r.status))
             if victims:
