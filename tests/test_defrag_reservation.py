@@ -8,6 +8,7 @@ from typing import Any
 from builders import k8s_pod, node, profile, share, whole
 from gpusched.core.cluster import ClusterState
 from gpusched.core.scheduler import schedule_one
+from gpusched.doctor import Books, doctor_pod, snapshot_of_state
 from gpusched.k8s.reservation import (
     ANN_PLAN,
     ANN_ROOM,
@@ -200,3 +201,23 @@ def test_the_lease_backs_only_its_holders_plan_and_is_read_at_most_every_refresh
     leases.body["spec"]["holderIdentity"] = "defrag-1"  # a new leader: the former one's plan lapses
     assert rec() is None and leases.reads == 2
     assert LeaseRecord(FakeLeases("", record()), "ns", "l")() == record()  # no holder: no election
+
+
+def test_doctor_names_the_rooms_that_may_keep_a_pod_off_and_the_hand_written_ones() -> None:
+    st = ClusterState([node("n1", 2), node("n2", 2)])
+    big, hand = whole("big", 2), whole("hand", 2)
+    snap = snapshot_of_state(st, [big, hand, share("small", 400)])
+    objs = {p["metadata"]["name"]: p for p in snap.pods}
+    for name, plan, n in (("big", PLAN, "n1"), ("hand", "", "n2")):
+        room = room_annotation(n, (0, 1), plan=plan, expires=NOW + 60 if plan else 0)
+        objs[name]["metadata"]["annotations"][ANN_ROOM] = room
+        objs[name]["status"]["nominatedNodeName"] = n
+    books = Books.of(snap)
+    found = {f.subject: f for f in doctor_pod(books, "default/small").findings if f.code == "defrag-room"}
+    assert (
+        "node n1 GPUs [0, 1] for default/big (plan p1, expires 2027-01-15T08:01:00Z"
+        in found["default/big"].message
+    )
+    assert "names no plan, so the scheduler holds nothing for it" in found["default/hand"].message
+    own = [f for f in doctor_pod(books, "default/big").findings if f.code == "defrag-room-own"]
+    assert len(own) == 1 and "plan p1" in own[0].message
