@@ -33,7 +33,7 @@ def backed(rec: PlanRecord | None = None, now: float = NOW) -> Reservations:
     """Rooms as the scheduler holds them when the controller's Lease records ``rec`` (the plan
     of ``pending_big`` by default) and the clock reads ``now``."""
     rec = rec or record()
-    return Reservations(lambda: rec, wall=lambda: now)
+    return Reservations(lambda wanted: rec, wall=lambda: now)
 
 
 def pending_big(
@@ -146,7 +146,7 @@ def test_a_hand_written_room_holds_nothing() -> None:
     for obj, res in (
         (pending_big(plan=""), backed()),  # names no plan
         (pending_big(plan="forged"), backed()),  # a plan the Lease does not record
-        (pending_big(), Reservations(lambda: None, wall=lambda: NOW)),  # the Lease records none
+        (pending_big(), Reservations(lambda wanted: None, wall=lambda: NOW)),  # the Lease records none
         (pending_big(), backed(record(pods=("default/other",)))),  # the plan is for another pod
     ):
         res.observe(obj)
@@ -172,7 +172,8 @@ def test_the_blocked_pods_message_names_the_room() -> None:
     res = backed(now=NOW + 20)
     res.observe(pending_big())
     note = res.note(share("recreated", 400))
-    assert note == " Defragmentation holds: node n1 GPUs [0, 1] for default/big (plan p1, 40 s left)."
+    held = "node n1 GPUs [0, 1] for default/big (plan p1, until 2027-01-15T08:01:00Z)"
+    assert note == f" Defragmentation holds: {held}."
     assert res.note(share("urgent", 400, priority=10)) == ""  # not held against higher priority
 
 
@@ -200,6 +201,12 @@ def test_the_lease_backs_only_its_holders_plan_and_is_read_at_most_every_refresh
     clock[0] = 2.5
     leases.body["spec"]["holderIdentity"] = "defrag-1"  # a new leader: the former one's plan lapses
     assert rec() is None and leases.reads == 2
+    leases.body["spec"]["holderIdentity"] = "defrag-0"
+    clock[0] = 2.6
+    assert rec() is None and leases.reads == 2  # cached
+    assert rec(["p1"]) is None and leases.reads == 2  # a room names an unrecorded plan: not yet
+    clock[0] = 2.8
+    assert rec(["p1"]) == record() and leases.reads == 3  # re-read at once (recheck_s), not at refresh_s
     assert LeaseRecord(FakeLeases("", record()), "ns", "l")() == record()  # no holder: no election
 
 

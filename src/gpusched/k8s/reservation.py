@@ -27,6 +27,7 @@ when it fits, elsewhere when not.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import threading
@@ -153,24 +154,32 @@ def unbacked(key: str, room: Room, record: PlanRecord | None, now: float) -> str
     return ""
 
 
+def _utc(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 class LeaseRecord:
     """The defragmentation controller's current plan, read from its Lease ``namespace/name`` at
-    most every ``refresh_s`` (a callable for ``Reservations``). A plan written by another than the
+    most every ``refresh_s`` (a callable for ``Reservations``), or every ``recheck_s`` while a room
+    names a plan the last read did not record (the controller records a plan just before its first
+    eviction: the replacement must not find a stale read). A plan written by another than the
     Lease's holder, an unreadable Lease or annotation: no plan (no room is honoured)."""
 
     def __init__(
         self, coord: Any, namespace: str, name: str, refresh_s: float = 2.0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic, recheck_s: float = 0.2,
     ) -> None:  # fmt: skip
         self.coord, self.namespace, self.name = coord, namespace, name
-        self.refresh_s, self.clock = refresh_s, clock
+        self.refresh_s, self.clock, self.recheck_s = refresh_s, clock, recheck_s
         self._at = -1e18
         self._record: PlanRecord | None = None
         self._lock = threading.Lock()
 
-    def __call__(self) -> PlanRecord | None:
+    def __call__(self, wanted: Sequence[str] = ()) -> PlanRecord | None:
         with self._lock:
-            if self.clock() - self._at >= self.refresh_s:
+            age = self.clock() - self._at
+            unknown = any(w and (self._record is None or self._record.id != w) for w in wanted)
+            if age >= self.refresh_s or (unknown and age >= self.recheck_s):
                 self._record = self._read()
                 self._at = self.clock()
             return self._record
@@ -222,7 +231,7 @@ class Reservations:
 
     def __init__(
         self,
-        backing: Callable[[], PlanRecord | None] = lambda: None,
+        backing: Callable[[Sequence[str]], PlanRecord | None] = lambda wanted: None,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self._lock = threading.Lock()
@@ -264,7 +273,7 @@ class Reservations:
             named = dict(self._held)
         if not named:
             return {}
-        record, now = self.backing(), self.wall()
+        record, now = self.backing(sorted({r.room.plan for r in named.values()})), self.wall()
         out = {}
         for k, r in named.items():
             why = unbacked(k, r.room, record, now)
@@ -297,10 +306,8 @@ class Reservations:
         rooms = self._against(pod) if len(self) else []
         if not rooms:
             return ""
-        now = self.wall()
         shown = "; ".join(
-            f"node {r.node} GPUs {list(r.gpus)} for {k} (plan {r.room.plan}, "
-            f"{max(0.0, r.room.expires - now):.0f} s left)"
+            f"node {r.node} GPUs {list(r.gpus)} for {k} (plan {r.room.plan}, until {_utc(r.room.expires)})"
             for k, r in sorted(rooms)[:3]
         )
         more = f"; and {len(rooms) - 3} more" if len(rooms) > 3 else ""
