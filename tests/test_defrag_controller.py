@@ -17,6 +17,7 @@ from gpusched.core.cluster import ClusterState
 from gpusched.defrag.controller import ControllerConfig, DefragController, _Abandon
 from gpusched.defrag.ledger import LedgerError
 from gpusched.doctor import Books, snapshot_of_state
+from gpusched.k8s.reservation import PlanRecord
 from gpusched.metrics.defrag import ABANDON_REASONS, DefragMetrics
 
 NOW = 1_800_000_000.0
@@ -49,7 +50,7 @@ class MemoryLedger:
     def __init__(self, moves: list[tuple[float, str]] | None = None, window_s: float = 3600.0) -> None:
         self.recorded = list(moves or [])
         self.window_s = window_s
-        self.plan: Any = None
+        self.record: Any = None
         self.unreadable = False
 
     def moves(self, now: float) -> list[tuple[float, str]]:
@@ -64,10 +65,13 @@ class MemoryLedger:
         self.recorded.remove((now, key))
 
     def set_plan(self, record: Any) -> None:
-        self.plan = record
+        self.record = record
+
+    def plan(self) -> Any:
+        return self.record
 
     def clear_plan(self, plan_id: str) -> None:
-        self.plan = None
+        self.record = None
 
 
 def controller(b: Books, ledger: MemoryLedger | None = None, **kw: Any) -> DefragController:
@@ -179,3 +183,23 @@ def test_a_pod_orphaned_since_the_plan_was_made_is_not_evicted(monkeypatch: pyte
         ctl._still_recreated(planned, "default/a")
     monkeypatch.setattr(ctl, "_read_pod", lambda ns, name: copy.deepcopy(planned))
     assert ctl._still_recreated(planned, "default/a") == planned
+
+
+def test_a_plan_left_by_another_controller_is_released_when_this_one_starts_leading(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    b = books([whole("p", 2)])
+    lease = MemoryLedger()
+    lease.record = PlanRecord("old", ("default/p",), "defrag-killed", NOW + 100)
+    ctl = controller(b, lease, identity="defrag-new")
+    released: list[tuple[tuple[str, ...], str]] = []
+    monkeypatch.setattr(ctl, "_release", lambda keys, why: released.append((tuple(keys), why)))
+    monkeypatch.setattr(ctl.budgets, "wait_synced", lambda timeout: True)
+    ctl.start_leading()
+    assert lease.record is None and released == [
+        (("default/p",), "the controller that made plan old stopped")
+    ]
+    mine = PlanRecord("mine", ("default/p",), "defrag-new", NOW + 100)
+    lease.record = mine
+    ctl.start_leading()
+    assert lease.record == mine and len(released) == 1  # its own plan: left alone

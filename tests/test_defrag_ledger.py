@@ -83,7 +83,9 @@ def test_the_plan_record_is_written_and_cleared_only_by_its_own_id() -> None:
     leases = FakeLeases()
     ledger = LeaseLedger(leases, "ns", "l", window_s=100.0)
     rec = PlanRecord("abc", ("default/big",), "defrag-0", 2000.0)
+    assert ledger.plan() is None
     ledger.set_plan(rec)
+    assert ledger.plan() == rec
     assert leases.obj is not None
     raw = leases.obj["metadata"]["annotations"][ANN_PLAN]
     assert parse_plan_record(raw, "here") == rec

@@ -181,8 +181,24 @@ class DefragController:
 
     def start_leading(self) -> None:
         self.budgets.wait_synced(30.0)
+        self._recover()
         self.leading.set()
         self.metrics.set_leader(self.config.lease_name, True)
+
+    def _recover(self) -> None:
+        """A plan recorded by another controller (one killed mid-plan, a former leader) is over:
+        its record is cleared and its pods' rooms and nominations released, at once rather than
+        when the room lapses."""
+        try:
+            record = self.ledger.plan()
+            if record is None or record.holder == self.config.identity:
+                return
+            log.info("plan %s of %s found on the Lease: released", record.id, record.holder or "another")
+            self.ledger.clear_plan(record.id)
+        except LedgerError as e:
+            log.warning("the plan on the Lease could not be read or cleared (its rooms lapse): %s", e)
+            return
+        self._release(record.pods, f"the controller that made plan {record.id} stopped")
 
     def stop_leading(self) -> None:
         self.leading.clear()

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gpusched.defrag.errors import DefragError
-from gpusched.k8s.reservation import ANN_MOVES, ANN_PLAN, PlanRecord
+from gpusched.k8s.errors import InvalidRequest
+from gpusched.k8s.reservation import ANN_MOVES, ANN_PLAN, PlanRecord, parse_plan_record
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,17 @@ class LeaseLedger:
     def moves(self, now: float) -> list[tuple[float, str]]:
         """The moves of the window ending ``now``, oldest first."""
         return self._window(self._annotations(self._read()), now)
+
+    def plan(self) -> PlanRecord | None:
+        """The plan recorded now (None: none, or unreadable: it then backs no room either)."""
+        raw = self._annotations(self._read()).get(ANN_PLAN)
+        if not raw:
+            return None
+        try:
+            return parse_plan_record(raw, self.where)
+        except InvalidRequest as e:
+            log.warning("%s", e)
+            return None
 
     def _window(self, ann: dict[str, str], now: float) -> list[tuple[float, str]]:
         raw = ann.get(ANN_MOVES)
