@@ -214,7 +214,10 @@ def moves_counterfactual(profile: Profile, pod: PodSpec, snap: ClusterState) -> 
         kept = [(k, r) for k, r in plan.kept if r in (Refusal.NO_CONTROLLER, Refusal.NOT_RECREATED)]
         if plan.feasible or not kept:
             return []
-        shown = ", ".join(f"{k} ({REFUSAL_TEXT[r.value]})" for k, r in kept[:4])
+        by: dict[Refusal, list[str]] = {}
+        for k, r in kept[:4]:
+            by.setdefault(r, []).append(k)
+        shown = "; ".join(f"{', '.join(ks)} ({REFUSAL_TEXT[r.value]})" for r, ks in by.items())
         more = f" and {len(kept) - 4} more" if len(kept) > 4 else ""
         return [
             Counterfactual(

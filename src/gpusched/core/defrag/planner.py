@@ -354,7 +354,10 @@ def _kept(snap: ClusterState, el: Eligibility, mask: BoolArr) -> tuple[tuple[str
 def _kept_text(kept: Sequence[tuple[str, Refusal]], shown: int = 4) -> str:
     if not kept:
         return ""
-    words = "; ".join(f"{k}: {REFUSAL_TEXT[r.value]}" for k, r in kept[:shown])
+    by: dict[Refusal, list[str]] = {}
+    for k, r in kept[:shown]:
+        by.setdefault(r, []).append(k)
+    words = "; ".join(f"{', '.join(ks)}: {REFUSAL_TEXT[r.value]}" for r, ks in by.items())
     more = f"; and {len(kept) - shown} more" if len(kept) > shown else ""
     return f" (kept in place: {words}{more})"
 

@@ -31,7 +31,7 @@ controller may not recreate its pods: add its kind to ``Rules.recreating`` when 
 REFUSAL_TEXT: Mapping[str, str] = MappingProxyType(
     {
         "opted-out": 'opted out (gpusched.io/defrag: "false")',
-        "no-controller": "no controller owns it: nothing would recreate it, an eviction would lose it",
+        "no-controller": "no controller owns it (an eviction would lose it)",
         "not-recreated": "its controller does not recreate it elsewhere",
         "priority": "its priority is above what the plan may move",
         "move-cap": "moved as often as the window allows",
