@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 
 from gpusched.cli.commands import app
 from gpusched.defrag.controller import ControllerConfig, DefragController
+from gpusched.defrag.ledger import LeaseLedger
 from gpusched.doctor.books import Books
 from gpusched.doctor.source import from_api
 from gpusched.k8s.convert import ANN_ASSIGNMENT, RES_GPU, RES_MILLI
@@ -372,10 +373,15 @@ def test_a_restart_does_not_allow_a_second_move_in_the_window(denv: DefragEnv) -
     wait_until(lambda: "hold" in denv.running(), timeout=60, what="the filler bound")
     denv.create_pods([denv.pod("seven", {RES_GPU: "7"})])
     time.sleep(2.5)  # older than wait_s
-    other = denv.controller(max_moves_per_window=1, lease_name="another-lease")
-    assert other._plan(other.read(), [other.read().pending[f"{denv.ns}/seven"]]).move_count == 1
-    restarted = denv.controller(max_moves_per_window=1)
-    attempt = restarted.run_once()
+    other = denv.controller(max_moves_per_window=1, lease_name="another-lease")  # a fresh record
+    restarted = denv.controller(max_moves_per_window=1)  # a new process on the same Lease
+    try:
+        books = other.read()
+        assert other._plan(books, [books.pending[f"{denv.ns}/seven"]]).move_count == 1  # one move would do
+        attempt = restarted.run_once()
+    finally:
+        other.stop()
+        restarted.stop()
     assert attempt is not None and attempt.result == "infeasible", attempt
     assert counter(restarted, "gpusched_defrag_moves_total") == 0
     assert len(denv.moved_events()) == 1  # the first move only
@@ -441,7 +447,7 @@ def test_a_hand_written_room_does_not_keep_a_pod_off_and_a_stale_one_lapses(denv
     wait_until(lambda: denv.running().get("victim") == denv.n1, timeout=30, what="the 1-GPU pod bound on n1")
     # the controller's record backs a room for 12 s: it holds, and the message names it
     expires = time.time() + 12
-    ledger = denv.controller().ledger
+    ledger = LeaseLedger(denv.coord, denv.ns, LEASE, window_s=3600)  # as the controller writes it
     ledger.set_plan(PlanRecord("p-e2e", (f"{denv.ns}/squatter",), "", expires))
     room = room_annotation(denv.n1, tuple(range(8)), plan="p-e2e", expires=expires)
     denv.v1.patch_namespaced_pod("squatter", denv.ns, {"metadata": {"annotations": {ANN_ROOM: room}}},
