@@ -41,8 +41,6 @@ def serve_scheduler(
     api = api_client(kubeconfig, qps_pool=max(32, 2 * config.bind_workers))
     identity = default_identity()
     config = dataclasses.replace(config, identity=identity, lease_name=lease_name)
-    if config.defrag_lease == SchedulerConfig.defrag_lease:  # the defragmentation Lease beside its own
-        config = dataclasses.replace(config, defrag_lease=f"{namespace}/gpusched-defrag")
     sched = StandaloneScheduler(api, config)
     stop = threading.Event()
 
