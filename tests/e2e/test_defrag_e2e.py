@@ -54,7 +54,8 @@ class DefragEnv(Env):
             labels={f"{self.tag}-n{i}": {PIN: f"{self.tag}-n{i}"} for i in (1, 2)},
         )
         self.n1, self.n2 = f"{self.tag}-n1", f"{self.tag}-n2"
-        cfg = SchedulerConfig(scheduler_name=self.scheduler, defrag_lease=f"{self.ns}/{LEASE}")
+        # unschedulable pods retried every 5 s: a lapsed room frees its node within seconds
+        cfg = SchedulerConfig(scheduler_name=self.scheduler, defrag_lease=f"{self.ns}/{LEASE}", flush_s=5.0)
         self.sched = StandaloneScheduler(self.api, cfg).start()
 
     def filler(self, name: str, node: str, gpus: int) -> None:
