@@ -144,19 +144,20 @@ def controller(c: Cluster, log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
 
 
-def test_defrag_controller_killed_mid_plan(cp: ControlPlane, tmp_path: Path) -> None:
-    rng = random.Random(int(time.time()))
+def test_defrag_controller_killed_mid_plan(cp: ControlPlane, tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)  # when each kill lands ($GPUSCHED_CHAOS_SEEDS)
     c = Cluster(cp)
     try:
         # one 400 share per GPU: spacers of 600 first (one per GPU), the shares beside them, spacers gone
         for i in range(8):
             c.pod(f"spacer-{i}", {RES_MILLI: "600"})
         wait_until(lambda: len(c.running()) == 8, timeout=60, what="spacers bound")
-        c.deployment("web", 6, 400)
-        wait_until(lambda: len(c.running()) == 14, timeout=60, what="the Deployment's shares bound")
+        # the bare shares first: they take the GPUs a plan would otherwise empty first (the lowest)
         for i in range(2):
             c.pod(f"bare-{i}", {RES_MILLI: "400"})
-        wait_until(lambda: len(c.running()) == 16, timeout=60, what="the bare shares bound")
+        wait_until(lambda: len(c.running()) == 10, timeout=60, what="the bare shares bound")
+        c.deployment("web", 6, 400)
+        wait_until(lambda: len(c.running()) == 16, timeout=60, what="the Deployment's shares bound")
         for i in range(8):
             c.delete(f"spacer-{i}")
         wait_until(lambda: len(c.running()) == 8, timeout=60, what="spacers gone")
@@ -176,7 +177,7 @@ def test_defrag_controller_killed_mid_plan(cp: ControlPlane, tmp_path: Path) -> 
                 seen = len(c.events("DefragPlanned"))
                 try:
                     wait_until(
-                        lambda s=seen: len(c.events("DefragPlanned")) > s, timeout=40, what="a plan started"
+                        lambda s=seen: len(c.events("DefragPlanned")) > s, timeout=20, what="a plan started"
                     )
                 except Exception:
                     break  # no more plans (the budget is spent): the rest of the run settles
