@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import builders
@@ -17,7 +19,7 @@ from builders import RS, gpu_node, k8s_pod, profile
 from gpusched.cli.commands import app
 from gpusched.core.cluster import ClusterState
 from gpusched.core.defrag import Refusal, Rules, eligibility, plan_for
-from gpusched.core.model import Controller
+from gpusched.core.model import Controller, PodSpec
 from gpusched.defrag.dryrun import dry_run
 from gpusched.doctor import Books, doctor_pod, snapshot_of_state
 from gpusched.doctor.snapshot import write_snapshot
@@ -211,3 +213,45 @@ def test_doctor_finds_the_one_move_within_a_node() -> None:
     assert first.kind == "moves" and first.cost == 1 and first.verified and first.node == "a"
     assert "to another GPU of a" in first.message
     assert json.dumps(first.to_dict())  # plain values
+
+
+# ------------------------------------------------------------------- property: dense clusters
+@st.composite
+def dense(draw: st.DrawFn) -> tuple[ClusterState, PodSpec]:
+    """Every GPU holds one share (so a whole-GPU pod needs moves, within a node or across),
+    each share of a ReplicaSet, bare, or of a DaemonSet."""
+    nodes = [
+        gpu_node(f"n{i}", draw(st.sampled_from([2, 4])), cpu=64_000) for i in range(draw(st.integers(1, 3)))
+    ]
+    snap = ClusterState(nodes)
+    owners = [RS, None, Controller("DaemonSet", "d", "apps")]
+    k = 0
+    for n, nd in enumerate(nodes):
+        for g in range(nd.gpu_count):
+            owner = draw(st.sampled_from(owners))
+            snap.assume(
+                builders.share(f"s{k}", draw(st.sampled_from([200, 300, 400, 500])), controller=owner),
+                n,
+                (g,),
+            )
+            k += 1
+    return snap, whole("w", draw(st.sampled_from([1, 1, 2])))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dense())
+def test_only_recreated_pods_move_and_every_step_fits(scene: tuple[ClusterState, PodSpec]) -> None:
+    snap, pending = scene
+    plan = plan_for(BESTFIT, snap, pending)
+    if not plan.feasible:
+        return
+    c = snap.copy()
+    for mv in plan.moves:
+        a = c.allocations[mv.pod]
+        assert a.pod.controller == RS, f"{mv.pod} ({a.pod.controller}) moved"
+        assert (mv.to_node, mv.to_gpus) != (mv.from_node, mv.from_gpus)
+        c.forget(mv.pod)
+        c.assume(a.pod, c.index[mv.to_node], mv.to_gpus)  # AccountingError if it would overcommit
+    (pl,) = plan.placements
+    c.assume(pending, c.index[pl.node], pl.gpus)
+    assert c.verify() == []
