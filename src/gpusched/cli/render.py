@@ -646,6 +646,8 @@ def defrag_plan(report: Mapping[str, Any], json_out: bool) -> None:
             out_console.print(table)
         for pl in p["placements"]:
             out_console.print(f"  then {pl['pod']} lands on {pl['node']} GPUs {pl['gpus']}", soft_wrap=True)
+        for k in p.get("kept", []):
+            out_console.print(f"  kept in place: {k['pod']}: {k['reason']}", soft_wrap=True)
     out_console.print(
         f"Gain: {gain['pods_landing']} pending pod(s) land ({gain['gpus_landing']:g} GPUs) after "
         f"{report['moves']} move(s); fragmentation {gain['fragmentation_before_gpus']:g} → "

@@ -60,7 +60,7 @@ from gpusched.k8s.podgroups import PodGroups
 from gpusched.k8s.preemption import Nominations, PreemptionRun, Preemptor
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
 from gpusched.k8s.queues import QueueDirectory
-from gpusched.k8s.reservation import Reservations
+from gpusched.k8s.reservation import LeaseRecord, Reservations
 from gpusched.k8s.rest import FastCoreV1
 from gpusched.k8s.state import TERMINAL, LiveCluster, pod_key, start_informers
 from gpusched.k8s.tenants import TenantHost, TenantQueues
@@ -91,6 +91,9 @@ class SchedulerConfig:
     preemption_limit: int = 3
     """Preemptions one pod may make on one node within ``preemption_window_s``; then it waits."""
     preemption_window_s: float = 600.0
+    defrag_lease: str = "kube-system/gpusched-defrag"
+    """The defragmentation controller's Lease (NAMESPACE/NAME): its rooms are held only while it
+    records their plan there (``k8s/reservation.py``)."""
 
 
 class StandaloneScheduler:
@@ -134,7 +137,8 @@ class StandaloneScheduler:
         self.nominations = Nominations(
             cfg.scheduler_name, pod_from_k8s, limit=cfg.preemption_limit, window_s=cfg.preemption_window_s
         )
-        self.reservations = Reservations()  # rooms defragmentation is making (k8s/reservation.py)
+        lease_ns, _, lease_name = cfg.defrag_lease.rpartition("/")  # rooms defragmentation is making
+        self.reservations = Reservations(LeaseRecord(client.CoordinationV1Api(api), lease_ns, lease_name))
         self.tenants = TenantQueues(  # tenant queues: quota, borrowing, reclaim (k8s/tenants.py)
             TenantHost(
                 self.cluster, self.queue, self.events, self._spec, self._current_profile,
@@ -332,6 +336,7 @@ class StandaloneScheduler:
         if not r.scheduled:
             self.metrics.observe_attempt("unschedulable", dt)
             msg = r.diagnosis.message() if r.diagnosis else r.status.message()
+            msg += self.reservations.note(pod)  # the defragmentation rooms that kept it off
             self.events.failed(qp.obj, f"{msg}; preemption {wait}" if wait else msg)
             self.metrics.pod_unschedulable(qp.key, *diagnosis_labels(r.diagnosis, r.status))
             if victims:
