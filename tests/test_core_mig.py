@@ -14,6 +14,7 @@ from gpusched.core.mig.geometry import (
     MigPlacementError,
     MigProfileNotOnModel,
     UnknownMigProfile,
+    code_fits,
 )
 from gpusched.core.mig.measure import DemandMix, fit_count, fragmentation, lost_slices
 from gpusched.core.mig.placement import MigFleet, MigPolicy
@@ -60,6 +61,7 @@ def test_illegal_placements_are_refused_with_the_reason() -> None:
         gpu.place("3g.40gb", 2)
     with pytest.raises(MigPlacementError, match="does not fit"):
         gpu.place("2g.20gb", 2)  # overlaps the 4g
+    assert not code_fits(A100, 0, A100.kind("3g.40gb"), 2)  # free, but not a 3g start
     full = gpu.place("3g.40gb", 4)  # 4g + 3g: all 7 SM slices (mig.md §3)
     three_2g = MigGpu("n/1", A100).place("2g.20gb", 4).place("2g.20gb", 2).place("2g.20gb", 0)
     assert three_2g.free_starts("1g.10gb") == (6,) and three_2g.free_starts("2g.20gb") == ()
@@ -123,15 +125,20 @@ def test_gpusched_keeps_the_start_a_larger_profile_needs() -> None:
 
 def test_packing_prefers_the_most_used_node_and_best_fit_the_fullest_gpu() -> None:
     f = fleet(16)
-    f.place(0, "1g.10gb", 0)  # node-000: 1 slice on GPU 0
-    f.place(9, "4g.40gb", 0)  # node-001: 4 slices on GPU 9
+    for gpu in (0, 1):  # node-000: two GPUs with three 1g each (6 slices)
+        for start in (0, 1, 2):
+            f.place(gpu, "1g.10gb", start)
+    f.place(9, "4g.40gb", 0)  # node-001: 4 + 1 slices
     f.place(10, "1g.10gb", 0)
     pk = f.choose("2g.20gb", MigPolicy.PACKING)
     bf = f.choose("2g.20gb", MigPolicy.BEST_FIT)
     ff = f.choose("2g.20gb", MigPolicy.FIRST_FIT)
-    assert pk is not None and pk.gpu == 9  # most-used node, its most-used GPU
-    assert bf is not None and bf.gpu == 9  # 4 + 2 used: 2 free afterwards
-    assert ff is not None and (ff.gpu, ff.start) == (0, 2)
+    assert pk is not None and (pk.gpu, pk.start) == (0, 4)  # most-used node, its most-used GPU
+    assert bf is not None and (bf.gpu, bf.start) == (9, 4)  # 4 + 2 used: 2 free afterwards (GPU 0: 3)
+    assert ff is not None and (ff.gpu, ff.start) == (0, 4)
+    f.place(8, "1g.10gb", 6)  # node-001 now 6 slices too: on a node tie the most-used GPU wins
+    pk = f.choose("2g.20gb", MigPolicy.PACKING)
+    assert pk is not None and pk.gpu == 9
 
 
 def test_full_fleet_returns_none() -> None:
