@@ -43,6 +43,32 @@ def bench_packing_cmd(
     render.packing(report, f"{wl.label}, seeds {seed_list[0]}..{seed_list[-1]}", json_out)
 
 
+@bench_app.command("mig")
+@reports_errors
+def bench_mig_cmd(
+    traces: Annotated[
+        Path, typer.Option(help="The alibaba-gpu-2023 folder (its csv/ holds openb's node and pod lists).")
+    ] = Path("../shared/traces/alibaba-gpu-2023"),
+    policy: Annotated[
+        list[str] | None,
+        typer.Option("--policy", "-p", help="first-fit, packing, best-fit, gpusched, static-balanced (all)."),
+    ] = None,
+    seeds: Annotated[str, typer.Option(help="Seeds, e.g. 42-44.")] = "42-44",
+    tune: Annotated[float, typer.Option(help="Arrivals up to this x the cluster's memory slices.")] = 1.0,
+    json_out: JsonOpt = False,
+) -> None:
+    """MIG placement: policies side by side on openb's shares as MIG profiles and an inference-heavy mix,
+    on openb's A100/H100-class nodes (arrival-only: accepted %, GPUs used)."""
+    from gpusched.cli import render_mig
+    from gpusched.sim.mig_bench import POLICIES, mig_report
+
+    seed_list = parse_seeds(seeds)
+    pols = policy or list(POLICIES)
+    with render.progress(2 * len(seed_list) * len(pols), "bench mig") as tick:
+        report, rows = mig_report(traces, pols, seed_list, tune, on_done=tick)
+    render_mig.mig_bench(report, rows, json_out)
+
+
 @bench_app.command("traces")
 @reports_errors
 def bench_traces_cmd(

@@ -1,0 +1,144 @@
+"""MIG workloads and ``gpusched bench mig`` (gpusched.sim.mig, gpusched.sim.mig_bench)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+from typer.testing import CliRunner
+
+from gpusched.cli import app
+from gpusched.core.errors import InvalidInput
+from gpusched.core.mig.geometry import Geometry
+from gpusched.core.model import NodeSpec, PodSpec
+from gpusched.sim.mig import (
+    MigWorkload,
+    inference_workload,
+    openb_mig_cluster,
+    openb_workload,
+    smallest_profile,
+)
+from gpusched.sim.mig_bench import STATIC, draw, mig_bench, run_one, summarize
+from gpusched.sim.traces import TracePod
+
+A100 = Geometry.of("a100-80gb")
+
+
+@pytest.mark.parametrize(
+    ("milli", "profile"),
+    [
+        (50, "1g.10gb"),
+        (125, "1g.10gb"),  # 1/8 of memory, under 1/7 of SMs
+        (140, "1g.20gb"),  # more than 1/8 of memory but under 1/7 of SMs: the double-memory 1g
+        (160, "2g.20gb"),  # more than 1/7 of SMs
+        (250, "2g.20gb"),
+        (270, "3g.40gb"),
+        (470, "4g.40gb"),  # 3.29 SM slices: 3g's 3 do not cover it
+        (500, "4g.40gb"),
+        (550, "7g.80gb"),
+        (1000, "7g.80gb"),
+    ],
+)
+def test_a_share_maps_to_the_smallest_covering_profile(milli: int, profile: str) -> None:
+    assert smallest_profile(milli, A100) == profile
+
+
+def test_a_share_out_of_range_is_refused() -> None:
+    with pytest.raises(InvalidInput, match=r"1\.\.1000 milli, got 0"):
+        smallest_profile(0, A100)
+
+
+def _node(name: str, model: str, gpus: int = 8) -> NodeSpec:
+    return NodeSpec(name=name, cpu_milli=96000, memory_mib=1 << 20, gpu_count=gpus, gpu_model=model)
+
+
+def _pod(name: str, num: int, milli: int) -> TracePod:
+    return TracePod(PodSpec(name=name, cpu_milli=1000, memory_mib=1024, num_gpu=num, gpu_milli=milli))
+
+
+def test_openb_cluster_keeps_g2_and_g3_and_the_workload_only_shares() -> None:
+    cluster = openb_mig_cluster([_node("a", "G2"), _node("b", "T4"), _node("c", "G3", 4)])
+    assert [g.name for g in cluster.gpus][:2] == ["a/0", "a/1"] and len(cluster.gpus) == 12
+    assert {g.geometry.model for g in cluster.gpus} == {"a100-80gb", "h100-80gb"}
+    assert cluster.slices == 96
+    wl = openb_workload([_pod("s", 1, 470), _pod("w", 1, 1000), _pod("m", 2, 1000), _pod("c", 0, 0)], A100)
+    assert wl.pool == ("4g.40gb",) and "3 other pods left out" in wl.note
+    with pytest.raises(InvalidInput, match="no node of model"):
+        openb_mig_cluster([_node("b", "T4")])
+    with pytest.raises(InvalidInput, match="no GPU shares"):
+        openb_workload([_pod("w", 1, 1000)], A100)
+
+
+def test_draw_stops_once_the_target_slices_arrived() -> None:
+    wl = inference_workload()
+    size = {p: A100.kind(p).mem_slices for p in wl.pool}
+    reqs = draw(wl, size, 200, seed=7)
+    total = sum(size[p] for p in reqs)
+    assert total >= 200 and total - size[reqs[-1]] < 200
+    assert reqs == draw(wl, size, 200, seed=7) != draw(wl, size, 200, seed=8)
+
+
+def test_static_balanced_serves_only_its_own_profiles() -> None:
+    cluster = openb_mig_cluster([_node("a", "G2", 2)])
+    only_4g = MigWorkload("x", ("4g.40gb",), None, "")
+    run = run_one(cluster, only_4g, STATIC, seed=1, tune=1.0)
+    assert run.accepted == 0 and run.gpus_used == 0
+    one_g = MigWorkload("y", ("1g.10gb",), None, "")
+    run = run_one(cluster, one_g, STATIC, seed=1, tune=1.0)
+    assert run.accepted == 4 and run.gpus_used == 2  # 2 x 1g per GPU in all-balanced
+    dyn = run_one(cluster, one_g, "first-fit", seed=1, tune=1.0)
+    assert dyn.accepted == 14 and dyn.accepted_slices == 14  # 7 x 1g per GPU
+
+
+def test_bench_runs_every_policy_on_the_same_requests() -> None:
+    cluster = openb_mig_cluster([_node("a", "G2"), _node("b", "G3")])
+    runs = mig_bench(cluster, [inference_workload()], ["first-fit", "gpusched"], [1, 2])
+    assert len({(r.seed, r.requests, r.arrived_slices) for r in runs}) == 2  # one sequence per seed
+    assert all(r.accepted_slices <= r.capacity_slices for r in runs)
+    rows = summarize(runs)
+    assert [r["policy"] for r in rows] == ["first-fit", "gpusched"] and rows[0]["seeds"] == [1, 2]
+    with pytest.raises(InvalidInput, match="unknown MIG policy worst-fit"):
+        mig_bench(cluster, [inference_workload()], ["worst-fit"], [1])
+
+
+def test_cli_bench_mig_json(tmp_path: Path) -> None:
+    csv_dir = tmp_path / "csv"
+    csv_dir.mkdir()
+    (csv_dir / "openb_node_list_gpu_node.csv").write_text(
+        "sn,cpu_milli,memory_mib,gpu,model\nn0,96000,786432,8,G2\nn1,96000,786432,8,G3\nn2,96000,786432,4,T4\n"
+    )
+    (csv_dir / "openb_pod_list_default.csv").write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,1024,1,470\np1,1000,1024,1,320\n"
+        "p2,1000,1024,1,110\np3,1000,1024,1,1000\n"
+    )
+    res = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "mig",
+            "--traces",
+            str(tmp_path),
+            "--seeds",
+            "1-3",
+            "-p",
+            "first-fit",
+            "-p",
+            "gpusched",
+            "--json",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    out = orjson.loads(res.stdout)
+    assert out["seeds"] == [1, 2, 3]
+    assert {(r["workload"], r["policy"]) for r in out["results"]} == {
+        (w, p) for w in ("openb", "inference") for p in ("first-fit", "gpusched")
+    }
+    assert len(out["runs"]) == 12
+    table = CliRunner().invoke(
+        app, ["bench", "mig", "--traces", str(tmp_path), "--seeds", "1", "-p", "best-fit"]
+    )
+    assert table.exit_code == 0, table.output
+    assert "best-fit" in table.stdout and "no pending p99" in table.stdout
+    bad = CliRunner().invoke(app, ["bench", "mig", "--traces", str(tmp_path / "nope"), "--seeds", "1"])
+    assert bad.exit_code == 2 and "file not found" in bad.output
