@@ -13,13 +13,15 @@ from gpusched.core.errors import InvalidInput
 from gpusched.core.mig.geometry import Geometry
 from gpusched.core.model import NodeSpec, PodSpec
 from gpusched.sim.mig import (
+    STATIC,
     MigWorkload,
     inference_workload,
     openb_mig_cluster,
     openb_workload,
     smallest_profile,
 )
-from gpusched.sim.mig_bench import STATIC, draw, mig_bench, run_one, summarize
+from gpusched.sim.mig_bench import draw, mig_bench, run_one, summarize
+from gpusched.sim.mig_churn import churn_rows, churn_run
 from gpusched.sim.traces import TracePod
 
 A100 = Geometry.of("a100-80gb")
@@ -102,6 +104,31 @@ def test_bench_runs_every_policy_on_the_same_requests() -> None:
         mig_bench(cluster, [inference_workload()], ["worst-fit"], [1])
 
 
+def test_churn_waits_only_when_the_cluster_is_full() -> None:
+    cluster = openb_mig_cluster([_node("a", "G2", 4)])
+    whole = MigWorkload("w", ("7g.80gb",), None, "")
+    light = churn_run(cluster, whole, "first-fit", seed=3, load=0.05, arrivals=200)
+    assert light.placed_now_pct == 100.0 and light.pending_p99_s == 0.0 and light.still_pending == 0
+    heavy = churn_run(cluster, whole, "gpusched", seed=3, load=3.0, arrivals=200)
+    assert heavy.placed_now_pct < 50 and heavy.pending_p99_s > 0 and heavy.still_pending > 0
+    assert heavy.placed_after_waiting > 0  # departures let waiting requests land
+    assert heavy.used_slices_pct > 90 and heavy.gpus_used_pct > 90  # the queue keeps every GPU busy
+    static = churn_run(cluster, whole, STATIC, seed=3, load=0.05, arrivals=50)
+    assert static.placed_now_pct == 0.0 and static.still_pending == 50  # all-balanced has no 7g
+    with pytest.raises(InvalidInput, match="load 0"):
+        churn_run(cluster, whole, "first-fit", seed=3, load=0)
+
+
+def test_churn_rows_average_the_seeds() -> None:
+    cluster = openb_mig_cluster([_node("a", "G2", 2)])
+    runs = [
+        churn_run(cluster, inference_workload(), "best-fit", seed=s, load=1.5, arrivals=300) for s in (1, 2)
+    ]
+    (row,) = churn_rows(runs)
+    assert row["seeds"] == [1, 2] and row["pending_p99_s_per_seed"] == [r.pending_p99_s for r in runs]
+    assert row["still_pending"] == sum(r.still_pending for r in runs)
+
+
 def test_cli_bench_mig_json(tmp_path: Path) -> None:
     csv_dir = tmp_path / "csv"
     csv_dir.mkdir()
@@ -134,11 +161,14 @@ def test_cli_bench_mig_json(tmp_path: Path) -> None:
     assert {(r["workload"], r["policy"]) for r in out["results"]} == {
         (w, p) for w in ("openb", "inference") for p in ("first-fit", "gpusched")
     }
-    assert len(out["runs"]) == 12
+    assert len(out["runs"]) == 12 and len(out["churn_runs"]) == 12
+    assert {(r["workload"], r["policy"]) for r in out["churn"]} == {
+        (w, p) for w in ("openb", "inference") for p in ("first-fit", "gpusched")
+    }
     table = CliRunner().invoke(
         app, ["bench", "mig", "--traces", str(tmp_path), "--seeds", "1", "-p", "best-fit"]
     )
     assert table.exit_code == 0, table.output
-    assert "best-fit" in table.stdout and "no pending p99" in table.stdout
+    assert "best-fit" in table.stdout and "no pending p99" in table.stdout and "under churn" in table.stdout
     bad = CliRunner().invoke(app, ["bench", "mig", "--traces", str(tmp_path / "nope"), "--seeds", "1"])
     assert bad.exit_code == 2 and "file not found" in bad.output

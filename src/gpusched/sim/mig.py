@@ -14,6 +14,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from gpusched.core.errors import InvalidInput
 from gpusched.core.mig.geometry import Geometry, MigGpu
 from gpusched.core.mig.placement import MigFleet
@@ -34,6 +36,10 @@ INFERENCE_MIX: tuple[tuple[str, float], ...] = (
     ("4g.40gb", 0.05),
     ("7g.80gb", 0.10),
 )
+
+
+STATIC = "static-balanced"
+BALANCED_KEYS = {"1g": 2, "2g": 1, "3g": 1}  # mig-manager's all-balanced on 7-slice GPUs (mig.md §4)
 
 
 @dataclass(frozen=True)
@@ -112,3 +118,42 @@ def inference_workload() -> MigWorkload:
     pool = tuple(p for p, _ in INFERENCE_MIX)
     mix = ", ".join(f"{p} {w:.0%}" for p, w in INFERENCE_MIX)
     return MigWorkload("inference", pool, tuple(w for _, w in INFERENCE_MIX), f"synthetic ({mix})")
+
+
+class StaticBalanced:
+    """Pre-cut ``all-balanced`` GPUs (name order): free instances per GPU and profile."""
+
+    def __init__(self, cluster: MigCluster) -> None:
+        geoms = [g.geometry for g in sorted(cluster.gpus, key=lambda g: g.name)]
+        self.profiles = sorted({n for g in geoms for n, k in g.kinds.items() if k.key in BALANCED_KEYS})
+        self.size = {n: k.mem_slices for g in geoms for n, k in g.kinds.items()}
+        self.free = np.zeros((len(geoms), len(self.profiles)), dtype=np.int64)
+        for gi, g in enumerate(geoms):
+            for n, k in g.kinds.items():
+                if k.key in BALANCED_KEYS:
+                    self.free[gi, self.profiles.index(n)] = BALANCED_KEYS[k.key]
+        self.full = self.free.copy()
+        self.used_slices = 0
+
+    def take(self, profile: str) -> int:
+        """The GPU whose free ``profile`` instance is taken, or -1."""
+        if profile not in self.profiles:
+            return -1
+        col = self.free[:, self.profiles.index(profile)]
+        hit = np.flatnonzero(col)
+        if len(hit) == 0:
+            return -1
+        col[hit[0]] -= 1
+        self.used_slices += self.size[profile]
+        return int(hit[0])
+
+    def release(self, gpu: int, profile: str) -> None:
+        j = self.profiles.index(profile)
+        if self.free[gpu, j] >= self.full[gpu, j]:
+            raise InvalidInput(f"GPU {gpu} holds no {profile} to release")
+        self.free[gpu, j] += 1
+        self.used_slices -= self.size[profile]
+
+    @property
+    def gpus_used(self) -> int:
+        return int(np.count_nonzero((self.free != self.full).any(axis=1)))

@@ -22,12 +22,20 @@ import numpy as np
 from gpusched.core.errors import InvalidInput
 from gpusched.core.mig.measure import DemandMix
 from gpusched.core.mig.placement import MigFleet, MigPolicy
-from gpusched.sim.mig import MigCluster, MigWorkload, inference_workload, openb_mig_cluster, openb_workload
+from gpusched.sim.mig import (
+    OPENB_MIG_MODELS,
+    STATIC,
+    MigCluster,
+    MigWorkload,
+    StaticBalanced,
+    inference_workload,
+    openb_mig_cluster,
+    openb_workload,
+)
+from gpusched.sim.mig_churn import churn_rows, churn_run
 from gpusched.sim.traces import read_nodes, read_pods
 
-STATIC = "static-balanced"
 POLICIES: tuple[str, ...] = (*(p.value for p in MigPolicy), STATIC)
-BALANCED_KEYS = {"1g": 2, "2g": 1, "3g": 1}  # mig-manager's all-balanced on 7-slice GPUs (mig.md §4)
 
 
 @dataclass(frozen=True)
@@ -67,36 +75,6 @@ def draw(workload: MigWorkload, size_of: dict[str, int], target: int, seed: int)
     return [workload.pool[i] for i in picks[:cut]]
 
 
-class _Static:
-    """Pre-cut ``all-balanced`` GPUs: free instances per GPU and profile."""
-
-    def __init__(self, cluster: MigCluster) -> None:
-        self.names = sorted(range(len(cluster.gpus)), key=lambda i: cluster.gpus[i].name)
-        geoms = [cluster.gpus[i].geometry for i in self.names]
-        self.profiles = sorted({n for g in geoms for n, k in g.kinds.items() if k.key in BALANCED_KEYS})
-        self.size = {n: k.mem_slices for g in geoms for n, k in g.kinds.items()}
-        self.free = np.zeros((len(geoms), len(self.profiles)), dtype=np.int64)
-        for gi, g in enumerate(geoms):
-            for n, k in g.kinds.items():
-                if k.key in BALANCED_KEYS:
-                    self.free[gi, self.profiles.index(n)] = BALANCED_KEYS[k.key]
-        self.full = self.free.copy()
-
-    def take(self, profile: str) -> bool:
-        if profile not in self.profiles:
-            return False
-        col = self.free[:, self.profiles.index(profile)]
-        hit = np.flatnonzero(col)
-        if len(hit) == 0:
-            return False
-        col[hit[0]] -= 1
-        return True
-
-    @property
-    def gpus_used(self) -> int:
-        return int(np.count_nonzero((self.free != self.full).any(axis=1)))
-
-
 def run_one(cluster: MigCluster, workload: MigWorkload, policy: str, seed: int, tune: float) -> MigRun:
     geom = cluster.gpus[0].geometry
     size_of = {p: geom.kind(p).mem_slices for p in set(workload.pool)}
@@ -104,7 +82,7 @@ def run_one(cluster: MigCluster, workload: MigWorkload, policy: str, seed: int, 
     reqs = draw(workload, size_of, int(tune * capacity), seed)
     t0 = time.perf_counter()
     fleet: MigFleet | None = None if policy == STATIC else cluster.fleet()
-    static = _Static(cluster) if policy == STATIC else None
+    static = StaticBalanced(cluster) if policy == STATIC else None
     pol = None if policy == STATIC else MigPolicy(policy)
     demand = DemandMix()
     arrived = taken = accepted = 0
@@ -113,7 +91,7 @@ def run_one(cluster: MigCluster, workload: MigWorkload, policy: str, seed: int, 
         arrived += size_of[prof]
         demand.add(prof)
         if static is not None:
-            ok = static.take(prof)
+            ok = static.take(prof) >= 0
         else:
             assert fleet is not None and pol is not None
             pl = fleet.choose(prof, pol, demand)
@@ -182,29 +160,62 @@ def summarize(runs: Sequence[MigRun]) -> list[dict[str, object]]:
     return rows
 
 
+@dataclass(frozen=True)
+class ChurnConfig:
+    """The churn part of ``bench mig``: every ``stride``-th MIG node, ``arrivals`` requests per run."""
+
+    load: float = 0.9
+    arrivals: int = 6000
+    stride: int = 16
+    life_s: float = 3600.0
+
+
 def mig_report(
     traces: Path,
     policies: Sequence[str],
     seeds: Sequence[int],
     tune: float = 1.0,
+    churn: ChurnConfig | None = None,
     on_done: Callable[[str], None] | None = None,
-) -> tuple[dict[str, object], list[dict[str, object]]]:
-    """Both workloads on openb's A100/H100-class nodes, read from ``traces``/csv: (report header, rows)."""
+) -> tuple[dict[str, object], list[dict[str, object]], list[dict[str, object]]]:
+    """Both workloads on openb's A100/H100-class nodes, read from ``traces``/csv: (report header,
+    arrival-only rows, churn rows; the last empty without ``churn``)."""
     csv_dir = traces / "csv"
-    cluster = openb_mig_cluster(read_nodes(csv_dir / "openb_node_list_gpu_node.csv"))
+    nodes = [
+        n for n in read_nodes(csv_dir / "openb_node_list_gpu_node.csv") if n.gpu_model in OPENB_MIG_MODELS
+    ]
+    cluster = openb_mig_cluster(nodes)
     pods = read_pods(csv_dir / "openb_pod_list_default.csv")
     workloads = [openb_workload(pods, cluster.gpus[0].geometry), inference_workload()]
     runs = mig_bench(cluster, workloads, policies, seeds, tune, on_done)
+    churned = []
+    if churn is not None:
+        if churn.stride < 1:
+            raise InvalidInput(f"--churn-stride must be at least 1, got {churn.stride}")
+        small = openb_mig_cluster(nodes[:: churn.stride])
+        for wl in workloads:
+            for seed in seeds:
+                for pol in policies:
+                    churned.append(churn_run(small, wl, pol, seed, churn.load, churn.arrivals, churn.life_s))
+                    if on_done is not None:
+                        on_done(f"churn {wl.name} {pol} {seed}")
     notes = [
         f"cluster: {cluster.label}, {len(cluster.gpus)} GPUs, {cluster.slices} memory slices",
         *(f"{w.name}: {w.note}" for w in workloads),
         f"arrival-only to {tune:g} x capacity, seeds {', '.join(map(str, seeds))}; no queue: no pending p99",
     ]
+    if churn is not None:
+        notes.append(
+            f"churn: every {churn.stride}th node ({small.label}), load {churn.load:g}, {churn.arrivals} "
+            f"Poisson arrivals, exponential lifetimes (mean {churn.life_s:g} s), FIFO per profile, "
+            "first 20 % not counted"
+        )
     header: dict[str, object] = {
         "title": "MIG placement (bench mig)",
         "seeds": list(seeds),
         "tune": tune,
         "notes": notes,
         "runs": [r.as_dict() for r in runs],
+        "churn_runs": [r.as_dict() for r in churned],
     }
-    return header, summarize(runs)
+    return header, summarize(runs), churn_rows(churned)
