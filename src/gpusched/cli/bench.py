@@ -63,7 +63,6 @@ def bench_mig_cmd(
 ) -> None:
     """MIG placement: policies side by side on openb's shares as MIG profiles and an inference-heavy mix,
     on openb's A100/H100-class nodes: arrival-only (accepted %, GPUs used) and under churn (pending p99)."""
-    from gpusched.cli import render_mig
     from gpusched.sim.mig_bench import POLICIES, ChurnConfig, mig_report
 
     seed_list = parse_seeds(seeds)
@@ -71,7 +70,7 @@ def bench_mig_cmd(
     cfg = ChurnConfig(load, arrivals, churn_stride) if churn else None
     with render.progress(2 * len(seed_list) * len(pols) * (2 if churn else 1), "bench mig") as tick:
         report, rows, churn_rows = mig_report(traces, pols, seed_list, tune, cfg, on_done=tick)
-    render_mig.mig_bench(report, rows, churn_rows, json_out)
+    render.mig_bench(report, rows, churn_rows, json_out)
 
 
 @bench_app.command("traces")
