@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from gpusched.cli import app
 from gpusched.core.errors import InvalidInput
-from gpusched.core.mig.geometry import Geometry
+from gpusched.core.mig.geometry import Geometry, Instance
+from gpusched.core.mig.measure import DemandMix
 from gpusched.core.model import NodeSpec, PodSpec
 from gpusched.sim.mig import (
     STATIC,
@@ -22,6 +23,7 @@ from gpusched.sim.mig import (
 )
 from gpusched.sim.mig_bench import draw, mig_bench, run_one, summarize
 from gpusched.sim.mig_churn import churn_rows, churn_run
+from gpusched.sim.mig_reshape import ReshapingBooks, balanced, demand_layout
 from gpusched.sim.traces import TracePod
 
 A100 = Geometry.of("a100-80gb")
@@ -113,6 +115,8 @@ def test_churn_waits_only_when_the_cluster_is_full() -> None:
     assert heavy.placed_now_pct < 50 and heavy.pending_p99_s > 0 and heavy.still_pending > 0
     assert heavy.placed_after_waiting > 0  # departures let waiting requests land
     assert heavy.used_slices_pct > 90 and heavy.gpus_used_pct > 90  # the queue keeps every GPU busy
+    reshaped = churn_run(cluster, whole, "gpusched-reshape", seed=3, load=0.05, arrivals=200)
+    assert reshaped.placed_now_pct == 100.0 and 1 <= reshaped.reshapes <= 4  # a 7g re-cuts an idle GPU once
     static = churn_run(cluster, whole, STATIC, seed=3, load=0.05, arrivals=50)
     assert static.placed_now_pct == 0.0 and static.still_pending == 50  # all-balanced has no 7g
     with pytest.raises(InvalidInput, match="load 0"):
@@ -127,6 +131,25 @@ def test_churn_rows_average_the_seeds() -> None:
     (row,) = churn_rows(runs)
     assert row["seeds"] == [1, 2] and row["pending_p99_s_per_seed"] == [r.pending_p99_s for r in runs]
     assert row["still_pending"] == sum(r.still_pending for r in runs)
+
+
+def test_demand_layout_puts_the_request_first_and_fills_with_what_is_asked_most() -> None:
+    layout = demand_layout(A100, "4g.40gb", DemandMix(["3g.40gb"] * 5 + ["1g.10gb"]))
+    assert layout == (Instance("4g.40gb", 0), Instance("3g.40gb", 4))
+    assert balanced(A100) == (
+        Instance("3g.40gb", 4), Instance("2g.20gb", 0), Instance("1g.10gb", 2), Instance("1g.10gb", 3)
+    )  # fmt: skip
+
+
+def test_reshaping_recuts_only_idle_gpus() -> None:
+    books = ReshapingBooks(openb_mig_cluster([_node("a", "G2", 2)]))
+    demand = DemandMix(["1g.10gb", "7g.80gb"])
+    assert books.take("1g.10gb", demand) == (0, 2)  # the pre-cut all-balanced 1g of GPU 0
+    assert books.take("7g.80gb", demand) == (1, 0) and books.reshapes == 1  # GPU 1 was idle: re-cut
+    assert books.take("7g.80gb", demand) is None and books.reshapes == 1  # GPU 0 is busy: never touched
+    books.release("1g.10gb", 0, 2)
+    assert books.take("4g.40gb", demand) == (0, 0) and books.reshapes == 2
+    assert books.used_slices == 12 and books.gpus_used == 2
 
 
 def test_cli_bench_mig_json(tmp_path: Path) -> None:

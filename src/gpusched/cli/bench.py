@@ -51,7 +51,11 @@ def bench_mig_cmd(
     ] = Path("../shared/traces/alibaba-gpu-2023"),
     policy: Annotated[
         list[str] | None,
-        typer.Option("--policy", "-p", help="first-fit, packing, best-fit, gpusched, static-balanced (all)."),
+        typer.Option(
+            "--policy",
+            "-p",
+            help="first-fit, packing, best-fit, gpusched, static-balanced, gpusched-reshape (churn only).",
+        ),
     ] = None,
     seeds: Annotated[str, typer.Option(help="Seeds, e.g. 42-44.")] = "42-44",
     tune: Annotated[float, typer.Option(help="Arrivals up to this x the cluster's memory slices.")] = 1.0,

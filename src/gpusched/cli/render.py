@@ -732,13 +732,13 @@ def mig_churn_table(rows: Sequence[Mapping[str, object]]) -> Table:
     t.add_column("workload", no_wrap=True)
     t.add_column("policy", no_wrap=True)
     for col in ("load", "placed on arrival %", "pending mean s", "pending p99 s", "p99 per seed",
-                "still pending", "slices used %", "GPUs used %"):  # fmt: skip
+                "still pending", "slices used %", "GPUs used %", "reshapes/h"):  # fmt: skip
         t.add_column(col, justify="right")
     for r in rows:
         per_seed = " ".join(f"{v:g}" for v in r["pending_p99_s_per_seed"])  # type: ignore[attr-defined]
         t.add_row(
             str(r["workload"]), str(r["policy"]), f"{r['load']:g}", f"{r['placed_on_arrival_pct']:.2f}",
             f"{r['pending_mean_s']:.1f}", f"{r['pending_p99_s']:.1f}", per_seed, str(r["still_pending"]),
-            f"{r['used_slices_pct']:.2f}", f"{r['gpus_used_pct']:.2f}",
+            f"{r['used_slices_pct']:.2f}", f"{r['gpus_used_pct']:.2f}", f"{r['reshapes_per_hour']:g}",
         )  # fmt: skip
     return t

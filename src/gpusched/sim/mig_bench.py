@@ -33,9 +33,10 @@ from gpusched.sim.mig import (
     openb_workload,
 )
 from gpusched.sim.mig_churn import churn_rows, churn_run
+from gpusched.sim.mig_reshape import RESHAPE
 from gpusched.sim.traces import read_nodes, read_pods
 
-POLICIES: tuple[str, ...] = (*(p.value for p in MigPolicy), STATIC)
+POLICIES: tuple[str, ...] = (*(p.value for p in MigPolicy), STATIC, RESHAPE)  # RESHAPE: churn only
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,10 @@ def mig_bench(
     for wl in workloads:
         for seed in seeds:
             for pol in policies:
+                if (
+                    pol == RESHAPE
+                ):  # all GPUs start idle: arrival-only it would re-cut on demand, like first-fit
+                    continue
                 runs.append(run_one(cluster, wl, pol, seed, tune))
                 if on_done is not None:
                     on_done(f"{wl.name} {pol} {seed}")

@@ -22,6 +22,7 @@ from gpusched.core.errors import InvalidInput
 from gpusched.core.mig.measure import DemandMix
 from gpusched.core.mig.placement import MigPolicy
 from gpusched.sim.mig import STATIC, MigCluster, MigWorkload, StaticBalanced
+from gpusched.sim.mig_reshape import RESHAPE, ReshapingBooks
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class ChurnRun:
     placed_after_waiting: int  # counted requests that waited, then landed
     used_slices_pct: float  # time average
     gpus_used_pct: float  # time average
+    reshapes: int  # re-cuts of idle GPUs over the whole run (gpusched-reshape only)
+    reshapes_per_hour: float
     seconds: float
 
     def as_dict(self) -> dict[str, object]:
@@ -48,12 +51,16 @@ class _Books:
     """Either a dynamic fleet (a core policy) or the static all-balanced cut, behind one interface."""
 
     def __init__(self, cluster: MigCluster, policy: str) -> None:
+        self.reshaping = ReshapingBooks(cluster) if policy == RESHAPE else None
         self.static = StaticBalanced(cluster) if policy == STATIC else None
-        self.fleet = None if policy == STATIC else cluster.fleet()
-        self.policy = None if policy == STATIC else MigPolicy(policy)
+        dynamic = policy not in (STATIC, RESHAPE)
+        self.fleet = cluster.fleet() if dynamic else None
+        self.policy = MigPolicy(policy) if dynamic else None
         self.demand = DemandMix()
 
     def place(self, profile: str) -> tuple[int, int] | None:
+        if self.reshaping is not None:
+            return self.reshaping.take(profile, self.demand)
         if self.static is not None:
             gpu = self.static.take(profile)
             return None if gpu < 0 else (gpu, -1)
@@ -65,13 +72,21 @@ class _Books:
         return pl.gpu, pl.start
 
     def release(self, profile: str, where: tuple[int, int]) -> None:
-        if self.static is not None:
+        if self.reshaping is not None:
+            self.reshaping.release(profile, *where)
+        elif self.static is not None:
             self.static.release(where[0], profile)
         else:
             assert self.fleet is not None
             self.fleet.remove(where[0], profile, where[1])
 
+    @property
+    def reshapes(self) -> int:
+        return 0 if self.reshaping is None else self.reshaping.reshapes
+
     def usage(self) -> tuple[int, int]:
+        if self.reshaping is not None:
+            return self.reshaping.used_slices, self.reshaping.gpus_used
         if self.static is not None:
             return self.static.used_slices, self.static.gpus_used
         assert self.fleet is not None
@@ -154,6 +169,8 @@ def churn_run(
         int(np.sum(placed_at[first:] > times[first:])),
         round(100 * float(area_used) / (span * cluster.slices), 2) if span > 0 else 0.0,
         round(100 * float(area_gpus) / (span * len(cluster.gpus)), 2) if span > 0 else 0.0,
+        books.reshapes,
+        round(3600 * books.reshapes / float(end - times[0]), 2) if end > times[0] else 0.0,
         round(time.perf_counter() - t0, 2),
     )  # fmt: skip
 
@@ -176,6 +193,7 @@ def churn_rows(runs: list[ChurnRun]) -> list[dict[str, object]]:
                 "still_pending": int(sum(r.still_pending for r in rs)),
                 "used_slices_pct": round(float(np.mean([r.used_slices_pct for r in rs])), 2),
                 "gpus_used_pct": round(float(np.mean([r.gpus_used_pct for r in rs])), 2),
+                "reshapes_per_hour": round(float(np.mean([r.reshapes_per_hour for r in rs])), 2),
             }
         )
     return rows
