@@ -43,6 +43,40 @@ def bench_packing_cmd(
     render.packing(report, f"{wl.label}, seeds {seed_list[0]}..{seed_list[-1]}", json_out)
 
 
+@bench_app.command("mig")
+@reports_errors
+def bench_mig_cmd(
+    traces: Annotated[
+        Path, typer.Option(help="The alibaba-gpu-2023 folder (its csv/ holds openb's node and pod lists).")
+    ] = Path("../shared/traces/alibaba-gpu-2023"),
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--policy",
+            "-p",
+            help="first-fit, packing, best-fit, gpusched, static-balanced, gpusched-reshape (churn only).",
+        ),
+    ] = None,
+    seeds: Annotated[str, typer.Option(help="Seeds, e.g. 42-44.")] = "42-44",
+    tune: Annotated[float, typer.Option(help="Arrivals up to this x the cluster's memory slices.")] = 1.0,
+    churn: Annotated[bool, typer.Option(help="Also arrivals, departures and a queue (pending time).")] = True,
+    load: Annotated[float, typer.Option(help="Churn: offered load, x the memory slices.")] = 0.9,
+    arrivals: Annotated[int, typer.Option(help="Churn: requests per run.")] = 6000,
+    churn_stride: Annotated[int, typer.Option(help="Churn: every n-th MIG node of openb.")] = 16,
+    json_out: JsonOpt = False,
+) -> None:
+    """MIG placement: policies side by side on openb's shares as MIG profiles and an inference-heavy mix,
+    on openb's A100/H100-class nodes: arrival-only (accepted %, GPUs used) and under churn (pending p99)."""
+    from gpusched.sim.mig_bench import POLICIES, ChurnConfig, mig_report
+
+    seed_list = parse_seeds(seeds)
+    pols = policy or list(POLICIES)
+    cfg = ChurnConfig(load, arrivals, churn_stride) if churn else None
+    with render.progress(2 * len(seed_list) * len(pols) * (2 if churn else 1), "bench mig") as tick:
+        report, rows, churn_rows = mig_report(traces, pols, seed_list, tune, cfg, on_done=tick)
+    render.mig_bench(report, rows, churn_rows, json_out)
+
+
 @bench_app.command("traces")
 @reports_errors
 def bench_traces_cmd(
