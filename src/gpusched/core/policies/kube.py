@@ -1,0 +1,69 @@
+"""kube-scheduler's resource scoring, as the stock scheduler does it (for ``sim.stacks``).
+
+- ``NodeResourcesFitScore``: the NodeResourcesFit score with its default resources (CPU and
+  memory, weight 1 each; an extended resource such as ``nvidia.com/gpu`` is not scored by
+  default). ``least`` (LeastAllocated, the default strategy): per resource
+  ``(allocatable − requested) · 100 // allocatable``; ``most`` (MostAllocated):
+  ``requested · 100 // allocatable``; a resource past its allocatable scores 0. ``requested``
+  is the node's requests plus the pod's, the pod's *non-zero* request (kube-scheduler counts a
+  request of 0 as 100 milli-CPU and 200 MB). The node score is the weighted mean, in integers.
+- ``BalancedAllocationScore``: NodeResourcesBalancedAllocation over CPU and memory: the
+  fractions requested/allocatable (capped at 1, the pod's actual request included) and
+  ``int((1 − std) · 100)``; for two resources the std is ``|f_cpu − f_mem| / 2``.
+
+Both are integers in 0..100; kube-scheduler's default profile weighs each by 1 and adds them.
+Neither chooses devices: NVIDIA's device plugin takes the first free GPUs (``core.devices``'s
+tightest fit is the same for whole GPUs)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpusched.core.cluster import I64, ClusterState
+from gpusched.core.framework import CycleState, NodeScores
+from gpusched.core.model import PodSpec
+
+STRATEGIES = ("least", "most")
+DEFAULT_CPU_MILLI = 100
+"""kube-scheduler's non-zero default CPU request (``schedutil.DefaultMilliCPURequest``)."""
+DEFAULT_MEMORY_MIB = 200 * 1000 * 1000 // (1024 * 1024)
+"""kube-scheduler's non-zero default memory request, 200 MB, in whole MiB (190)."""
+
+
+def _per_resource(requested: I64, allocatable: I64, most: bool) -> I64:
+    cap = np.maximum(allocatable, 1)
+    s = requested * 100 // cap if most else (allocatable - requested) * 100 // cap
+    out: I64 = np.where((requested > allocatable) | (allocatable == 0), 0, s)
+    return out
+
+
+class NodeResourcesFitScore:
+    """LeastAllocated (``least``) or MostAllocated (``most``) over CPU and memory."""
+
+    def __init__(self, strategy: str = "least") -> None:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"NodeResourcesFit strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
+        self.strategy = strategy
+        self.name = f"NodeResourcesFit{'Most' if strategy == 'most' else 'Least'}Allocated"
+
+    def score(self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64) -> NodeScores:
+        cpu = pod.cpu_milli or DEFAULT_CPU_MILLI
+        mem = pod.memory_mib or DEFAULT_MEMORY_MIB
+        most = self.strategy == "most"
+        cpu_cap, mem_cap = snap.cpu_cap[nodes], snap.mem_cap[nodes]
+        s_cpu = _per_resource(cpu_cap - snap.cpu_free[nodes] + cpu, cpu_cap, most)
+        s_mem = _per_resource(mem_cap - snap.mem_free[nodes] + mem, mem_cap, most)
+        return NodeScores(((s_cpu + s_mem) // 2).astype(np.int64))
+
+
+class BalancedAllocationScore:
+    """NodeResourcesBalancedAllocation over CPU and memory."""
+
+    name = "NodeResourcesBalancedAllocation"
+
+    def score(self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64) -> NodeScores:
+        cpu_cap, mem_cap = snap.cpu_cap[nodes], snap.mem_cap[nodes]
+        f_cpu = np.minimum((cpu_cap - snap.cpu_free[nodes] + pod.cpu_milli) / np.maximum(cpu_cap, 1), 1.0)
+        f_mem = np.minimum((mem_cap - snap.mem_free[nodes] + pod.memory_mib) / np.maximum(mem_cap, 1), 1.0)
+        std = np.abs(f_cpu - f_mem) / 2
+        return NodeScores(np.trunc((1 - std) * 100).astype(np.int64))
