@@ -16,7 +16,12 @@ from gpusched.core.cluster import ClusterState
 from gpusched.core.errors import InvalidInput
 from gpusched.core.framework import CycleState
 from gpusched.core.policies import PolicyContext
-from gpusched.core.policies.kube import BalancedAllocationScore, NodeResourcesFitScore
+from gpusched.core.policies.kube import (
+    BalancedAllocationScore,
+    NodeResourcesFitScore,
+    NodesToScore,
+    nodes_to_find,
+)
 from gpusched.core.scheduler import schedule_one
 from gpusched.sim.churn import Churn, ChurnConfig, DefragConfig
 from gpusched.sim.stacks.catalog import STACK_NAMES, stacks_named
@@ -171,3 +176,17 @@ def test_comparison_report_plot_and_headline(tmp_path: Path) -> None:
 
 def test_all_stacks_are_listed() -> None:
     assert STACK_NAMES[0] == "stock" and "gpusched+defrag" in STACK_NAMES and len(STACK_NAMES) == 9
+
+
+def test_kube_scheduler_scores_only_the_feasible_nodes_it_finds_first() -> None:
+    assert [nodes_to_find(n) for n in (50, 100, 200, 1213, 5000)] == [50, 100, 100, 497, 500]
+    window = NodesToScore()
+    snap = ClusterState([gpu_node(f"n{i:03d}", 1) for i in range(150)])
+    everyone = np.arange(150, dtype=np.int64)
+    first = window.prefer(CycleState(), whole("p"), snap, everyone)
+    assert first is not None and np.flatnonzero(first).tolist() == list(range(100))
+    second = window.prefer(CycleState(), whole("q"), snap, everyone)
+    assert second is not None and np.flatnonzero(second).tolist() == list(range(50)) + list(range(100, 150))
+    assert window.prefer(CycleState(), whole("r"), snap, everyone[:80]) is None  # fewer: all scored
+    r = schedule_one(_stack("stock").profile(CTX), whole("s"), snap)
+    assert r.node is not None and r.node < 100  # a fresh scheduler starts at the first node

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpusched.core.cluster import I64, ClusterState
-from gpusched.core.framework import CycleState, NodeScores
+from gpusched.core.framework import F64, CycleState, NodeScores
 from gpusched.core.model import PodSpec
 
 STRATEGIES = ("least", "most")
@@ -67,3 +67,42 @@ class BalancedAllocationScore:
         f_mem = np.minimum((mem_cap - snap.mem_free[nodes] + pod.memory_mib) / np.maximum(mem_cap, 1), 1.0)
         std = np.abs(f_cpu - f_mem) / 2
         return NodeScores(np.trunc((1 - std) * 100).astype(np.int64))
+
+
+MIN_FEASIBLE_NODES = 100
+"""kube-scheduler's ``minFeasibleNodesToFind``."""
+
+
+def nodes_to_find(all_nodes: int) -> int:
+    """How many feasible nodes kube-scheduler looks for before it stops filtering, with
+    ``percentageOfNodesToScore`` unset (adaptive: 50 % less 1 % per 125 nodes, at least 5 %, at
+    least 100 nodes; every node below 100)."""
+    if all_nodes < MIN_FEASIBLE_NODES:
+        return all_nodes
+    pct = max(5, 50 - all_nodes // 125)
+    return max(MIN_FEASIBLE_NODES, all_nodes * pct // 100)
+
+
+class NodesToScore:
+    """kube-scheduler scores only the first ``nodes_to_find`` feasible nodes it meets, walking
+    the nodes from where the last cycle stopped (``nextStartNodeIndex``, round robin). As a Prefer
+    plugin (weighted far above any other) it rates those 100 and the rest 0, so only they are
+    scored; it keeps the start index, so one instance serves one scheduler's run. (kube-scheduler
+    filters in parallel chunks, so where it stops is approximate; here it is exact.)"""
+
+    name = "NodesToScore"
+
+    def __init__(self) -> None:
+        self.start = 0
+
+    def prefer(self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64) -> F64 | None:
+        n = len(snap)
+        want = nodes_to_find(n)
+        if len(nodes) <= want:
+            return None  # every node was processed: the start index comes round to itself
+        rot = (nodes - self.start) % n
+        order = np.argsort(rot, kind="stable")
+        self.start = (self.start + int(rot[order[want - 1]]) + 1) % n
+        out: F64 = np.zeros(len(nodes))
+        out[order[:want]] = 100.0
+        return out

@@ -2,8 +2,9 @@
 scheduler books for a pod, which GPUs it sees on a node, and how it scores nodes.
 
 - ``stock``: kube-scheduler's default scoring (NodeResourcesFit LeastAllocated + balanced
-  allocation, weight 1 each) and NVIDIA's device plugin: ``nvidia.com/gpu`` is an integer, so a
-  share takes a whole GPU; the plugin gives the first free GPUs.
+  allocation, weight 1 each; from 100 nodes on, only the feasible nodes its adaptive
+  ``percentageOfNodesToScore`` finds are scored) and NVIDIA's device plugin: ``nvidia.com/gpu``
+  is an integer, so a share takes a whole GPU; the plugin gives the first free GPUs.
 - ``timeslice-R``: the same with NVIDIA time-slicing, ``replicas: R``: each GPU is advertised
   as R, a pod asks one replica per GPU (a share: one), nothing checks memory (``meter``
   counts the OOM risk that follows).
@@ -22,13 +23,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from gpusched.core.errors import InvalidInput
-from gpusched.core.framework import Profile, WeightedScore
+from gpusched.core.framework import Profile, WeightedPreference, WeightedScore
 from gpusched.core.model import GPU_MILLI, NodeSpec, PodSpec
 from gpusched.core.policies import PolicyContext, make_profile, profile_of
 from gpusched.core.policies.hami import HamiScore
-from gpusched.core.policies.kube import BalancedAllocationScore, NodeResourcesFitScore
+from gpusched.core.policies.kube import BalancedAllocationScore, NodeResourcesFitScore, NodesToScore
 
 SCORINGS = ("kube-least", "kube-most", "hami", "fgd", "default")
+SCORE_WINDOW_WEIGHT = 1e6
+"""kube-scheduler's node sampling (``NodesToScore``) outweighs every soft preference."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,9 @@ class Stack:
             WeightedScore(NodeResourcesFitScore(strategy), 1.0),
             WeightedScore(BalancedAllocationScore(), 1.0),
         )
-        return profile_of(self.name, scores)
+        prof = profile_of(self.name, scores)
+        window = WeightedPreference(NodesToScore(), SCORE_WINDOW_WEIGHT)
+        return replace(prof, preferences=(*prof.preferences, window))
 
 
 STACKS: tuple[Stack, ...] = (
