@@ -14,6 +14,7 @@ from builders import gpu_node, share, whole
 from gpusched.bench.stacks import stacks_comparison, write_stacks_json, write_stacks_plot
 from gpusched.core.cluster import ClusterState
 from gpusched.core.errors import InvalidInput
+from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.framework import CycleState
 from gpusched.core.policies import PolicyContext
 from gpusched.core.policies.kube import (
@@ -53,7 +54,10 @@ def test_kube_resource_scores_are_kube_schedulers_integer_formulas() -> None:
     # requested after the pod: CPU 3000/10000, memory 6000/10000
     assert _scores(NodeResourcesFitScore("least"), pod, snap) == [(70 + 40) // 2]
     assert _scores(NodeResourcesFitScore("most"), pod, snap) == [(30 + 60) // 2]
-    assert _scores(BalancedAllocationScore(), pod, snap) == [85]  # 100 * (1 - |0.3 - 0.6| / 2)
+    # balance 100 * (1 - |f_cpu - f_mem| / 2): 85 with the pod (0.3, 0.6), 85 without (0.2, 0.5)
+    assert _scores(BalancedAllocationScore(), pod, snap) == [50 + (50 + 85 - 85) // 2]
+    evener = share("e", 300, cpu=3000, memory_mib=0)  # to (0.5, 0.5): balance 100
+    assert _scores(BalancedAllocationScore(), evener, snap) == [50 + (50 + 100 - 85) // 2]
     # a request of 0 counts as kube-scheduler's non-zero defaults (100 milli-CPU, 200 MB)
     bare = share("q", 300)
     assert _scores(NodeResourcesFitScore("least"), bare, snap) == [
@@ -174,8 +178,13 @@ def test_comparison_report_plot_and_headline(tmp_path: Path) -> None:
         stacks_comparison(wl, [], config=cfg)
 
 
-def test_all_stacks_are_listed() -> None:
+def test_all_stacks_are_listed_and_gpusched_is_the_standalone_schedulers_profile() -> None:
     assert STACK_NAMES[0] == "stock" and "gpusched+defrag" in STACK_NAMES and len(STACK_NAMES) == 9
+    # the profile tests/e2e/test_standalone.py::test_trace_slice_matches_the_core holds the standalone
+    # scheduler to: make_profile("default"), its one score plugin DefaultScore
+    tw = TargetWorkload.from_pods([tp.spec for tp in POOL])
+    prof = _stack("gpusched").profile(PolicyContext(workload=tw))
+    assert prof.name == "default" and [type(w.plugin).__name__ for w in prof.scores] == ["DefaultScore"]
 
 
 def test_kube_scheduler_scores_only_the_feasible_nodes_it_finds_first() -> None:

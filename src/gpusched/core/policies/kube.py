@@ -8,8 +8,9 @@
   is the node's requests plus the pod's, the pod's *non-zero* request (kube-scheduler counts a
   request of 0 as 100 milli-CPU and 200 MB). The node score is the weighted mean, in integers.
 - ``BalancedAllocationScore``: NodeResourcesBalancedAllocation over CPU and memory: the
-  fractions requested/allocatable (capped at 1, the pod's actual request included) and
-  ``int((1 − std) · 100)``; for two resources the std is ``|f_cpu − f_mem| / 2``.
+  balance ``int((1 − std) · 100)`` of the fractions requested/allocatable (capped at 1; for two
+  resources the std is ``|f_cpu − f_mem| / 2``), with the pod's actual request and without it:
+  ``50 + (50 + with − without) / 2`` (kube-scheduler 1.37, the control plane the tests run).
 
 Both are integers in 0..100; kube-scheduler's default profile weighs each by 1 and adds them.
 Neither chooses devices: NVIDIA's device plugin takes the first free GPUs (``core.devices``'s
@@ -56,17 +57,26 @@ class NodeResourcesFitScore:
         return NodeScores(((s_cpu + s_mem) // 2).astype(np.int64))
 
 
+def _balance(cpu_used: I64, cpu_cap: I64, mem_used: I64, mem_cap: I64) -> I64:
+    f_cpu = np.minimum(cpu_used / np.maximum(cpu_cap, 1), 1.0)
+    f_mem = np.minimum(mem_used / np.maximum(mem_cap, 1), 1.0)
+    out: I64 = np.trunc((1 - np.abs(f_cpu - f_mem) / 2) * 100).astype(np.int64)
+    return out
+
+
 class BalancedAllocationScore:
-    """NodeResourcesBalancedAllocation over CPU and memory."""
+    """NodeResourcesBalancedAllocation over CPU and memory, as kube-scheduler 1.37 scores it: the
+    balance with the pod and without it, ``50 + (50 + with − without) // 2`` (a pod that improves
+    the node's balance scores towards 100, one that spoils it towards 50)."""
 
     name = "NodeResourcesBalancedAllocation"
 
     def score(self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64) -> NodeScores:
         cpu_cap, mem_cap = snap.cpu_cap[nodes], snap.mem_cap[nodes]
-        f_cpu = np.minimum((cpu_cap - snap.cpu_free[nodes] + pod.cpu_milli) / np.maximum(cpu_cap, 1), 1.0)
-        f_mem = np.minimum((mem_cap - snap.mem_free[nodes] + pod.memory_mib) / np.maximum(mem_cap, 1), 1.0)
-        std = np.abs(f_cpu - f_mem) / 2
-        return NodeScores(np.trunc((1 - std) * 100).astype(np.int64))
+        cpu_used, mem_used = cpu_cap - snap.cpu_free[nodes], mem_cap - snap.mem_free[nodes]
+        with_pod = _balance(cpu_used + pod.cpu_milli, cpu_cap, mem_used + pod.memory_mib, mem_cap)
+        without = _balance(cpu_used, cpu_cap, mem_used, mem_cap)
+        return NodeScores(50 + (50 + with_pod - without) // 2)
 
 
 MIN_FEASIBLE_NODES = 100
