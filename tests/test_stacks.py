@@ -27,7 +27,7 @@ from gpusched.core.scheduler import schedule_one
 from gpusched.sim.churn import Churn, ChurnConfig, DefragConfig
 from gpusched.sim.stacks.catalog import STACK_NAMES, stacks_named
 from gpusched.sim.stacks.meter import StackMeter
-from gpusched.sim.stacks.report import sustained_load
+from gpusched.sim.stacks.report import StackRow, headline, sustained_load
 from gpusched.sim.stacks.run import StackChurn, run_stack
 from gpusched.sim.synthetic import SyntheticConfig, synthetic_workload
 from gpusched.sim.workload import load_workload
@@ -199,3 +199,15 @@ def test_kube_scheduler_scores_only_the_feasible_nodes_it_finds_first() -> None:
     assert window.prefer(CycleState(), whole("r"), snap, everyone[:80]) is None  # fewer: all scored
     r = schedule_one(_stack("stock").profile(CTX), whole("s"), snap)
     assert r.node is not None and r.node < 100  # a fresh scheduler starts at the first node
+
+
+def test_headline_counts_waits_under_the_retry_interval_as_a_minute() -> None:
+    def row(stack: str, work: float, p99: float) -> StackRow:
+        pending = {"all GPU pods": {"p50_s": 0.0, "p99_s": p99}}
+        return StackRow(stack, stack, 0.9, 3, work, work, 1.0, 0, 0, 0, 0, 0, True, pending)
+
+    h = headline([row("gpusched", 84.0, 1.0), row("stock", 75.0, 600.0)], 975, 0.9)
+    assert h.p99_ratio == pytest.approx(10.0) and h.work_gain_pct == pytest.approx(12.0)
+    assert "12 % more work" in h.sentence and "under 1 min vs 10 min" in h.sentence
+    with pytest.raises(InvalidInput, match=r"no run of stack 'gpusched' at load 0\.7"):
+        headline([row("gpusched", 84.0, 1.0)], 975, 0.7)

@@ -17,7 +17,8 @@ from gpusched.sim.stacks.report import StacksReport
 def work_vs_load_plot(report: StacksReport, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
     loads = report.loads
-    ax.plot([0, max(loads) * 1.05], [0, 100 * max(loads) * 1.05], color="0.8", lw=1, ls="--", label="offered")
+    top = 100 * max(loads) * 1.05
+    ax.plot([0, top], [0, top], color="0.5", lw=1, ls=":", label="offered")
     for stack in dict.fromkeys(r.stack for r in report.results):
         vals = [[r.work_pct for r in report.results if r.stack == stack and r.load == ld] for ld in loads]
         mean = np.array([np.mean(v) for v in vals])
@@ -39,8 +40,11 @@ def work_vs_load_plot(report: StacksReport, path: Path) -> Path:
     ax.set_xlim(100 * min(loads) - 5, 100 * max(loads) + 5)
     ax.set_ylim(40, 100)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    ax.set_title(f"Work carried vs load ({report.results[0].gpus} GPUs, {report.workload})", fontsize=9)
+    ax.legend(fontsize=8, loc="upper left")
+    seeds = len({r.seed for r in report.results})
+    ax.set_title(
+        f"Work carried vs offered load: {report.results[0].gpus} GPUs, {seeds} seeds (bars: min-max)"
+    )
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -12,6 +12,9 @@ from gpusched.core.errors import InvalidInput
 from gpusched.sim.stacks.run import ALL_GPU, StackResult
 
 SIZE_CLASSES = ("share", "1 GPU", "2 GPUs", "4 GPUs", "8 GPUs")
+RESOLUTION_S = 60
+"""Waits shorter than the queue's retry interval count as this in the headline's ratio: a p99 of
+1 s against 10 min is "under a minute", not 600x."""
 
 
 @dataclass
@@ -98,7 +101,8 @@ class Headline:
     baseline: str
     work_gain_pct: float
     p99_ratio: float
-    """Baseline's p99 pending time of GPU pods over the stack's (how many times less it waits)."""
+    """Baseline's p99 pending time of GPU pods over the stack's (how many times less it waits),
+    each at least ``RESOLUTION_S``."""
     sentence: str
 
 
@@ -114,10 +118,14 @@ def headline(
     a, b = row(stack), row(baseline)
     gain = 100.0 * (a.work_pct / b.work_pct - 1) if b.work_pct else float("nan")
     pa, pb = a.pending.get(ALL_GPU, {}).get("p99_s", 0.0), b.pending.get(ALL_GPU, {}).get("p99_s", 0.0)
-    ratio = pb / max(pa, 1.0)
+    ratio = max(pb, RESOLUTION_S) / max(pa, RESOLUTION_S)
+
+    def wait(s: float) -> str:
+        return f"under {RESOLUTION_S // 60} min" if s < RESOLUTION_S else f"{s / 60:.0f} min"
+
     sentence = (
         f"On the same {gpus} GPUs at offered load {load:g}, {a.label} carries {gain:.0f} % more work than "
-        f"{b.label}, and GPU pods wait {ratio:.1f}x less at p99 ({pa / 60:.0f} min vs {pb / 60:.0f} min)."
+        f"{b.label}, and GPU pods wait {ratio:.1f}x less at p99 ({wait(pa)} vs {wait(pb)})."
     )
     return Headline(load, gpus, stack, baseline, gain, ratio, sentence)
 
