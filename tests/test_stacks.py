@@ -4,14 +4,17 @@ the churn protocol and the report, on small clusters."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 from builders import gpu_node, share, whole
 from gpusched.bench.stacks import stacks_comparison, write_stacks_json, write_stacks_plot
+from gpusched.cli import app
 from gpusched.core.cluster import ClusterState
 from gpusched.core.errors import InvalidInput
 from gpusched.core.fragmentation import TargetWorkload
@@ -211,3 +214,25 @@ def test_headline_counts_waits_under_the_retry_interval_as_a_minute() -> None:
     assert "12 % more work" in h.sentence and "under 1 min vs 10 min" in h.sentence
     with pytest.raises(InvalidInput, match=r"no run of stack 'gpusched' at load 0\.7"):
         headline([row("gpusched", 84.0, 1.0)], 975, 0.7)
+
+
+def test_the_command_prints_json_writes_its_files_and_names_bad_input(tmp_path: Path) -> None:
+    nodes = "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(f"n{i},64000,262144,4,T4\n" for i in range(6))
+    pods = ["name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,creation_time,deletion_time"]
+    pods += [f"s{i},2000,4096,1,{300 + 100 * (i % 5)},,0,{600 + 60 * i}" for i in range(20)]
+    pods += [f"w{i},8000,16384,{1 + i % 4},1000,,0,{1200 + 60 * i}" for i in range(8)]
+    (tmp_path / "nodes.csv").write_text(nodes)
+    (tmp_path / "pods.csv").write_text("\n".join(pods) + "\n")
+    out = tmp_path / "out"
+    args = ["bench", "stacks", "--nodes", str(tmp_path / "nodes.csv"), "--pods", str(tmp_path / "pods.csv")]
+    args += ["--sample", "0", "--stacks", "stock,gpusched", "--loads", "0.8", "--seeds", "0", "--hours", "2"]
+    res = CliRunner().invoke(app, [*args, "--out", str(out), "--json", "-j", "1"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert [r["stack"] for r in report["summary"]] == ["stock", "gpusched"]
+    assert report["config"]["gpus"] == 24 and "headline" not in report  # no run at the headline's load 0.9
+    assert (out / "stacks.json").exists() and (out / "stacks_work_vs_load.png").exists()
+    bad = CliRunner().invoke(app, [*args[:-6], "--stacks", "slurm", "--out", str(out)])
+    assert bad.exit_code == 2 and "unknown stack 'slurm'" in bad.output and "Traceback" not in bad.output
+    bad = CliRunner().invoke(app, [*args, "--loads", "0.8,x", "--out", str(out)])
+    assert bad.exit_code != 0 and "comma-separated numbers" in bad.output
