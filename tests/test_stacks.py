@@ -209,11 +209,12 @@ def test_headline_counts_waits_under_the_retry_interval_as_a_minute() -> None:
         pending = {"all GPU pods": {"p50_s": 0.0, "p99_s": p99}}
         return StackRow(stack, stack, 0.9, 3, work, work, 1.0, 0, 0, 0, 0, 0, True, pending)
 
-    h = headline([row("gpusched", 84.0, 1.0), row("stock", 75.0, 600.0)], 975, 0.9)
+    rows = [row("gpusched", 84.0, 1.0), row("stock", 75.0, 600.0)]
+    h = headline(rows, 975, 0.9, 0.9)
     assert h.p99_ratio == pytest.approx(10.0) and h.work_gain_pct == pytest.approx(12.0)
     assert "12 % more work" in h.sentence and "under 1 min vs 10 min" in h.sentence
     with pytest.raises(InvalidInput, match=r"no run of stack 'gpusched' at load 0\.7"):
-        headline([row("gpusched", 84.0, 1.0)], 975, 0.7)
+        headline(rows, 975, 0.7, 0.9)
 
 
 def test_the_command_prints_json_writes_its_files_and_names_bad_input(tmp_path: Path) -> None:

@@ -476,7 +476,9 @@ def bench_stacks_cmd(
     loads: Annotated[str, typer.Option(help="Offered loads ρ, comma-separated.")] = "0.7,0.9,1.1",
     seeds: Annotated[str, typer.Option(help="Seeds, e.g. 0-2.")] = "0-2",
     hours: Annotated[float, typer.Option(help="Simulated hours per run (a quarter of them warm-up).")] = 12.0,
-    headline_load: Annotated[float, typer.Option(help="The load the headline compares at.")] = 0.9,
+    headline_load: Annotated[
+        float, typer.Option(help="The load the headline compares waits at (work: at the highest load).")
+    ] = 0.9,
     out: Annotated[Path, typer.Option(help="Folder for the plot and stacks.json.")] = Path("gpusched-out"),
     plots: Annotated[bool, typer.Option(help="Write the work-vs-load plot.")] = True,
     jobs: JobsOpt = DEFAULT_JOBS,

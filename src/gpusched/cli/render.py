@@ -618,8 +618,9 @@ def stacks(report: Mapping[str, Any], json_out: bool) -> None:
         + ", ".join(f"{k} {'<' + str(min(conf['loads'])) if v is None else v}" for k, v in sus.items()),
         soft_wrap=True,
     )
-    if "headline" in report:
-        out_console.print(report["headline"]["sentence"], soft_wrap=True)
+    for key in ("headline", "headline_defrag"):
+        if key in report:
+            out_console.print(report[key]["sentence"], soft_wrap=True)
     for f in report.get("plots", []):
         out_console.print(f"plot: {f}", soft_wrap=True)
 

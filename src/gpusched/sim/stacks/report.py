@@ -95,10 +95,15 @@ def ranking(results: Sequence[StackResult], load: float) -> list[str]:
 
 @dataclass
 class Headline:
-    load: float
+    work_load: float
+    """The load the work is compared at: the grid's highest, where each stack carries its most."""
+    wait_load: float
+    """The load the waits are compared at (a busy cluster, not an overloaded one)."""
     gpus: int
     stack: str
     baseline: str
+    work_pct: float
+    baseline_work_pct: float
     work_gain_pct: float
     p99_ratio: float
     """Baseline's p99 pending time of GPU pods over the stack's (how many times less it waits),
@@ -107,27 +112,36 @@ class Headline:
 
 
 def headline(
-    rows: Sequence[StackRow], gpus: int, load: float, stack: str = "gpusched", baseline: str = "stock"
+    rows: Sequence[StackRow],
+    gpus: int,
+    work_load: float,
+    wait_load: float,
+    stack: str = "gpusched",
+    baseline: str = "stock",
 ) -> Headline:
-    def row(name: str) -> StackRow:
+    def row(name: str, load: float) -> StackRow:
         for r in rows:
             if r.stack == name and r.load == load:
                 return r
         raise InvalidInput(f"headline: no run of stack {name!r} at load {load}")
 
-    a, b = row(stack), row(baseline)
+    a, b = row(stack, work_load), row(baseline, work_load)
     gain = 100.0 * (a.work_pct / b.work_pct - 1) if b.work_pct else float("nan")
-    pa, pb = a.pending.get(ALL_GPU, {}).get("p99_s", 0.0), b.pending.get(ALL_GPU, {}).get("p99_s", 0.0)
+    wa, wb = row(stack, wait_load), row(baseline, wait_load)
+    pa, pb = wa.pending.get(ALL_GPU, {}).get("p99_s", 0.0), wb.pending.get(ALL_GPU, {}).get("p99_s", 0.0)
     ratio = max(pb, RESOLUTION_S) / max(pa, RESOLUTION_S)
 
     def wait(s: float) -> str:
         return f"under {RESOLUTION_S // 60} min" if s < RESOLUTION_S else f"{s / 60:.0f} min"
 
     sentence = (
-        f"On the same {gpus} GPUs at offered load {load:g}, {a.label} carries {gain:.0f} % more work than "
-        f"{b.label}, and GPU pods wait {ratio:.1f}x less at p99 ({wait(pa)} vs {wait(pb)})."
+        f"On the same {gpus} GPUs, {a.label} carries {gain:.0f} % more work than {b.label} at offered "
+        f"load {work_load:g} ({a.work_pct:.1f} % vs {b.work_pct:.1f} % of the GPU-hours), and at load "
+        f"{wait_load:g} GPU pods wait {ratio:.1f}x less at p99 ({wait(pa)} vs {wait(pb)})."
     )
-    return Headline(load, gpus, stack, baseline, gain, ratio, sentence)
+    return Headline(
+        work_load, wait_load, gpus, stack, baseline, a.work_pct, b.work_pct, gain, ratio, sentence
+    )
 
 
 @dataclass
@@ -161,5 +175,8 @@ class StacksReport:
         }
         names = {r.stack for r in rows}
         if {"gpusched", "stock"} <= names and headline_load in self.loads:
-            out["headline"] = asdict(headline(rows, gpus, headline_load))
+            out["headline"] = asdict(headline(rows, gpus, max(self.loads), headline_load))
+            if "gpusched+defrag" in names:
+                defrag = headline(rows, gpus, max(self.loads), headline_load, stack="gpusched+defrag")
+                out["headline_defrag"] = asdict(defrag)
         return out
