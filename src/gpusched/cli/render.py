@@ -577,6 +577,54 @@ def churn(
         out_console.print(f"plot: {f}", soft_wrap=True)
 
 
+def stacks(report: Mapping[str, Any], json_out: bool) -> None:
+    """Stacks × loads: JSON, or one table per load, the sustained loads and the headline."""
+    if json_out:
+        emit_json(report)
+        return
+    rows = report["summary"]
+    sizes = ("share", "1 GPU", "2 GPUs", "4 GPUs", "8 GPUs")
+    conf = report["config"]
+    for load in sorted({r["load"] for r in rows}):
+        table = Table(
+            title=f"Stacks at offered load {load:g} ({conf['gpus']} GPUs, seeds {conf['seeds']}, means)",
+            caption="work: GPU-hours of pods running / capacity; share..8: pending p50/p99 in minutes by "
+            "size (GPUs); OOM: pod-hours at risk, % of pods; queue: stable, or growth in % of capacity/h",
+        )
+        table.add_column("stack", ratio=1)
+        for col in ("work%", "done/h", "never", "OOM h", "OOM%", "queue"):
+            table.add_column(col, justify="right", no_wrap=True)
+        for c in sizes:
+            table.add_column(c.split()[0], justify="right", no_wrap=True)
+        for r in (r for r in rows if r["load"] == load):
+            cells = []
+            for c in sizes:
+                p = r["pending"].get(c)
+                cells.append(f"{p['p50_s'] / 60:.0f}/{p['p99_s'] / 60:.0f}" if p else "-")
+            table.add_row(
+                str(r["stack"]),
+                f"{r['work_pct']:.1f}",
+                f"{r['completed_per_h']:.0f}",
+                f"{r['never_ran']:.0f}",
+                f"{r['oom_risk_pod_h']:.0f}",
+                f"{r['oom_risk_pods_pct']:.1f}",
+                "stable" if r["stable"] else f"+{100 * r['backlog_growth']:.1f}",
+                *cells,
+            )
+        out_console.print(table)
+    sus = report["sustained_load"]
+    out_console.print(
+        "largest load sustained (queue stable in every seed): "
+        + ", ".join(f"{k} {'<' + str(min(conf['loads'])) if v is None else v}" for k, v in sus.items()),
+        soft_wrap=True,
+    )
+    for key in ("headline", "headline_defrag"):
+        if key in report:
+            out_console.print(report[key]["sentence"], soft_wrap=True)
+    for f in report.get("plots", []):
+        out_console.print(f"plot: {f}", soft_wrap=True)
+
+
 def defrag_planner(report: Mapping[str, Any], json_out: bool) -> None:
     """The planner's cost per cluster size: JSON, or a table."""
     if json_out:
