@@ -16,11 +16,14 @@ import numpy as np
 from gpusched.core.cluster import ClusterState
 from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.framework import Profile
-from gpusched.core.model import GPU_MILLI, NodeSpec, PodSpec
+from gpusched.core.model import GPU_MILLI, Controller, NodeSpec, PodSpec
 from gpusched.core.policies import PolicyContext, make_profile
 
 NONE: frozenset[str] = frozenset()
 HOST = "kubernetes.io/hostname"
+RS = Controller("ReplicaSet", "web", "apps")
+"""A controller that recreates its pods (defragmentation moves only such pods):
+``share(..., controller=RS)``."""
 ZONE = "topology.kubernetes.io/zone"
 
 

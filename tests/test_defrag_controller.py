@@ -3,18 +3,28 @@ none is started (the moves, evictions and abandonment: tests/e2e/test_defrag_e2e
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
+from functools import partial
 from typing import Any
 
+import pytest
 from kubernetes import client
 
-from builders import node, share, whole
+import builders
+from builders import RS, node
 from gpusched.core.cluster import ClusterState
-from gpusched.defrag.controller import ControllerConfig, DefragController
+from gpusched.defrag.controller import ControllerConfig, DefragController, _Abandon
+from gpusched.defrag.ledger import LedgerError
 from gpusched.doctor import Books, snapshot_of_state
+from gpusched.k8s.reservation import PlanRecord
 from gpusched.metrics.defrag import ABANDON_REASONS, DefragMetrics
 
 NOW = 1_800_000_000.0
+
+# running pods that a ReplicaSet recreates: defragmentation may move them
+share = partial(builders.share, controller=RS)
+whole = partial(builders.whole, controller=RS)
 
 
 def books(
@@ -33,9 +43,42 @@ def books(
     return Books.of(snap)
 
 
-def controller(b: Books, **kw: Any) -> DefragController:
+class MemoryLedger:
+    """The Lease's record of moves and plans (``defrag/ledger.py``) in memory: one instance shared
+    by two controllers stands for one Lease across a restart."""
+
+    def __init__(self, moves: list[tuple[float, str]] | None = None, window_s: float = 3600.0) -> None:
+        self.recorded = list(moves or [])
+        self.window_s = window_s
+        self.record: Any = None
+        self.unreadable = False
+
+    def moves(self, now: float) -> list[tuple[float, str]]:
+        if self.unreadable:
+            raise LedgerError("Lease ns/gpusched-defrag: cannot be read: 503")
+        return sorted(m for m in self.recorded if m[0] >= now - self.window_s)
+
+    def add_move(self, now: float, key: str) -> None:
+        self.recorded.append((now, key))
+
+    def drop_move(self, now: float, key: str) -> None:
+        self.recorded.remove((now, key))
+
+    def set_plan(self, record: Any) -> None:
+        self.record = record
+
+    def plan(self) -> Any:
+        return self.record
+
+    def clear_plan(self, plan_id: str) -> None:
+        self.record = None
+
+
+def controller(b: Books, ledger: MemoryLedger | None = None, **kw: Any) -> DefragController:
     cfg = ControllerConfig(wait_s=300.0, **kw)
-    return DefragController(client.ApiClient(), lambda: b, cfg, wall=lambda: NOW)
+    return DefragController(
+        client.ApiClient(), lambda: b, cfg, wall=lambda: NOW, ledger=ledger or MemoryLedger()
+    )
 
 
 def test_only_pods_of_its_scheduler_that_waited_long_enough_are_planned_for() -> None:
@@ -71,3 +114,92 @@ def test_every_abandon_reason_is_exported_from_the_start() -> None:
         assert f'gpusched_defrag_plans_abandoned_total{{reason="{reason}"}} 0.0' in text
     m.abandon("stale")
     assert m.registry.get_sample_value("gpusched_defrag_plans_total", {"result": "abandoned"}) == 1
+
+
+# ------------------------------------------------- the move budget lives on the Lease (F2b)
+def test_a_restarted_controller_counts_the_moves_its_predecessor_recorded() -> None:
+    """Issue 28 F2b: one move per window; the move made before a restart is read back from the
+    Lease, so the new process plans no second move until the window has passed."""
+    b = books([whole("p", 2)])
+    group = [b.pending["default/p"]]
+    fresh = controller(b, max_moves_per_window=1)._plan(b, group)
+    assert fresh.feasible and fresh.move_count == 1  # one move would do it
+    lease = MemoryLedger([(NOW - 60, "default/x")])  # what the killed predecessor recorded
+    after = controller(b, lease, max_moves_per_window=1)
+    plan = after._plan(b, group)
+    assert not plan.feasible and plan.moves == ()
+    a = after.run_once()
+    assert a is not None and a.result == "infeasible"
+    assert after.metrics.registry.get_sample_value("gpusched_defrag_moves_total") == 0
+    passed = MemoryLedger([(NOW - 3601, "default/x")])  # out of the window: counts no more
+    assert controller(b, passed, max_moves_per_window=1)._plan(b, group).feasible
+
+
+def test_the_per_pod_cap_is_read_back_too() -> None:
+    b = books([whole("p", 2)])
+    group = [b.pending["default/p"]]
+    first = controller(b)._plan(b, group)
+    (mv,) = first.moves
+    again = controller(b, MemoryLedger([(NOW - 60, mv.pod)]))._plan(b, group)
+    assert again.feasible and [m.pod for m in again.moves] != [mv.pod]
+
+
+def test_an_unreadable_record_plans_no_move() -> None:
+    lease = MemoryLedger()
+    lease.unreadable = True
+    b = books([whole("p", 2)])
+    ctl = controller(b, lease)
+    a = ctl.run_once()
+    assert a is not None and a.result == "infeasible" and "cannot be read" in a.reason
+    assert (
+        ctl.metrics.registry.get_sample_value(
+            "gpusched_defrag_no_plan_total", {"reason": "record-unreadable"}
+        )
+        == 1
+    )
+
+
+# ----------------------------------------------- the owner is checked again before eviction (F2)
+def test_a_pod_orphaned_since_the_plan_was_made_is_not_evicted(monkeypatch: pytest.MonkeyPatch) -> None:
+    b = books([whole("p", 2)])
+    ctl = controller(b)
+    planned = b.pod_objs["default/a"]
+    assert planned["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
+    orphan = copy.deepcopy(planned)
+    orphan["metadata"]["ownerReferences"] = []  # kubectl delete rs --cascade=orphan
+    monkeypatch.setattr(ctl, "_read_pod", lambda ns, name: orphan)
+    with pytest.raises(_Abandon) as e:
+        ctl._still_recreated(planned, "default/a")
+    assert e.value.reason == "no-controller" and "no controller owns it" in e.value.detail
+    ds = copy.deepcopy(planned)
+    ds["metadata"]["ownerReferences"][0].update(kind="DaemonSet")
+    monkeypatch.setattr(ctl, "_read_pod", lambda ns, name: ds)
+    with pytest.raises(_Abandon, match="no-controller"):
+        ctl._still_recreated(planned, "default/a")
+    replaced = copy.deepcopy(planned)
+    replaced["metadata"]["uid"] = "another"
+    monkeypatch.setattr(ctl, "_read_pod", lambda ns, name: replaced)
+    with pytest.raises(_Abandon, match="stale"):
+        ctl._still_recreated(planned, "default/a")
+    monkeypatch.setattr(ctl, "_read_pod", lambda ns, name: copy.deepcopy(planned))
+    assert ctl._still_recreated(planned, "default/a") == planned
+
+
+def test_a_plan_left_by_another_controller_is_released_when_this_one_starts_leading(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    b = books([whole("p", 2)])
+    lease = MemoryLedger()
+    lease.record = PlanRecord("old", ("default/p",), "defrag-killed", NOW + 100)
+    ctl = controller(b, lease, identity="defrag-new")
+    released: list[tuple[tuple[str, ...], str]] = []
+    monkeypatch.setattr(ctl, "_release", lambda keys, why: released.append((tuple(keys), why)))
+    monkeypatch.setattr(ctl.budgets, "wait_synced", lambda timeout: True)
+    ctl.start_leading()
+    assert lease.record is None and released == [
+        (("default/p",), "the controller that made plan old stopped")
+    ]
+    mine = PlanRecord("mine", ("default/p",), "defrag-new", NOW + 100)
+    lease.record = mine
+    ctl.start_leading()
+    assert lease.record == mine and len(released) == 1  # its own plan: left alone

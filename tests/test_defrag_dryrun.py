@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
-from builders import node, share, whole
+import builders
+from builders import RS, node
 from gpusched.cli.commands import app
 from gpusched.core.cluster import ClusterState
 from gpusched.core.defrag import DisruptionBudget, Method
@@ -19,6 +21,10 @@ from gpusched.defrag.errors import UnknownTarget
 from gpusched.doctor import Books, snapshot_of_state
 from gpusched.doctor.snapshot import Snapshot, write_snapshot
 from gpusched.k8s.convert import ANN_DEFRAG
+
+# running pods that a ReplicaSet recreates: defragmentation may move them
+share = partial(builders.share, controller=RS)
+whole = partial(builders.whole, controller=RS)
 
 
 def fragmented() -> ClusterState:

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from builders import gpu_node, profile
+from builders import RS, gpu_node, profile
 from gpusched.core.cluster import ClusterState
 from gpusched.core.defrag import (
     DisruptionBudget,
@@ -20,11 +20,12 @@ from gpusched.core.defrag import (
     plan_for,
 )
 from gpusched.core.fragmentation import TargetWorkload
-from gpusched.core.model import GPU_MILLI, PodSpec
+from gpusched.core.model import GPU_MILLI, Controller, PodSpec
 from gpusched.core.scheduler import fits, schedule_one
 from gpusched.core.selectors import LabelSelector
 
 PROFILE = profile("bestfit")
+DAEMONSET = Controller("DaemonSet", "agent", "apps")
 SHARES = (100, 250, 300, 470, 500, 650, 810)
 
 
@@ -46,6 +47,8 @@ def scenes(draw: st.DrawFn) -> tuple[ClusterState, PodSpec, Rules]:
             "movable": draw(st.booleans()) or draw(st.booleans()),
             "labels": labels,
             "gang": draw(st.sampled_from(["", "", "", "g1", "g2"])),
+            # mostly recreated pods; some bare, some of a DaemonSet (never moved)
+            "controller": draw(st.sampled_from([RS, RS, RS, None, DAEMONSET])),
         }
         if kind == "share":
             p = PodSpec(f"r{i}", num_gpu=1, gpu_milli=draw(st.sampled_from(SHARES)), **common)
@@ -84,6 +87,10 @@ def check_plan(snap: ClusterState, plan: Plan, rules: Rules, pending: PodSpec | 
     for mv in plan.moves:
         a = c.allocations[mv.pod]
         assert a.pod.movable, f"opted-out pod {mv.pod} moved"
+        ctl = a.pod.controller
+        assert ctl is not None and ctl.qualified_kind in rules.recreating, (
+            f"{mv.pod} ({ctl}) is not recreated"
+        )
         assert rules.moved.get(mv.pod, 0) < rules.max_moves_per_pod, f"{mv.pod} over its move cap"
         if pending is not None:
             if rules.priority is PriorityRule.LOWER:

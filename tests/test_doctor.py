@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from builders import k8s_node, k8s_pod, node, share, whole
+from builders import RS, k8s_node, k8s_pod, node, share, whole
 from gpusched.core.cluster import ClusterState
 from gpusched.core.model import GPU_MILLI, PodSpec, Taint
 from gpusched.doctor import Books, UnknownObject, doctor_cluster, doctor_node, doctor_pod, snapshot_of_state
@@ -86,8 +86,8 @@ def test_more_gpu_memory_than_any_gpu_has_gives_the_largest_that_fits() -> None:
 
 def test_fragmentation_that_moves_fix_names_the_moves() -> None:
     st = ClusterState([node("n1", 2), node("n2", 2)])
-    st.assume(share("a", 400), 0, [0])
-    st.assume(share("b", 400), 1, [1])
+    st.assume(share("a", 400, controller=RS), 0, [0])  # a ReplicaSet recreates them: they may move
+    st.assume(share("b", 400, controller=RS), 1, [1])
     b = books(st, [whole("p", 2)])
     r = doctor_pod(b, "default/p")
     assert "fragmented" in codes(r)
@@ -180,7 +180,7 @@ def test_a_pod_that_fits_now_says_so() -> None:
 
 def test_no_change_found_is_said_plainly() -> None:
     st = ClusterState([node("n", 1)])
-    st.assume(PodSpec("w", num_gpu=1, gpu_milli=GPU_MILLI, movable=False), 0, [0])
+    st.assume(PodSpec("w", num_gpu=1, gpu_milli=GPU_MILLI, movable=False, controller=RS), 0, [0])
     (cf,) = doctor_pod(books(st, [whole("p")]), "default/p").counterfactuals
     assert cf.kind == "none" and not cf.verified
 

@@ -284,7 +284,7 @@ def test_a_high_priority_gang_preempts_the_fewest_lower_priority_pods_and_is_nom
     w.gang("urgent", 2, 2, priority=100)
     w.drain()
     assert len(w.evictor.evicted) == 4 and set(w.evictor.evicted) <= set(low)
-    nominated = {k: node for k, (_, node, _) in w.s._nominated.items()}
+    nominated = {n.pod.key: n.node for n in w.s.nominations.all()}
     assert sorted(nominated) == ["ns/urgent-0", "ns/urgent-1"]
     statuses = [c.args for c in w.api.patch_namespaced_pod_status.call_args_list]
     assert sorted(a[0] for a in statuses) == ["urgent-0", "urgent-1"]
@@ -312,7 +312,7 @@ def test_a_gang_does_not_land_in_a_room_nominated_for_a_higher_priority_pod(
     vip = w.pod("vip", 2, priority=100)
     held = w.s.queue.get(vip)
     assert held is not None
-    w.s._nominated[vip] = (w.s._spec(held), "n0", ())  # its room: the 2 free GPUs
+    w.s.nominations.nominate(w.s._spec(held), "n0", ())  # its room: the 2 free GPUs
     w.gang("g", 2, 1, priority=10)
     qp = w.s.queue.get("ns/g-0")
     assert qp is not None
@@ -379,12 +379,12 @@ def test_a_queued_pod_does_not_land_in_a_room_nominated_for_another(world: Calla
     vip = w.pod("vip", 2, ns="ns-b", priority=100)
     held = w.s.queue.get(vip)
     assert held is not None
-    w.s._nominated[vip] = (w.s._spec(held), "n0", ())  # its room: the 2 free GPUs
+    w.s.nominations.nominate(w.s._spec(held), "n0", ())  # its room: the 2 free GPUs
     key = w.pod("queued", 2, ns="ns-a", priority=10)
     qp = w.s.queue.get(key)
     assert qp is not None
     w.s.schedule(qp)
     assert key not in w.bound
-    del w.s._nominated[vip]  # the preemptor is gone: the room is free
+    w.s.nominations.drop(vip)  # the preemptor is gone: the room is free
     w.retry()
     assert key in w.bound or vip in w.bound

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import itertools
+from functools import partial
 
 import numpy as np
 import pytest
 
-from builders import gpu_node, profile, share, whole
+import builders
+from builders import RS, gpu_node, profile
 from gpusched.core.cluster import AccountingError, ClusterState
 from gpusched.core.defrag import (
     DisruptionBudget,
@@ -29,6 +31,10 @@ from gpusched.core.selectors import LabelSelector
 from gpusched.core.statement import Statement
 
 BESTFIT = profile("bestfit")
+
+# running pods that a ReplicaSet recreates: defragmentation may move them
+share = partial(builders.share, controller=RS)
+whole = partial(builders.whole, controller=RS)
 
 
 def fragmented(nodes: int = 3, gpus: int = 4) -> ClusterState:

@@ -26,16 +26,18 @@ from typer.testing import CliRunner
 
 from gpusched.cli.commands import app
 from gpusched.defrag.controller import ControllerConfig, DefragController
+from gpusched.defrag.ledger import LeaseLedger
 from gpusched.doctor.books import Books
 from gpusched.doctor.source import from_api
-from gpusched.k8s.convert import RES_GPU, RES_MILLI
-from gpusched.k8s.reservation import ANN_ROOM
+from gpusched.k8s.convert import ANN_ASSIGNMENT, RES_GPU, RES_MILLI
+from gpusched.k8s.reservation import ANN_ROOM, PlanRecord, room_annotation
 from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
 from gpusched.testenv import ControlPlane, free_port, wait_until
 
 pytestmark = pytest.mark.e2e
 
 PIN = "gpusched.io/e2e-node"
+LEASE = "gpusched-defrag"
 HOLD = "gpusched.io/e2e-hold"
 
 
@@ -52,15 +54,43 @@ class DefragEnv(Env):
             labels={f"{self.tag}-n{i}": {PIN: f"{self.tag}-n{i}"} for i in (1, 2)},
         )
         self.n1, self.n2 = f"{self.tag}-n1", f"{self.tag}-n2"
-        self.sched = StandaloneScheduler(self.api, SchedulerConfig(scheduler_name=self.scheduler)).start()
+        # unschedulable pods retried every 5 s: a lapsed room frees its node within seconds
+        cfg = SchedulerConfig(scheduler_name=self.scheduler, defrag_lease=f"{self.ns}/{LEASE}", flush_s=5.0)
+        self.sched = StandaloneScheduler(self.api, cfg).start()
 
     def filler(self, name: str, node: str, gpus: int) -> None:
         body = self.pod(name, {RES_GPU: str(gpus)})
         body["spec"]["nodeSelector"][PIN] = node
         self.create_pods([body])
 
-    def deployment(self, app: str, replicas: int, finalizer: bool = False) -> None:
-        template = self.pod("x", {RES_MILLI: "600"}, labels={"app": app})
+    def bare(self, names: list[str], on: str) -> None:
+        """Bare 1-GPU pods (no ownerReferences, not pinned: the planner may send them anywhere),
+        placed on ``on`` by filling the other node's free GPUs for the time they bind."""
+        other = self.n2 if on == self.n1 else self.n1
+        used = sum(1 for n in self.running().values() if n == other)
+        before = len(self.running())
+        self.filler(f"fill-{names[0]}", other, 8 - used)
+        wait_until(lambda: len(self.running()) == before + 1, timeout=60, what="the filler bound")
+        self.create_pods([self.pod(n, {RES_GPU: "1"}) for n in names])
+        wait_until(
+            lambda: all(self.running().get(n) == on for n in names), timeout=60, what="bare pods bound"
+        )
+        self.v1.delete_namespaced_pod(
+            f"fill-{names[0]}", self.ns, grace_period_seconds=0, _preload_content=False
+        )
+        wait_until(lambda: f"fill-{names[0]}" not in self.running(), timeout=60, what="the filler gone")
+
+    def bare_share(self, name: str, node: str, milli: int) -> None:
+        body = self.pod(name, {RES_MILLI: str(milli)})
+        body["spec"]["nodeSelector"][PIN] = node
+        self.create_pods([body])
+
+    def deployment(
+        self, app: str, replicas: int, finalizer: bool = False, milli: int = 600, node: str = ""
+    ) -> None:
+        template = self.pod("x", {RES_MILLI: str(milli)}, labels={"app": app})
+        if node:
+            template["spec"]["nodeSelector"][PIN] = node
         meta = {"labels": {"app": app}}
         if finalizer:
             meta["finalizers"] = [HOLD]  # type: ignore[assignment]
@@ -120,6 +150,7 @@ class DefragEnv(Env):
         wait_until(settled, timeout=60, what=f"PDB of {app} computed")
 
     def controller(self, **kw: Any) -> DefragController:
+        kw.setdefault("lease_namespace", self.ns)  # its record: the Lease the scheduler reads
         cfg = ControllerConfig(
             scheduler_name=self.scheduler, wait_s=2.0, interval_s=0.5, poll_s=0.2, bind_timeout_s=60, **kw
         )
@@ -287,3 +318,170 @@ def test_defrag_run_takes_its_lease_and_serves_probes_and_metrics(denv: DefragEn
     assert proc.returncode == 0, (tmp_path / "defrag.log").read_text()[-2000:]
     lease = denv.coord.read_namespaced_lease(f"defrag-{denv.tag}", denv.ns)
     assert not lease.spec.holder_identity  # released on the way out
+
+
+def cli_json(denv: DefragEnv, *args: str) -> dict[str, Any]:
+    res = CliRunner().invoke(app, [*args, "--kubeconfig", str(denv.cp.kubeconfig_path), "--json"])
+    assert res.exit_code == 0, res.output
+    out: dict[str, Any] = json.loads(res.stdout)
+    return out
+
+
+def assigned(denv: DefragEnv, *apps: str) -> list[list[int]]:
+    """The GPUs of the running, not terminating pods of ``apps``, as their assignments say."""
+    out = []
+    for p in denv.list_pods():
+        meta = p["metadata"]
+        mine = (meta.get("labels") or {}).get("app") in apps
+        if mine and p["spec"].get("nodeName") and not meta.get("deletionTimestamp"):
+            out.append(list(json.loads(meta["annotations"][ANN_ASSIGNMENT])["gpus"]))
+    return out
+
+
+def test_bare_pods_are_never_moved_and_the_plan_doctor_and_controller_say_why(denv: DefragEnv) -> None:
+    """Issue 28 F2's reproduction: three bare 1-GPU pods (no ownerReferences), two on n1 and one on
+    n2, and an 8-GPU pod of the same priority waits. Before: bare-2 was evicted 'to run on n1' and
+    was lost. Now nothing moves, and each report names the bare pods."""
+    denv.bare(["bare-0", "bare-1"], denv.n1)
+    denv.bare(["bare-2"], denv.n2)
+    before = denv.running()
+    assert before == {"bare-0": denv.n1, "bare-1": denv.n1, "bare-2": denv.n2}
+    denv.big()
+    ctl = denv.controller().start()
+    try:
+        wait_until(lambda: bool(ctl.attempts), timeout=60, what="a defragmentation cycle")
+        time.sleep(3)  # a few more cycles (wait_s is 2 s): nothing moves in any
+    finally:
+        ctl.stop()
+    assert denv.running() == before  # none evicted, none lost
+    assert denv.moved_events() == []
+    assert counter(ctl, "gpusched_defrag_moves_total") == 0
+    assert all(a.result == "infeasible" and "no controller owns it" in a.reason for a in ctl.attempts)
+    big = next(p for p in denv.list_pods() if p["metadata"]["name"] == "big")
+    assert not big["spec"].get("nodeName") and ANN_ROOM not in (big["metadata"].get("annotations") or {})
+    (dry,) = cli_json(denv, "defrag", "plan", f"{denv.ns}/big")["plans"]
+    assert not dry["feasible"] and dry["moves"] == []
+    assert {k["pod"]: k["why"] for k in dry["kept"]} == {f"{denv.ns}/{n}": "no-controller" for n in before}
+    report = cli_json(denv, "doctor", "pod", f"{denv.ns}/big")
+    kinds = {c["kind"]: c for c in report["counterfactuals"]}
+    assert "moves" not in kinds and f"{denv.ns}/bare-2 (no controller owns it" in kinds["kept"]["message"]
+
+
+def test_a_restart_does_not_allow_a_second_move_in_the_window(denv: DefragEnv) -> None:
+    """Issue 28 F2b: one move per window. The first controller moves one share so that an 8-GPU pod
+    lands; a new controller process (same Lease) then finds a 7-GPU pod that one move would let in,
+    and moves nothing: the window's move is read back from the Lease."""
+    denv.place("a", 1, denv.n1)
+    denv.place("b", 1, denv.n2)
+    denv.big()
+    first = denv.controller(max_moves_per_window=1).start()
+    try:
+        wait_until(lambda: bool(first.attempts), timeout=120, what="the first plan carried out")
+    finally:
+        first.stop()
+    (done,) = first.attempts
+    assert done.result == "completed" and len(done.moves) == 1
+    lease = json.loads(denv.coord.read_namespaced_lease(LEASE, denv.ns, _preload_content=False).data)
+    assert done.moves[0] in lease["metadata"]["annotations"]["gpusched.io/defrag-moves"]
+    # a new target that one move lets in: big's node held by a bare filler but one GPU, the other
+    # node with its two shares on two GPUs; a 7-GPU pod waits
+    target = denv.running()["big"]
+    denv.v1.delete_namespaced_pod("big", denv.ns, grace_period_seconds=0, _preload_content=False)
+    wait_until(lambda: "big" not in denv.running(), timeout=30, what="big gone")
+    denv.filler("hold", target, 7)
+    wait_until(lambda: "hold" in denv.running(), timeout=60, what="the filler bound")
+    denv.create_pods([denv.pod("seven", {RES_GPU: "7"})])
+    time.sleep(2.5)  # older than wait_s
+    other = denv.controller(max_moves_per_window=1, lease_name="another-lease")  # a fresh record
+    restarted = denv.controller(max_moves_per_window=1)  # a new process on the same Lease
+    try:
+        books = other.read()
+        assert other._plan(books, [books.pending[f"{denv.ns}/seven"]]).move_count == 1  # one move would do
+        attempt = restarted.run_once()
+    finally:
+        other.stop()
+        restarted.stop()
+    assert attempt is not None and attempt.result == "infeasible", attempt
+    assert counter(restarted, "gpusched_defrag_moves_total") == 0
+    assert len(denv.moved_events()) == 1  # the first move only
+
+
+def test_a_share_moves_to_another_gpu_of_its_node_and_the_1_gpu_pod_lands(denv: DefragEnv) -> None:
+    """Issue 29 item 8: two shares (400 milli, of Deployments) on two GPUs of n1, the rest of n1 and
+    all of n2 held by bare pods; a 1-GPU pod waits. Doctor finds the one move within the node; the
+    controller makes it (the share's replacement lands on the other share's GPU) and the pod lands
+    on the freed GPU."""
+    n1 = denv.n1
+    denv.filler("rest-n2", denv.n2, 8)
+    denv.filler("rest-n1", n1, 6)
+    denv.filler("tmp", n1, 1)
+    wait_until(lambda: len(denv.running()) == 3, timeout=60, what="fillers bound")
+    denv.deployment("s1", 1, milli=400, node=n1)  # on n1's last free GPU
+    wait_until(lambda: len(denv.running("s1")) == 1, timeout=60, what="s1 bound")
+    denv.v1.delete_namespaced_pod("tmp", denv.ns, grace_period_seconds=0, _preload_content=False)
+    denv.bare_share("top-up", n1, 600)  # fills s1's GPU, so s2 takes the GPU tmp held
+    wait_until(lambda: "top-up" in denv.running() and "tmp" not in denv.running(), timeout=60, what="top-up")
+    denv.deployment("s2", 1, milli=400, node=n1)
+    wait_until(lambda: len(denv.running("s2")) == 1, timeout=60, what="s2 bound")
+    denv.v1.delete_namespaced_pod("top-up", denv.ns, grace_period_seconds=0, _preload_content=False)
+    wait_until(lambda: "top-up" not in denv.running(), timeout=30, what="top-up gone")
+    gpus = assigned(denv, "s1", "s2")
+    assert len(gpus) == 2 and gpus[0] != gpus[1]  # two shares on two GPUs of one node
+    denv.create_pods([denv.pod("one", {RES_GPU: "1"})])
+    report = cli_json(denv, "doctor", "pod", f"{denv.ns}/one")
+    first = report["counterfactuals"][0]
+    assert first["kind"] == "moves" and first["cost"] == 1 and f"to another GPU of {n1}" in first["message"]
+    (dry,) = cli_json(denv, "defrag", "plan", f"{denv.ns}/one")["plans"]
+    (mv,) = dry["moves"]
+    assert mv["from_node"] == mv["to_node"] == n1 and mv["from_gpus"] != mv["to_gpus"]
+    ctl = denv.controller().start()
+    try:
+        wait_until(lambda: bool(ctl.attempts), timeout=120, what="the plan carried out")
+    finally:
+        ctl.stop()
+    (attempt,) = ctl.attempts
+    assert attempt.result == "completed" and len(attempt.moves) == 1, attempt
+    one = next(p for p in denv.list_pods() if p["metadata"]["name"] == "one")
+    assert one["spec"]["nodeName"] == n1
+    landed = json.loads(one["metadata"]["annotations"][ANN_ASSIGNMENT])["gpus"]
+    assert landed == mv["from_gpus"]
+    shares = assigned(denv, "s1", "s2")
+    assert len(shares) == 2 and shares[0] == shares[1] == mv["to_gpus"]  # both on one GPU of n1
+    assert set(denv.running("s1").values()) | set(denv.running("s2").values()) == {n1}
+
+
+def test_a_hand_written_room_does_not_keep_a_pod_off_and_a_stale_one_lapses(denv: DefragEnv) -> None:
+    """Issue 28 F4: a pending pod that can never fit carries a room for all of n1 and a nomination
+    there; a 1-GPU pod of equal priority pinned to n1 lands at once. A room written as the
+    controller writes it, backed by its Lease, keeps it off (the message names the room) until it
+    lapses."""
+    room = room_annotation(denv.n1, tuple(range(8)), plan="forged", expires=time.time() + 600)
+    body = denv.pod("squatter", {RES_GPU: "9"}, ann={ANN_ROOM: room})
+    denv.create_pods([body])
+    patch = {"status": {"nominatedNodeName": denv.n1}}
+    denv.v1.patch_namespaced_pod_status("squatter", denv.ns, patch, _preload_content=False)
+    pinned = denv.pod("victim", {RES_GPU: "1"})
+    pinned["spec"]["nodeSelector"][PIN] = denv.n1
+    denv.create_pods([pinned])
+    wait_until(lambda: denv.running().get("victim") == denv.n1, timeout=30, what="the 1-GPU pod bound on n1")
+    # the controller's record backs a room for 12 s: it holds, and the message names it
+    expires = time.time() + 12
+    ledger = LeaseLedger(denv.coord, denv.ns, LEASE, window_s=3600)  # as the controller writes it
+    ledger.set_plan(PlanRecord("p-e2e", (f"{denv.ns}/squatter",), "", expires))
+    room = room_annotation(denv.n1, tuple(range(8)), plan="p-e2e", expires=expires)
+    denv.v1.patch_namespaced_pod("squatter", denv.ns, {"metadata": {"annotations": {ANN_ROOM: room}}},
+                                 _preload_content=False)  # fmt: skip
+    time.sleep(2.5)  # the scheduler's Lease cache
+    late = denv.pod("late", {RES_GPU: "1"})
+    late["spec"]["nodeSelector"][PIN] = denv.n1
+    denv.create_pods([late])
+    wait_until(lambda: any(e["involvedObject"]["name"] == "late" for e in denv.events("FailedScheduling")),
+               timeout=30, what="late refused")  # fmt: skip
+    assert "late" not in denv.running()
+    held = f"Defragmentation holds: node {denv.n1} GPUs [0, 1, 2, 3, 4, 5, 6, 7] for {denv.ns}/squatter"
+    late_events = [e for e in denv.events("FailedScheduling") if e["involvedObject"]["name"] == "late"]
+    assert any(held in e["message"] for e in late_events), late_events
+    wait_until(
+        lambda: denv.running().get("late") == denv.n1, timeout=60, what="late bound once the room lapsed"
+    )
+    assert time.time() >= expires - 1

@@ -328,12 +328,14 @@ def test_a_high_priority_gang_evicts_lower_priority_pods_and_lands_whole(env: En
             m["spec"]["priorityClassName"] = high
         env.create_pods(members)
 
-        def nominated() -> bool:
+        def nominated() -> bool:  # nominated first, then the victims evicted
             return all(
-                (pod(env, f"urgent-{i}").get("status") or {}).get("nominatedNodeName") == n1 for i in range(2)
+                (pod(env, f"urgent-{i}").get("status") or {}).get("nominatedNodeName") == n1
+                and pod(env, f"batch-{i}")["metadata"].get("deletionTimestamp")
+                for i in range(2)
             )
 
-        wait_until(nominated, timeout=60, what="both members nominated to n1")
+        wait_until(nominated, timeout=60, what="both members nominated to n1, the victims terminating")
         for i in range(2):
             batch = pod(env, f"batch-{i}")
             assert batch["metadata"].get("deletionTimestamp"), "the victim is terminating"

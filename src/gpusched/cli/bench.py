@@ -43,6 +43,40 @@ def bench_packing_cmd(
     render.packing(report, f"{wl.label}, seeds {seed_list[0]}..{seed_list[-1]}", json_out)
 
 
+@bench_app.command("mig")
+@reports_errors
+def bench_mig_cmd(
+    traces: Annotated[
+        Path, typer.Option(help="The alibaba-gpu-2023 folder (its csv/ holds openb's node and pod lists).")
+    ] = Path("../shared/traces/alibaba-gpu-2023"),
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--policy",
+            "-p",
+            help="first-fit, packing, best-fit, gpusched, static-balanced, gpusched-reshape (churn only).",
+        ),
+    ] = None,
+    seeds: Annotated[str, typer.Option(help="Seeds, e.g. 42-44.")] = "42-44",
+    tune: Annotated[float, typer.Option(help="Arrivals up to this x the cluster's memory slices.")] = 1.0,
+    churn: Annotated[bool, typer.Option(help="Also arrivals, departures and a queue (pending time).")] = True,
+    load: Annotated[float, typer.Option(help="Churn: offered load, x the memory slices.")] = 0.9,
+    arrivals: Annotated[int, typer.Option(help="Churn: requests per run.")] = 6000,
+    churn_stride: Annotated[int, typer.Option(help="Churn: every n-th MIG node of openb.")] = 16,
+    json_out: JsonOpt = False,
+) -> None:
+    """MIG placement: policies side by side on openb's shares as MIG profiles and an inference-heavy mix,
+    on openb's A100/H100-class nodes: arrival-only (accepted %, GPUs used) and under churn (pending p99)."""
+    from gpusched.sim.mig_bench import POLICIES, ChurnConfig, mig_report
+
+    seed_list = parse_seeds(seeds)
+    pols = policy or list(POLICIES)
+    cfg = ChurnConfig(load, arrivals, churn_stride) if churn else None
+    with render.progress(2 * len(seed_list) * len(pols) * (2 if churn else 1), "bench mig") as tick:
+        report, rows, churn_rows = mig_report(traces, pols, seed_list, tune, cfg, on_done=tick)
+    render.mig_bench(report, rows, churn_rows, json_out)
+
+
 @bench_app.command("traces")
 @reports_errors
 def bench_traces_cmd(
@@ -457,6 +491,72 @@ def bench_defrag_cmd(
         output_folder(out)
         write_churn_plots(report, out)
     render.churn(report.to_dict(samples=False), churn_summary(report), report.plots or [], json_out)
+
+
+TRACE_CSV = Path("../shared/traces/alibaba-gpu-2023/csv")
+
+
+@bench_app.command("stacks")
+@reports_errors
+def bench_stacks_cmd(
+    nodes: Annotated[Path, typer.Option(help="Node list CSV (openb format).")] = TRACE_CSV
+    / "openb_node_list_gpu_node.csv",
+    pods: Annotated[Path, typer.Option(help="Pod list CSV with creation and deletion times.")] = TRACE_CSV
+    / "openb_pod_list_default.csv",
+    sample: Annotated[
+        int, typer.Option(help="Run on a seeded sample of this many of the GPU nodes (0: all).")
+    ] = 200,
+    stacks: Annotated[str, typer.Option(help="Stacks, comma-separated (default: all).")] = "",
+    loads: Annotated[str, typer.Option(help="Offered loads ρ, comma-separated.")] = "0.7,0.9,1.1",
+    seeds: Annotated[str, typer.Option(help="Seeds, e.g. 0-2.")] = "0-2",
+    hours: Annotated[float, typer.Option(help="Simulated hours per run (a quarter of them warm-up).")] = 12.0,
+    headline_load: Annotated[
+        float, typer.Option(help="The load the headline compares waits at (work: at the highest load).")
+    ] = 0.9,
+    out: Annotated[Path, typer.Option(help="Folder for the plot and stacks.json.")] = Path("gpusched-out"),
+    plots: Annotated[bool, typer.Option(help="Write the work-vs-load plot.")] = True,
+    jobs: JobsOpt = DEFAULT_JOBS,
+    json_out: JsonOpt = False,
+) -> None:
+    """What you would run otherwise (stock kube-scheduler + NVIDIA device plugin, time-slicing,
+    MostAllocated, HAMi-like, FGD) against gpusched, under churn with the trace's lifetimes: work
+    carried, pods completed, pending p50/p99 by size, pods that never ran, OOM risk, sustained load."""
+    from gpusched.bench.defrag import sample_nodes
+    from gpusched.bench.stacks import stacks_comparison, write_stacks_json, write_stacks_plot
+    from gpusched.sim.churn import ChurnConfig
+    from gpusched.sim.report import output_folder
+    from gpusched.sim.stacks.catalog import STACK_NAMES, stacks_named
+    from gpusched.sim.workload import load_workload
+
+    chosen = stacks_named([s.strip() for s in stacks.split(",") if s.strip()] or list(STACK_NAMES))
+    load_list = _loads(loads)
+    seed_list = parse_seeds(seeds)
+    horizon = int(hours * 3600)
+    wl = load_workload(nodes, pods)
+    if sample:
+        wl = sample_nodes(wl, sample)
+    config = ChurnConfig(horizon_s=horizon, warmup_s=horizon // 4)
+    total = len(chosen) * len(load_list) * len(seed_list)
+    with render.progress(total, "stack runs") as tick:
+        report = stacks_comparison(
+            wl, chosen, loads=load_list, seeds=seed_list, config=config, jobs=jobs, on_done=tick
+        )
+    output_folder(out)
+    if plots:
+        write_stacks_plot(report, out)
+    result = report.to_dict(headline_load)
+    write_stacks_json(result, out)
+    render.stacks(result, json_out)
+
+
+def _loads(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"loads: comma-separated numbers such as 0.7,0.9, got {text!r}") from None
+    if not values or any(not 0 < v <= 10 for v in values):
+        raise typer.BadParameter(f"loads: each must be in (0, 10], got {text!r}")
+    return sorted(set(values))
 
 
 @bench_app.command("defrag-planner")

@@ -577,6 +577,54 @@ def churn(
         out_console.print(f"plot: {f}", soft_wrap=True)
 
 
+def stacks(report: Mapping[str, Any], json_out: bool) -> None:
+    """Stacks × loads: JSON, or one table per load, the sustained loads and the headline."""
+    if json_out:
+        emit_json(report)
+        return
+    rows = report["summary"]
+    sizes = ("share", "1 GPU", "2 GPUs", "4 GPUs", "8 GPUs")
+    conf = report["config"]
+    for load in sorted({r["load"] for r in rows}):
+        table = Table(
+            title=f"Stacks at offered load {load:g} ({conf['gpus']} GPUs, seeds {conf['seeds']}, means)",
+            caption="work: GPU-hours of pods running / capacity; share..8: pending p50/p99 in minutes by "
+            "size (GPUs); OOM: pod-hours at risk, % of pods; queue: stable, or growth in % of capacity/h",
+        )
+        table.add_column("stack", ratio=1)
+        for col in ("work%", "done/h", "never", "OOM h", "OOM%", "queue"):
+            table.add_column(col, justify="right", no_wrap=True)
+        for c in sizes:
+            table.add_column(c.split()[0], justify="right", no_wrap=True)
+        for r in (r for r in rows if r["load"] == load):
+            cells = []
+            for c in sizes:
+                p = r["pending"].get(c)
+                cells.append(f"{p['p50_s'] / 60:.0f}/{p['p99_s'] / 60:.0f}" if p else "-")
+            table.add_row(
+                str(r["stack"]),
+                f"{r['work_pct']:.1f}",
+                f"{r['completed_per_h']:.0f}",
+                f"{r['never_ran']:.0f}",
+                f"{r['oom_risk_pod_h']:.0f}",
+                f"{r['oom_risk_pods_pct']:.1f}",
+                "stable" if r["stable"] else f"+{100 * r['backlog_growth']:.1f}",
+                *cells,
+            )
+        out_console.print(table)
+    sus = report["sustained_load"]
+    out_console.print(
+        "largest load sustained (queue stable in every seed): "
+        + ", ".join(f"{k} {'<' + str(min(conf['loads'])) if v is None else v}" for k, v in sus.items()),
+        soft_wrap=True,
+    )
+    for key in ("headline", "headline_defrag"):
+        if key in report:
+            out_console.print(report[key]["sentence"], soft_wrap=True)
+    for f in report.get("plots", []):
+        out_console.print(f"plot: {f}", soft_wrap=True)
+
+
 def defrag_planner(report: Mapping[str, Any], json_out: bool) -> None:
     """The planner's cost per cluster size: JSON, or a table."""
     if json_out:
@@ -646,6 +694,8 @@ def defrag_plan(report: Mapping[str, Any], json_out: bool) -> None:
             out_console.print(table)
         for pl in p["placements"]:
             out_console.print(f"  then {pl['pod']} lands on {pl['node']} GPUs {pl['gpus']}", soft_wrap=True)
+        for k in p.get("kept", []):
+            out_console.print(f"  kept in place: {k['pod']}: {k['reason']}", soft_wrap=True)
     out_console.print(
         f"Gain: {gain['pods_landing']} pending pod(s) land ({gain['gpus_landing']:g} GPUs) after "
         f"{report['moves']} move(s); fragmentation {gain['fragmentation_before_gpus']:g} → "
@@ -696,3 +746,49 @@ def metrics_check(report: MetricsCheckReport, json_out: bool) -> None:
                 f"[{style}]{t.data}/{t.total} {label} with data[/]" + (f" ({extra})" if extra else "")
             )
     out_console.print(", ".join(parts) + f" on {escape(report.prometheus)}", soft_wrap=True, highlight=False)
+
+
+# ------------------------------------------------------------------------------------ bench mig
+def mig_bench(
+    report: Mapping[str, object],
+    rows: Sequence[Mapping[str, object]],
+    churn: Sequence[Mapping[str, object]],
+    json_out: bool,
+) -> None:
+    if json_out:
+        emit_json({**report, "results": list(rows), "churn": list(churn)})
+        return
+    t = Table(title=str(report["title"]), box=box.SIMPLE_HEAVY)
+    t.add_column("workload", no_wrap=True)
+    t.add_column("policy", no_wrap=True)
+    for col in ("accepted slices %", "per seed", "accepted requests %", "GPUs used at 50 % arrived",
+                "GPUs used at end", "requests", "s/run"):  # fmt: skip
+        t.add_column(col, justify="right")
+    for r in rows:
+        per_seed = " ".join(f"{v:.2f}" for v in r["accepted_slices_pct_per_seed"])  # type: ignore[attr-defined]
+        t.add_row(
+            str(r["workload"]), str(r["policy"]), f"{r['accepted_slices_pct']:.2f}", per_seed,
+            f"{r['accepted_requests_pct']:.2f}", f"{r['gpus_used_at_half_pct']:.2f} %",
+            f"{r['gpus_used_pct']:.2f} %", str(r["requests"]), f"{r['seconds']:.2f}",
+        )  # fmt: skip
+    t.caption = "\n".join(str(n) for n in report["notes"])  # type: ignore[attr-defined]
+    out_console.print(t)
+    if churn:
+        out_console.print(mig_churn_table(churn))
+
+
+def mig_churn_table(rows: Sequence[Mapping[str, object]]) -> Table:
+    t = Table(title="MIG placement under churn (pending time)", box=box.SIMPLE_HEAVY)
+    t.add_column("workload", no_wrap=True)
+    t.add_column("policy", no_wrap=True)
+    for col in ("load", "placed on arrival %", "pending mean s", "pending p99 s", "p99 per seed",
+                "still pending", "slices used %", "GPUs used %", "reshapes/h"):  # fmt: skip
+        t.add_column(col, justify="right")
+    for r in rows:
+        per_seed = " ".join(f"{v:g}" for v in r["pending_p99_s_per_seed"])  # type: ignore[attr-defined]
+        t.add_row(
+            str(r["workload"]), str(r["policy"]), f"{r['load']:g}", f"{r['placed_on_arrival_pct']:.2f}",
+            f"{r['pending_mean_s']:.1f}", f"{r['pending_p99_s']:.1f}", per_seed, str(r["still_pending"]),
+            f"{r['used_slices_pct']:.2f}", f"{r['gpus_used_pct']:.2f}", f"{r['reshapes_per_hour']:g}",
+        )  # fmt: skip
+    return t

@@ -32,6 +32,12 @@ def scheduler(
     port: Annotated[int, typer.Option(help="port of /healthz, /readyz and /metrics (0: any)")] = 10251,
     leader_elect: Annotated[bool, typer.Option(help="elect a leader among replicas via a Lease")] = True,
     lease_name: Annotated[str, typer.Option(help="name of the Lease")] = "gpusched-scheduler",
+    defrag_lease_name: Annotated[
+        str,
+        typer.Option(
+            help="the defragmentation Lease (in --namespace): its rooms are held while it records them"
+        ),
+    ] = "gpusched-defrag",
     workload_trace: Annotated[
         Path | None,
         typer.Option(help="pod CSV (Alibaba openb format) giving the target workload; default: learnt"),
@@ -65,6 +71,7 @@ def scheduler(
         bind_workers=bind_workers,
         flush_s=flush_s,
         preemption=preemption,
+        defrag_lease=f"{namespace}/{defrag_lease_name}",
     )
     serve_scheduler(
         config,

@@ -18,17 +18,15 @@ front end drops what a gang holds once its timeout passes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from gpusched.core.cluster import I64, AccountingError, ClusterState
-from gpusched.core.devices import pick_gpus
+from gpusched.core.cluster import I64, ClusterState
 from gpusched.core.errors import InvalidSpec
 from gpusched.core.framework import Profile
 from gpusched.core.model import GPU_MILLI, PodSpec
 from gpusched.core.pending import pending_order
-from gpusched.core.statement import GroupResult, Statement, schedule_all
+from gpusched.core.statement import GroupResult, schedule_all
 from gpusched.core.status import Code, Status
 
 
@@ -199,20 +197,3 @@ def partly_bound(bound: Iterable[PodSpec], gangs: Mapping[str, GangSpec]) -> lis
         if g:
             counts[g] = counts.get(g, 0) + 1
     return sorted(g for g, n in counts.items() if g in gangs and n < gangs[g].min_member)
-
-
-@contextmanager
-def holding(snap: ClusterState, nominated: Sequence[tuple[PodSpec, int]], priority: int) -> Iterator[None]:
-    """Within the block, each nominated pod (a preemptor waiting for its victims to leave: pod,
-    node index) of at least ``priority`` that fits its node now is booked there, so that a gang
-    of ``priority`` does not take its room (kube-scheduler's rule for nominated pods, which
-    ``statement.schedule_with_nominated`` applies to one pod); afterwards ``snap`` is as it was."""
-    with Statement(snap) as held:
-        for other, node in nominated:
-            if other.priority < priority or other.key in snap.allocations or not 0 <= node < len(snap):
-                continue
-            try:
-                held.assume(other, node, pick_gpus(snap, other, node))
-            except (ValueError, AccountingError):
-                continue  # does not fit there yet: nothing to hold
-        yield

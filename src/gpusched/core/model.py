@@ -35,6 +35,7 @@ from gpusched.core.selectors import (
 __all__ = [
     "GPU_MILLI",
     "Allocation",
+    "Controller",
     "InvalidSpec",
     "LabelSelector",
     "NodeSelectorTerm",
@@ -124,6 +125,34 @@ class NodeSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class Controller:
+    """What manages a pod (Kubernetes: its ``ownerReference`` with ``controller: true``): the
+    object's ``kind``, its API ``group`` ("" for the core group) and ``name``. Whether it
+    recreates the pod after an eviction is the reader's rule (``core.defrag``: ReplicaSet,
+    StatefulSet, Job, ReplicationController do; a DaemonSet or a mirror pod's Node do not move it)."""
+
+    kind: str
+    name: str
+    group: str = ""
+
+    def __post_init__(self) -> None:
+        for fname in ("kind", "name", "group"):
+            v = getattr(self, fname)
+            if not isinstance(v, str):
+                raise InvalidSpec(f"controller: {fname} must be a string, got {v!r}")
+        if not self.kind or not self.name:
+            raise InvalidSpec(f"controller: kind and name must be given, got {self.kind!r} {self.name!r}")
+
+    @property
+    def qualified_kind(self) -> str:
+        """``Kind.group`` as kubectl names a resource (``ReplicaSet.apps``), ``Kind`` for the core group."""
+        return f"{self.kind}.{self.group}" if self.group else self.kind
+
+    def __str__(self) -> str:
+        return f"{self.qualified_kind}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
 class PodSpec:
     """One pod's request. ``key`` (namespace/name) identifies it in the cluster state."""
 
@@ -154,6 +183,9 @@ class PodSpec:
     movable: bool = True
     """Whether defragmentation may move this pod (evict it for recreation elsewhere); False is the
     opt-out (Kubernetes: the annotation ``gpusched.io/defrag: "false"``). Not part of the shape."""
+    controller: Controller | None = None
+    """What recreates this pod when it is evicted (None: nothing, a bare pod). Defragmentation moves
+    only pods whose controller recreates them (``core.defrag.units``). Not part of the shape."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -205,6 +237,10 @@ class PodSpec:
                 raise InvalidSpec(f"pod {self.key}: {fname} must be a tuple of {kind.__name__}")
         if not isinstance(self.movable, bool):
             raise InvalidSpec(f"pod {self.key}: movable must be True or False, got {self.movable!r}")
+        if self.controller is not None and not isinstance(self.controller, Controller):
+            raise InvalidSpec(
+                f"pod {self.key}: controller must be a Controller or None, got {self.controller!r}"
+            )
 
     @property
     def key(self) -> str:

@@ -18,12 +18,13 @@ ends is discarded, so an exception half-way through a gang never leaves half a g
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 
 from gpusched.core.cluster import I64, AccountingError, ClusterState
-from gpusched.core.devices import pick_gpus
+from gpusched.core.devices import fitting_gpus, pick_gpus
 from gpusched.core.framework import Profile
 from gpusched.core.model import Allocation, PodSpec
 from gpusched.core.scheduler import ScheduleResult, schedule_one
@@ -52,10 +53,11 @@ class Statement:
         self._open = True
 
     # --------------------------------------------------------------- operations
-    def assume(self, pod: PodSpec, node: int, gpus: Sequence[int]) -> Allocation:
-        """Book ``pod`` on ``node``/``gpus`` within the statement (AccountingError if it does not fit)."""
+    def assume(self, pod: PodSpec, node: int, gpus: Sequence[int], *, check: bool = True) -> Allocation:
+        """Book ``pod`` on ``node``/``gpus`` within the statement (AccountingError if it does not fit;
+        ``check=False``: booked even beyond what is free, as ``ClusterState.assume`` says)."""
         self._check_open()
-        alloc = self.snap.assume(pod, node, gpus)
+        alloc = self.snap.assume(pod, node, gpus, check=check)
         self._ops.append(Operation(OpKind.ASSUME, alloc))
         return alloc
 
@@ -99,8 +101,8 @@ class Statement:
             a = op.allocation
             if op.kind is OpKind.ASSUME:
                 self.snap.forget(a.pod.key)
-            else:
-                self.snap.assume(a.pod, a.node, a.gpus)
+            else:  # what it held: a fact, restored as it was (a held room may overbook its GPUs)
+                self.snap.assume(a.pod, a.node, a.gpus, check=False)
         self._ops.clear()
 
     def _check_open(self) -> None:
@@ -203,24 +205,74 @@ def schedule_with_nominated(
     *,
     tiebreak: I64 | None = None,
     diagnose_failures: bool = True,
+    leaving: Collection[str] = (),
 ) -> ScheduleResult:
-    """``schedule_one`` that keeps room for nominated pods (preemptors waiting for their victims
-    to leave) of at least ``pod``'s priority, as kube-scheduler does: each such pod that fits
-    its nominated node now is booked there for the cycle, then the bookings are undone.
-
-    Nothing stays booked, ``pod`` included (the caller assumes the result); ``snap`` ends as it
-    began. Nominated pods that do not fit yet (their victims are still there) hold nothing.
-    """
-    with Statement(snap) as held:
-        for other, node in nominated:
-            if other.key == pod.key or other.priority < pod.priority or other.key in snap.allocations:
-                continue
-            if not 0 <= node < len(snap):
-                continue
-            try:
-                held.assume(other, node, pick_gpus(snap, other, node))
-            except (ValueError, AccountingError):
-                continue  # does not fit there yet: nothing to hold
+    """``schedule_one`` clear of the rooms of nominated pods (preemptors waiting for their victims
+    to leave) of at least ``pod``'s priority: ``holding`` books them for the cycle, then the
+    bookings are undone. Nothing stays booked, ``pod`` included (the caller assumes the result);
+    ``snap`` ends as it began."""
+    with holding(snap, nominated, pod.priority, skip=(pod.key,), leaving=leaving):
         return schedule_one(
             profile, pod, snap, tiebreak=tiebreak, diagnose_failures=diagnose_failures, assume=False
         )
+
+
+@contextmanager
+def holding(
+    snap: ClusterState,
+    nominated: Sequence[tuple[PodSpec, int]],
+    priority: int,
+    *,
+    skip: Collection[str] = (),
+    leaving: Collection[str] = (),
+) -> Iterator[int]:
+    """The one rule for nominated pods' rooms (single pods, gangs, tenant queues): within the block
+    each nominated pod (pod, node index) of at least ``priority``, not in ``skip`` and not booked
+    yet, is booked on its node *whether it fits there yet or not*, as kube-scheduler adds nominated
+    pods to a node when it filters pods of lower priority (``RunFilterPluginsWithNominatedPods``).
+
+    A preemptor's room is free only once its victims are gone: booked unchecked (free amounts
+    may go below zero) on ``room_gpus``, each GPU a victim frees is held for it the moment it is
+    free, and the victims' replacements cannot take it; a what-if that evicts lower-priority pods
+    sees the room taken. Higher priorities are booked first. Yields how many rooms are held;
+    afterwards ``snap`` is exactly as it was. ``leaving``: keys of pods known to be leaving (the
+    victims, terminating pods), whose GPUs a room takes before others'."""
+    held_n = 0
+    with Statement(snap) as held:
+        for other, node in sorted(nominated, key=lambda pn: -pn[0].priority):
+            if other.priority < priority or other.key in skip or other.key in snap.allocations:
+                continue
+            if not 0 <= node < len(snap):
+                continue
+            held.assume(other, node, room_gpus(snap, other, node, leaving), check=False)
+            held_n += 1
+        yield held_n
+
+
+def room_gpus(snap: ClusterState, pod: PodSpec, node: int, leaving: Collection[str] = ()) -> tuple[int, ...]:
+    """The GPUs of ``node`` that nominated ``pod``'s room is: where it fits now, the GPUs
+    ``pick_gpus`` gives it; otherwise the GPUs it fits on now first, then those only ``leaving``
+    pods of lower priority hold (its victims on their way out), then those only lower-priority
+    pods hold (what preemption would free), then the rest; the most free first, then index."""
+    if pod.num_gpu == 0:
+        return ()
+    try:
+        return pick_gpus(snap, pod, node)
+    except ValueError:
+        pass
+    holders: dict[int, list[PodSpec]] = {}
+    for key in snap.node_pods[node]:
+        a = snap.allocations[key]
+        for g in a.gpus:
+            holders.setdefault(g, []).append(a.pod)
+    fit = fitting_gpus(snap, pod, node)
+
+    def rank(g: int) -> tuple[bool, bool, bool, bool, int, int]:
+        on = holders.get(g, [])
+        lower = all(p.priority < pod.priority for p in on)
+        going = bool(on) and lower and all(p.key in leaving for p in on)
+        free = int(snap.gpu_free[node, g])
+        return (not snap.gpu_exists[node, g], not fit[g], not going, not lower, -free, g)
+
+    order = sorted(range(int(snap.gpu_count[node])), key=rank)
+    return tuple(sorted(order[: pod.num_gpu]))

@@ -25,6 +25,16 @@ budgets, the moves of the window so far counted against ``max_moves_per_window``
    bound elsewhere) at any step ends the plan at once: no further eviction.
 
 An abandoned plan clears the nomination and the room. Metrics: ``metrics/defrag.py``.
+
+What outlives the process (``defrag/ledger.py``, on the controller's Lease): each move is recorded
+there before its eviction, and the window's moves are read back from there before each plan, so the
+per-window and per-pod budgets hold across restarts and changes of leader; the plan being carried
+out is recorded there too (id, pending pods, holder, when it lapses), and each room names that plan
+and lapses with it: the scheduler holds only rooms that the Lease backs (``k8s/reservation.py``).
+
+Only pods that a controller recreates move (``core.defrag``: ``PodSpec.controller``); just before
+each eviction the pod is read again and its ``ownerReferences`` checked once more (a pod orphaned
+since the plan was made abandons it: ``no-controller``).
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -41,15 +52,17 @@ from typing import Any
 
 import numpy as np
 
-from gpusched.core.defrag import Method, Plan, Rules, WorkBudget, apply_plan, plan_for
+from gpusched.core.defrag import RECREATING_KINDS, Method, Plan, Rules, WorkBudget, apply_plan, plan_for
 from gpusched.core.model import PodSpec
 from gpusched.core.statement import Statement
 from gpusched.defrag.dryrun import pending_targets
 from gpusched.defrag.errors import DefragError
+from gpusched.defrag.ledger import LeaseLedger, LedgerError
 from gpusched.doctor.books import Books
+from gpusched.k8s.convert import controller_of
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.eviction import Evictor, Outcome
-from gpusched.k8s.reservation import ANN_ROOM, Steer, room_annotation
+from gpusched.k8s.reservation import ANN_ROOM, PlanRecord, Steer, room_annotation
 from gpusched.metrics.defrag import DefragMetrics
 
 log = logging.getLogger(__name__)
@@ -79,6 +92,10 @@ class ControllerConfig:
     poll_s: float = 0.5
     identity: str = ""
     lease_name: str = "gpusched-defrag"
+    lease_namespace: str = "kube-system"
+    """The Lease (leader election, and the record of moves and of the plan under way)."""
+    recreating: frozenset[str] = RECREATING_KINDS
+    """The controller kinds (``Kind.group``) that recreate an evicted pod: only their pods move."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +144,7 @@ class DefragController:
         metrics: DefragMetrics | None = None,
         *,
         wall: Callable[[], float] = time.time,
+        ledger: Any = None,
     ) -> None:
         from kubernetes import client
 
@@ -144,7 +162,11 @@ class DefragController:
         self.leading = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._moved: deque[tuple[float, str]] = deque()  # (wall time, pod key) of the window's moves
+        self.ledger = ledger or LeaseLedger(
+            client.CoordinationV1Api(api), cfg.lease_namespace, cfg.lease_name, cfg.window_s
+        )
+        self._moved: deque[tuple[float, str]] = deque()  # the window's moves, as the Lease last said
+        self._plan_id = ""
         self._tried: dict[str, float] = {}
         self.attempts: list[Attempt] = []
 
@@ -159,8 +181,24 @@ class DefragController:
 
     def start_leading(self) -> None:
         self.budgets.wait_synced(30.0)
+        self._recover()
         self.leading.set()
         self.metrics.set_leader(self.config.lease_name, True)
+
+    def _recover(self) -> None:
+        """A plan recorded by another controller (one killed mid-plan, a former leader) is over:
+        its record is cleared and its pods' rooms and nominations released, at once rather than
+        when the room lapses."""
+        try:
+            record = self.ledger.plan()
+            if record is None or record.holder == self.config.identity:
+                return
+            log.info("plan %s of %s found on the Lease: released", record.id, record.holder or "another")
+            self.ledger.clear_plan(record.id)
+        except LedgerError as e:
+            log.warning("the plan on the Lease could not be read or cleared (its rooms lapse): %s", e)
+            return
+        self._release(record.pods, f"the controller that made plan {record.id} stopped")
 
     def stop_leading(self) -> None:
         self.leading.clear()
@@ -199,7 +237,12 @@ class DefragController:
         now = self.wall()
         for k in keys:
             self._tried[k] = now
-        plan = self._plan(books, group)
+        try:
+            plan = self._plan(books, group)
+        except LedgerError as e:  # the budget cannot be read: no move
+            log.warning("defragmentation for %s not planned: %s", ", ".join(keys), e)
+            self.metrics.no_plan.labels("record-unreadable").inc()
+            return self._record(Attempt(keys, "infeasible", str(e)))
         if not plan.feasible or not plan.moves:
             result = "infeasible" if not plan.feasible else "fits-now"
             self.metrics.no_plan.labels(result).inc()
@@ -212,6 +255,7 @@ class DefragController:
             self.metrics.abandon(a.reason)
             self._release(keys, f"{a.reason}{': ' + a.detail if a.detail else ''}")
             return self._record(Attempt(keys, "abandoned", a.reason, tuple(moved)))
+        self._clear_plan()
         self.metrics.completed(sum(p.gpu_demand_milli for p in group) / 1000)
         return self._record(Attempt(keys, "completed", "", tuple(moved)))
 
@@ -235,9 +279,8 @@ class DefragController:
         return None
 
     def _window_moves(self) -> dict[str, int]:
-        cutoff = self.wall() - self.config.window_s
-        while self._moved and self._moved[0][0] < cutoff:
-            self._moved.popleft()
+        """The moves of the window by pod, read from the Lease (LedgerError when it cannot be)."""
+        self._moved = deque(self.ledger.moves(self.wall()))
         counts: dict[str, int] = {}
         for _, k in self._moved:
             counts[k] = counts.get(k, 0) + 1
@@ -248,12 +291,13 @@ class DefragController:
         moved = self._window_moves()
         for k in refused:  # blocked by a budget just now: stays put in this plan
             moved[k] = cfg.max_moves_per_pod
-        left = max(0, cfg.max_moves_per_window - len(self._moved))
+        left = max(0, cfg.max_moves_per_window - len(self._moved))  # _window_moves read them
         rules = Rules(
             budgets=self.budgets.budgets().budgets,
             max_moves=min(cfg.max_moves, left),
             max_moves_per_pod=cfg.max_moves_per_pod,
             moved=moved,
+            recreating=cfg.recreating,
         )
         deadline = time.monotonic() + cfg.plan_timeout_s
         budget = WorkBudget(should_stop=lambda: time.monotonic() >= deadline)
@@ -269,6 +313,7 @@ class DefragController:
         specs = {p.key: p for p in group}
         keys = tuple(specs)
         for_whom = ", ".join(keys)
+        self._plan_id = uuid.uuid4().hex[:12]
         self._reserve(books, plan)
         replans = cfg.replans
         refused: list[str] = []
@@ -289,8 +334,13 @@ class DefragController:
                     break
                 continue
             mv = plan.moves[i]
-            obj = books.pod_objs[mv.pod]
+            obj = self._still_recreated(books.pod_objs[mv.pod], mv.pod)
             meta = obj.get("metadata") or {}
+            at = self.wall()
+            try:
+                self.ledger.add_move(at, mv.pod)  # before the eviction: a kill in between over-counts
+            except LedgerError as e:
+                raise _Abandon("record-failed", str(e)) from None
             out = self.evictor.evict(
                 str(meta.get("namespace", "default")),
                 str(meta.get("name", "")),
@@ -298,6 +348,8 @@ class DefragController:
                 grace_period_s=cfg.grace_period_s,
             )
             self.metrics.evictions.labels(out.outcome.value).inc()
+            if out.outcome is not Outcome.EVICTED:
+                self._take_back(at, mv.pod)
             if out.outcome is Outcome.BLOCKED:
                 refused.append(mv.pod)
                 plan, replans = self._replan(books, group, refused, replans, out.message, "blocked-by-pdb")
@@ -309,7 +361,7 @@ class DefragController:
                 raise _Abandon("eviction-failed", f"{mv.pod}: {out.message}")
             if out.outcome is Outcome.EVICTED:
                 self.metrics.moves.inc()
-                self._moved.append((self.wall(), mv.pod))
+                self._moved.append((at, mv.pod))
                 moved.append(mv.pod)
                 self.events.about(
                     _involved(obj),
@@ -321,6 +373,40 @@ class DefragController:
                 self._wait_gone(str(meta.get("namespace", "default")), str(meta.get("name", "")), mv.pod)
             i += 1
         self._wait_bound(keys)
+
+    def _still_recreated(self, planned: Mapping[str, Any], key: str) -> dict[str, Any]:
+        """The pod as the API has it now, when it is still the planned pod (same UID) and a controller
+        that recreates it still owns it; else the plan is abandoned (``stale``, ``no-controller``)."""
+        meta = planned.get("metadata") or {}
+        ns, name = str(meta.get("namespace", "default")), str(meta.get("name", ""))
+        fresh = self._read_pod(ns, name)
+        if fresh is None or (fresh.get("metadata") or {}).get("uid") != meta.get("uid"):
+            raise _Abandon("stale", f"{key} is gone or was replaced")
+        owner = controller_of(fresh, strict=False)
+        if owner is None or owner.qualified_kind not in self.config.recreating:
+            what = f"its controller {owner} does not recreate it" if owner else "no controller owns it"
+            raise _Abandon("no-controller", f"{key}: {what}: evicting it would lose it")
+        return fresh
+
+    def _take_back(self, at: float, key: str) -> None:
+        try:
+            self.ledger.drop_move(at, key)
+        except LedgerError as e:  # counted once too often until the window passes: the safe side
+            log.warning("the refused move of %s stays recorded: %s", key, e)
+
+    def _clear_plan(self) -> None:
+        if not self._plan_id:
+            return
+        try:
+            self.ledger.clear_plan(self._plan_id)
+        except LedgerError as e:  # it lapses at its expiry anyway
+            log.warning("the record of plan %s stays until it lapses: %s", self._plan_id, e)
+        self._plan_id = ""
+
+    def _expiry(self, plan: Plan) -> float:
+        """When a plan's rooms lapse: time for every pod to leave, then for the pod to bind."""
+        cfg = self.config
+        return self.wall() + cfg.leave_timeout_s * max(1, len(plan.moves)) + cfg.bind_timeout_s + 30.0
 
     def _replan(
         self, books: Books, group: Sequence[PodSpec], refused: Sequence[str], replans: int, why: str,
@@ -338,6 +424,12 @@ class DefragController:
     def _reserve(self, books: Books, plan: Plan) -> None:
         """Nominate each placement's node and name the room (the scheduler keeps it) and where the
         moved pods go (the scheduler steers their replacements there)."""
+        expires = self._expiry(plan)
+        keys = tuple(pl.pod for pl in plan.placements)
+        try:
+            self.ledger.set_plan(PlanRecord(self._plan_id, keys, self.config.identity, expires))
+        except LedgerError as e:
+            raise _Abandon("record-failed", str(e)) from None
         steer = []
         for m in plan.moves:
             a = books.state.allocations.get(m.pod)
@@ -347,7 +439,8 @@ class DefragController:
             obj = books.pod_objs[pl.pod]
             meta = obj.get("metadata") or {}
             ns, name = str(meta.get("namespace", "default")), str(meta.get("name", ""))
-            ann = {"metadata": {"annotations": {ANN_ROOM: room_annotation(pl.node, pl.gpus, steer)}}}
+            room = room_annotation(pl.node, pl.gpus, steer, plan=self._plan_id, expires=expires)
+            ann = {"metadata": {"annotations": {ANN_ROOM: room}}}
             self.core.patch_namespaced_pod(name, ns, ann, _preload_content=False)
             status = {"status": {"nominatedNodeName": pl.node}}
             self.core.patch_namespaced_pod_status(name, ns, status, _preload_content=False)
@@ -360,6 +453,7 @@ class DefragController:
             )
 
     def _release(self, keys: Sequence[str], why: str) -> None:
+        self._clear_plan()
         for key in keys:
             ns, name = key.split("/", 1)
             try:

@@ -35,7 +35,7 @@ def serve_defrag(
 
     api = api_client(kubeconfig)
     identity = default_identity()
-    config = dataclasses.replace(config, identity=identity)
+    config = dataclasses.replace(config, identity=identity, lease_namespace=namespace)
     ctl = DefragController(api, lambda: Books.of(from_api(kubeconfig, queues=False), config.policy), config)
     stop = threading.Event()
     server = ProbeServer(

@@ -26,6 +26,7 @@ from gpusched.doctor.queues import (
     quota_counterfactual,
     reclaim_plan,
 )
+from gpusched.doctor.rooms import room_findings
 
 _NODE_SHOWN = 8
 """Nodes whose own findings a pending pod's report shows (those with errors or warnings)."""
@@ -276,6 +277,7 @@ def doctor_pod(books: Books, key: str) -> PodReport:
     cfs = counterfactuals(books.profile, pod, books.state, diag, quota)
     healed = {n for c in cfs if c.kind == "healthy-gpu" for n in c.change.get("fits_on", [c.node])}
     findings += _scheduling_causes(books, pod, diag, healed)
+    findings += room_findings(books, pod)  # defragmentation rooms held against it, or its own
     failed = {f.node: f for f in diag.failures}
     shown = 0
     for name in books.state.names:

@@ -21,13 +21,15 @@ from typing import Any, TypeVar
 import numpy as np
 
 from gpusched.core.cluster import ClusterState
-from gpusched.core.model import GPU_MILLI, NodeSpec, PodSpec, Taint
+from gpusched.core.model import GPU_MILLI, Controller, NodeSpec, PodSpec, Taint
 from gpusched.doctor.analysis import doctor_pod
 from gpusched.doctor.books import Books
 from gpusched.doctor.checks import ANN_UNHEALTHY
 from gpusched.doctor.snapshot import Snapshot, snapshot_of_state
 
 T = TypeVar("T")
+
+OWNER = Controller("ReplicaSet", "synthetic", "apps")  # the synthetic shares may move
 
 
 def synthetic_books(nodes: int, seed: int = 0) -> tuple[Books, str]:
@@ -50,7 +52,16 @@ def synthetic_books(nodes: int, seed: int = 0) -> tuple[Books, str]:
         for g in range(8):
             milli = int(rng.integers(3, 8)) * 100
             st.assume(
-                PodSpec(f"s-{k}", cpu_milli=1000, num_gpu=1, gpu_milli=milli, gpu_memory_mib=4096), n, [g]
+                PodSpec(
+                    f"s-{k}",
+                    cpu_milli=1000,
+                    num_gpu=1,
+                    gpu_milli=milli,
+                    gpu_memory_mib=4096,
+                    controller=OWNER,
+                ),
+                n,
+                [g],
             )
             k += 1
     pending = PodSpec("waiting", cpu_milli=4000, num_gpu=2, gpu_milli=GPU_MILLI)

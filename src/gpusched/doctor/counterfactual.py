@@ -7,7 +7,9 @@ Tried, for a pod that fits nowhere now:
 - more GPU memory (or more GPUs) than any node's GPUs have: the largest figure that fits;
 - untolerated taints: the tolerations of one node's taints, the set that opens most nodes;
 - failed GPUs: the nodes where the pod fits once their GPUs are healthy again;
-- fragmentation: the fewest moves of running pods (``core.defrag.plan_for``) after which it lands;
+- fragmentation: the fewest moves of running pods (``core.defrag.plan_for``, moves to another GPU
+  of the same node included) after which it lands; or, when none, the running pods that may not
+  move (no controller would recreate them, opted out, a budget);
 - quotas: the pod's tenant queue refuses it: the smallest raise of the queue's quota
   (``doctor.queues.quota_counterfactual``, passed in as ``quota``), first, as the scheduler checks
   quota before placement.
@@ -21,7 +23,7 @@ from dataclasses import replace
 import numpy as np
 
 from gpusched.core.cluster import ClusterState
-from gpusched.core.defrag import Rules, WorkBudget, plan_for
+from gpusched.core.defrag import REFUSAL_TEXT, Refusal, Rules, WorkBudget, plan_for
 from gpusched.core.framework import CycleState, Profile
 from gpusched.core.model import GPU_MILLI, PodSpec, Taint, Toleration
 from gpusched.core.scheduler import filter_nodes, pre_filter
@@ -201,20 +203,41 @@ def healthy_counterfactual(profile: Profile, pod: PodSpec, snap: ClusterState) -
 
 
 def moves_counterfactual(profile: Profile, pod: PodSpec, snap: ClusterState) -> list[Counterfactual]:
-    """The fewest moves of running pods after which the pod lands (``core.defrag.plan_for``)."""
+    """The fewest moves of running pods after which the pod lands (``core.defrag.plan_for``; a move
+    to another GPU of the same node counts). Where no plan exists and running pods stay put because
+    no controller would recreate them, a finding that names them (not verified: the change is to
+    the workloads, not a move)."""
     if not pod.num_gpu:
         return []
     plan = plan_for(profile, snap, pod, Rules(max_moves=MAX_MOVES), WorkBudget())
     if not plan.feasible or not plan.moves or not plan.placements:
-        return []
+        kept = [(k, r) for k, r in plan.kept if r in (Refusal.NO_CONTROLLER, Refusal.NOT_RECREATED)]
+        if plan.feasible or not kept:
+            return []
+        by: dict[Refusal, list[str]] = {}
+        for k, r in kept[:4]:
+            by.setdefault(r, []).append(k)
+        shown = "; ".join(f"{', '.join(ks)} ({REFUSAL_TEXT[r.value]})" for r, ks in by.items())
+        more = f" and {len(kept) - 4} more" if len(kept) > 4 else ""
+        return [
+            Counterfactual(
+                "kept",
+                f"no move plan within {MAX_MOVES} moves: defragmentation may not move {shown}{more}",
+                1 << 19,
+                False,
+                change={"kept": [{"pod": k, "why": r.value} for k, r in kept]},
+            )
+        ]
     moved = [m.pod for m in plan.moves]
     kind = "shares" if all(0 < m.gpu_milli < GPU_MILLI for m in plan.moves) else "pods"
     where = plan.placements[0]
     n = len(moved)
+    within = [m.pod for m in plan.moves if m.to_node == m.from_node]
+    how = f" ({', '.join(within)} to another GPU of {where.node})" if within else ""
     return [
         Counterfactual(
             "moves",
-            f"fits on {where.node} if {kind} {', '.join(moved)} move ({n} move{'s' * (n != 1)})",
+            f"fits on {where.node} if {kind} {', '.join(moved)} move ({n} move{'s' * (n != 1)}){how}",
             n,
             True,
             where.node,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from gpusched.core.cluster import ClusterState
-from gpusched.core.model import GPU_MILLI, NodeSpec, PodSpec, Taint
+from gpusched.core.model import GPU_MILLI, Controller, NodeSpec, PodSpec, Taint
 from gpusched.doctor.checks import ANN_ALLOCATED, ANN_TOPOLOGY
 from gpusched.doctor.snapshot import Snapshot, snapshot_of_state
 
@@ -18,11 +18,21 @@ def _node(name: str, gpus: int, model: str, **kw: object) -> NodeSpec:
 
 
 def _share(name: str, milli: int, mem: int = 0) -> PodSpec:
-    return PodSpec(name, namespace="team-a", cpu_milli=1000, num_gpu=1, gpu_milli=milli, gpu_memory_mib=mem)
+    owner = Controller("ReplicaSet", name.rsplit("-", 1)[0], "apps")
+    return PodSpec(
+        name,
+        namespace="team-a",
+        cpu_milli=1000,
+        num_gpu=1,
+        gpu_milli=milli,
+        gpu_memory_mib=mem,
+        controller=owner,
+    )
 
 
 def _whole(name: str, n: int = 1) -> PodSpec:
-    return PodSpec(name, namespace="team-b", cpu_milli=4000, num_gpu=n, gpu_milli=GPU_MILLI)
+    owner = Controller("Job", name, "batch")
+    return PodSpec(name, namespace="team-b", cpu_milli=4000, num_gpu=n, gpu_milli=GPU_MILLI, controller=owner)
 
 
 def demo_snapshot() -> Snapshot:

@@ -38,8 +38,9 @@ class Counterfactual:
     ``quota``, the core's queue admission on a book with the raised quota.
 
     ``kind``: fits-now, quota, queue (its queue is unknown or invalid: not checked), toleration,
-    gpu-model, gpu-memory, gpu-count, moves, healthy-gpu, none. ``cost`` orders them: the
-    smallest change first (a move counts one per pod moved)."""
+    gpu-model, gpu-memory, gpu-count, moves, kept (no move plan: the pods that may not move),
+    healthy-gpu, none. ``cost`` orders them: the smallest change first (a move counts one per pod
+    moved)."""
 
     kind: str
     message: str

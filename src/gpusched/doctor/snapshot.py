@@ -43,6 +43,7 @@ from gpusched.k8s.convert import (
     RES_MEMORY,
     RES_MILLI,
     assignment_annotation,
+    owner_reference,
 )
 
 SNAPSHOT_KIND = "gpusched.io/doctor-snapshot"
@@ -165,6 +166,8 @@ def pod_object(pod: PodSpec, node: str = "", gpus: Sequence[int] = ()) -> dict[s
         "labels": dict(pod.labels),
         "annotations": ann,
     }
+    if pod.controller is not None:
+        meta["ownerReferences"] = [owner_reference(pod.controller)]
     return {
         "apiVersion": "v1",
         "kind": "Pod",

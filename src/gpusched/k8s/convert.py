@@ -51,6 +51,7 @@ from gpusched.agent.health import ANN_UNHEALTHY_GPUS, unhealthy_gpus_of_node
 from gpusched.core.model import (
     GPU_MILLI,
     Allocation,
+    Controller,
     InvalidSpec,
     NodeSpec,
     PodSpec,
@@ -81,6 +82,8 @@ ANN_QUEUE = "gpusched.io/queue"
 ANN_GANG = "gpusched.io/gang"
 ANN_DEFRAG = "gpusched.io/defrag"
 """``"false"``: defragmentation never moves this pod (``PodSpec.movable``); ``"true"`` or absent: it may."""
+ANN_MIRROR = "kubernetes.io/config.mirror"
+"""Set by the kubelet on a static pod's mirror: the kubelet runs it, no controller recreates it."""
 LABEL_PRODUCT = "nvidia.com/gpu.product"
 LABEL_MEMORY = "nvidia.com/gpu.memory"
 MANAGED_RESOURCES = (RES_GPU, RES_MILLI, RES_MEMORY)
@@ -204,6 +207,51 @@ def _gpu_request(req: Mapping[str, Decimal], key: str, *, running: bool) -> tupl
     return 0, 0, 0
 
 
+def controller_of(pod: Mapping[str, Any], *, strict: bool = True) -> Controller | None:
+    """The pod's controller: its ``ownerReference`` with ``controller: true`` (as ``kubectl drain``
+    and the descheduler read it), the Node for a static pod's mirror (the kubelet runs it), None
+    for a pod that nothing owns as its controller. An ``ownerReferences`` that cannot be read
+    raises InvalidRequest when ``strict``, else counts as none (the safe reading: such a pod is
+    never moved)."""
+    meta = pod.get("metadata") or {}
+    key = _key(meta)
+    if ANN_MIRROR in (meta.get("annotations") or {}):
+        return Controller("Node", str((pod.get("spec") or {}).get("nodeName") or "?"))
+    refs = meta.get("ownerReferences")
+    if refs is None:
+        return None
+    try:
+        if not isinstance(refs, list):
+            raise TypeError("not a list")
+        for ref in refs:
+            if not isinstance(ref, Mapping):
+                raise TypeError(f"entry {ref!r} is not an object")
+            if ref.get("controller") is not True:
+                continue
+            api_version, kind, name = ref.get("apiVersion"), ref.get("kind"), ref.get("name")
+            if not all(isinstance(v, str) and v for v in (api_version, kind, name)):
+                raise TypeError(f"controller entry {dict(ref)!r} lacks apiVersion, kind or name")
+            group = str(api_version).rpartition("/")[0]
+            return Controller(str(kind), str(name), group)
+    except (TypeError, InvalidSpec) as e:
+        if strict:
+            raise InvalidRequest(f"pod {key}: metadata.ownerReferences cannot be read: {e}") from None
+    return None
+
+
+def owner_reference(c: Controller, uid: str = "") -> dict[str, Any]:
+    """``c`` as the ``ownerReference`` that ``controller_of`` reads back (snapshots written from
+    the simulator's books carry their pods' controllers so)."""
+    version = {"apps": "apps/v1", "batch": "batch/v1", "": "v1"}.get(c.group, f"{c.group}/v1")
+    return {
+        "apiVersion": version,
+        "kind": c.kind,
+        "name": c.name,
+        "uid": uid or f"uid-{c.kind.lower()}-{c.name}",
+        "controller": True,
+    }
+
+
 def _movable(ann: Mapping[str, Any], key: str) -> bool:
     value = ann.get(ANN_DEFRAG)
     if value is None:
@@ -286,6 +334,7 @@ def pod_from_k8s(pod: Mapping[str, Any], *, constraints: str = "enforce") -> Pod
             gang=ann.get(ANN_GANG, "") or group_name_of(pod),  # a PodGroup of any of the three APIs
             queue=ann.get(ANN_QUEUE, ""),
             movable=_movable(ann, key),
+            controller=controller_of(pod, strict=constraints == "enforce"),
         )
     except InvalidSpec as e:
         raise InvalidRequest(str(e)) from None

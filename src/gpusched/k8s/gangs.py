@@ -60,7 +60,7 @@ from gpusched.k8s.groupstatus import GroupStatusWriter
 from gpusched.k8s.podgroups import DEFAULT_TIMEOUT_S, GroupSpec, PodGroups
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
 from gpusched.k8s.state import TERMINAL, LiveCluster, pod_key
-from gpusched.k8s.tenants import TenantQueues
+from gpusched.k8s.tenants import TenantQueues, landing
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +76,9 @@ class PreemptionHost(Protocol):
         preemptors' and defragmentation's, of at least their priority)."""
         ...
 
-    def may_preempt(self, keys: Sequence[str], snap: ClusterState) -> bool:
-        """False while the victims of an earlier preemption for one of ``keys`` are leaving."""
+    def may_preempt(self, placement: Sequence[tuple[str, str]], snap: ClusterState) -> str:
+        """Why the members (pod key, node where it would land) may not preempt now ("" when they
+        may): the victims of an earlier preemption are leaving, or too many preemptions."""
         ...
 
     def preempt_gang(
@@ -256,7 +257,7 @@ class Gangs:
             if queue and self.host.tenants is not None:  # the kept queue book follows the bookings
                 t = self.host.tenants
                 t.settled(snap, t.directory.current(), [r.pod.key for r in o.placed])
-            acted = self._act(group, unit, queue, snap, o)
+            acted = self._act(group, unit, queue, snap, o, profile)
         dt = time.perf_counter() - t0
         placed = list(o.placed) if o.outcome is Outcome.PLACED else []
         self.host.attempts("scheduled", dt, len(placed))
@@ -314,18 +315,24 @@ class Gangs:
         )
         with rooms:
             (o,) = run_cycle(profile, snap, [unit], book=book, budgets=budgets, tiebreak=tiebreak)
-        if o.outcome is Outcome.PREEMPT and pre is not None and not pre.may_preempt(keys, snap):
-            o = UnitOutcome(
-                unit, Outcome.WAITING, reason=f"{o.reason}; waiting for the pods it preempted to leave"
-            )
+        wait = ""
+        if o.outcome is Outcome.PREEMPT and pre is not None:
+            wait = pre.may_preempt([(p.key, snap.names[n]) for p, n in o.nominated], snap)
+        if wait:
+            o = UnitOutcome(unit, Outcome.WAITING, reason=f"{o.reason}; preemption {wait}")
         return profile, o
 
-    def _act(self, group: GroupSpec, unit: Unit, queue: str, snap: ClusterState, o: UnitOutcome) -> str:
+    def _act(
+        self, group: GroupSpec, unit: Unit, queue: str, snap: ClusterState, o: UnitOutcome, profile: Profile
+    ) -> str:
         """Start the reclaim or the preemption ``o`` asks for; returns what to add to the reason."""
         held = [snap.allocations[k] for k in o.victims if k in snap.allocations]
         if o.outcome is Outcome.RECLAIM and self.host.tenants is not None and held:
             victims = [(a.pod, snap.names[a.node]) for a in held]
-            self.host.tenants.start_reclaim(unit.pods, queue, victims, by=f"gang {group.ref.describe()}")
+            tiebreak = self.host.tiebreak(snap)
+            rooms = landing(profile, snap, unit.pods, o.victims, need=unit.need, tiebreak=tiebreak)
+            by = f"gang {group.ref.describe()}"
+            self.host.tenants.start_reclaim(unit.pods, queue, victims, by=by, rooms=rooms)
             return f"; reclaiming {len(held)} pod(s) from borrowing queues"
         if o.outcome is Outcome.PREEMPT and self.host.preemption is not None and held:
             placement = [(p, snap.names[n]) for p, n in o.nominated]

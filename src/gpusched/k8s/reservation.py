@@ -10,6 +10,14 @@ preemptor); while it does not fit yet (the evictions are under way), the free pa
 GPUs there is booked, so that a recreated pod never takes back the room its eviction freed.
 Pods of higher priority are not held back (kube-scheduler's nomination rule).
 
+A room is honoured only while the defragmentation controller's own record backs it (issue 28 F4):
+the annotation names the plan (``"plan": id``) and when the room lapses (``"expires"``, Unix
+seconds), and the controller's Lease (``gpusched.io/defrag-plan``, ``PlanRecord``) names the same
+plan, the pod among its pending pods, a time not yet passed, and (when the Lease has a holder) that
+holder. A hand-written room, one left by a controller killed mid-plan or by a former leader, or
+one past its time holds nothing; the scheduler names the rooms it holds in the message of a pod
+they keep off a node (``Reservations.note``), and doctor names every room with its state.
+
 The annotation may also say where the plan puts the pods it moves (``"steer": [{"namespace":
 ..., "labels": {...}, "node": ...}]``): a pod created while the room is held whose namespace and
 labels are those of a moved pod (its owner recreated it from the same template) gets a preferred
@@ -19,10 +27,12 @@ when it fits, elsewhere when not.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -37,6 +47,10 @@ from gpusched.k8s.state import TERMINAL, pod_key
 log = logging.getLogger(__name__)
 
 ANN_ROOM = "gpusched.io/defrag-room"
+ANN_PLAN = "gpusched.io/defrag-plan"
+"""On the defragmentation controller's Lease: the plan it is carrying out (``PlanRecord``)."""
+ANN_MOVES = "gpusched.io/defrag-moves"
+"""On the defragmentation controller's Lease: the moves of its window (``defrag/ledger.py``)."""
 ROOM_SUFFIX = "#room"
 """Names the placeholder bookings of held GPUs (``<pod key>#room<gpu>``)."""
 
@@ -50,11 +64,52 @@ class Steer:
     node: str
 
 
-def room_annotation(node: str, gpus: tuple[int, ...], steer: Sequence[Steer] = ()) -> str:
-    data: dict[str, Any] = {"node": node, "gpus": list(gpus)}
+@dataclass(frozen=True, slots=True)
+class PlanRecord:
+    """The plan the defragmentation controller is carrying out, as its Lease records it: the plan
+    ``id``, the pending ``pods`` it makes room for, the ``holder`` (the controller's identity) and
+    when it lapses (``expires``, Unix seconds)."""
+
+    id: str
+    pods: tuple[str, ...]
+    holder: str
+    expires: float
+
+    def annotation(self) -> str:
+        data = {"id": self.id, "pods": list(self.pods), "holder": self.holder, "expires": self.expires}
+        return json.dumps(data, separators=(",", ":"))
+
+
+def parse_plan_record(raw: str, where: str) -> PlanRecord:
+    """A ``PlanRecord`` from its annotation; InvalidRequest naming ``where`` when unreadable."""
+    try:
+        data = json.loads(raw)
+        return PlanRecord(
+            str(data["id"]), tuple(str(p) for p in data["pods"]), str(data.get("holder") or ""),
+            float(data["expires"]),
+        )  # fmt: skip
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise InvalidRequest(f"{where}: annotation {ANN_PLAN} is not valid: {raw!r}") from None
+
+
+def room_annotation(
+    node: str, gpus: tuple[int, ...], steer: Sequence[Steer] = (), *, plan: str = "", expires: float = 0.0
+) -> str:
+    data: dict[str, Any] = {"node": node, "gpus": list(gpus), "plan": plan, "expires": expires}
     if steer:
         data["steer"] = [{"namespace": s.namespace, "labels": dict(s.labels), "node": s.node} for s in steer]
     return json.dumps(data, separators=(",", ":"))
+
+
+@dataclass(frozen=True, slots=True)
+class Room:
+    """A pod's room annotation, read."""
+
+    node: str
+    gpus: tuple[int, ...]
+    steer: tuple[Steer, ...] = ()
+    plan: str = ""
+    expires: float = 0.0
 
 
 def _steer(s: Mapping[str, Any]) -> Steer:
@@ -62,10 +117,9 @@ def _steer(s: Mapping[str, Any]) -> Steer:
     return Steer(str(s["namespace"]), labels, str(s["node"]))
 
 
-def parse_room(obj: Mapping[str, Any]) -> tuple[str, tuple[int, ...], tuple[Steer, ...]] | None:
-    """(node, GPUs, steers) of a pod's room annotation when its ``status.nominatedNodeName`` is
-    that node; None when either is absent. Raises InvalidRequest for an annotation that cannot be
-    read."""
+def parse_room(obj: Mapping[str, Any]) -> Room | None:
+    """The room a pod's annotation names when its ``status.nominatedNodeName`` is that node; None
+    when either is absent. Raises InvalidRequest for an annotation that cannot be read."""
     meta = obj.get("metadata") or {}
     raw = (meta.get("annotations") or {}).get(ANN_ROOM)
     nominated = (obj.get("status") or {}).get("nominatedNodeName")
@@ -73,34 +127,118 @@ def parse_room(obj: Mapping[str, Any]) -> tuple[str, tuple[int, ...], tuple[Stee
         return None
     try:
         data = json.loads(raw)
-        node, gpus = str(data["node"]), tuple(int(g) for g in data["gpus"])
-        steer = tuple(
-            Steer(
-                str(s["namespace"]),
-                tuple(sorted((str(k), str(v)) for k, v in s["labels"].items())),
-                str(s["node"]),
-            )
-            for s in data.get("steer") or ()
+        room = Room(
+            str(data["node"]),
+            tuple(int(g) for g in data["gpus"]),
+            tuple(_steer(s) for s in data.get("steer") or ()),
+            str(data.get("plan") or ""),
+            float(data.get("expires") or 0.0),
         )
     except (ValueError, KeyError, TypeError, AttributeError):
         raise InvalidRequest(f"pod {pod_key(obj)}: annotation {ANN_ROOM} is not valid: {raw!r}") from None
-    return (node, gpus, steer) if node == nominated else None
+    return room if room.node == nominated else None
+
+
+def unbacked(key: str, room: Room, record: PlanRecord | None, now: float) -> str:
+    """Why the room of pod ``key`` holds nothing ("" when the controller's ``record`` backs it)."""
+    if not room.plan:
+        return "it names no plan (not written by the defragmentation controller)"
+    if now >= room.expires:
+        return f"it expired {now - room.expires:.0f} s ago"
+    if record is None:
+        return "the defragmentation controller's Lease records no plan"
+    if record.id != room.plan or key not in record.pods:
+        return f"the defragmentation controller's Lease records another plan ({record.id})"
+    if now >= record.expires:
+        return f"its plan {record.id} expired {now - record.expires:.0f} s ago"
+    return ""
+
+
+def _utc(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class LeaseRecord:
+    """The defragmentation controller's current plan, read from its Lease ``namespace/name`` at
+    most every ``refresh_s`` (a callable for ``Reservations``), or every ``recheck_s`` while a room
+    names a plan the last read did not record (the controller records a plan just before its first
+    eviction: the replacement must not find a stale read). A plan written by another than the
+    Lease's holder, an unreadable Lease or annotation: no plan (no room is honoured)."""
+
+    def __init__(
+        self, coord: Any, namespace: str, name: str, refresh_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic, recheck_s: float = 0.2,
+    ) -> None:  # fmt: skip
+        self.coord, self.namespace, self.name = coord, namespace, name
+        self.refresh_s, self.clock, self.recheck_s = refresh_s, clock, recheck_s
+        self._at = -1e18
+        self._record: PlanRecord | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, wanted: Sequence[str] = ()) -> PlanRecord | None:
+        with self._lock:
+            age = self.clock() - self._at
+            unknown = any(w and (self._record is None or self._record.id != w) for w in wanted)
+            if age >= self.refresh_s or (unknown and age >= self.recheck_s):
+                self._record = self._read()
+                self._at = self.clock()
+            return self._record
+
+    def _read(self) -> PlanRecord | None:
+        where = f"Lease {self.namespace}/{self.name}"
+        try:
+            resp = self.coord.read_namespaced_lease(self.name, self.namespace, _preload_content=False)
+            obj = json.loads(resp.data)
+        except Exception as e:
+            if getattr(e, "status", None) != 404:
+                log.warning("%s: cannot be read (defragmentation rooms are not held): %s", where, e)
+            return None
+        raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(ANN_PLAN)
+        if not raw:
+            return None
+        try:
+            record = parse_plan_record(raw, where)
+        except InvalidRequest as e:
+            log.warning("%s", e)
+            return None
+        holder = str((obj.get("spec") or {}).get("holderIdentity") or "")
+        if holder and holder != record.holder:
+            return None  # written by a former leader
+        return record
 
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
     pod: PodSpec
-    node: str
-    gpus: tuple[int, ...]
-    steer: tuple[Steer, ...] = ()
+    room: Room
+
+    @property
+    def node(self) -> str:
+        return self.room.node
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return self.room.gpus
+
+    @property
+    def steer(self) -> tuple[Steer, ...]:
+        return self.room.steer
 
 
 class Reservations:
-    """The rooms held now, fed by the scheduler's pod informer (``observe``). Thread-safe."""
+    """The rooms named now, fed by the scheduler's pod informer (``observe``); those that the
+    defragmentation controller's record (``backing``: ``LeaseRecord``) backs are held. Thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        backing: Callable[[Sequence[str]], PlanRecord | None] = lambda wanted: None,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self._lock = threading.Lock()
         self._held: dict[str, Reservation] = {}
+        self.backing = backing
+        self.wall = wall
+        self._said: set[tuple[str, str]] = set()  # (pod key, plan) whose room was said to hold nothing
 
     def observe(self, obj: Mapping[str, Any], deleted: bool = False) -> None:
         key = pod_key(obj)
@@ -116,7 +254,7 @@ class Reservations:
             try:
                 room = parse_room(obj)
                 if room is not None:
-                    res = Reservation(pod_from_k8s(obj), *room)
+                    res = Reservation(pod_from_k8s(obj), room)
             except InvalidRequest as e:
                 log.warning("%s", e)
         with self._lock:
@@ -129,13 +267,32 @@ class Reservations:
         with self._lock:
             return len(self._held)
 
+    def backed(self) -> dict[str, Reservation]:
+        """The rooms honoured now (pod key -> its reservation); the others are logged once each."""
+        with self._lock:
+            named = dict(self._held)
+        if not named:
+            return {}
+        record, now = self.backing(sorted({r.room.plan for r in named.values()})), self.wall()
+        out = {}
+        for k, r in named.items():
+            why = unbacked(k, r.room, record, now)
+            if not why:
+                out[k] = r
+            elif (k, r.room.plan) not in self._said:
+                self._said.add((k, r.room.plan))
+                log.warning("the defragmentation room of %s on %s holds nothing: %s", k, r.node, why)
+        return out
+
+    def _against(self, pod: PodSpec) -> list[tuple[str, Reservation]]:
+        return [(k, r) for k, r in self.backed().items() if k != pod.key and r.pod.priority >= pod.priority]
+
     @contextmanager
     def hold(self, snap: ClusterState, pod: PodSpec) -> Iterator[PodSpec]:
         """Within the block, ``snap`` holds the rooms that ``pod`` must leave alone; afterwards it
         is as it was. Yields the pod to schedule: ``pod``, or ``pod`` steered to where a plan put
         the pod it replaces."""
-        with self._lock:
-            rooms = [r for k, r in self._held.items() if k != pod.key and r.pod.priority >= pod.priority]
+        rooms = [r for _, r in self._against(pod)] if len(self) else []
         if not rooms:
             yield pod
             return
@@ -143,6 +300,18 @@ class Reservations:
             for r in rooms:
                 _hold(st, r)
             yield _steered(pod, rooms)
+
+    def note(self, pod: PodSpec) -> str:
+        """The rooms held against ``pod``, for its unschedulable message ("" when none)."""
+        rooms = self._against(pod) if len(self) else []
+        if not rooms:
+            return ""
+        shown = "; ".join(
+            f"node {r.node} GPUs {list(r.gpus)} for {k} (plan {r.room.plan}, until {_utc(r.room.expires)})"
+            for k, r in sorted(rooms)[:3]
+        )
+        more = f"; and {len(rooms) - 3} more" if len(rooms) > 3 else ""
+        return f" Defragmentation holds: {shown}{more}."
 
 
 def _steered(pod: PodSpec, rooms: Sequence[Reservation]) -> PodSpec:

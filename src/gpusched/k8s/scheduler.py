@@ -44,11 +44,9 @@ from kubernetes import client
 from gpusched.core.disruption import DisruptionBudgets
 from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.framework import Profile, run_bind
-from gpusched.core.gang import holding
 from gpusched.core.model import PodSpec
 from gpusched.core.policies import POLICIES, PolicyContext, make_profile
-from gpusched.core.scheduler import schedule_one
-from gpusched.core.statement import schedule_with_nominated
+from gpusched.core.statement import holding, schedule_with_nominated
 from gpusched.core.workload import WorkloadSource
 from gpusched.k8s.binder import APIBinder, read_pod
 from gpusched.k8s.binding import Result, Settler, bind_until_settled
@@ -59,10 +57,10 @@ from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.gangs import GangHost, Gangs
 from gpusched.k8s.informer import Reflector
 from gpusched.k8s.podgroups import PodGroups
-from gpusched.k8s.preemption import PreemptionRun, Preemptor
+from gpusched.k8s.preemption import Nominations, PreemptionRun, Preemptor
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
 from gpusched.k8s.queues import QueueDirectory
-from gpusched.k8s.reservation import Reservations
+from gpusched.k8s.reservation import LeaseRecord, Reservations
 from gpusched.k8s.rest import FastCoreV1
 from gpusched.k8s.state import TERMINAL, LiveCluster, pod_key, start_informers
 from gpusched.k8s.tenants import TenantHost, TenantQueues
@@ -90,6 +88,12 @@ class SchedulerConfig:
     preemption: bool = True
     """When a pod fits nowhere, evict lower-priority pods to make room (kube-scheduler's
     DefaultPreemption: minimal victims, least-harm node; ``core/plugins/preemption.py``)."""
+    preemption_limit: int = 3
+    """Preemptions one pod may make on one node within ``preemption_window_s``; then it waits."""
+    preemption_window_s: float = 600.0
+    defrag_lease: str = "kube-system/gpusched-defrag"
+    """The defragmentation controller's Lease (NAMESPACE/NAME): its rooms are held only while it
+    records their plan there (``k8s/reservation.py``)."""
 
 
 class StandaloneScheduler:
@@ -129,10 +133,12 @@ class StandaloneScheduler:
         self._gauges_at = -1e9
         self.scheduled = 0
         self.bind_errors = 0
-        # preemptor -> (its spec, the node nominated for it, the victims it is waiting for)
-        self._nominated: dict[str, tuple[PodSpec, str, tuple[str, ...]]] = {}
-        self.reservations = Reservations()  # rooms defragmentation is making (k8s/reservation.py)
-        self._plock = threading.Lock()
+        # nominated preemptors: their rooms, the victims they wait for (k8s/preemption.py)
+        self.nominations = Nominations(
+            cfg.scheduler_name, pod_from_k8s, limit=cfg.preemption_limit, window_s=cfg.preemption_window_s
+        )
+        lease_ns, _, lease_name = cfg.defrag_lease.rpartition("/")  # rooms defragmentation is making
+        self.reservations = Reservations(LeaseRecord(client.CoordinationV1Api(api), lease_ns, lease_name))
         self.tenants = TenantQueues(  # tenant queues: quota, borrowing, reclaim (k8s/tenants.py)
             TenantHost(
                 self.cluster, self.queue, self.events, self._spec, self._current_profile,
@@ -140,6 +146,7 @@ class StandaloneScheduler:
                 lambda *bind: self._pool.submit(self._bind, *bind), self.budgets.budgets, self._pool.submit,
                 self.metrics.set_queue_statuses,  # gpusched_queue_*, each time the statuses are computed
                 self.rooms,  # nominated preemptors' and defragmentation's rooms
+                self.nominations,  # where a reclaim's room is kept for its claimant
             ),
             QueueDirectory(client.CustomObjectsApi(api), self.core), self.core, client.CustomObjectsApi(api),
         )  # fmt: skip
@@ -211,11 +218,10 @@ class StandaloneScheduler:
         key = pod_key(obj)
         self.gangs.on_pod(obj, deleted)
         self.reservations.observe(obj, deleted)
+        if ready := self.nominations.observe(obj, deleted):  # their last victim gone: try them now
+            self.queue.activate(ready)
         meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
         phase = (obj.get("status") or {}).get("phase")
-        if deleted or spec.get("nodeName"):
-            with self._plock:
-                self._nominated.pop(key, None)
         if deleted:
             self.queue.remove(key)
             self.events.forget(str(meta.get("uid", "")))
@@ -302,38 +308,42 @@ class StandaloneScheduler:
             return
         t0 = time.perf_counter()
         victims: list[PodSpec] = []
+        wait = ""
+        given_up = False
+        noms = self.nominations
         with self.cluster.snapshot() as snap:
             self._note_state(snap)
             profile = self._current_profile(pod, snap)
-            with self._plock:
-                nominated = [
-                    (p, snap.index.get(n, -1)) for k, (p, n, _) in self._nominated.items() if k != qp.key
-                ]
+            rooms = noms.rooms(snap, skip=(qp.key,))
             with self.reservations.hold(snap, pod) as steered:  # defragmentation's rooms and moves
-                if nominated:  # keep their room from pods of lower priority (kube-scheduler does)
-                    r = schedule_with_nominated(profile, steered, snap, nominated, tiebreak=self._tiebreak)
-                else:
-                    r = schedule_one(
-                        profile, steered, snap, tiebreak=self._tiebreak, diagnose_failures=True, assume=False
-                    )
+                # clear of the rooms of nominated pods of at least its priority, fitting yet or not
+                r = schedule_with_nominated(
+                    profile, steered, snap, rooms, tiebreak=self._tiebreak, leaving=noms.leaving()
+                )
             if r.waiting is not None:
                 r = dataclasses.replace(r, status=r.waiting.reject("waiting on Permit: not held here yet"))
             if r.scheduled:
                 self.cluster.assume(pod, r.node, r.gpus)
-            elif r.victims and self._may_preempt(qp.key, snap):
-                victims = [snap.allocations[k].pod for k in r.victims]
+            elif r.victims:
                 node_name = snap.names[r.nominated_node]
+                wait = noms.may_preempt(qp.key, node_name, snap)
+                if not wait:
+                    victims = [snap.allocations[k].pod for k in r.victims]
+                    noms.nominate(pod, node_name, r.victims)
+            elif r.nominated_node < 0:  # no preemption helps any more: its room is given up
+                given_up = noms.drop(qp.key) is not None
         dt = time.perf_counter() - t0
         if not r.scheduled:
             self.metrics.observe_attempt("unschedulable", dt)
             msg = r.diagnosis.message() if r.diagnosis else r.status.message()
-            self.events.failed(qp.obj, msg)
+            msg += self.reservations.note(pod)  # the defragmentation rooms that kept it off
+            self.events.failed(qp.obj, f"{msg}; preemption {wait}" if wait else msg)
             self.metrics.pod_unschedulable(qp.key, *diagnosis_labels(r.diagnosis, r.status))
             if victims:
-                with self._plock:
-                    self._nominated[qp.key] = (pod, node_name, tuple(v.key for v in victims))
                 self.metrics.preempted(len(victims))
                 self._pool.submit(self._preempt, pod, node_name, victims)
+            if given_up:
+                self._pool.submit(self._preemptor.clear, pod)
             self.queue.done(qp.key, unschedulable=True)
             return
         self.metrics.observe_attempt("scheduled", dt)
@@ -366,43 +376,39 @@ class StandaloneScheduler:
             self.queue.add_or_update(qp.obj, qp.key, backoff=True)
 
     # ------------------------------------------------------------ preemption
-    def _may_preempt(self, key: str, snap: Any) -> bool:
-        """Not while the victims of this pod's last preemption are still in the books (being
-        deleted): evicting more for the same pod would over-preempt."""
-        with self._plock:
-            waiting = self._nominated.get(key, (None, "", ()))[2]
-        return not any(v in snap.allocations for v in waiting)
-
     def _preempt(self, pod: PodSpec, node: str, victims: list[PodSpec]) -> None:
-        """Evict the victims through the Eviction API and nominate the node (``k8s/preemption.py``).
-        Victims a budget kept, or that failed, are no longer waited for: the preemptor decides
-        again (after the next cluster change or flush) instead of waiting on them forever."""
-        self._still_waiting(self._preemptor.run(pod, node, victims, self.budgets.budgets()), [(pod, node)])
+        """Evict the victims through the Eviction API and nominate the node (``k8s/preemption.py``):
+        victims already leaving are not evicted again, and a budget this room broke is not broken
+        again. Victims a budget kept, or that failed, are no longer waited for: the preemptor
+        decides again (after the next cluster change or flush) instead of waiting on them forever."""
+        noms = self.nominations
+        run = self._preemptor.run(
+            pod, node, victims, self.budgets.budgets(),
+            leaving=noms.leaving(skip=(pod.key,)), spent=noms.spent(pod.key, node),
+        )  # fmt: skip
+        noms.broke(pod.key, node, run.broken)
+        self._still_waiting(run, [(pod, node)])
 
     def _still_waiting(self, run: PreemptionRun, nominated: Sequence[tuple[PodSpec, str]]) -> None:
         """After a preemption: the preemptors wait only for the victims that are leaving."""
         if run.blocked or run.failed:
-            with self._plock:
-                for pod, node in nominated:
-                    if run.leaving:
-                        self._nominated[pod.key] = (pod, node, tuple(run.leaving))
-                    else:
-                        self._nominated.pop(pod.key, None)
+            for pod, _node in nominated:
+                self.nominations.waiting_for(pod.key, run.leaving)
 
     # ------------------------------------------------- gangs (PreemptionHost)
     @contextlib.contextmanager
     def rooms(self, snap: Any, pods: Sequence[PodSpec]) -> Iterator[None]:
         top = max(pods, key=lambda p: p.priority)
         keys = {p.key for p in pods}
-        with self._plock:
-            nominated = [
-                (p, snap.index.get(n, -1)) for k, (p, n, _) in self._nominated.items() if k not in keys
-            ]
-        with self.reservations.hold(snap, top), holding(snap, nominated, top.priority):
+        rooms, leaving = self.nominations.rooms(snap, skip=keys), self.nominations.leaving()
+        with self.reservations.hold(snap, top), holding(snap, rooms, top.priority, leaving=leaving):
             yield
 
-    def may_preempt(self, keys: Sequence[str], snap: Any) -> bool:
-        return all(self._may_preempt(k, snap) for k in keys)
+    def may_preempt(self, placement: Sequence[tuple[str, str]], snap: Any) -> str:
+        for key, node in placement:
+            if wait := self.nominations.may_preempt(key, node, snap):
+                return wait
+        return ""
 
     def disruption_budgets(self) -> DisruptionBudgets:
         return self.budgets.budgets()
@@ -411,14 +417,20 @@ class StandaloneScheduler:
         self, gang: str, placement: Sequence[tuple[PodSpec, str]], victims: Sequence[PodSpec]
     ) -> None:
         keys = tuple(v.key for v in victims)
-        with self._plock:
-            for p, node in placement:
-                self._nominated[p.key] = (p, node, keys)
+        for p, node in placement:
+            self.nominations.nominate(p, node, keys)
         self.metrics.preempted(len(victims))
         self._pool.submit(self._preempt_gang, gang, list(placement), list(victims))
 
     def _preempt_gang(self, gang: str, placement: list[tuple[PodSpec, str]], victims: list[PodSpec]) -> None:
-        run = self._preemptor.run_gang(gang, placement, victims, self.budgets.budgets())
+        noms = self.nominations
+        members = tuple(p.key for p, _ in placement)
+        spent = frozenset().union(*(noms.spent(p.key, node) for p, node in placement))
+        run = self._preemptor.run_gang(
+            gang, placement, victims, self.budgets.budgets(), leaving=noms.leaving(skip=members), spent=spent
+        )
+        for p, node in placement:
+            noms.broke(p.key, node, run.broken)
         self._still_waiting(run, placement)
 
     def _attempts(self, result: str, seconds: float, pods: int) -> None:

@@ -54,9 +54,11 @@ from gpusched.core.queues.spec import ANY_MODEL, ResourceKey
 from gpusched.core.queues.status import QueueStatus, queue_statuses
 from gpusched.core.queues.usage import Usage, charge_of
 from gpusched.core.scheduler import schedule_one
+from gpusched.core.statement import Statement, schedule_all
 from gpusched.k8s.convert import InvalidRequest
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.eviction import Evictor
+from gpusched.k8s.preemption import Nominations
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
 from gpusched.k8s.queues import GROUP, PLURAL, VERSION, Directory, QueueDirectory, charge_booked
 from gpusched.k8s.state import LiveCluster
@@ -89,6 +91,9 @@ class TenantHost:
     )
     """Within the block the snapshot holds the rooms the pods must leave alone (nominated
     preemptors' and defragmentation's, ``StandaloneScheduler.rooms``)."""
+    nominations: Nominations | None = None
+    """Where a reclaim's room is kept for its claimant while its victims leave (the scheduler's
+    nominated rooms: pods of no higher priority stay out of it); None: kept by quota alone."""
 
 
 def _amounts(usage: Any, get: Callable[[ResourceKey], int | None]) -> dict[str, int]:
@@ -217,6 +222,7 @@ class TenantQueues:
         pod = replace(pod, queue=queue)
         decided: tuple[Profile, str, tuple[int, ...]] | None = None
         victims: list[tuple[PodSpec, str]] = []
+        rooms: list[tuple[PodSpec, str]] = []
         with h.cluster.snapshot() as snap:
             h.note_state(snap)
             tiebreak = h.tiebreak()
@@ -250,6 +256,9 @@ class TenantQueues:
                 if plan.ok:
                     held = [snap.allocations[k] for k in plan.victims if k in snap.allocations]
                     victims = [(a.pod, snap.names[a.node]) for a in held]
+                    rooms = landing(profile, snap, (pod,), plan.victims, tiebreak=tiebreak)
+                elif h.nominations is not None:
+                    h.nominations.drop(pod.key)  # no reclaim helps: no room kept for it
             self.settled(snap, d, (pod.key,) if decided is not None else ())
         if decided is not None:
             self.admitted((pod.key,))
@@ -257,7 +266,7 @@ class TenantQueues:
             h.bind(decided[0], qp, pod, decided[1], decided[2])
             return True
         if victims:
-            self.start_reclaim((pod,), queue, victims, by=pod.key)
+            self.start_reclaim((pod,), queue, victims, by=pod.key, rooms=rooms)
             refusal = f"{refusal}; reclaiming {len(victims)} pod(s) from borrowing queues"
         h.events.failed(qp.obj, refusal)
         h.queue.done(qp.key, unschedulable=True)
@@ -277,12 +286,23 @@ class TenantQueues:
                 self._reclaiming.pop(k, None)
 
     def start_reclaim(
-        self, pods: Sequence[PodSpec], queue: str, victims: Sequence[tuple[PodSpec, str]], *, by: str
+        self,
+        pods: Sequence[PodSpec],
+        queue: str,
+        victims: Sequence[tuple[PodSpec, str]],
+        *,
+        by: str,
+        rooms: Sequence[tuple[PodSpec, str]] = (),
     ) -> None:
         """Reserve the charges of ``pods`` (a pod, or a gang's members) in ``queue`` and evict
-        ``victims`` (pod, node) off the scheduling thread; ``by`` names the claimant in events."""
+        ``victims`` (pod, node) off the scheduling thread; ``by`` names the claimant in events.
+        ``rooms`` (pod, node: where each will land, ``landing``) are kept for them meanwhile as
+        a nominated preemptor's room is (issue 28: the victims' replacements stay out of it)."""
         until = time.monotonic() + self.reservation_s
         keys = tuple(v.key for v, _ in victims)
+        if self.host.nominations is not None:
+            for p, node in rooms:
+                self.host.nominations.nominate(p, node, keys)
         with self._lock:
             for p in pods:
                 self._reserved[p.key] = (queue, charge_of(p), until)
@@ -398,3 +418,32 @@ class TenantQueues:
     def stop(self) -> None:
         self._stop.set()
         self.directory.stop()
+
+
+def landing(
+    profile: Profile,
+    snap: ClusterState,
+    pods: Sequence[PodSpec],
+    victims: Collection[str],
+    *,
+    need: int | None = None,
+    tiebreak: I64 | None = None,
+) -> list[tuple[PodSpec, str]]:
+    """Where ``pods`` (at least ``need`` of them at once) would land once ``victims`` are gone:
+    (pod, node name) each, or none when they would not; ``snap`` ends as it began."""
+    with Statement(snap) as st:
+        for k in victims:
+            if k in snap.allocations:
+                st.evict(k)
+        r = schedule_all(
+            without_post_filters(profile),
+            pods,
+            snap,
+            tiebreak=tiebreak,
+            min_count=need,
+            diagnose_failures=False,
+        )
+        placed = [(x.pod, x.node_name) for x in r.placed]
+        for x in r.placed:  # booked by schedule_all's own statement: undone before the victims return
+            snap.forget(x.pod.key)
+    return placed

@@ -29,6 +29,8 @@ ABANDON_REASONS = (
     "eviction-timeout",
     "not-placed",
     "leadership-lost",
+    "no-controller",
+    "record-failed",
 )
 
 

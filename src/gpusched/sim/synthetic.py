@@ -27,7 +27,7 @@ import numpy as np
 
 from gpusched.core.errors import InvalidInput
 from gpusched.core.model import GPU_MILLI, NodeSpec, PodSpec
-from gpusched.sim.traces import GPU_MEMORY_MIB, TracePod
+from gpusched.sim.traces import GPU_MEMORY_MIB, SIM_CONTROLLER, TracePod
 
 GIB = 1024
 # Node shapes (model, GPUs, CPU cores, memory GiB, node count in the 1213-node GPU cluster).
@@ -224,6 +224,7 @@ def synthetic_pods(cfg: SyntheticConfig, nodes: Sequence[NodeSpec] | None = None
                 num_gpu=num,
                 gpu_milli=milli,
                 gpu_models=models,
+                controller=SIM_CONTROLLER,
             ),
             int(created[i]),
             int(created[i] + life[i]),

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpusched.core.errors import InvalidInput
-from gpusched.core.model import GPU_MILLI, InvalidSpec, NodeSpec, PodSpec
+from gpusched.core.model import GPU_MILLI, Controller, InvalidSpec, NodeSpec, PodSpec
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_REQUIRED = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
@@ -27,6 +27,10 @@ POD_OPTIONAL = ("gpu_spec", "qos", "pod_phase", "creation_time", "deletion_time"
 
 # GPU memory per model (MiB), for the models whose memory is public; G1-G3 are undisclosed.
 GPU_MEMORY_MIB = {"T4": 15360, "P100": 16384, "V100M16": 16384, "V100M32": 32768, "A10": 24576}
+
+SIM_CONTROLLER = Controller("ReplicaSet", "simulated", "apps")
+"""The controller of every simulated pod: the simulator recreates a pod that defragmentation moves
+(it books it at the plan's destination), as a ReplicaSet would; so simulated pods may move."""
 
 
 class TraceError(InvalidInput):
@@ -174,6 +178,7 @@ def read_pods(path: str | Path) -> list[TracePod]:
                 num_gpu=num,
                 gpu_milli=milli,
                 gpu_models=models if num else frozenset(),
+                controller=SIM_CONTROLLER,
             )
         except InvalidSpec as e:
             raise TraceError(p, line, str(e)) from None

@@ -8,6 +8,8 @@ from gpusched.core.defrag.apply import apply_plan
 from gpusched.core.defrag.consolidate import consolidate
 from gpusched.core.defrag.planner import plan_for
 from gpusched.core.defrag.types import (
+    RECREATING_KINDS,
+    REFUSAL_TEXT,
     DisruptionBudget,
     Method,
     Move,
@@ -22,6 +24,8 @@ from gpusched.core.defrag.types import (
 from gpusched.core.defrag.units import Eligibility, Unit, eligibility
 
 __all__ = [
+    "RECREATING_KINDS",
+    "REFUSAL_TEXT",
     "DisruptionBudget",
     "Eligibility",
     "Method",

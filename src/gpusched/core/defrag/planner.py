@@ -9,9 +9,12 @@ For one pending pod P:
    num_gpu-th smallest of those; the same for CPU, memory and pod slots) and a greedy eviction
    set (the cheapest GPUs cleared largest-first, then CPU/memory deficits).
 3. Greedy: candidates in order of greedy size, then bound; each is tried in a ``Statement``:
-   every pod of the set evicted and placed where the profile would place it (any node but the
-   target and its own), one by one, then P on the target (``fits``). It stops once the best plan
-   found is no larger than every remaining bound, or when the work budget runs out.
+   P's GPUs on the target chosen with the set gone, then one by one each pod of the set evicted
+   and placed where the profile would place it while P's room is held: on another node when one
+   takes it, else on any node (the target and its own included) but not back on its own GPUs, so
+   a move to another GPU of the same node is part of a plan; then P on the target (``fits``).
+   It stops once the best plan found is no larger than every remaining bound, or when the work
+   budget runs out.
 4. Exact: unless the greedy plan is proven optimal (it meets the smallest bound of all), the
    MILP (``exact``) runs on the ``exact_targets`` best candidates below the greedy size, each
    moved pod with its ``exact_dests`` best destinations. Its plan answers when it is smaller.
@@ -32,13 +35,23 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from gpusched.core.cluster import I64, BoolArr, ClusterState
+from gpusched.core.cluster import I64, AccountingError, BoolArr, ClusterState
 from gpusched.core.defrag.apply import apply_plan
 from gpusched.core.defrag.exact import ExactAnswer, solve_exact
-from gpusched.core.defrag.types import Method, Move, Placement, Plan, PlanError, Rules, WorkBudget
+from gpusched.core.defrag.types import (
+    REFUSAL_TEXT,
+    Method,
+    Move,
+    Placement,
+    Plan,
+    PlanError,
+    Refusal,
+    Rules,
+    WorkBudget,
+)
 from gpusched.core.defrag.units import BudgetTally, Eligibility, eligibility
 from gpusched.core.framework import CycleState, Profile
-from gpusched.core.model import Allocation, PodSpec
+from gpusched.core.model import GPU_MILLI, Allocation, PodSpec
 from gpusched.core.scheduler import (
     choose_devices,
     filter_nodes,
@@ -215,8 +228,11 @@ def _analyse(ctx: _Ctx, el: Eligibility, pod: PodSpec, n: int) -> _Candidate | N
     return _Candidate(n, bound, tuple(sorted(units)), size)
 
 
-def _destination(ctx: _Ctx, pod: PodSpec, exclude: Sequence[int]) -> tuple[int, tuple[int, ...]] | None:
-    """Where the profile would place ``pod`` now, never on ``exclude``."""
+def _destination(
+    ctx: _Ctx, pod: PodSpec, exclude: Sequence[int], was: tuple[int, tuple[int, ...]] | None = None
+) -> tuple[int, tuple[int, ...]] | None:
+    """Where the profile would place ``pod`` now, never on ``exclude``, nor back where it ``was``
+    (its node and GPUs: its own node on other GPUs is a move within the node)."""
     snap, profile = ctx.snap, ctx.profile
     state = CycleState()
     ctx.work.spend()
@@ -224,41 +240,47 @@ def _destination(ctx: _Ctx, pod: PodSpec, exclude: Sequence[int]) -> tuple[int, 
         return None
     passed = np.array(filter_nodes(state, profile, pod, snap).passed, dtype=bool)
     passed[list(exclude)] = False
-    feasible = np.flatnonzero(passed).astype(np.int64)
-    if len(feasible) == 0:
-        return None
-    cand = most_preferred(state, profile, pod, snap, feasible)
-    total, choice = score_nodes(state, profile, pod, snap, cand)
-    k = select_host(total, cand, ctx.tiebreak)
-    node = int(cand[k])
-    try:
-        gpus = choose_devices(state, profile, pod, snap, node, int(choice[k]) if choice is not None else -1)
-    except ValueError:
-        return None
-    return node, gpus
+    for _ in range(2):
+        feasible = np.flatnonzero(passed).astype(np.int64)
+        if len(feasible) == 0:
+            return None
+        cand = most_preferred(state, profile, pod, snap, feasible)
+        total, choice = score_nodes(state, profile, pod, snap, cand)
+        k = select_host(total, cand, ctx.tiebreak)
+        node = int(cand[k])
+        try:
+            gpus = choose_devices(
+                state, profile, pod, snap, node, int(choice[k]) if choice is not None else -1
+            )
+        except ValueError:
+            return None
+        if was is None or (node, tuple(sorted(gpus))) != (was[0], tuple(sorted(was[1]))):
+            return node, gpus
+        passed[node] = False  # it would land where it is: not a move; the next best node
+    return None
 
 
 def _greedy_try(ctx: _Ctx, el: Eligibility, pod: PodSpec, cand: _Candidate) -> Plan | None:
-    """Carry the candidate's eviction set out in a statement (undone after); its plan, or None."""
+    """Carry the candidate's eviction set out in a statement (undone after); its plan, or None.
+
+    Where the pending pod lands (its GPUs) is chosen on the books without the set. Then, as the
+    controller carries a plan out, one pod at a time: it is evicted and placed where the profile
+    would place it while the pending pod's room is held (``_hold_room``, as the scheduler holds
+    it): on a node other than the target and its own when one takes it, else on any node, the
+    target and its own included, but never back on its own GPUs (a pod recreated on another GPU
+    of its node is a move within the node). Then the pending pod must fit its room."""
     snap = ctx.snap
     units = [el.units[u] for u in cand.units]
     if not ctx.tally.allows(units):
         return None
     n = cand.node
-    moves: list[Move] = []
-    with Statement(snap) as st:
-        order = sorted(
-            (k for u in units for k in u.members),
-            key=lambda k: (-snap.allocations[k].pod.gpu_demand_milli, k),
-        )
+    order = sorted(
+        (k for u in units for k in u.members),
+        key=lambda k: (-snap.allocations[k].pod.gpu_demand_milli, k),
+    )
+    with Statement(snap) as trial:
         for key in order:
-            a = st.evict(key)
-            dest = _destination(ctx, a.pod, (n, a.node))
-            if dest is None:
-                return None
-            d, gpus = dest
-            st.assume(a.pod, d, gpus)
-            moves.append(Move(key, snap.names[a.node], a.gpus, snap.names[d], gpus, a.pod.gpu_demand_milli))
+            trial.evict(key)
         ctx.work.spend()
         if not fits(ctx.profile, pod, snap, n):
             return None
@@ -268,7 +290,76 @@ def _greedy_try(ctx: _Ctx, el: Eligibility, pod: PodSpec, cand: _Candidate) -> P
             gpus = choose_devices(state, ctx.profile, pod, snap, n)
         except ValueError:
             return None
+    moves: list[Move] = []
+    with Statement(snap) as st:
+        for key in order:
+            a = st.evict(key)
+            with Statement(snap) as held:
+                _hold_room(held, pod, n, gpus)
+                # another node first (as before moves within a node were planned), else any node
+                dest = _destination(ctx, a.pod, (n, a.node)) or _destination(ctx, a.pod, (), (a.node, a.gpus))
+            if dest is None:
+                return None
+            d, to = dest
+            st.assume(a.pod, d, to)
+            moves.append(Move(key, snap.names[a.node], a.gpus, snap.names[d], to, a.pod.gpu_demand_milli))
+        ctx.work.spend()
+        if not fits(ctx.profile, pod, snap, n):
+            return None
+        try:
+            st.assume(pod, n, gpus)
+        except (AccountingError, ValueError):
+            return None
     return Plan((pod.key,), True, Method.GREEDY, tuple(moves), (Placement(pod.key, snap.names[n], gpus),))
+
+
+def _hold_room(st: Statement, pod: PodSpec, n: int, gpus: tuple[int, ...]) -> None:
+    """Book ``pod``'s room on node ``n`` within ``st``: the pod itself when it fits there now, else
+    the free part of each of its ``gpus`` (what ``k8s.reservation`` holds while a plan runs)."""
+    snap = st.snap
+    try:
+        st.assume(pod, n, gpus)
+        return
+    except (AccountingError, ValueError):
+        pass
+    free = snap.node_gpu_free(n)
+    want = GPU_MILLI if pod.is_whole else pod.gpu_milli
+    for g in gpus:
+        if free[g] <= 0:
+            continue
+        hold = PodSpec(
+            f"{pod.name}#room{g}",
+            namespace=pod.namespace,
+            num_gpu=1,
+            gpu_milli=min(int(free[g]), want or int(free[g])),
+        )
+        try:
+            st.assume(hold, n, (g,))
+        except (AccountingError, ValueError):
+            continue
+
+
+KEPT_SHOWN = 50
+_KEPT_WHY = (Refusal.NO_CONTROLLER, Refusal.NOT_RECREATED, Refusal.OPTED_OUT, Refusal.BUDGET_EXHAUSTED)
+
+
+def _kept(snap: ClusterState, el: Eligibility, mask: BoolArr) -> tuple[tuple[str, Refusal], ...]:
+    """The running pods on the nodes that could take the pending pod (``mask``) that stay put for
+    a reason of their own (no controller, not recreated, opted out, a budget), by key; at most
+    ``KEPT_SHOWN``."""
+    out = [(k, why) for k, why in el.refused.items() if why in _KEPT_WHY and mask[snap.allocations[k].node]]
+    return tuple(sorted(out)[:KEPT_SHOWN])
+
+
+def _kept_text(kept: Sequence[tuple[str, Refusal]], shown: int = 4) -> str:
+    if not kept:
+        return ""
+    by: dict[Refusal, list[str]] = {}
+    for k, r in kept[:shown]:
+        by.setdefault(r, []).append(k)
+    words = "; ".join(f"{', '.join(ks)}: {REFUSAL_TEXT[r.value]}" for r, ks in by.items())
+    more = f"; and {len(kept) - shown} more" if len(kept) > shown else ""
+    return f" (kept in place: {words}{more})"
 
 
 def _verified(ctx: _Ctx, plan: Plan, pod: PodSpec) -> bool:
@@ -289,10 +380,13 @@ def _plan_one(ctx: _Ctx, pod: PodSpec, exclude: set[str]) -> Plan:
         if pod.gpu_models:
             ok_models = np.array([m in pod.gpu_models for m in snap.models] + [False])
             mask &= ok_models[snap.model_id]
+    kept = _kept(snap, el, mask)
     cands = [c for n in np.flatnonzero(mask).tolist() if (c := _analyse(ctx, el, pod, int(n))) is not None]
     if not cands:
-        why = "no node could take it even with every movable pod gone"
-        return Plan((pod.key,), False, Method.NONE, reason=f"pod {pod.key}: {why}", work=ctx.work.used)
+        why = "no node could take it even with every movable pod gone" + _kept_text(kept)
+        return Plan(
+            (pod.key,), False, Method.NONE, reason=f"pod {pod.key}: {why}", work=ctx.work.used, kept=kept
+        )
     min_bound = min(c.bound for c in cands)
     rank = ctx.tiebreak if ctx.tiebreak is not None else np.arange(len(snap))
     cands.sort(key=lambda c: (c.size, c.bound, int(rank[c.node])))
@@ -343,6 +437,14 @@ def _plan_one(ctx: _Ctx, pod: PodSpec, exclude: set[str]) -> Plan:
             if c.node not in targets and placeable(c):
                 targets.append(c.node)
         if targets:
+            # the model keeps moved pods off their own node: where a pod with GPUs could move to
+            # another GPU of its node (a node of several GPUs), its optimum is not the whole answer
+            if any(
+                snap.gpu_count[n] > 1
+                and any(len(snap.allocations[k].gpus) for u in el.on_node[n] for k in el.units[u].members)
+                for n in targets
+            ):
+                truncated[0] = True
             ctx.work.spend()
             ans = solve_exact(snap, pod, el, targets, destinations, ctx.rules, ctx.tally, budget)
             if isinstance(ans, ExactAnswer):
@@ -372,8 +474,9 @@ def _plan_one(ctx: _Ctx, pod: PodSpec, exclude: set[str]) -> Plan:
             (pod.key,),
             False,
             Method.NONE,
-            reason=f"pod {pod.key}: {why}",
+            reason=f"pod {pod.key}: {why}{_kept_text(kept)}",
             work=ctx.work.used,
+            kept=kept,
             greedy_moves=greedy_moves,
             exact_moves=exact_moves,
         )
@@ -382,6 +485,7 @@ def _plan_one(ctx: _Ctx, pod: PodSpec, exclude: set[str]) -> Plan:
     ctx.tally.charge({el.units[el.unit_of[m.pod]] for m in answer.moves})
     return replace(
         answer,
+        kept=kept,
         method=method,
         optimal=proven,
         greedy_moves=greedy_moves,
@@ -456,7 +560,9 @@ def _plan_gang(ctx: _Ctx, pods: list[PodSpec]) -> Plan:
         for p in pods:
             sub = _plan_one(ctx, p, exclude)
             if not sub.feasible:
-                return Plan(keys, False, Method.NONE, reason=f"gang: {sub.reason}", work=ctx.work.used)
+                return Plan(
+                    keys, False, Method.NONE, reason=f"gang: {sub.reason}", work=ctx.work.used, kept=sub.kept
+                )
             why = apply_plan(st, ctx.profile, sub, {p.key: p})
             if why is not None:
                 return Plan(keys, False, Method.NONE, reason=f"gang: pod {p.key}: {why}", work=ctx.work.used)

@@ -18,6 +18,30 @@ from gpusched.core.selectors import LabelSelector
 
 _NO_COUNTS: Mapping[str, int] = MappingProxyType({})
 
+RECREATING_KINDS: frozenset[str] = frozenset(
+    {"ReplicaSet.apps", "StatefulSet.apps", "Job.batch", "ReplicationController"}
+)
+"""The controllers (``Controller.qualified_kind``) that recreate an evicted pod, wherever the
+scheduler then puts it: the Deployment's ReplicaSet, a StatefulSet (same name, new pod), a Job
+(until it completes), a ReplicationController. Not a DaemonSet (its pod belongs on its node;
+the descheduler and ``kubectl drain`` leave them too), not a mirror pod's Node (the kubelet runs a
+static pod, an eviction does not move it), not a kind this list does not know (a custom
+controller may not recreate its pods: add its kind to ``Rules.recreating`` when it does)."""
+
+REFUSAL_TEXT: Mapping[str, str] = MappingProxyType(
+    {
+        "opted-out": 'opted out (gpusched.io/defrag: "false")',
+        "no-controller": "no controller owns it (an eviction would lose it)",
+        "not-recreated": "its controller does not recreate it elsewhere",
+        "priority": "its priority is above what the plan may move",
+        "move-cap": "moved as often as the window allows",
+        "pending": "one of the pods the plan is for",
+        "gang-member-blocked": "another member of its gang may not move",
+        "budget-exhausted": "a PodDisruptionBudget allows no more disruptions",
+    }
+)
+"""Each ``Refusal``'s value in words, for plans and reports."""
+
 
 class PlanError(InvalidInput):
     """Planner input that cannot be used as given (the message names the field and the value)."""
@@ -43,6 +67,8 @@ class Refusal(enum.Enum):
     """Why a running pod may not move (``eligibility``)."""
 
     OPTED_OUT = "opted-out"  # PodSpec.movable is False
+    NO_CONTROLLER = "no-controller"  # a bare pod: nothing recreates it, an eviction would lose it
+    NOT_RECREATED = "not-recreated"  # its controller does not recreate it elsewhere (Rules.recreating)
     PRIORITY = "priority"
     MOVE_CAP = "move-cap"  # moved max_moves_per_pod times already in the window
     PENDING = "pending"  # one of the pods the plan is for
@@ -82,9 +108,12 @@ class Rules:
     - ``budgets``: PodDisruptionBudgets (moves per label group);
     - ``max_moves``: moves in one plan (the caller's per-window allowance);
     - ``max_moves_per_pod`` with ``moved``: a pod moved that many times in the window (``moved``
-      counts them, by pod key) stays put.
+      counts them, by pod key) stays put;
+    - ``recreating``: the controller kinds that recreate an evicted pod (``RECREATING_KINDS``).
     Gangs among the running pods (``PodSpec.gang``) move whole or not at all; pods with
-    ``PodSpec.movable`` False never move.
+    ``PodSpec.movable`` False never move, nor pods without a controller (``PodSpec.controller``
+    None) or whose controller's kind is not in ``recreating``: a move is an eviction, and only a
+    controller that recreates the pod makes it a move rather than a loss.
     """
 
     priority: PriorityRule = PriorityRule.NOT_HIGHER
@@ -93,6 +122,7 @@ class Rules:
     max_moves: int = 8
     max_moves_per_pod: int = 1
     moved: Mapping[str, int] = field(default_factory=lambda: _NO_COUNTS)
+    recreating: frozenset[str] = RECREATING_KINDS
 
     def __post_init__(self) -> None:
         if not isinstance(self.priority, PriorityRule):
@@ -105,6 +135,10 @@ class Rules:
         if len(set(names)) != len(names):
             dup = next(n for n in names if names.count(n) > 1)
             raise PlanError(f"rules: disruption budget {dup[0]}/{dup[1]} given twice")
+        if not isinstance(self.recreating, frozenset) or not all(
+            isinstance(k, str) and k for k in self.recreating
+        ):
+            raise PlanError(f"rules: recreating must be a frozenset of kinds, got {self.recreating!r}")
         for key, n in self.moved.items():
             if not isinstance(n, int) or isinstance(n, bool) or n < 0:
                 raise PlanError(f"rules: moved[{key!r}] must be a non-negative integer, got {n!r}")
@@ -190,6 +224,10 @@ class Plan:
     budgets_used: tuple[tuple[str, int], ...] = ()
     frag_before: float | None = None
     frag_after: float | None = None
+    kept: tuple[tuple[str, Refusal], ...] = ()
+    """The running pods on the nodes that could take the pending pod that the rules keep in place,
+    with why (for the ``Refusal`` values that say something about the pod itself: no controller,
+    not recreated, opted out, a budget), so that a plan (or no plan) says what it could not move."""
 
     @property
     def move_count(self) -> int:
@@ -221,4 +259,5 @@ class Plan:
             "budgets_used": [{"budget": b, "moves": n} for b, n in self.budgets_used],
             "frag_before": self.frag_before,
             "frag_after": self.frag_after,
+            "kept": [{"pod": k, "why": r.value, "reason": REFUSAL_TEXT[r.value]} for k, r in self.kept],
         }

@@ -1,6 +1,8 @@
 """Which running pods may move, grouped into *units* that move whole (a gang, or one pod).
 
-A pod may move when it did not opt out (``PodSpec.movable``), its priority passes the rule, it
+A pod may move when a controller that recreates it owns it (``PodSpec.controller``, of a kind in
+``Rules.recreating``: a bare pod evicted is lost, not moved), it did not opt out
+(``PodSpec.movable``), its priority passes the rule, it
 has not reached its move cap in the window, it is not one of the pods the plan is for, and every
 disruption budget that selects it allows a move. A gang (``PodSpec.gang``, within a namespace)
 is one unit: it moves when all its running members may, and counts as that many moves.
@@ -49,6 +51,10 @@ def _pod_refusal(
         return Refusal.PENDING
     if not pod.movable:
         return Refusal.OPTED_OUT
+    if pod.controller is None:
+        return Refusal.NO_CONTROLLER
+    if pod.controller.qualified_kind not in rules.recreating:
+        return Refusal.NOT_RECREATED
     if pending_priority is not None:
         if rules.priority is PriorityRule.LOWER and pod.priority >= pending_priority:
             return Refusal.PRIORITY

@@ -122,7 +122,7 @@ class DefaultPreemption:
             victims: list[Allocation] = []
             for u in order:
                 for a in u:  # reprieve the unit, if the preemptor still fits
-                    st.assume(a.pod, a.node, a.gpus)
+                    st.assume(a.pod, a.node, a.gpus, check=False)  # as it was (rooms may overbook)
                 if not fits(self.what_if, pod, snap, node):
                     for a in u:
                         st.evict(a.pod.key)

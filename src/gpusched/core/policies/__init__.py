@@ -101,14 +101,27 @@ def make_profile(
         raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     plugin = _FACTORIES[policy](ctx or PolicyContext())
     workload = plugin.workload if isinstance(plugin, (DefaultScore, FGDScore)) else None
+    return profile_of(policy, (WeightedScore(plugin, 1.0),), workload, preemption=preemption, budgets=budgets)
+
+
+def profile_of(
+    name: str,
+    scores: tuple[WeightedScore, ...],
+    workload: TargetWorkload | None = None,
+    *,
+    preemption: bool = False,
+    budgets: Callable[[], DisruptionBudgets] | None = None,
+) -> Profile:
+    """A profile with the standard filters and preferences and the given score plugins (what
+    ``make_profile`` builds for a named policy; ``sim.stacks`` builds other systems' scoring)."""
     filters = standard_filters()
     post = (DefaultPreemption(filters, budgets=budgets),) if preemption else ()
     return Profile(
-        name=policy,
+        name=name,
         pre_filters=tuple(f for f in filters if isinstance(f, PreFilterPlugin)),
         filters=filters,
         post_filters=post,
         preferences=standard_preferences(),
-        scores=(WeightedScore(plugin, 1.0),),
+        scores=scores,
         workload=workload,
     )
