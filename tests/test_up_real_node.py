@@ -195,3 +195,28 @@ def test_up_reports_a_holder_that_failed_or_died(tmp_path: Path) -> None:
         assert nodeholder.wait_ready(tmp_path, ready.pid, log, timeout=30)["node"] == "gpu-node-0"
     finally:
         _reap([ready])
+
+
+def test_the_plan_checks_parts_then_images_then_another_node_then_a_left_bridge(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[str] = []
+    missing: list[str] = []
+    running = [False]
+    monkeypatch.setattr(nodeholder, "missing_parts", lambda bin_dir: missing)
+    monkeypatch.setattr(nodeholder, "find_node_images", lambda **kw: calls.append("images") or IMAGES)
+    monkeypatch.setattr(nodeholder, "another_real_node_runs", lambda: running[0])
+    monkeypatch.setattr(nodeholder, "BRIDGE", "lo")  # a link that exists: as if a bridge were left
+    monkeypatch.delenv("GPUSCHED_NODE_IMAGES", raising=False)
+
+    plan = nodeholder.real_node_plan(Path("/bin"))
+    left = "the bridge lo exists (left by a real node that did not stop cleanly: ip link del lo)"
+    assert not plan.possible and plan.missing == [left]
+    assert plan.images_from == "hack/build-node-images.sh (built once, then cached)"
+    running[0] = True  # the bridge is that node's: wait for it, do not call it left over
+    plan = nodeholder.real_node_plan(Path("/bin"))
+    assert plan.possible and plan.lock_held and plan.images == IMAGES
+    missing.append("no 'containerd' on PATH (apt-get install -y containerd)")
+    calls.clear()
+    plan = nodeholder.real_node_plan(Path("/bin"))
+    assert plan.missing == missing and not calls  # no image build for a machine that cannot run the node

@@ -113,10 +113,12 @@ def real_node_plan(bin_dir: Path) -> RealNodePlan:
         images: Path | None = find_node_images(build=True, timeout=600.0)
     except NodePartsMissingError as exc:
         return RealNodePlan([f"no node images: {'; '.join(exc.missing)}"], None, source, False)
+    if another_real_node_runs():
+        return RealNodePlan([], images, source, True)  # its bridge is up: `real` waits for it to go
     if Path("/sys/class/net", BRIDGE).exists():
         return RealNodePlan([f"the bridge {BRIDGE} exists (left by a real node that did not stop cleanly: "
                              f"ip link del {BRIDGE})"], images, source, False)  # fmt: skip
-    return RealNodePlan([], images, source, another_real_node_runs())
+    return RealNodePlan([], images, source, False)
 
 
 def spawn_holder(

@@ -7,7 +7,8 @@ A100-SXM4-80GB GPUs each (labelled as gpusched's agent and NVIDIA's gpu-feature-
 node: ``nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB``, or the labels given; allocatable
 ``nvidia.com/gpu``, ``gpusched.io/gpu-milli``, ``gpusched.io/gpu-memory`` and the share slots), waits
 until they are Ready and prints the admin kubeconfig. ``down`` stops it all, and the processes that
-``gpusched up`` (``gpusched.testenv.local``) added to the state.
+``gpusched up`` (``gpusched.testenv.local``) added to the state: its real node's holder first
+(``STOPPED_FIRST``: it needs the apiserver for its teardown), then the others.
 
 Everything lives in ``state_dir``: ``state.json`` (pids, kubeconfig path, ...) and ``controlplane/``
 (etcd data, certificates, kubeconfigs, ``logs/``).
