@@ -196,3 +196,19 @@ def test_a_share_without_its_slot_is_warned_where_the_agent_offers_slots(
         assert "booked on GPU 1 of node n" in event[3] and "no GPU isolation" in event[3]
     else:
         assert events == []
+
+
+# ------------------------------------------------------------------------------------------ doctor
+def test_doctor_names_the_unreadable_node_and_the_share_without_slot() -> None:
+    from gpusched.doctor.analysis import doctor_cluster
+    from gpusched.doctor.books import Books
+    from gpusched.doctor.snapshot import Snapshot
+
+    node = k8s_node("n", 2)
+    node["status"]["allocatable"]["gpusched.io/gpu-share"] = "32"
+    broken = bad_node() | {"metadata": {**bad_node()["metadata"], "name": "broken"}}
+    snap = Snapshot([node, broken], [share("s", slot=False), share("t", slot=True)], "test")
+    findings = {(f.code, f.subject) for f in doctor_cluster(Books.of(snap)).findings}
+    assert ("unreadable", "node/broken") in findings
+    assert ("share-without-slot", "default/s") in findings
+    assert not any(code == "share-without-slot" and subject == "default/t" for code, subject in findings)
