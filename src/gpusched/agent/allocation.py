@@ -93,7 +93,13 @@ def parse_assignment(pod: Mapping[str, Any]) -> Assignment:
     raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANN_ASSIGNMENT)
     where = f"pod {key}: annotation {ANN_ASSIGNMENT}"
     if raw is None:
-        raise AllocationError(f"{where} is missing (the pod was not placed by gpusched)")
+        by = (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
+        raise AllocationError(
+            f"{where} is missing: the pod was not placed by gpusched (spec.schedulerName {by!r}, or "
+            "spec.nodeName set by hand), and gpusched's agent serves GPUs only to pods gpusched placed. Name gpusched's "
+            "scheduler (its webhook routes GPU pods there unless the namespace is labelled "
+            "gpusched.io/gpu-routing=disabled)"
+        )
     try:
         data = json.loads(raw)
     except ValueError:

@@ -6,7 +6,8 @@ agent's ``Allocate`` and by the scheduler's books after a restart. Anyone else w
 take a GPU another pod holds (issue 28 F3): a pod created with ``spec.nodeName`` and a hand-written
 assignment. So a request that sets, changes or removes either annotation is denied (HTTP 403) unless
 its user (``request.userInfo.username``) is one of that annotation's writers: on a Pod CREATE and
-UPDATE, and on a ``pods/binding`` CREATE (a Binding's annotations are copied onto the pod).
+UPDATE, and on a Binding CREATE (``bindings`` or ``pods/binding``: its annotations are copied onto
+the pod).
 
 The registration (deploy/) sends only such requests (matchConditions: the annotations present or
 changed, the user not a writer), so no other request waits for the webhook, and fails closed
