@@ -96,9 +96,9 @@ def parse_assignment(pod: Mapping[str, Any]) -> Assignment:
         by = (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
         raise AllocationError(
             f"{where} is missing: the pod was not placed by gpusched (spec.schedulerName {by!r}, or "
-            "spec.nodeName set by hand), and gpusched's agent serves GPUs only to pods gpusched placed. Name gpusched's "
-            "scheduler (its webhook routes GPU pods there unless the namespace is labelled "
-            "gpusched.io/gpu-routing=disabled)"
+            "spec.nodeName set by hand), and gpusched's agent serves GPUs only to pods gpusched placed. "
+            "Name gpusched's scheduler (its webhook routes GPU pods there unless the namespace is "
+            "labelled gpusched.io/gpu-routing=disabled)"
         )
     try:
         data = json.loads(raw)
