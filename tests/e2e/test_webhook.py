@@ -92,6 +92,13 @@ def named(body: dict[str, Any], scheduler: str) -> dict[str, Any]:
     return body
 
 
+def placed(name: str) -> dict[str, Any]:
+    """A pod as gpusched's scheduler annotates it before binding: its assignment, no spec.nodeName yet."""
+    body = forged(name)
+    del body["spec"]["nodeName"]
+    return body
+
+
 def forged(name: str) -> dict[str, Any]:
     """issue 28 F3's pod: spec.nodeName, one GPU, and an assignment of GPU 0 written by its author."""
     body = pod(name, {"nvidia.com/gpu": "1"})
@@ -175,7 +182,13 @@ def test_webhook_down_refuses_share_pods_only(cluster: tuple[ControlPlane, Webho
         # the guard fails closed: no one but gpusched writes an assignment while it is down
         proc = create(cp, forged("forged-while-down"))
         assert 'failed calling webhook "assignment-guard.gpusched.io"' in proc.stderr, proc.stderr
-        assert create(cp, forged("placed-while-down"), as_user=SCHEDULER_SA).returncode == 0  # never sent
+        assert create(cp, placed("placed-while-down"), as_user=SCHEDULER_SA).returncode == 0  # never sent
+        # nor any other write of a pod: an annotation of its own, a binding without gpusched's annotations
+        ok = cp.kubectl("annotate", "pod", "plain-while-down", "-n", NAMESPACE, "team=a", check=False)
+        assert ok.returncode == 0, ok.stderr
+        binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "plain-while-down"},
+                   "target": {"apiVersion": "v1", "kind": "Node", "name": "n"}}  # fmt: skip
+        assert create(cp, binding).returncode == 0
     finally:
         hook.start()
     created(cp, pod("share-after", {"gpusched.io/gpu-memory": "1024"}))
@@ -226,7 +239,7 @@ def test_gpuscheds_identities_write_their_annotations(cluster: tuple[ControlPlan
     """The scheduler's service account writes the assignment, the agent's the allocation (neither is sent
     to the webhook); each is denied the other's."""
     cp, _ = cluster
-    assert create(cp, forged("placed"), as_user=SCHEDULER_SA).returncode == 0
+    assert create(cp, placed("placed"), as_user=SCHEDULER_SA).returncode == 0
     allocated = 'gpusched.io/allocated={"main":{"nvidia.com/gpu":["GPU-0"]}}'
     ok = cp.kubectl(*as_(AGENT_SA), "annotate", "pod", "placed", "-n", NAMESPACE, allocated, check=False)
     assert ok.returncode == 0, ok.stderr
