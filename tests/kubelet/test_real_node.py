@@ -401,15 +401,20 @@ def routed(ns: Ns) -> Ns:
     """The test's namespace with the webhook's GPU routing on (kubeletlib opts every namespace out), once the
     apiserver sees the label gone: a server-side dry run of a GPU pod comes back routed."""
     ns.cp.kubectl("label", "namespace", ns.name, f"{ROUTING_OPT_OUT}-")
-    probe = json.dumps(gpu_pod("routing-probe", "busybox", 1))
+    probe = json.dumps({"apiVersion": "v1", "kind": "Pod", **gpu_pod("routing-probe", "busybox", 1)})
+    last: list[str] = []
 
     def on() -> bool:
         out = ns.cp.kubectl(
             *("create", "--dry-run=server", "-n", ns.name, "-o", "json", "-f", "-"), input=probe, check=False
         )
+        last[:] = [out.stderr or out.stdout[-2000:]]
         return out.returncode == 0 and json.loads(out.stdout)["spec"]["schedulerName"] == STANDALONE
 
-    ns.wait(f"GPU routing on in {ns.name}", on, 30)
+    try:
+        ns.wait(f"GPU routing on in {ns.name}", on, 30)
+    except TimeoutError as e:
+        raise AssertionError(f"{e}; the last dry run: {last}") from None
     return ns
 
 
@@ -427,10 +432,9 @@ def test_a_gpu_pod_for_another_scheduler_is_routed_to_gpusched_and_runs(
     assert visible(ns.logs_env("any-job")) == [GPU_UUIDS[g] for g in assignment(p)["gpus"]]
     with pytest.raises(ApiException) as refused:
         ns.create(gpu_pod("pinned", image, 1, node=kubelet_env.node.name))
-    assert refused.value.status == 400 and 'webhook "gpu-routing.gpusched.io" denied' in str(
-        refused.value.body
-    )
-    assert f"nodeSelector kubernetes.io/hostname: {kubelet_env.node.name}" in str(refused.value.body)
+    message = json.loads(refused.value.body)["message"]
+    assert refused.value.status == 400 and 'webhook "gpu-routing.gpusched.io" denied' in message, message
+    assert f"nodeSelector kubernetes.io/hostname: {kubelet_env.node.name}" in message, message
 
 
 def test_a_forged_assignment_is_denied_and_past_the_guard_the_agent_refuses_it(
@@ -447,7 +451,7 @@ def test_a_forged_assignment_is_denied_and_past_the_guard_the_agent_refuses_it(
     body = gpu_pod("forged", image, 1, node=node, annotations={ANN_ASSIGNMENT: forged})
     proc = ns.cp.kubectl(
         *("--as", "alice", "--as-group", "system:masters", "create", "-n", ns.name, "-f", "-"),
-        input=json.dumps(body),
+        input=json.dumps({"apiVersion": "v1", "kind": "Pod", **body}),
         check=False,
     )
     assert proc.returncode != 0, "a user wrote an assignment"
@@ -487,7 +491,7 @@ def test_a_share_without_its_slot_runs_unisolated_with_a_warning(kubelet_env: Ku
     def unseen() -> bool:  # the apiserver sees the label (when the session's webhook is registered)
         out = ns.cp.kubectl(
             *("create", "--dry-run=server", "-n", ns.name, "-o", "json", "-f", "-"),
-            input=json.dumps(body),
+            input=json.dumps({"apiVersion": "v1", "kind": "Pod", **body}),
             check=False,
         )
         return (
