@@ -462,13 +462,13 @@ def test_a_forged_assignment_is_denied_and_past_the_guard_the_agent_refuses_it(
     assert st.get("reason") == "UnexpectedAdmissionError", st
     assert f"names GPU {gpu} ({GPU_UUIDS[gpu]}), which live pod(s) {ns.name}/victim hold" in st["message"], st
 
-    def events(reason: str, component: str) -> list[str]:
+    def events(reason: str, component: str) -> list[str] | None:
         return [
             str(e.get("message", ""))
             for e in ns.events("forged")
             if e.get("reason") == reason
             and component in (e.get("reportingComponent"), e["source"].get("component"))
-        ]
+        ] or None
 
     agent = ns.wait("the agent's event", lambda: events("GPUAssignmentConflict", "gpusched-agent"), 30)
     assert f"pod {ns.name}/forged" in agent[0] and f"{ns.name}/victim" in agent[0], agent
@@ -504,8 +504,10 @@ def test_a_share_without_its_slot_runs_unisolated_with_a_warning(kubelet_env: Ku
     ns.running(name)
     assert "NVIDIA_VISIBLE_DEVICES" not in ns.logs_env(name)  # what the warning is about
 
-    def warned() -> list[str]:
-        return [str(e.get("message")) for e in ns.events(name) if e.get("reason") == "GPUShareWithoutSlot"]
+    def warned() -> list[str] | None:
+        return [
+            str(e.get("message")) for e in ns.events(name) if e.get("reason") == "GPUShareWithoutSlot"
+        ] or None
 
     (msg, *_) = ns.wait("the GPUShareWithoutSlot event", warned, 30)
     assert f"pod {ns.name}/{name} asks for a GPU share without the {RES_SHARE}: 1 slot" in msg
