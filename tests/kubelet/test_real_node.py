@@ -15,12 +15,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from kubeletlib import FRONT_ENDS, GPU_UUIDS, SLOTS, KubeletEnv, Ns
+from kubeletlib import FRONT_ENDS, GPU_UUIDS, ROUTING_OPT_OUT, SLOTS, STANDALONE, KubeletEnv, Ns
+from kubernetes.client import ApiException
 
 from gpusched.agent.allocation import ANN_ALLOCATED, RES_SHARE
 from gpusched.agent.health import ANN_UNHEALTHY_GPUS
 from gpusched.k8s.convert import ANN_ASSIGNMENT, RES_GPU, RES_MEMORY, RES_MILLI
 from gpusched.testenv.node import DEVICE_PLUGIN_DIR
+from gpusched.webhook.route import ANN_ROUTED_FROM
 from webhookfixture import Webhook
 
 pytestmark = pytest.mark.kubelet
@@ -390,6 +392,126 @@ def test_kubelet_and_agent_restarts_lose_nothing_and_allocate_nothing_twice(
     e = ns.running("share-e")
     assert visible(ns.exec_env("share-e")) == [GPU_UUIDS[assignment(e)["gpus"][0]]]
     assert restart_s < 60
+
+
+# ---------------------------------------------------- forged assignments, mixed schedulers (issues 28, 29)
+
+
+def routed(ns: Ns) -> Ns:
+    """The test's namespace with the webhook's GPU routing on (kubeletlib opts every namespace out), once the
+    apiserver sees the label gone: a server-side dry run of a GPU pod comes back routed."""
+    ns.cp.kubectl("label", "namespace", ns.name, f"{ROUTING_OPT_OUT}-")
+    probe = json.dumps({"apiVersion": "v1", "kind": "Pod", **gpu_pod("routing-probe", "busybox", 1)})
+    last: list[str] = []
+
+    def on() -> bool:
+        out = ns.cp.kubectl(
+            *("create", "--dry-run=server", "-n", ns.name, "-o", "json", "-f", "-"), input=probe, check=False
+        )
+        last[:] = [out.stderr or out.stdout[-2000:]]
+        return out.returncode == 0 and json.loads(out.stdout)["spec"]["schedulerName"] == STANDALONE
+
+    try:
+        ns.wait(f"GPU routing on in {ns.name}", on, 30)
+    except TimeoutError as e:
+        raise AssertionError(f"{e}; the last dry run: {last}") from None
+    return ns
+
+
+def test_a_gpu_pod_for_another_scheduler_is_routed_to_gpusched_and_runs(
+    kubelet_env: KubeletEnv, webhook: Webhook, ns: Ns
+) -> None:
+    """issue 29 item 7: a GPU pod written as for any cluster (no schedulerName: kube-scheduler's) is routed to
+    gpusched at admission and runs on the GPU gpusched assigned; one created with spec.nodeName (placed by no
+    scheduler, so refused on the node before) is refused at admission, with the way out."""
+    routed(ns)
+    image = kubelet_env.node.busybox_image
+    p = ns.running(ns.create(gpu_pod("any-job", image, 1)))
+    assert p["spec"]["schedulerName"] == STANDALONE
+    assert p["metadata"]["annotations"][ANN_ROUTED_FROM] == "default-scheduler"
+    assert visible(ns.logs_env("any-job")) == [GPU_UUIDS[g] for g in assignment(p)["gpus"]]
+    with pytest.raises(ApiException) as refused:
+        ns.create(gpu_pod("pinned", image, 1, node=kubelet_env.node.name))
+    message = json.loads(refused.value.body)["message"]
+    assert refused.value.status == 400 and 'webhook "gpu-routing.gpusched.io" denied' in message, message
+    assert f"nodeSelector kubernetes.io/hostname: {kubelet_env.node.name}" in message, message
+
+
+def test_a_forged_assignment_is_denied_and_past_the_guard_the_agent_refuses_it(
+    kubelet_env: KubeletEnv, webhook: Webhook, ns: Ns
+) -> None:
+    """issue 28 F3: `victim` holds a GPU; `forged` names it in a hand-written assignment with spec.nodeName.
+    A user is denied by the webhook. Past the webhook (here the control plane's admin is a writer: as on a
+    cluster without it), the kubelet has free devices and admits the pod, and the agent refuses the GPU,
+    naming both pods; the scheduler names the newcomer too, and the victim runs on."""
+    image, node = kubelet_env.node.busybox_image, kubelet_env.node.name
+    victim = ns.running(ns.create(gpu_pod("victim", image, 1, scheduler=FRONT_ENDS["standalone"])))
+    (gpu,) = assignment(victim)["gpus"]
+    forged = json.dumps({"node": node, "gpus": [gpu], "milli": 1000, "memoryMiB": 0})
+    body = gpu_pod("forged", image, 1, node=node, annotations={ANN_ASSIGNMENT: forged})
+    proc = ns.cp.kubectl(
+        *("--as", "alice", "--as-group", "system:masters", "create", "-n", ns.name, "-f", "-"),
+        input=json.dumps({"apiVersion": "v1", "kind": "Pod", **body}),
+        check=False,
+    )
+    assert proc.returncode != 0, "a user wrote an assignment"
+    want = f'"assignment-guard.gpusched.io" denied the request: alice sets annotation {ANN_ASSIGNMENT} on pod'
+    assert want in proc.stderr, proc.stderr
+    ns.create(body)
+    st = ns.wait("forged refused at admission", lambda: _failed(ns, "forged"), 60)
+    assert st.get("reason") == "UnexpectedAdmissionError", st
+    assert f"names GPU {gpu} ({GPU_UUIDS[gpu]}), which live pod(s) {ns.name}/victim hold" in st["message"], st
+
+    def events(reason: str, component: str) -> list[str] | None:
+        return [
+            str(e.get("message", ""))
+            for e in ns.events("forged")
+            if e.get("reason") == reason
+            and component in (e.get("reportingComponent"), e["source"].get("component"))
+        ] or None
+
+    agent = ns.wait("the agent's event", lambda: events("GPUAssignmentConflict", "gpusched-agent"), 30)
+    assert f"pod {ns.name}/forged" in agent[0] and f"{ns.name}/victim" in agent[0], agent
+    books = ns.wait(
+        "the scheduler's event", lambda: events("GPUAssignmentConflict", FRONT_ENDS["standalone"]), 30
+    )
+    assert f"pod {ns.name}/forged" in books[0] and f"held by {ns.name}/victim" in books[0], books
+    still = ns.pod("victim")
+    assert still["status"]["phase"] == "Running" and container_id(still) == container_id(victim)
+
+
+def test_a_share_without_its_slot_runs_unisolated_with_a_warning(kubelet_env: KubeletEnv, ns: Ns) -> None:
+    """issue 29 item 7: a share the webhook never saw (its namespace excluded) lacks gpusched.io/gpu-share, so
+    the kubelet never calls the agent and it runs with no GPU environment: the scheduler says so in a Warning
+    event on it (and doctor in a finding: tests/test_k8s_state_reports.py)."""
+    ns.cp.kubectl("label", "namespace", ns.name, "gpusched.io/webhook=disabled")
+    image = kubelet_env.node.busybox_image
+    body = share_pod("no-slot", image, FRONT_ENDS["standalone"], milli=100, slot=False)
+
+    def unseen() -> bool:  # the apiserver sees the label (when the session's webhook is registered)
+        out = ns.cp.kubectl(
+            *("create", "--dry-run=server", "-n", ns.name, "-o", "json", "-f", "-"),
+            input=json.dumps({"apiVersion": "v1", "kind": "Pod", **body}),
+            check=False,
+        )
+        return (
+            out.returncode == 0
+            and RES_SHARE not in json.loads(out.stdout)["spec"]["containers"][0]["resources"]["limits"]
+        )
+
+    ns.wait(f"the webhook leaving {ns.name} alone", unseen, 30)
+    name = ns.create(body)
+    ns.running(name)
+    assert "NVIDIA_VISIBLE_DEVICES" not in ns.logs_env(name)  # what the warning is about
+
+    def warned() -> list[str] | None:
+        return [
+            str(e.get("message")) for e in ns.events(name) if e.get("reason") == "GPUShareWithoutSlot"
+        ] or None
+
+    (msg, *_) = ns.wait("the GPUShareWithoutSlot event", warned, 30)
+    assert f"pod {ns.name}/{name} asks for a GPU share without the {RES_SHARE}: 1 slot" in msg
+    assert "no GPU isolation" in msg, msg
 
 
 # ------------------------------------------------------------------------ last: GPUs become unhealthy

@@ -44,7 +44,9 @@ from gpusched.agent.allocation import (
     allocated_of,
     container_gpus,
     container_requests,
+    holdings,
     match_pod,
+    overlap,
     parse_assignment,
     pod_key,
     share_env,
@@ -220,6 +222,16 @@ class Allocator:
                 )
         return a, out
 
+    def _refuse_overlap(
+        self, pod: Mapping[str, Any], resource: str, a: Assignment, gpus: list[GpuDevice]
+    ) -> None:
+        """OverlapError when the assignment names a GPU a live pod on this node holds (allocation.overlap)."""
+        uid = str((pod.get("metadata") or {}).get("uid", pod_key(pod)))
+        unwritten = {f"{ns}/{name}": v for (ns, name), v in self._unwritten.items()}
+        held = holdings(self.pods.pods_on_node(self.devices.node), self.devices.node, uid, unwritten)
+        index = self.devices.sched_index
+        overlap(pod, resource, a, [(index(d.uuid) or 0, d.uuid, d.memory_mib) for d in gpus], held)
+
     def allocate_container(self, resource: str, device_ids: list[str]) -> pb.ContainerAllocateResponse:
         known = {dev_id for dev_id, _ in self.devices.devices(resource)}
         unknown = [d for d in device_ids if d not in known]
@@ -231,8 +243,9 @@ class Allocator:
             pod, container = self._find(resource, len(device_ids))
             try:
                 a, gpus = self._gpus_for(pod, container, resource)
+                self._refuse_overlap(pod, resource, a, gpus)
             except AllocationError as e:
-                self.pods.warn(pod, "GPUAllocationFailed", str(e))
+                self.pods.warn(pod, e.reason, str(e))
                 raise
             uuids = [d.uuid for d in gpus]
             env = share_env(a) if resource == RES_SHARE else {}

@@ -31,6 +31,7 @@ from gpusched.k8s.convert import (
     parse_assignment,
     pod_from_k8s,
 )
+from gpusched.k8s.state import share_without_slot
 
 ANN_ALLOCATED = "gpusched.io/allocated"  # the node agent's (gpusched.agent.allocation.ANN_ALLOCATED)
 ANN_TOPOLOGY = "gpusched.io/gpu-topology"  # the node agent's (gpusched.agent.labels.ANN_TOPOLOGY)
@@ -247,6 +248,16 @@ def drift_findings(
         return out
     if not bound or not core.num_gpu:
         return out
+    slots = ((node or {}).get("status") or {}).get("allocatable") or {}
+    if RES_SHARE in slots and share_without_slot(pod):
+        add(
+            "error",
+            "share-without-slot",
+            f"pod {key} asks for a GPU share without the {RES_SHARE}: 1 slot that gpusched's webhook adds: "
+            f"the kubelet on {bound} never asks gpusched's agent for it, so it runs with no GPU isolation "
+            "(no NVIDIA_VISIBLE_DEVICES, no limits; under the NVIDIA runtime's default it sees every GPU). "
+            "Create it again where the webhook sees it (its namespace not excluded) or with the slot",
+        )
     raw = _ann(pod).get(ANN_ASSIGNMENT)
     if assignment is None:
         add(

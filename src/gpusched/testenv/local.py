@@ -55,6 +55,8 @@ __all__ = ["EXAMPLES", "NODE_MODES", "SCHEDULER_NAME", "cluster_down", "cluster_
 
 SCHEDULER_NAME = "gpusched"
 REPO = Path(__file__).resolve().parents[3]
+LOCAL_WRITER = "gpusched-admin"
+"""The user the local scheduler and agent write as (the admin kubeconfig's certificate, testenv/pki.py)."""
 WEBHOOK_CONFIG = REPO / "deploy" / "manifests" / "webhook" / "02-mutatingwebhookconfiguration.yaml"
 EXAMPLES = "deploy/examples/local/"
 _READY_TIMEOUT = 60.0
@@ -104,8 +106,9 @@ def _webhook_configuration(port: int, ca_cert: Path) -> dict[str, Any]:
         raise TestEnvError(f"{WEBHOOK_CONFIG} not found: `gpusched up` runs from a clone of the repository")
     (doc,) = [d for d in yaml.safe_load_all(WEBHOOK_CONFIG.read_text()) if d]
     ca = base64.b64encode(ca_cert.read_bytes()).decode()
-    for hook in doc["webhooks"]:
-        hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}/mutate", "caBundle": ca}
+    for hook in doc["webhooks"]:  # each webhook (gpu-share, assignment-guard, gpu-routing) at its own path
+        path = hook["clientConfig"]["service"]["path"]
+        hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca}
     return dict(doc)
 
 
@@ -203,6 +206,8 @@ def cluster_up(
         front["gpusched-webhook"] = _spawn("gpusched-webhook", [
             "-m", "gpusched.webhook", "--host", "127.0.0.1", "--port", str(port),
             "--tls-cert-file", str(pki.serving_cert), "--tls-key-file", str(pki.serving_key),
+            # the local scheduler and agent write as the control plane's admin, not as the chart's accounts
+            "--assignment-writer", LOCAL_WRITER, "--allocated-writer", LOCAL_WRITER,
         ], logs)  # fmt: skip
         state = add_processes(state_dir, state, front)
         kubectl("apply", "-f", "-", input=json.dumps(_webhook_configuration(port, pki.ca_cert)))
