@@ -136,6 +136,18 @@ def allocated(ns: Ns, name: str) -> dict[str, Any]:
     return dict(json.loads(ns.wait(f"{ns.name}/{name}'s {ANN_ALLOCATED}", probe, 30)))
 
 
+def agent_scanned(env: KubeletEnv) -> None:
+    """Until the agent has searched the device-plugin directory at least once (it does every 10 s, the first
+    time 10 s after it started: its process's start time, from /proc)."""
+    pid = env.node.pids["agent"]
+    ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    boot = next(
+        int(ln.split()[1]) for ln in Path("/proc/stat").read_text().splitlines() if ln.startswith("btime")
+    )
+    started = boot + ticks / os.sysconf("SC_CLK_TCK")
+    time.sleep(max(0.0, started + 12 - time.time()))
+
+
 def node_annotation(env: KubeletEnv, key: str) -> str | None:
     return (env.node.node().get("metadata", {}).get("annotations") or {}).get(key)
 
@@ -158,8 +170,9 @@ def test_mode_b_agent_replaces_nvidias_plugin(kubelet_env: KubeletEnv, ns: Ns) -
     assert allocated(ns, name) == {"main": {RES_GPU: want}}
     report = doctor(kubelet_env, "pod", f"{ns.name}/{name}")
     assert findings(report, "allocation-agrees"), report["findings"]
-    assert not findings(doctor(kubelet_env, "node", kubelet_env.node.name), "device-plugin-conflict")
+    agent_scanned(kubelet_env)  # the agent looked for another plugin, and found none
     assert node_annotation(kubelet_env, ANN_CONFLICT) is None
+    assert not findings(doctor(kubelet_env, "node", kubelet_env.node.name), "device-plugin-conflict")
 
 
 def test_mode_c_both_plugins_last_registration_wins_and_doctor_names_it(
@@ -250,5 +263,5 @@ def test_mode_a_nvidias_plugin_serves_gpus_and_gpusched_schedules(
     wait = ns.create(gpu_pod("whole-3", image, 1, scheduler=STANDALONE))
     assert "0/1 nodes are available" in wait_scheduling_failed(ns, wait)
     # NVIDIA's plugin serving nvidia.com/gpu is this mode, not a conflict: the agent does not mark the Node
-    time.sleep(max(0.0, since + 12 - time.time()))
+    agent_scanned(kubelet_env)
     assert node_annotation(kubelet_env, ANN_CONFLICT) is None
