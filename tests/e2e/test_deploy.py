@@ -665,6 +665,20 @@ def test_helm_agent_beside_nvidia_device_plugin(helm: list[str]) -> None:
     assert "--no-nvidia-resources" in beside
     assert [a for a in beside if a != "--no-nvidia-resources"] == takeover
     assert "--no-gfd-labels" in rendered_agent_args(helm, "--set", "agent.gfdLabels=false")
+    # beside NVIDIA's plugin the agent reads the kubelet's PodResources (its default socket), read-only
+    for extra, mounted in (((), False), (("--set", "agent.resources.nvidiaGpu=false"), True)):
+        pod = daemonset(load_docs(helm_template(helm, "standalone", *extra)))["spec"]["template"]["spec"]
+        mounts = [
+            m
+            for m in pod["containers"][0]["volumeMounts"]
+            if m["mountPath"] == "/var/lib/kubelet/pod-resources"
+        ]
+        assert bool(mounts) == mounted, extra
+        if mounted:
+            (vol,) = [v for v in pod["volumes"] if v["name"] == mounts[0]["name"]]
+            assert (
+                vol["hostPath"]["path"] == "/var/lib/kubelet/pod-resources" and mounts[0]["readOnly"] is True
+            )
     docs = load_docs(helm_template(helm, "standalone", "--set", "agent.enabled=false"))
     assert not [d for d in docs if d["metadata"].get("name", "").startswith("gpusched-agent")]
 

@@ -7,13 +7,16 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 from prometheus_client import CollectorRegistry, start_http_server
 
-from gpusched.agent import health, labels
+from gpusched.agent import coexist, health, labels
+from gpusched.agent.allocation import ANN_ALLOCATED
 from gpusched.agent.inventory import GpuBackend, XidEvent
 from gpusched.agent.metrics import GpuCollector, Owners, owners_from_pods
 from gpusched.agent.plugin import DEFAULT_PLUGIN_DIR, DEFAULT_SLOTS, DevicePlugin, NodeDevices
 from gpusched.agent.pods import NodeWriter, PodSource
+from gpusched.k8s.convert import RES_GPU
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +34,13 @@ class AgentConfig:
     metrics_port: int = 9400  # dcgm-exporter's port
     metrics_addr: str = "0.0.0.0"
     resync_s: float = 30.0
+    plugin_scan_s: float = 10.0
+    """How often the device-plugin directory is searched for another plugin serving the same GPUs."""
+    pod_resources_socket: Path = coexist.DEFAULT_POD_RESOURCES_SOCKET
+    """Without ``nvidia_resources``: the kubelet's PodResources API, where the agent reads which GPUs NVIDIA's
+    plugin gave each container, to record them as ``gpusched.io/allocated`` (doctor compares them with the
+    assignment)."""
+    kubelet_alloc_s: float = 2.0
 
 
 @dataclass
@@ -43,6 +53,7 @@ class Agent:
     _owners: Owners = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _health_dirty: threading.Event = field(default_factory=threading.Event)
+    _kubelet_seen: coexist.Allocations = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         inv = self.backend.inventory()
@@ -96,6 +107,58 @@ class Agent:
             return
         self._owners = owners_from_pods(pods, self.config.node, [d.uuid for d in self.devices.whole_gpus])
 
+    def check_other_plugins(self) -> str | None:
+        """Another device plugin in the kubelet's directory serving devices the agent serves (NVIDIA's plugin
+        and the agent both serving ``nvidia.com/gpu``): published on the Node as ``coexist.ANN_CONFLICT``
+        (removed when gone). Returns the annotation's value; errors logged, retried at the next scan."""
+        own = [s.socket.name for s in self.plugin.servers]
+        served = {r: [i for i, _ in self.devices.devices(r)] for r in self.devices.resources()}
+        value = coexist.conflict_annotation(served, coexist.other_plugins(self.config.plugin_dir, own))
+        try:
+            node = self.nodes.get_node(self.config.node)
+            have = ((node.get("metadata") or {}).get("annotations") or {}).get(coexist.ANN_CONFLICT)
+            if have != value:
+                if value:
+                    log.warning(
+                        "another device plugin serves this node's GPUs too (%s): the kubelet hands out the "
+                        "devices of whichever registered last; run one of them (docs/gpu-operator.md)",
+                        value,
+                    )
+                self.nodes.patch_node(
+                    self.config.node, {"metadata": {"annotations": {coexist.ANN_CONFLICT: value}}}
+                )
+        except Exception as e:
+            log.warning("could not update node %s: %s", self.config.node, e)
+        return value
+
+    def record_kubelet_allocations(self) -> int:
+        """Beside NVIDIA's plugin (no ``nvidia_resources``): the GPUs the kubelet gave each container on this
+        node (PodResources), written into the pod's ``gpusched.io/allocated`` where it does not say so yet.
+        Returns how many pods were annotated; errors logged, retried at the next round."""
+        try:
+            got = coexist.kubelet_allocations(self.config.pod_resources_socket, [RES_GPU])
+        except grpc.RpcError as e:
+            log.warning("the kubelet's PodResources at %s: %s", self.config.pod_resources_socket, e)
+            return 0
+        if got == self._kubelet_seen:
+            return 0
+        done = 0
+        try:
+            for pod in self.pods.pods_on_node(self.config.node):
+                meta = pod.get("metadata") or {}
+                key = (str(meta.get("namespace")), str(meta.get("name")))
+                if key not in got:
+                    continue
+                value = coexist.allocated_update((meta.get("annotations") or {}).get(ANN_ALLOCATED), got[key])
+                if value is not None:
+                    self.pods.annotate_pod(key[0], key[1], {ANN_ALLOCATED: value})
+                    done += 1
+        except Exception as e:
+            log.warning("could not record the kubelet's allocations on %s: %s", self.config.node, e)
+            return done
+        self._kubelet_seen = got
+        return done
+
     def start(self, *, serve_metrics: bool = True) -> None:
         self.plugin.start()
         if serve_metrics:
@@ -104,6 +167,19 @@ class Agent:
         self.refresh_owners()
         threading.Thread(target=self._xid_loop, daemon=True, name="gpusched-xids").start()
         threading.Thread(target=self._sync_loop, daemon=True, name="gpusched-sync").start()
+        threading.Thread(target=self._plugins_loop, daemon=True, name="gpusched-other-plugins").start()
+        if not self.config.nvidia_resources:
+            threading.Thread(
+                target=self._kubelet_alloc_loop, daemon=True, name="gpusched-kubelet-alloc"
+            ).start()
+
+    def _kubelet_alloc_loop(self) -> None:
+        while not self._stop.wait(self.config.kubelet_alloc_s):
+            self.record_kubelet_allocations()
+
+    def _plugins_loop(self) -> None:
+        while not self._stop.wait(self.config.plugin_scan_s):
+            self.check_other_plugins()
 
     def _xid_loop(self) -> None:
         while not self._stop.is_set():

@@ -100,6 +100,13 @@ def run_cmd(
             "gpusched.io/gpu-share)."
         ),
     ] = True,
+    pod_resources_socket: Annotated[
+        Path,
+        typer.Option(
+            help="The kubelet's PodResources socket: without --nvidia-resources, where the agent reads which "
+            "GPUs NVIDIA's plugin gave each container (recorded as gpusched.io/allocated)."
+        ),
+    ] = Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
     mig_strategy: Annotated[str | None, typer.Option(help="none or mixed.")] = None,
     gfd_labels: Annotated[bool, typer.Option(help="Write GFD's labels (same values as GFD).")] = True,
     metrics_port: Annotated[int, typer.Option(help="Prometheus port (dcgm-exporter's is 9400).")] = 9400,
@@ -126,6 +133,7 @@ def run_cmd(
         kubelet_socket=kubelet_socket,
         slots=slots,
         nvidia_resources=nvidia_resources,
+        pod_resources_socket=pod_resources_socket,
         cdi=cdi,
         mig_strategy=mig_strategy,
         write_gfd_labels=gfd_labels,

@@ -36,6 +36,7 @@ from gpusched.k8s.state import share_without_slot
 ANN_ALLOCATED = "gpusched.io/allocated"  # the node agent's (gpusched.agent.allocation.ANN_ALLOCATED)
 ANN_TOPOLOGY = "gpusched.io/gpu-topology"  # the node agent's (gpusched.agent.labels.ANN_TOPOLOGY)
 ANN_UNHEALTHY = "gpusched.io/unhealthy-gpus"
+ANN_CONFLICT = "gpusched.io/device-plugin-conflict"  # the node agent's (gpusched.agent.coexist.ANN_CONFLICT)
 TAINT_UNHEALTHY = "gpusched.io/gpu-unhealthy"
 LABEL_COUNT = "nvidia.com/gpu.count"
 DRIVER_PREFIXES = ("nvidia.com/cuda.driver", "nvidia.com/cuda.runtime", "nvidia.com/gpu.driver")
@@ -136,6 +137,7 @@ def node_findings(node: Mapping[str, Any], spec: NodeSpec | None = None) -> list
             f"{RES_GPU} and {RES_SHARE} advertised",
             allocatable={RES_GPU: alloc.get(RES_GPU), RES_SHARE: alloc.get(RES_SHARE)},
         )
+    out.extend(_conflict_findings(node, name))
     # allocatable against the inventory
     n_cap, n_alloc = _int(cap.get(RES_GPU, alloc.get(RES_GPU, 0))), _int(alloc.get(RES_GPU, 0))
     if (
@@ -191,6 +193,31 @@ def node_findings(node: Mapping[str, Any], spec: NodeSpec | None = None) -> list
             "pods selecting a driver version never land here",
         )
     return out
+
+
+def _conflict_findings(node: Mapping[str, Any], name: str) -> list[Finding]:
+    """Two device plugins serving the same GPUs (the agent's ``gpusched.io/device-plugin-conflict``)."""
+    raw = _ann(node).get(ANN_CONFLICT)
+    if raw is None:
+        return []
+    try:
+        found = json.loads(raw)
+        resources = {str(r): [str(s) for s in socks] for r, socks in found["resources"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return [
+            Finding("node", "error", "device-plugin-conflict-unreadable",
+                    f"node {name}: annotation {ANN_CONFLICT} is not JSON of resources to sockets: {raw!r}",
+                    {"annotation": raw}, name)
+        ]  # fmt: skip
+    others = sorted({s for socks in resources.values() for s in socks})
+    msg = (
+        f"node {name}: two device plugins serve its GPUs: gpusched's agent and {', '.join(others)} both "
+        f"advertise {', '.join(sorted(resources))}. The kubelet hands out the devices of whichever "
+        "registered last (a restart of either flips it), so containers may not get the GPUs "
+        f"{ANN_ASSIGNMENT} names: run one of them here (remove NVIDIA's device plugin from this node, or "
+        "run the agent with --no-nvidia-resources)"
+    )
+    return [Finding("node", "error", "device-plugin-conflict", msg, {"resources": resources}, name)]
 
 
 # ---------------------------------------------------------------------------- device plugin
