@@ -1,9 +1,10 @@
 """gpusched on a real kubelet (containerd, runc, CNI) with its node agent as the device plugin, for both front
 ends: the standalone scheduler (``gpusched scheduler``) and kube-scheduler + ``gpusched extender``.
 
-One file on purpose: the session's real node is one per machine (the kubelet's device-plugin directory is
-fixed), and pytest-xdist's ``--dist loadfile`` keeps one file on one worker. The XID tests come last: a GPU
-marked unhealthy stays so for the rest of the session.
+The session's real node is one per machine (the kubelet's device-plugin directory is fixed): every test
+marked ``kubelet`` runs on one xdist worker (tests/conftest.py's ``real-node`` group), and this file runs
+after ``test_coexist.py`` there. The XID tests come last: a GPU marked unhealthy stays so for the rest of
+the session.
 """
 
 from __future__ import annotations
