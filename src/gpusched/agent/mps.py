@@ -69,7 +69,7 @@ class MpsDaemons:
     root: Path = DEFAULT_ROOT
     control: str = DEFAULT_CONTROL
     isolate_shm: bool = True
-    grace_s: float = 60.0
+    grace_s: float = 10.0
     timeout_s: float = 30.0
     shares: dict[str, set[ShareKey]] = field(default_factory=dict)
     """GPU UUID -> the share containers using its daemon (a GPU is here iff its daemon runs)."""
