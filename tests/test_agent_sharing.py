@@ -343,3 +343,36 @@ def test_doctor_names_unenforced_shares_and_the_toolkits_envvar_setting() -> Non
     assert safe["shares-enforced"] == "GPU shares enforced by mps"
     assert "shares-not-enforced" not in safe and "visible-devices-envvar" not in safe
     assert "visible-devices-envvar" not in findings(Sharing("none"), ToolkitVisibility(cfg, None, "absent"))
+
+
+# ------------------------------------------------------------------------------------------- the agent
+
+
+def test_the_agent_lists_pods_for_mps_only_while_a_daemon_runs(mps_root: Path) -> None:
+    """An idle node costs the API nothing: the pods are listed at start (running shares may have lost their
+    daemon) and then only while a daemon runs; the daemon of a share whose pod is gone is stopped."""
+    from gpusched.agent.fake import FakeBackend
+    from gpusched.agent.pods import MemoryPods
+    from gpusched.agent.run import Agent, AgentConfig
+
+    class CountingPods(MemoryPods):
+        lists = 0
+
+        def pods_on_node(self, node: str) -> list[dict[str, Any]]:
+            self.lists += 1
+            return super().pods_on_node(node)
+
+    pods = CountingPods()
+    doc = {"hostname": NODE, "gpus": [{"model": "NVIDIA A100-SXM4-80GB", "uuid": G0}]}
+    cfg = AgentConfig(node=NODE, sharing="mps", mps_root=mps_root, mps_control=str(STANDIN))
+    agent = Agent(cfg, FakeBackend.from_dict(doc, "test"), pods, pods)
+    d = agent.sharing.mps
+    assert d is not None
+    d.isolate_shm, d.grace_s = False, 0
+    agent.reconcile_sharing(at_start=True)
+    assert pods.lists == 1
+    agent.reconcile_sharing()
+    assert pods.lists == 1  # no daemon: nothing to look for
+    d.acquire(G0, ("uid-gone", "main"))
+    agent.reconcile_sharing()
+    assert pods.lists == 2 and d.shares == {} and not d.answers(G0)

@@ -566,7 +566,7 @@ def test_mps_two_shares_on_one_gpu_get_their_limits_from_one_daemon_that_lives_f
 
         node.cp.kubectl("delete", "pod", "-n", ns.name, "mps-a", "--grace-period=1")
         ns.wait("mps-a gone", lambda: [p["metadata"]["name"] for p in ns.pods()] == ["mps-b"], 60)
-        time.sleep(3)
+        time.sleep(6)  # past the agent's next look at the pods (every 5 s while a daemon runs)
         assert alive(), "the daemon stopped while mps-b still runs on it"
         node.cp.kubectl("delete", "pod", "-n", ns.name, "mps-b", "--grace-period=1")
         ns.wait("the daemon stopped with the GPU's last share", lambda: not alive(), 60)

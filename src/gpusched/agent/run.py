@@ -47,7 +47,7 @@ class AgentConfig:
     mps_control: str = DEFAULT_CONTROL
     hami_lib: Path = DEFAULT_HAMI_LIB
     toolkit_config: Path = DEFAULT_TOOLKIT_CONFIG
-    sharing_sync_s: float = 2.0  # how often MPS daemons without shares are looked for
+    sharing_sync_s: float = 5.0  # how often MPS daemons without shares are looked for (a pod list per look)
 
 
 @dataclass
@@ -125,9 +125,10 @@ class Agent:
             return
         self._owners = owners_from_pods(pods, self.config.node, [d.uuid for d in self.devices.whole_gpus])
 
-    def reconcile_sharing(self) -> None:
-        """MPS: stop the daemons of GPUs whose last share is gone (errors logged, retried)."""
-        if self.sharing.mps is None:
+    def reconcile_sharing(self, *, at_start: bool = False) -> None:
+        """MPS: stop the daemons of GPUs whose last share is gone (errors logged, retried). The pods are
+        listed only while a daemon runs (and once at start, for running shares whose daemon is gone)."""
+        if self.sharing.mps is None or not (at_start or self.sharing.mps.shares):
             return
         try:
             pods = self.pods.pods_on_node(self.config.node)
@@ -139,7 +140,7 @@ class Agent:
     def start(self, *, serve_metrics: bool = True) -> None:
         # MPS: the daemons an earlier agent started for running shares are kept, then those without shares go
         self.sharing.adopt([d.uuid for d in self.devices.whole_gpus])
-        self.reconcile_sharing()
+        self.reconcile_sharing(at_start=True)
         self.plugin.start()
         if serve_metrics:
             start_http_server(self.config.metrics_port, self.config.metrics_addr, registry=self.registry)
