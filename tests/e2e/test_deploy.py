@@ -716,6 +716,36 @@ def test_helm_agent_modes_server_dry_run(
     dry_run(api_server, rendered)
 
 
+@pytest.mark.parametrize("sharing", ["mps", "hami-core"])
+def test_helm_agent_sharing_modes(
+    api_server: ControlPlane, helm: list[str], sharing: str, tmp_path: Path
+) -> None:
+    """agent.sharing gives the agent its mode and what the mode needs (docs/gpu-sharing.md): mps the MPS root
+    at its host path, the compute capability (nvidia-cuda-mps-control) and privilege (a mount namespace per
+    daemon); hami-core the library's directory, read-only. The flags are the agent's; the API takes it."""
+    text = helm_template(helm, "standalone", "--set", f"agent.sharing={sharing}")
+    pod = daemonset(load_docs(text))["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    args = c["args"]
+    assert {a for a in args if a.startswith("--")} <= agent_run_options()
+    assert args[args.index("--sharing") + 1] == sharing
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    if sharing == "mps":
+        root = args[args.index("--mps-root") + 1]
+        assert paths[mounts[root]["name"]] == root == "/run/gpusched/mps"
+        assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility" and c["securityContext"]["privileged"]
+    else:
+        lib = args[args.index("--hami-lib") + 1]
+        d = lib.rsplit("/", 1)[0]
+        assert paths[mounts[d]["name"]] == d and mounts[d]["readOnly"] is True
+        assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility" and "privileged" not in c["securityContext"]
+    rendered = tmp_path / "agent.yaml"
+    rendered.write_text(text)
+    dry_run(api_server, rendered)
+
+
 def webhooks(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     (config,) = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
     return list(config["webhooks"])

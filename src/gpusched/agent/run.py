@@ -14,9 +14,20 @@ from gpusched.agent import coexist, health, labels
 from gpusched.agent.allocation import ANN_ALLOCATED
 from gpusched.agent.inventory import GpuBackend, XidEvent
 from gpusched.agent.metrics import GpuCollector, Owners, owners_from_pods
+from gpusched.agent.mps import DEFAULT_CONTROL, DEFAULT_ROOT, MpsDaemons
 from gpusched.agent.plugin import DEFAULT_PLUGIN_DIR, DEFAULT_SLOTS, DevicePlugin, NodeDevices
 from gpusched.agent.pods import NodeWriter, PodSource
 from gpusched.k8s.convert import RES_GPU
+from gpusched.agent.sharing import (
+    ANN_ISOLATION,
+    DEFAULT_HAMI_LIB,
+    DEFAULT_TOOLKIT_CONFIG,
+    Sharing,
+    SharingCollector,
+    isolation_annotation,
+    read_toolkit_visibility,
+    warn_visibility,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +52,12 @@ class AgentConfig:
     plugin gave each container, to record them as ``gpusched.io/allocated`` (doctor compares them with the
     assignment)."""
     kubelet_alloc_s: float = 2.0
+    sharing: str = "none"  # mps | hami-core | none (gpusched.agent.sharing)
+    mps_root: Path = DEFAULT_ROOT
+    mps_control: str = DEFAULT_CONTROL
+    hami_lib: Path = DEFAULT_HAMI_LIB
+    toolkit_config: Path = DEFAULT_TOOLKIT_CONFIG
+    sharing_sync_s: float = 5.0  # how often MPS daemons without shares are looked for (a pod list per look)
 
 
 @dataclass
@@ -60,6 +77,12 @@ class Agent:
         self.devices = NodeDevices(
             self.config.node, inv, slots=self.config.slots, nvidia_resources=self.config.nvidia_resources
         )
+        c = self.config
+        mps = MpsDaemons(c.mps_root, c.mps_control) if c.sharing == "mps" else None
+        self.sharing = Sharing(c.sharing, mps, c.hami_lib)
+        self.sharing.check()
+        self.visibility = read_toolkit_visibility(c.toolkit_config)
+        warn_visibility(self.visibility)
         self.plugin = DevicePlugin(
             self.devices,
             self.pods,
@@ -67,9 +90,11 @@ class Agent:
             kubelet_socket=self.config.kubelet_socket,
             cdi=self.config.cdi,
             on_health=self._health_dirty.set,
+            sharing=self.sharing,
         )
         self.registry = CollectorRegistry()
         self.registry.register(GpuCollector(self.backend, lambda: self._owners, self.last_xid))
+        self.registry.register(SharingCollector(self.sharing, self.visibility))
 
     def handle_xids(self, events: list[XidEvent]) -> None:
         for e in events:
@@ -86,7 +111,11 @@ class Agent:
             node = self.nodes.get_node(self.config.node)
             inv = self.devices.inventory
             want = labels.gfd_labels(inv, self.config.mig_strategy) if self.config.write_gfd_labels else {}
-            p = health.labels_patch(node, want, {labels.ANN_TOPOLOGY: labels.topology_annotation(inv)})
+            ann = {
+                labels.ANN_TOPOLOGY: labels.topology_annotation(inv),
+                ANN_ISOLATION: isolation_annotation(self.sharing, self.visibility),
+            }
+            p = health.labels_patch(node, want, ann)
             if p:
                 self.nodes.patch_node(self.config.node, p)
                 node = self.nodes.get_node(self.config.node)
@@ -158,8 +187,22 @@ class Agent:
             return done
         self._kubelet_seen = got
         return done
+    def reconcile_sharing(self, *, at_start: bool = False) -> None:
+        """MPS: stop the daemons of GPUs whose last share is gone (errors logged, retried). The pods are
+        listed only while a daemon runs (and once at start, for running shares whose daemon is gone)."""
+        if self.sharing.mps is None or not (at_start or self.sharing.mps.shares):
+            return
+        try:
+            pods = self.pods.pods_on_node(self.config.node)
+        except Exception as e:
+            log.warning("could not list pods on %s: %s", self.config.node, e)
+            return
+        self.sharing.reconcile(pods, self.config.node)
 
     def start(self, *, serve_metrics: bool = True) -> None:
+        # MPS: the daemons an earlier agent started for running shares are kept, then those without shares go
+        self.sharing.adopt([d.uuid for d in self.devices.whole_gpus])
+        self.reconcile_sharing(at_start=True)
         self.plugin.start()
         if serve_metrics:
             start_http_server(self.config.metrics_port, self.config.metrics_addr, registry=self.registry)
@@ -186,12 +229,16 @@ class Agent:
             self.handle_xids(self.backend.poll_xids(1.0))
 
     def _sync_loop(self) -> None:
-        waited = 0.0
+        waited = since_sharing = 0.0
         while not self._stop.is_set():
             if self._health_dirty.wait(1.0):
                 self._health_dirty.clear()
                 self.sync_node()
             waited += 1.0
+            since_sharing += 1.0
+            if since_sharing >= self.config.sharing_sync_s:
+                since_sharing = 0.0
+                self.reconcile_sharing()
             if self.plugin.allocator._unwritten:
                 self.plugin.allocator.flush_annotations()
             if waited >= self.config.resync_s:

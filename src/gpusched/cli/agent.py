@@ -117,6 +117,25 @@ def run_cmd(
             "--no-api", help="No Kubernetes API (measurements): no pods, node updates kept in memory."
         ),
     ] = False,
+    sharing: Annotated[
+        str,
+        typer.Option(
+            help="What enforces GPU shares: mps (one NVIDIA MPS control daemon per shared GPU), hami-core "
+            "(HAMi-core's libvgpu.so, --hami-lib), none (scheduled, not enforced). See docs/gpu-sharing.md."
+        ),
+    ] = "none",
+    mps_root: Annotated[
+        Path, typer.Option(help="MPS: each GPU's pipe, log and shm directories (a host path).")
+    ] = Path("/run/gpusched/mps"),
+    mps_control: Annotated[
+        str, typer.Option(help="MPS: the nvidia-cuda-mps-control binary.")
+    ] = "nvidia-cuda-mps-control",
+    hami_lib: Annotated[
+        Path, typer.Option(help="hami-core: HAMi-core's libvgpu.so on the node (mounted at the same path).")
+    ] = Path("/usr/local/vgpu/libvgpu.so"),
+    toolkit_config: Annotated[
+        Path, typer.Option(help="The NVIDIA container toolkit's config.toml (GPU visibility check).")
+    ] = Path("/etc/nvidia-container-runtime/config.toml"),
 ) -> None:
     """Run the device plugin, the node labeller, GPU health on the Node and the metrics exporter."""
     from gpusched.agent.pods import KubePods, MemoryPods
@@ -138,6 +157,11 @@ def run_cmd(
         mig_strategy=mig_strategy,
         write_gfd_labels=gfd_labels,
         metrics_port=metrics_port,
+        sharing=sharing,
+        mps_root=mps_root,
+        mps_control=mps_control,
+        hami_lib=hami_lib,
+        toolkit_config=toolkit_config,
     )
     agent = Agent(cfg, backend_from(fake), kube, kube)
     done = threading.Event()

@@ -182,6 +182,7 @@ def node_findings(node: Mapping[str, Any], spec: NodeSpec | None = None) -> list
         add("error", "node-not-ready", f"node {name} is not Ready ({conds.get('Ready')})", conditions=conds)
     if (node.get("spec") or {}).get("unschedulable"):
         add("warn", "cordoned", f"node {name} is cordoned (spec.unschedulable)")
+    out += isolation_findings(node)
     driver = {k: v for k, v in labels.items() if k.startswith(DRIVER_PREFIXES)}
     if driver:
         add("ok", "driver-labels", ", ".join(f"{k}={v}" for k, v in sorted(driver.items())), **driver)
@@ -218,6 +219,56 @@ def _conflict_findings(node: Mapping[str, Any], name: str) -> list[Finding]:
         "run the agent with --no-nvidia-resources)"
     )
     return [Finding("node", "error", "device-plugin-conflict", msg, {"resources": resources}, name)]
+
+
+ANN_ISOLATION = "gpusched.io/gpu-isolation"
+"""Written on its Node by the agent (``gpusched.agent.sharing``): ``{"sharing", "visibleDevicesEnvvar",
+"toolkitConfig"}``."""
+
+
+def isolation_findings(node: Mapping[str, Any]) -> list[Finding]:
+    """What enforces GPU shares on the node, and whether an unprivileged pod can pick its GPUs by
+    ``NVIDIA_VISIBLE_DEVICES``: from the agent's ``gpusched.io/gpu-isolation`` annotation (nothing
+    without it)."""
+    name = str(_meta(node).get("name"))
+    raw = _ann(node).get(ANN_ISOLATION)
+    if raw is None:
+        return []
+    out: list[Finding] = []
+
+    def add(sev: str, code: str, msg: str, **ev: Any) -> None:
+        out.append(Finding("node", sev, code, msg, ev, name))
+
+    try:
+        data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
+    except ValueError:
+        add("warn", "isolation-unreadable", f"node {name}: annotation {ANN_ISOLATION} is not JSON: {raw!r}")
+        return out
+    mode = data.get("sharing")
+    if mode == "none":
+        add(
+            "warn",
+            "shares-not-enforced",
+            f"node {name}: GPU shares are scheduled but not enforced (agent --sharing none): a share can "
+            "use its whole GPU's memory and compute and crash its neighbours; run the agent with "
+            "--sharing mps (or hami-core)",
+            sharing=mode,
+        )
+    elif mode in ("mps", "hami-core"):
+        add("ok", "shares-enforced", f"GPU shares enforced by {mode}", sharing=mode)
+    if data.get("visibleDevicesEnvvar") is True:
+        add(
+            "warn",
+            "visible-devices-envvar",
+            f"node {name}: the NVIDIA container toolkit ({data.get('toolkitConfig')}) has "
+            "accept-nvidia-visible-devices-envvar-when-unprivileged = true: any pod can set "
+            "NVIDIA_VISIBLE_DEVICES itself and use GPUs it was not given; set it to false "
+            "(volume-mounts or CDI)",
+            toolkitConfig=data.get("toolkitConfig"),
+        )
+    return out
 
 
 # ---------------------------------------------------------------------------- device plugin

@@ -572,10 +572,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         self._stop_daemon("agent", sig, timeout)
 
     def restart_agent(self, agent_args: Sequence[str] | None = None) -> None:
-        """Stop the agent and start it again (with ``agent_args`` instead of the current extra arguments)."""
+        """Stop the agent and start it again (with ``agent_args`` instead of the current extra arguments, when
+        given: they stay for later restarts)."""
         self.stop_agent()
         if agent_args is not None:
             self._agent_args = list(agent_args)
+            d = self._daemons.get("agent")
+            if d is not None:
+                d.popen = None
+                del self._daemons["agent"]  # the command is built again, with the new arguments
+                d.log_file.close()
         self.start_agent()
 
     def restart_kubelet(self, sig: int = signal.SIGTERM) -> None:
