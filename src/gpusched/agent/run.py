@@ -17,7 +17,6 @@ from gpusched.agent.metrics import GpuCollector, Owners, owners_from_pods
 from gpusched.agent.mps import DEFAULT_CONTROL, DEFAULT_ROOT, MpsDaemons
 from gpusched.agent.plugin import DEFAULT_PLUGIN_DIR, DEFAULT_SLOTS, DevicePlugin, NodeDevices
 from gpusched.agent.pods import NodeWriter, PodSource
-from gpusched.k8s.convert import RES_GPU
 from gpusched.agent.sharing import (
     ANN_ISOLATION,
     DEFAULT_HAMI_LIB,
@@ -28,6 +27,7 @@ from gpusched.agent.sharing import (
     read_toolkit_visibility,
     warn_visibility,
 )
+from gpusched.k8s.convert import RES_GPU
 
 log = logging.getLogger(__name__)
 
