@@ -11,7 +11,8 @@ allocator does not model are listed in SKIPPED with the reason (counted in docs/
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import pytest
 from dra_builders import (
@@ -41,13 +42,20 @@ from gpusched.core.dra.celexpr import CelCompiler
 from gpusched.core.dra.model import (
     AllocatedState,
     AttrValue,
+    Capacity,
     Claim,
     Constraint,
     Device,
     DeviceClass,
     DeviceId,
+    ExactRequest,
     Node,
+    Request,
+    RequestPolicy,
     ResourceSlice,
+    Taint,
+    TaintEffect,
+    Toleration,
     Version,
 )
 from gpusched.core.dra.selector import DraError
@@ -62,7 +70,7 @@ INT_ATTR, VER_ATTR, STR_ATTR, BOOL_ATTR = (
     f"{A}/boolAttribute",
 )
 
-Result = tuple[str, str, str, str, bool]
+Result = tuple[object, ...]
 
 
 def r(request: str, driver: str, pool: str, device: str, admin: bool = False) -> Result:
@@ -76,9 +84,11 @@ class Case:
     classes: list[DeviceClass] = field(default_factory=lambda: [CA])
     node: Node = NODE1
     allocated: list[DeviceId] = field(default_factory=list)
-    expect: list[list[Result]] | None = None  # per claim; None: does not fit
+    expect: list[list[tuple[object, ...]]] | None = None  # per claim; None: does not fit
     error: str | None = None
     local: bool = True  # upstream: localNodeSelector(node) for every claim
+    consumed: dict[DeviceId, dict[str, int]] = field(default_factory=dict)  # other claims' shares
+    check_consumed: bool = False  # results carry the consumed capacity (see rc)
 
 
 def _id(pool: str, device: str, driver: str = A) -> DeviceId:
@@ -903,6 +913,620 @@ CASES.update(
     }
 )
 
+_T_SCHED = Taint("taint-key", "taint-value", TaintEffect.NO_SCHEDULE)
+_T_EXEC = Taint("taint-key", "taint-value-2", TaintEffect.NO_EXECUTE)
+_T_NONE = Taint("taint-key", "taint-value", TaintEffect.NONE)
+_TOL_SCHED = Toleration("taint-key", "Exists", effect="NoSchedule")
+_TOL_EXEC = Toleration("taint-key", "Equal", "taint-value-2", "NoExecute")
+_GEN5, _GEN6 = f'device.attributes["{A}"].generation == "v5"', f'device.attributes["{A}"].generation == "v6"'
+
+
+def _many(name: str, where: str, pool: str, driver: str, n: int) -> ResourceSlice:
+    return slc(name, where, pool, driver, *(dev(f"device-{i}") for i in range(n)))
+
+
+CASES.update(
+    {
+        "tainted-two-devices": Case(
+            [claim("claim-0", req("req-0", "class-a"))],
+            [slc("slice-1", "node-1", P1, A, dev(D1, taints=(_T_SCHED,)), dev(D2, taints=(_T_EXEC,)))],
+        ),
+        "tainted-one-device-two-taints": Case(
+            [claim("claim-0", req("req-0", "class-a"))],
+            [slc("slice-1", "node-1", P1, A, dev(D1, taints=(_T_SCHED, _T_EXEC)))],
+        ),
+        "tainted-two-devices-tolerated": Case(
+            [claim("claim-0", req("req-0", "class-a", tolerations=(_TOL_EXEC,)))],
+            [slc("slice-1", "node-1", P1, A, dev(D1, taints=(_T_SCHED,)), dev(D2, taints=(_T_EXEC,)))],
+            expect=[[r("req-0", A, P1, D2)]],
+        ),
+        "tainted-two-devices-prioritized-list-tolerated": Case(
+            [
+                claim(
+                    "claim-0",
+                    first(
+                        "req-0",
+                        ex("subReq-0", "class-a"),
+                        ex("subReq-1", "class-a", tolerations=(_TOL_EXEC,)),
+                    ),
+                )
+            ],
+            [slc("slice-1", "node-1", P1, A, dev(D1, taints=(_T_SCHED,)), dev(D2, taints=(_T_EXEC,)))],
+            expect=[[r("req-0/subReq-1", A, P1, D2)]],
+        ),
+        "tainted-no-effect": Case(
+            [claim("claim-0", req("req-0", "class-a"))],
+            [slc("slice-1", "node-1", P1, A, dev(D1, taints=(_T_NONE,)))],
+            expect=[[r("req-0", A, P1, D1)]],
+        ),
+        "tainted-one-device-two-taints-both-tolerated": Case(
+            [claim("claim-0", req("req-0", "class-a", tolerations=(_TOL_SCHED, _TOL_EXEC)))],
+            [slc("slice-1", "node-1", P1, A, dev(D1, taints=(_T_SCHED, _T_EXEC)))],
+            expect=[[r("req-0", A, P1, D1)]],
+        ),
+        "tainted-prioritized-list": Case(
+            [claim("claim-0", first("req-0", ex("subReq-0", "class-b"), ex("subReq-1", "class-a")))],
+            [slc("slice-1", "node-1", P1, A, dev(D1, taints=(_T_SCHED,)))],
+            classes=[CA, CB],
+        ),
+        "tainted-admin-access": Case(
+            [claim("claim-0", req("req-0", "class-a", admin_access=True))],
+            [slc("slice-1", "node-1", P1, A, dev(D1, taints=(_T_SCHED,)))],
+            allocated=[_id(P1, D1), _id(P1, D2)],
+        ),
+        "tainted-all-devices-single": Case(
+            [claim("claim-0", all_req("req-0", "class-a"))],
+            [slc("slice-1", "node-1", P1, A, dev(D1, taints=(_T_SCHED,)))],
+        ),
+        "prioritized-list-allocation-mode-all": Case(
+            [claim("claim-0", first("req-0", all_ex("subReq-0", "class-a"), ex("subReq-1", "class-a")))],
+            [slc("slice-1", "node-1", P1, A, dev(D1), dev(D2))],
+            allocated=[_id(P1, D2)],
+            expect=[[r("req-0/subReq-1", A, P1, D1)]],
+        ),
+        "prioritized-list-allocation-mode-all-with-selectors": Case(
+            [
+                claim(
+                    "claim-0",
+                    first(
+                        "req-0", all_ex("subReq-0", "class-a", _GEN6), all_ex("subReq-1", "class-a", _GEN5)
+                    ),
+                )
+            ],
+            [slc("slice-1", "node-1", P1, A, dev(D1, attrs={"generation": "v5"}))],
+            expect=[[r("req-0/subReq-1", A, P1, D1)]],
+        ),
+        "prioritized-list-allocation-mode-all-with-selectors-multiple-pools": Case(
+            [
+                claim(
+                    "claim-0",
+                    first(
+                        "req-0", all_ex("subReq-0", "class-a", _GEN6), all_ex("subReq-1", "class-a", _GEN5)
+                    ),
+                )
+            ],
+            [
+                slc("slice-1", "node-1", P1, A, dev(D1, attrs={"generation": "v5"})),
+                slc("slice-2", "node-1", P2, A, dev(D1, attrs={"generation": "v5"})),
+            ],
+            expect=[[r("req-0/subReq-1", A, P1, D1), r("req-0/subReq-1", A, P2, D1)]],
+        ),
+        "prioritized-list-allocation-mode-all-with-selectors-multiple-pools-across-nodes": Case(
+            [
+                claim(
+                    "claim-0",
+                    first(
+                        "req-0", all_ex("subReq-0", "class-a", _GEN6), all_ex("subReq-1", "class-a", _GEN5)
+                    ),
+                )
+            ],
+            [
+                slc("slice-1", "node-1", P1, A, dev(D1, attrs={"generation": "v5"})),
+                slc(
+                    "slice-2",
+                    "node-2",
+                    P2,
+                    A,
+                    dev(D1, attrs={"generation": "v5"}),
+                    dev(D2, attrs={"generation": "v6"}),
+                ),
+            ],
+            expect=[[r("req-0/subReq-1", A, P1, D1)]],
+        ),
+        "prioritized-list-allocation-mode-all-with-selectors-deviceclass-subset": Case(
+            [
+                claim(
+                    "claim-0",
+                    first(
+                        "req-0", all_ex("subReq-0", "class-a", _GEN6), all_ex("subReq-1", "class-a", _GEN5)
+                    ),
+                )
+            ],
+            [
+                slc(
+                    "slice-1",
+                    "node-1",
+                    P1,
+                    A,
+                    dev(D1, attrs={"generation": "v6", "selected": False}),
+                    dev(D2, attrs={"generation": "v5", "selected": False}),
+                    dev(D3, attrs={"generation": "v5", "selected": True}),
+                )
+            ],
+            classes=[
+                DeviceClass("class-a", (f'device.driver == "{A}" && device.attributes["{A}"].selected',))
+            ],
+            expect=[[r("req-0/subReq-1", A, P1, D3)]],
+        ),
+        "max-number-devices": Case(
+            [claim("claim-0", req("req-0", "class-a", 32))],
+            [_many("slice-1", "node-1", P1, A, 32)],
+            expect=[[r("req-0", A, P1, f"device-{i}") for i in range(32)]],
+        ),
+        "partitionable-devices-with-attribute-selector": Case(
+            [
+                claim(
+                    "claim-0",
+                    req("req-0", "class-a", 2),
+                    req("req-1", "class-a", 1, f'device.attributes["{A}"].special'),
+                )
+            ],
+            [
+                slc(
+                    "slice-1",
+                    "node-1",
+                    P1,
+                    A,
+                    dev(
+                        D1,
+                        attrs={"special": True},
+                        counters={"counter-set-1": {"cpu1": 1}, "counter-set-2": {"mem": 10 * GI}},
+                    ),
+                    dev(
+                        D2,
+                        attrs={"special": False},
+                        counters={"counter-set-1": {"cpu2": 1}, "counter-set-2": {"mem": 10 * GI}},
+                    ),
+                    dev(
+                        D3,
+                        attrs={"special": False},
+                        counters={"counter-set-1": {"cpu3": 1}, "counter-set-2": {"mem": 10 * GI}},
+                    ),
+                    count=2,
+                ),
+                slc(
+                    "slice-2",
+                    "node-1",
+                    P1,
+                    A,
+                    count=2,
+                    counter_sets={
+                        "counter-set-1": {"cpu1": 1, "cpu2": 1, "cpu3": 1},
+                        "counter-set-2": {"mem": 30 * GI},
+                    },
+                ),
+            ],
+            expect=[[r("req-0", A, P1, D2), r("req-0", A, P1, D3), r("req-1", A, P1, D1)]],
+        ),
+        "prioritized-list-max-allocation-limit-request": Case(
+            [
+                claim(
+                    "claim-0",
+                    first("req-0", ex("subReq-0", "class-a", 32), ex("subReq-1", "class-a", 16)),
+                    first("req-1", ex("subReq-0", "class-a", 32), ex("subReq-1", "class-a", 16)),
+                )
+            ],
+            [_many("slice-1", "node-1", P1, A, 64)],
+            expect=[
+                [r("req-0/subReq-1", A, P1, f"device-{i}") for i in range(16)]
+                + [r("req-1/subReq-1", A, P1, f"device-{i}") for i in range(16, 32)]
+            ],
+        ),
+        "prioritized-list-max-allocation-allocation-mode-all": Case(
+            [
+                claim(
+                    "claim-0",
+                    first("req-0", all_ex("subReq-0", "class-a"), ex("subReq-1", "class-a", 2)),
+                    req("req-1", "class-b", 2),
+                )
+            ],
+            [_many("slice-1", "node-1", P1, A, 31), _many("slice-2", "node-1", P2, B, 2)],
+            classes=[CA, CB],
+            expect=[
+                [
+                    r("req-0/subReq-1", A, P1, D0),
+                    r("req-0/subReq-1", A, P1, D1),
+                    r("req-1", B, P2, D0),
+                    r("req-1", B, P2, D1),
+                ]
+            ],
+        ),
+        "node-restriction": Case(
+            [claim("claim-0", req("req-0", "class-a"))],
+            [slc("slice-1", label_selector("planet", "earth"), P1, A, dev(D1, binds_to_node=True))],
+            expect=[[r("req-0", A, P1, D1)]],
+        ),
+        "device-binding-conditions": Case(
+            [claim("claim-0", req("req-0", "class-a"))],
+            [
+                slc(
+                    "slice-1",
+                    "node-1",
+                    P1,
+                    A,
+                    dev(D1, binding_conditions=("IsPrepare",), binding_failure_conditions=("BindingFailed",)),
+                )
+            ],
+            expect=[[r("req-0", A, P1, D1)]],
+        ),
+    }
+)
+
+
+C0, C1 = f"{A}/capacity-0", f"{A}/capacity-1"
+_RANGE = RequestPolicy(default=2, min=2, step=2, max=4)  # upstream's withCapacityRequestPolicyRange
+CM = cls("class-a", A, multi=True)
+CD = cls("class-a", A, multi=False)
+
+
+def rc(request: str, pool: str, device: str, **consumed: int) -> tuple[object, ...]:
+    """A result with its consumed capacity (names without domain belong to driver-a)."""
+    items = tuple(sorted((f"{A}/{n.replace('_', '-')}", v) for n, v in consumed.items()))
+    return (request, A, pool, device, False, items)
+
+
+def mdev(name: str, caps: dict[str, object] | None = None, **kw: Any) -> Device:
+    """A multi-allocatable device; an int capacity has no policy, ("range", v) upstream's range policy."""
+    device = dev(name, allow_multiple_allocations=True, **kw)
+    more = {}
+    for n, v in (caps or {}).items():
+        more[n] = Capacity(v[1], _RANGE) if isinstance(v, tuple) else Capacity(v)  # type: ignore[arg-type]
+    return replace(device, capacity={**device.capacity, **more})
+
+
+def vdev(name: str, default: int, value: int, extra: tuple[int, ...] = ()) -> Device:
+    """upstream's withCapacityRequestPolicyValidValues: default first, then the extra valid values."""
+    policy = RequestPolicy(default=default, valid_values=(default, *extra))
+    return replace(mdev(name), capacity={"capacity-0": Capacity(value, policy)})
+
+
+def creq(name: str, cls_name: str = "class-a", amount: int | None = None, count: int = 1) -> Request:
+    caps = {"capacity-0": amount} if amount is not None else {}
+    return req(name, cls_name, count, capacity_requests=caps)
+
+
+def call(name: str, amount: int) -> Request:
+    return all_req(name, "class-a", capacity_requests={"capacity-0": amount})
+
+
+def cex(name: str, amount: int | None, *selectors: str) -> ExactRequest:
+    caps = {"capacity-0": amount} if amount is not None else {}
+    return ex(name, "class-a", 1, *selectors, capacity_requests=caps)
+
+
+CASES.update(
+    {
+        "consumable-capacity-multi-allocatable-device-with-missing-capacity-request": Case(
+            [claim("claim-0", creq("req-0", amount=1))],
+            [slc("slice-1", "node-1", P1, A, mdev(D1, {"capacity-1": 1}))],
+        ),
+        "consumable-capacity-multi-allocatable-device-allocation-mode-all-with-missing-capacity-request": Case(  # noqa: E501 (upstream case name)
+            [claim("claim-0", call("req-0", 1))],
+            [slc("slice-1", "node-1", P1, A, mdev(D1, {"capacity-1": 1}))],
+            classes=[CM],
+        ),
+        "consumable-capacity-multi-allocatable-device-without-capacity-without-capacity-request": Case(
+            [claim("claim-0", creq("req-0")), claim("claim-1", creq("req-0"))],
+            [slc("slice-1", "node-1", P1, A, mdev(D1))],
+            classes=[CM],
+            expect=[[rc("req-0", P1, D1)], [rc("req-0", P1, D1)]],
+            check_consumed=True,
+        ),
+        "consumable-capacity-multi-allocatable-device-without-policy-without-capacity-request": Case(
+            [claim("claim-0", creq("req-0")), claim("claim-1", creq("req-0"))],
+            [slc("slice-1", "node-1", P1, A, mdev(D1, {"capacity-0": 1}), mdev(D2, {"capacity-0": 1}))],
+            classes=[CM],
+            expect=[[rc("req-0", P1, D1, capacity_0=1)], [rc("req-0", P1, D2, capacity_0=1)]],
+            check_consumed=True,
+        ),
+        "consumable-capacity-multi-allocatable-device-without-policy-without-capacity-request-block": Case(
+            [claim("claim-0", creq("req-0")), claim("claim-1", creq("req-0"))],
+            [slc("slice-1", "node-1", P1, A, mdev(D1, {"capacity-0": 2}))],
+            classes=[CM],
+        ),
+        "consumable-capacity-multi-allocatable-device-without-policy-with-capacity-request": Case(
+            [claim("claim-0", creq("req-0", amount=1)), claim("claim-1", creq("req-0", amount=1))],
+            [slc("slice-1", "node-1", P1, A, mdev(D1, {"capacity-0": 2}))],
+            classes=[CM],
+            expect=[[rc("req-0", P1, D1, capacity_0=1)], [rc("req-0", P1, D1, capacity_0=1)]],
+            check_consumed=True,
+        ),
+        "consumable-capacity-multi-allocatable-device-with-policy-without-capacity-request": Case(
+            [claim("claim-0", creq("req-0")), claim("claim-1", creq("req-0"))],
+            [slc("slice-1", "node-1", P1, A, mdev(D1, {"capacity-0": ("range", 4)}))],
+            classes=[CM],
+            expect=[[rc("req-0", P1, D1, capacity_0=2)], [rc("req-0", P1, D1, capacity_0=2)]],
+            check_consumed=True,
+        ),
+        "consumable-capacity-multi-allocatable-device-with-zero-request-policy": Case(
+            [claim("claim-0", creq("req-0")), claim("claim-1", creq("req-0"))],
+            [slc("slice-1", "node-1", P1, A, vdev(D1, 0, 1))],
+            classes=[CM],
+            expect=[[rc("req-0", P1, D1, capacity_0=0)], [rc("req-0", P1, D1, capacity_0=0)]],
+            check_consumed=True,
+        ),
+        "consumable-capacity-multi-allocatable-device-violates-zero-request-policy": Case(
+            [claim("claim-0", creq("req-0", amount=1))],
+            [slc("slice-1", "node-1", P1, A, vdev(D1, 0, 1))],
+            classes=[CM],
+        ),
+        "consumable-capacity-multi-allocatable-device-with-range-policy-with-capacity-request": Case(
+            [claim("claim-0", creq("req-0", amount=1)), claim("claim-1", creq("req-0", amount=1))],
+            [slc("slice-1", "node-1", P1, A, mdev(D1, {"capacity-0": ("range", 4)}))],
+            classes=[CM],
+            expect=[[rc("req-0", P1, D1, capacity_0=2)], [rc("req-0", P1, D1, capacity_0=2)]],
+            check_consumed=True,
+        ),
+        "consumable-capacity-multi-allocatable-device-with-range-policy-step": Case(
+            [claim("claim-0", creq("req-0", amount=3))],
+            [slc("slice-1", "node-1", P1, A, mdev(D1, {"capacity-0": ("range", 4)}))],
+            classes=[CM],
+            expect=[[rc("req-0", P1, D1, capacity_0=4)]],
+            check_consumed=True,
+        ),
+        "consumable-capacity-multi-allocatable-device-with-valid-values-policy": Case(
+            [claim("claim-0", creq("req-0", amount=2))],
+            [slc("slice-1", "node-1", P1, A, vdev(D1, 1, 4, (2,)))],
+            classes=[CM],
+            expect=[[rc("req-0", P1, D1, capacity_0=2)]],
+            check_consumed=True,
+        ),
+        "consumable-capacity-multi-allocatable-device-with-valid-values-policy-round-up": Case(
+            [claim("claim-0", creq("req-0", amount=2))],
+            [slc("slice-1", "node-1", P1, A, vdev(D1, 1, 3, (3,)))],
+            classes=[CM],
+            expect=[[rc("req-0", P1, D1, capacity_0=3)]],
+            check_consumed=True,
+        ),
+        "consumable-capacity-multi-allocatable-device-with-exceeded-consumable-capacity-request": Case(
+            [claim("claim-0", creq("req-0", amount=1)), claim("claim-1", creq("req-0", amount=2))],
+            [slc("slice-1", "node-1", P1, A, mdev(D1, {"capacity-0": ("range", 2)}))],
+            classes=[CM],
+        ),
+        "consumable-capacity-multi-allocatable-device-with-request-over-max-sharing-policy": Case(
+            [claim("claim-0", creq("req-0", amount=6))],
+            [slc("slice-1", "node-1", P1, A, mdev(D1, {"capacity-0": ("range", 10)}))],
+            classes=[CM],
+        ),
+        "consumable-capacity-multi-allocatable-device-with-allocated-capacity-use-remaining": Case(
+            [claim("claim-0", creq("req-0", amount=2))],
+            [slc("slice-1", "node-1", P1, A, mdev(D1, {"capacity-0": ("range", 4)}))],
+            classes=[CM],
+            consumed={_id(P1, D1): {C0: 2}},
+            expect=[[rc("req-0", P1, D1, capacity_0=2)]],
+            check_consumed=True,
+        ),
+        "consumable-capacity-multi-allocatable-device-with-allocated-capacity-next-device": Case(
+            [claim("claim-0", creq("req-0", amount=2))],
+            [
+                slc(
+                    "slice-1",
+                    "node-1",
+                    P1,
+                    A,
+                    mdev(D1, {"capacity-0": ("range", 2)}),
+                    mdev(D2, {"capacity-0": ("range", 2)}),
+                )
+            ],
+            classes=[CM],
+            consumed={_id(P1, D1): {C0: 2}},
+            expect=[[rc("req-0", P1, D2, capacity_0=2)]],
+            check_consumed=True,
+        ),
+        "consumable-capacity-with-multi-allocatable-device-backtrack": Case(
+            [
+                claim(
+                    "claim-0",
+                    creq("req-0", amount=2),
+                    creq("req-1", amount=2),
+                    constraints=(Constraint(match_attribute=STR_ATTR),),
+                ),
+                claim("claim-1", creq("req-0", amount=2)),
+            ],
+            [
+                slc(
+                    "slice-1",
+                    "node-1",
+                    P1,
+                    A,
+                    mdev(D2, {"capacity-0": ("range", 2)}, attrs={"stringAttribute": "v1"}),
+                    mdev(D1, {"capacity-0": ("range", 4)}, attrs={"stringAttribute": "v2"}),
+                )
+            ],
+            expect=[
+                [rc("req-0", P1, D1, capacity_0=2), rc("req-1", P1, D1, capacity_0=2)],
+                [rc("req-0", P1, D2, capacity_0=2)],
+            ],
+            check_consumed=True,
+        ),
+        "consumable-capacity-multi-allocatable-device-with-subrequest": Case(
+            [claim("claim-0", first("req-0", cex("subReq-0", 4), cex("subReq-1", 2), cex("subReq-1", None)))],
+            [slc("slice-1", "node-1", P1, A, mdev(D1, {"capacity-0": ("range", 2)}))],
+            classes=[CM],
+            expect=[[rc("req-0/subReq-1", P1, D1, capacity_0=2)]],
+            check_consumed=True,
+        ),
+        "consumable-capacity-multi-allocatable-device-with-no-available-consumable-capacity": Case(
+            [claim("claim-0", creq("req-0", amount=2))],
+            [slc("slice-1", "node-1", P1, A, mdev(D1, {"capacity-0": ("range", 2)}))],
+            classes=[CM],
+            consumed={_id(P1, D1): {C0: 2}},
+        ),
+        "consumable-capacity-multi-allocatable-device-allocation-mode-all-filter-out-no-capacity": Case(
+            [claim("claim-0", call("req-0", 2))],
+            [slc("slice-1", "node-1", P1, A, mdev(D1, {"capacity-0": 2}), mdev(D2))],
+            classes=[CM],
+            expect=[[rc("req-0", P1, D1, capacity_0=2)]],
+            check_consumed=True,
+        ),
+        "consumable-capacity-multi-allocatable-device-allocation-mode-all-filter-out-insufficient-capacity": Case(  # noqa: E501 (upstream case name)
+            [claim("claim-0", call("req-0", 2))],
+            [slc("slice-1", "node-1", P1, A, mdev(D1, {"capacity-0": 2}), mdev(D2, {"capacity-0": 1}))],
+            classes=[CM],
+            expect=[[rc("req-0", P1, D1, capacity_0=2)]],
+            check_consumed=True,
+        ),
+        "consumable-capacity-multi-allocatable-device-allocation-mode-all-allocating-sufficient": Case(
+            [claim("claim-0", creq("req-0", amount=1), call("req-1", 1))],
+            [slc("slice-1", "node-1", P1, A, mdev(D1, {"capacity-0": 2}), mdev(D2, {"capacity-0": 1}))],
+            expect=[
+                [
+                    rc("req-0", P1, D1, capacity_0=1),
+                    rc("req-1", P1, D1, capacity_0=1),
+                    rc("req-1", P1, D2, capacity_0=1),
+                ]
+            ],
+            check_consumed=True,
+        ),
+        "consumable-capacity-multi-allocatable-device-allocation-mode-all-in-use-sufficient": Case(
+            [claim("claim-0", call("req-0", 1))],
+            [slc("slice-1", "node-1", P1, A, mdev(D1, {"capacity-0": 2}), mdev(D2, {"capacity-0": 1}))],
+            consumed={_id(P1, D1): {C0: 1}},
+            expect=[[rc("req-0", P1, D1, capacity_0=1), rc("req-0", P1, D2, capacity_0=1)]],
+            check_consumed=True,
+        ),
+        "consumable-capacity-multi-allocatable-device-allocation-mode-all-allocating-insufficient": Case(
+            [claim("claim-0", creq("req-0", amount=1), call("req-1", 1))],
+            [slc("slice-1", "node-1", P1, A, mdev(D1, {"capacity-0": 1}), mdev(D2, {"capacity-0": 1}))],
+        ),
+        "consumable-capacity-multi-allocatable-device-allocation-mode-all-in-use-insufficient": Case(
+            [claim("claim-0", call("req-0", 1))],
+            [slc("slice-1", "node-1", P1, A, mdev(D1, {"capacity-0": 1}), mdev(D2, {"capacity-0": 1}))],
+            consumed={_id(P1, D1): {C0: 1}},
+            expect=[[rc("req-0", P1, D2, capacity_0=1)]],
+            check_consumed=True,
+        ),
+        "consumable-capacity-dedicated-device-with-consumable-capacity-request": Case(
+            [claim("claim-0", creq("req-0", amount=1))],
+            [slc("slice-1", "node-1", P1, A, dev(D1, {"capacity-0": 1}))],
+            classes=[CD],
+            expect=[[rc("req-0", P1, D1)]],
+            check_consumed=True,
+        ),
+        "consumable-capacity-dedicated-device-with-multiple-consumable-capacity-request": Case(
+            [claim("claim-0", creq("req-0", amount=1)), claim("claim-1", creq("req-0", amount=1))],
+            [slc("slice-1", "node-1", P1, A, replace(dev(D1), capacity={"capacity-0": Capacity(2, _RANGE)}))],
+            classes=[CD],
+        ),
+        "allow-multiple-allocations-exclude-multi-allocatable-device-by-class-selector": Case(
+            [claim("claim-0", creq("req-0", amount=1))],
+            [slc("slice-1", "node-1", P1, A, mdev(D1, {"capacity-0": 1}))],
+            classes=[CD],
+        ),
+        "allow-multiple-allocations-not-allocate-multi-allocatable-device-which-already-dedicated": Case(
+            [claim("claim-0", creq("req-0", amount=1))],
+            [slc("slice-1", "node-1", P1, A, mdev(D1, {"capacity-0": ("range", 2)}))],
+            classes=[CM],
+            allocated=[_id(P1, D1)],
+        ),
+        "allow-multiple-allocations-not-allocate-dedicated-device-which-change-from-multi-allocatable": Case(
+            [claim("claim-0", creq("req-0", amount=1))],
+            [slc("slice-1", "node-1", P1, A, replace(dev(D1), capacity={"capacity-0": Capacity(2, _RANGE)}))],
+            classes=[CM],
+            consumed={_id(P1, D1): {C0: 1}},
+        ),
+        "allow-multiple-allocations-with-partitionable-device": Case(
+            [
+                claim(
+                    "claim-0",
+                    req("req-0", "class-a"),
+                    first(
+                        "req-1",
+                        ex("subReq-0", "class-a", 1, mem_at_least(6)),
+                        ex("subReq-1", "class-a", 1, mem_at_least(4)),
+                    ),
+                )
+            ],
+            [
+                slc(
+                    "slice-1",
+                    "node-1",
+                    P1,
+                    A,
+                    *(mdev(d, counters=_mem(g), from_counters=True) for d, g in ((D1, 4), (D2, 6), (D3, 4))),
+                    count=2,
+                ),
+                slc("slice-2", "node-1", P1, A, count=2, counter_sets=_CS8),
+            ],
+            classes=[CM],
+            expect=[[rc("req-0", P1, D1, memory=4 * GI), rc("req-1/subReq-1", P1, D3, memory=4 * GI)]],
+            check_consumed=True,
+        ),
+        "consumable-capacity-with-partitionable-device-multiple-capacity-pools": Case(
+            [
+                claim(
+                    "claim-0",
+                    creq("req-0", amount=1),
+                    creq("req-2", amount=2),
+                    first(
+                        "req-1",
+                        cex(
+                            "subReq-0",
+                            1,
+                            f'device.capacity["{A}"]["capacity-0"].compareTo(quantity("4")) >= 0',
+                        ),
+                        cex(
+                            "subReq-1",
+                            1,
+                            f'device.capacity["{A}"]["capacity-0"].compareTo(quantity("2")) >= 0',
+                        ),
+                    ),
+                )
+            ],
+            [
+                slc(
+                    "slice-1",
+                    "node-1",
+                    P1,
+                    A,
+                    *(
+                        replace(
+                            mdev(
+                                d,
+                                counters={
+                                    "counter-set-1": {"capacity-0": c0},
+                                    "counter-set-2": {"capacity-1": 4},
+                                },
+                                from_counters=True,
+                            ),
+                            capacity={"capacity-0": Capacity(c0), "capacity-1": Capacity(4, _RANGE)},
+                        )
+                        for d, c0 in ((D1, 2), (D2, 4), (D3, 2))
+                    ),
+                    count=2,
+                ),
+                slc(
+                    "slice-2",
+                    "node-1",
+                    P1,
+                    A,
+                    count=2,
+                    counter_sets={"counter-set-1": {"capacity-0": 4}, "counter-set-2": {"capacity-1": 8}},
+                ),
+            ],
+            expect=[
+                [
+                    rc("req-0", P1, D1, capacity_0=1, capacity_1=2),
+                    rc("req-2", P1, D3, capacity_0=2, capacity_1=2),
+                    rc("req-1/subReq-1", P1, D1, capacity_0=1, capacity_1=2),
+                ]
+            ],
+            check_consumed=True,
+        ),
+    }
+)
+
+
 # Upstream cases not transcribed, and why (counted in docs/dra.md).
 SKIPPED = {
     "with-class-device-config / ...-multiple-request-and-configs / claim-with-device-config /"
@@ -918,16 +1542,22 @@ SKIPPED = {
 
 def _run(case: Case) -> object:
     classes = {c.name: c for c in case.classes}
-    state = AllocatedState(frozenset(case.allocated))
+    state = AllocatedState(frozenset(case.allocated), case.consumed)
     return Allocator(classes, case.slices, CelCompiler(), state).allocate(case.node, case.claims)
 
 
-def _normal(results: object) -> list[list[Result]]:
+def _normal(results: object, consumed: bool) -> list[list[tuple[object, ...]]]:
     assert isinstance(results, Fits)
-    return [
-        sorted((d.request, d.driver, d.pool, d.device, d.admin_access) for d in a.results)
-        for a in results.allocations
-    ]
+    out: list[list[tuple[object, ...]]] = []
+    for a in results.allocations:
+        rows: list[tuple[object, ...]] = []
+        for d in a.results:
+            row: tuple[object, ...] = (d.request, d.driver, d.pool, d.device, d.admin_access)
+            if consumed:
+                row += (tuple(sorted(d.consumed_capacity.items())),)
+            rows.append(row)
+        out.append(sorted(rows))
+    return out
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -942,7 +1572,7 @@ def test_upstream_case(name: str) -> None:
     if case.expect is None:
         assert isinstance(out, DoesNotFit), f"expected no allocation, got {out}"
         return
-    assert _normal(out) == [sorted(e) for e in case.expect]
+    assert _normal(out, case.check_consumed) == [sorted(e) for e in case.expect]
     assert isinstance(out, Fits)
     for alloc in out.allocations:
         assert alloc.node_name == (case.node.name if case.local else None)

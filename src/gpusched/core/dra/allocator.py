@@ -119,8 +119,9 @@ class Allocator:
             if pool.invalid is not None:
                 continue  # reported if nothing fits (``allocate``)
             for cand in pool.devices:
-                if not _tolerated(exact, cand) or not self._selected(where, selectors, cand):
-                    continue
+                held = self._allocated.consumed.get(DeviceId(cand.driver, cand.pool, cand.device.name), {})
+                if not self._selected(where, selectors, cand) or not _capacity_fits(exact, cand, held):
+                    continue  # (taints are checked when a device is taken: "All" fails on one)
                 if pool.incomplete:
                     if exact.mode is AllocationMode.ALL:
                         raise DraError(
@@ -155,17 +156,29 @@ class Allocator:
 MAX_RESULTS = 32  # resource.k8s.io/v1 AllocationResultsMaxSize: devices per claim
 
 
+def _least(choices: list[_Choice]) -> int:
+    """The fewest devices any alternative of a request takes (0 when one is "All" or none is left)."""
+    counts = [c.exact.count for c in choices if c.exact.mode is AllocationMode.EXACT_COUNT]
+    return min(counts) if counts and len(counts) == len(choices) else 0
+
+
 def _check_claim_limit(claim: Claim, plan: list[list[_Choice]]) -> None:
-    least = 0
-    for choices in plan:
-        counts = [c.exact.count for c in choices if c.exact.mode is AllocationMode.EXACT_COUNT]
-        if len(counts) == len(choices) and counts:
-            least += min(counts)
+    least = sum(_least(choices) for choices in plan)
     if least > MAX_RESULTS:
         raise DraError(
             f"claim {claim.name}: number of requested devices {least} exceeds the claim limit"
             f" of {MAX_RESULTS}"
         )
+
+
+def _capacity_fits(exact: ExactRequest, cand: Candidate, held: Mapping[str, int]) -> bool:
+    """Whether one allocation's consumption fits what other claims left of the device (a device that
+    cannot is not a candidate at all, also not for "All")."""
+    used = consumption(cand.device, exact.capacity_requests, cand.driver)
+    if used is None:
+        return False
+    caps = _qualified_caps(cand)
+    return all(held.get(n, 0) + v <= caps[n].value for n, v in used.items())
 
 
 def _tolerated(exact: ExactRequest, cand: Candidate) -> bool:
@@ -227,6 +240,7 @@ class _Search:
             return True
         ci, ri = self.flat[k]
         parent = self.claims[ci].requests[ri].name
+        rest = sum(_least(c) for c in self.plans[ci][ri + 1 :])
         for choice in self.plans[ci][ri]:
             want = choice.exact.count
             if choice.exact.mode is AllocationMode.ALL:
@@ -234,6 +248,8 @@ class _Search:
                 if want == 0:
                     self.reason = f"claim {self.claims[ci].name}, request {choice.result_name}: no devices"
                     continue
+            if len(self.results[ci]) + want + rest > MAX_RESULTS:
+                continue  # this alternative would take the claim past its limit
             if self._device(k, ci, parent, choice, want, 0):
                 return True
         return False
@@ -244,6 +260,7 @@ class _Search:
         cands = choice.candidates
         if choice.exact.mode is AllocationMode.ALL:
             cands = (cands[got],)
+            self.books[ci].last_refusal = None
         for cand in cands:
             share = self._take(ci, parent, choice, cand)
             if share is None:
@@ -263,15 +280,19 @@ class _Search:
         """Allocate ``cand`` for the request if it is free; returns the consumed capacity (maybe empty)."""
         exact, dev = choice.exact, cand.device
         did = DeviceId(cand.driver, cand.pool, dev.name)
-        if any(r.device_id == did for r in self.results[ci]):
+        if not _tolerated(exact, cand):
             return None
+        if any(
+            r.device_id == did and (r.request == choice.result_name or not r.shared) for r in self.results[ci]
+        ):
+            return None  # a claim takes a device once; a shared one once per request
         used = consumption(dev, exact.capacity_requests, cand.driver)
         if used is None:
             return None
         multi = dev.allow_multiple_allocations and not exact.admin_access
         if not exact.admin_access:
-            if did in self.exclusive:
-                return None
+            if did in self.exclusive or (not multi and self.shares.get(did)):
+                return None  # held whole, or (no longer multi-allocatable) still shared
             held = self.consumed.get(did, {})
             limit = {n: c.value for n, c in _qualified_caps(cand).items()}
             if any(held.get(n, 0) + v > limit[n] for n, v in used.items()):
@@ -300,6 +321,8 @@ class _Search:
                 exact.admin_access,
                 used if multi else {},
                 multi,
+                dev.binding_conditions,
+                dev.binding_failure_conditions,
             )
         )
         return used if multi else {}
@@ -331,7 +354,9 @@ class _Search:
 
     def _local(self, result: DeviceResult) -> bool:
         pool = self.pools[(result.driver, result.pool)]
-        return any(c.node_local for c in pool.devices if c.device.name == result.device)
+        return any(
+            c.node_local or c.device.binds_to_node for c in pool.devices if c.device.name == result.device
+        )
 
 
 def _qualified_caps(cand: Candidate) -> dict[str, Capacity]:

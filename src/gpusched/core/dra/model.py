@@ -127,6 +127,9 @@ class Device:
     allow_multiple_allocations: bool = False
     taints: tuple[Taint, ...] = ()
     scope: NodeScope | None = None  # only with the slice's perDeviceNodeSelection
+    binds_to_node: bool = False
+    binding_conditions: tuple[str, ...] = ()
+    binding_failure_conditions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -225,6 +228,8 @@ class DeviceResult:
     admin_access: bool = False
     consumed_capacity: Mapping[str, int] = field(default_factory=dict)
     shared: bool = False  # a share of a multi-allocation device: the adapter gives it a shareID
+    binding_conditions: tuple[str, ...] = ()
+    binding_failure_conditions: tuple[str, ...] = ()
 
     @property
     def device_id(self) -> DeviceId:
