@@ -1527,6 +1527,356 @@ CASES.update(
 )
 
 
+_BOOL_TRUE = f'device.attributes["{A}"].boolAttribute'
+
+
+def _attrs(version: str, numa: int, flag: bool) -> dict[str, AttrValue]:
+    return {"driverVersion": Version(version), "numa": numa, "boolAttribute": flag}
+
+
+CASES.update(
+    {
+        "with-distinct-constraints": Case(
+            [
+                claim(
+                    "claim-0",
+                    *(req(f"req-{i}", "class-a") for i in range(4)),
+                    constraints=(
+                        Constraint(("req-0", "req-1"), distinct_attribute=BOOL_ATTR),
+                        Constraint(("req-0", "req-1", "req-2"), distinct_attribute=VER_ATTR),
+                        Constraint(("req-0", "req-1", "req-2", "req-3"), distinct_attribute=INT_ATTR),
+                    ),
+                )
+            ],
+            [
+                slc(
+                    "slice-1",
+                    "node-1",
+                    P1,
+                    A,
+                    mdev(D1, attrs=_attrs("1.0.0", 0, True)),
+                    mdev(D2, attrs=_attrs("1.0.1", 1, False)),
+                    mdev(D3, attrs=_attrs("1.0.2", 2, True)),
+                    mdev("device-4", attrs=_attrs("1.0.0", 3, True)),
+                )
+            ],
+            expect=[
+                [rc("req-0", P1, D1), rc("req-1", P1, D2), rc("req-2", P1, D3), rc("req-3", P1, "device-4")]
+            ],
+            check_consumed=True,
+        ),
+        "with-distinct-constraints-attribute-not-set": Case(
+            [
+                claim(
+                    "claim-0",
+                    req("req-0", "class-a"),
+                    constraints=(Constraint(("req-0",), distinct_attribute=BOOL_ATTR),),
+                )
+            ],
+            [slc("slice-1", "node-1", P1, A, mdev(D1))],
+        ),
+        "with-distinct-constraints-with-subrequests": Case(
+            [
+                claim(
+                    "claim-0",
+                    *(
+                        first(f"req-{i}", ex("subReq-0", "class-a", 1, _BOOL_TRUE), ex("subReq-1", "class-a"))
+                        for i in range(3)
+                    ),
+                    constraints=(Constraint(("req-0", "req-1"), distinct_attribute=BOOL_ATTR),),
+                )
+            ],
+            [
+                slc(
+                    "slice-1",
+                    "node-1",
+                    P1,
+                    A,
+                    mdev(D1, attrs={"boolAttribute": True}),
+                    mdev(D2, attrs={"boolAttribute": False}),
+                )
+            ],
+            expect=[
+                [rc("req-0/subReq-0", P1, D1), rc("req-1/subReq-1", P1, D2), rc("req-2/subReq-0", P1, D1)]
+            ],
+            check_consumed=True,
+        ),
+        "distinct-constraint-one-multi-allocatable-device-with-distinct-constraint": Case(
+            [
+                claim(
+                    "claim-0",
+                    creq("req-0", amount=1),
+                    creq("req-1", amount=1),
+                    constraints=(Constraint(distinct_attribute=STR_ATTR),),
+                )
+            ],
+            [
+                slc(
+                    "slice-1",
+                    "node-1",
+                    P1,
+                    A,
+                    mdev(D1, {"capacity-0": ("range", 2)}, attrs={"stringAttribute": "v"}),
+                )
+            ],
+            classes=[CM],
+        ),
+        "distinct-constraint-two-multi-allocatable-devices-with-distinct-constraint": Case(
+            [
+                claim(
+                    "claim-0",
+                    creq("req-0", amount=2),
+                    creq("req-1", amount=2),
+                    constraints=(Constraint(distinct_attribute=STR_ATTR),),
+                )
+            ],
+            [
+                slc(
+                    "slice-1",
+                    "node-1",
+                    P1,
+                    A,
+                    mdev(D1, {"capacity-0": ("range", 4)}, attrs={"stringAttribute": "v1"}),
+                    count=2,
+                ),
+                slc(
+                    "slice-1",
+                    "node-1",
+                    P1,
+                    A,
+                    mdev(D2, {"capacity-0": ("range", 4)}, attrs={"stringAttribute": "v2"}),
+                    count=2,
+                ),
+            ],
+            classes=[CM],
+            expect=[[rc("req-0", P1, D1, capacity_0=2), rc("req-1", P1, D2, capacity_0=2)]],
+            check_consumed=True,
+        ),
+    }
+)
+
+
+def _gen(name: str, where: str, gen: int, *devices: Device, pool: str = P1) -> ResourceSlice:
+    return slc(name, where, pool, A, *devices, count=2, gen=gen)
+
+
+_TYPE_X = f'device.attributes["{A}"].type == "X"'
+_TYPE_Y = f'device.attributes["{A}"].type == "Y"'
+_XYY = (dev(D1, attrs={"type": "X"}), dev(D2, attrs={"type": "Y"}), dev(D3, attrs={"type": "Y"}))
+_FOUR = tuple(dev(d) for d in (D1, D2, D3, "device-4"))
+
+CASES.update(
+    {
+        "allocation-mode-all-with-multi-host-resource-pool": Case(
+            [claim("claim-0", all_req("req-0", "class-a"))],
+            [_gen("slice-1", "node-1", 1, dev(D1)), _gen("slice-2", "node-2", 1, dev(D2))],
+            expect=[[r("req-0", A, P1, D1)]],
+        ),
+        "multi-host-resource-pool-with-stale-slice-for-current-node": Case(
+            [claim("claim-0", req("req-0", "class-a"))],
+            [_gen("slice-1", "node-1", 1, dev(D1)), _gen("slice-2", "node-2", 2, dev(D2))],
+        ),
+        "multi-host-resource-pool-complete-update-from-node-1-to-node-2": Case(
+            [claim("claim-0", req("req-0", "class-a"))],
+            [
+                _gen("slice-1", "node-1", 1, dev(D1)),
+                _gen("slice-1", "node-1", 1, dev(D2)),
+                _gen("slice-2", "node-2", 2, dev(D1)),
+                _gen("slice-2", "node-2", 2, dev(D2)),
+            ],
+            expect=[[r("req-0", A, P1, D1)]],
+        ),
+        "multi-host-resource-pool-complete-update-from-node-2-to-node-1": Case(
+            [claim("claim-0", req("req-0", "class-a"))],
+            [
+                _gen("slice-1", "node-2", 1, dev(D1)),
+                _gen("slice-1", "node-2", 1, dev(D2)),
+                _gen("slice-2", "node-1", 2, dev(D1)),
+                _gen("slice-2", "node-1", 2, dev(D2)),
+            ],
+            expect=[[r("req-0", A, P1, D1)]],
+        ),
+        "multi-host-resource-pool-incomplete-update-from-node-1-to-node-2": Case(
+            [claim("claim-0", req("req-0", "class-a"))],
+            [
+                _gen("slice-1", "node-1", 1, dev(D1)),
+                _gen("slice-1", "node-1", 1, dev(D2)),
+                _gen("slice-2", "node-2", 2, dev(D1)),
+            ],
+            expect=[[r("req-0", A, P1, D1)]],
+        ),
+        "multi-host-resource-pool-incomplete-update-from-node-2-to-node-1": Case(
+            [claim("claim-0", req("req-0", "class-a"))],
+            [
+                _gen("slice-1", "node-2", 1, dev(D1)),
+                _gen("slice-1", "node-2", 1, dev(D2)),
+                _gen("slice-2", "node-1", 2, dev(D1)),
+            ],
+        ),
+        "partitionable-devices-same-counter-set-name-in-different-resource-slices": Case(
+            [claim("claim-0", req("req-0", "class-a"))],
+            [
+                slc("slice-1", "node-1", P1, A, dev(D1), count=4),
+                slc("slice-2", "node-1", P1, A, count=4, counter_sets={"counter-set-1": {}}),
+                slc("slice-3", "node-1", P1, A, dev(D2), count=4),
+                slc("slice-4", "node-1", P1, A, count=4, counter_sets={"counter-set-1": {}}),
+            ],
+            error="invalid resource pools were encountered",
+        ),
+        "partitionable-devices-device-counter-consumption-references-unknown-counter-set": Case(
+            [claim("claim-0", req("req-0", "class-a"))],
+            [
+                slc("slice-1", "node-1", P1, A, dev(D1, counters={"counter-set-2": {}}), count=2),
+                slc("slice-2", "node-1", P1, A, count=2, counter_sets={"counter-set-1": {}}),
+            ],
+            error="invalid resource pools were encountered",
+        ),
+        "partitionable-devices-device-counter-consumption-references-unknown-counter-in-counter-set": Case(
+            [claim("claim-0", req("req-0", "class-a"))],
+            [
+                slc("slice-1", "node-1", P1, A, dev(D1, counters=_mem(8)), count=2),
+                slc(
+                    "slice-2",
+                    "node-1",
+                    P1,
+                    A,
+                    count=2,
+                    counter_sets={"counter-set-1": {"other-memory": 8 * GI}},
+                ),
+            ],
+            error="invalid resource pools were encountered",
+        ),
+        "partitionable-devices-device-counter-consumption-references-counter-set-in-other-pool": Case(
+            [claim("claim-0", req("req-0", "class-a"))],
+            [
+                slc("slice-1", "node-1", P1, A, dev(D1, counters=_mem(8))),
+                slc("slice-2", "node-1", P2, A, counter_sets={"counter-set-1": {"memory": 8 * GI}}),
+            ],
+            error="invalid resource pools were encountered",
+        ),
+        "partitionable-devices-devices-on-different-nodes-consume-same-counter-set": Case(
+            [
+                claim(
+                    "claim-0",
+                    first(
+                        "req-0",
+                        ex("subReq-0", "class-a", 1, mem_at_least(6)),
+                        ex("subReq-1", "class-a", 1, mem_at_least(2)),
+                    ),
+                )
+            ],
+            [
+                slc("slice-1", "node-1", P1, A, count=3, counter_sets=_CS8),
+                slc(
+                    "slice-2",
+                    "node-1",
+                    P1,
+                    A,
+                    dev(D1, counters=_mem(6), from_counters=True),
+                    dev(D2, counters=_mem(2), from_counters=True),
+                    count=3,
+                ),
+                slc("slice-3", "node-2", P1, A, dev(D3, counters=_mem(6)), count=3),
+            ],
+            allocated=[_id(P1, D3)],
+            expect=[[r("req-0/subReq-1", A, P1, D2)]],
+        ),
+        "partitionable-devices-validation-error-on-non-targeting-slice": Case(
+            [claim("claim-0", req("req-0", "class-a"))],
+            [
+                slc("slice-1", "node-1", P1, A, count=3, counter_sets=_CS8),
+                slc("slice-2", "node-1", P1, A, dev(D1, counters=_mem(6), from_counters=True), count=3),
+                slc("slice-3", "node-2", P1, A, dev(D3, counters=_mem(6, "counter-set-2")), count=3),
+            ],
+            error="invalid resource pools were encountered",
+        ),
+        "different-resourceslices-in-pool-can-target-different-nodes": Case(
+            [claim("claim-0", req("req-0", "class-a"))],
+            [
+                slc("slice-1", "node-2", P1, A, dev(D1), count=2),
+                slc("slice-2", "node-1", P1, A, dev(D2), count=2),
+            ],
+            expect=[[r("req-0", A, P1, D2)]],
+        ),
+        "invalid-pool-is-ok-if-devices-can-be-allocated-from-other": Case(
+            [claim("claim-0", req("req-0", "class-a"))],
+            [
+                slc("slice-1", "node-1", P1, A, dev(D1), count=2),
+                slc("slice-2", "node-1", P1, A, dev(D1), count=2),
+                slc("slice-3", "node-1", P2, A, dev(D2)),
+            ],
+            expect=[[r("req-0", A, P2, D2)]],
+        ),
+        "invalid-pool-is-error-if-no-other-device-can-be-allocated": Case(
+            [claim("claim-0", req("req-0", "class-a"))],
+            [
+                slc("slice-1", "node-1", P1, A, dev(D1), count=2),
+                slc("slice-2", "node-1", P1, A, dev(D1), count=2),
+                slc("slice-3", "node-1", P2, A, dev(D2)),
+            ],
+            allocated=[_id(P2, D2)],
+            error="invalid resource pools were encountered",
+        ),
+        "no-allocation-from-incomplete-pools": Case(
+            [claim("claim-0", req("req-0", "class-a"))], [slc("slice-1", "node-1", P1, A, dev(D1), count=2)]
+        ),
+        "check-combinations-within-single-request-single-pool-single-slice": Case(
+            [claim("claim-0", req("req-0", "class-a", 5))], [slc("slice-1", "node-1", P1, A, *_FOUR)]
+        ),
+        "check-combinations-within-single-request-single-pool-multiple-slices": Case(
+            [claim("claim-0", req("req-0", "class-a", 5))],
+            [
+                slc("slice-1", "node-1", P1, A, *_FOUR[:2], count=2),
+                slc("slice-2", "node-1", P1, A, *_FOUR[2:], count=2),
+            ],
+        ),
+        "check-combinations-within-single-request-multiple-pools-multiple-slices": Case(
+            [claim("claim-0", req("req-0", "class-a", 5))],
+            [
+                slc("slice-1", "node-1", P1, A, _FOUR[0], count=2),
+                slc("slice-2", "node-1", P1, A, _FOUR[1], count=2),
+                slc("slice-3", "node-1", P2, A, *_FOUR[2:]),
+            ],
+        ),
+        "check-combinations-within-single-request-many-pools": Case(
+            [claim("claim-0", req("req-0", "class-a", 5))],
+            [slc(f"slice-{i + 1}", "node-1", p, A, _FOUR[i]) for i, p in enumerate((P1, P2, P3, P4))],
+        ),
+        "check-combinations-with-backtracking": Case(
+            [claim("claim-0", req("req-1", "class-a", 2), req("req-2", "class-a", 1, _TYPE_X))],
+            [slc("slice-1", "node-1", P1, A, *_XYY)],
+            expect=[[r("req-1", A, P1, D2), r("req-1", A, P1, D3), r("req-2", A, P1, D1)]],
+        ),
+        "check-combinations-with-backtracking-across-slices-and-pools": Case(
+            [claim("claim-0", req("req-1", "class-a", 2), req("req-2", "class-a", 1, _TYPE_X))],
+            [
+                slc("slice-1", "node-1", P1, A, _XYY[0], count=2),
+                slc("slice-2", "node-1", P1, A, _XYY[1], count=2),
+                slc("slice-3", "node-1", P2, A, replace(_XYY[2], binding_conditions=("IsPrepare",))),
+            ],
+            expect=[[r("req-1", A, P1, D2), r("req-1", A, P2, D3), r("req-2", A, P1, D1)]],
+        ),
+        "check-combinations-with-prioritized-list": Case(
+            [
+                claim(
+                    "claim-0",
+                    first("req-1", ex("subReq-0", "class-a", 3, _TYPE_Y), ex("subReq-1", "class-a", 2)),
+                    first("req-2", ex("subReq-0", "class-a", 2), ex("subReq-1", "class-a", 1, _TYPE_X)),
+                )
+            ],
+            [slc("slice-1", "node-1", P1, A, *_XYY)],
+            expect=[
+                [
+                    r("req-1/subReq-1", A, P1, D2),
+                    r("req-1/subReq-1", A, P1, D3),
+                    r("req-2/subReq-1", A, P1, D1),
+                ]
+            ],
+        ),
+    }
+)
+
+
 # Upstream cases not transcribed, and why (counted in docs/dra.md).
 SKIPPED = {
     "with-class-device-config / ...-multiple-request-and-configs / claim-with-device-config /"

@@ -200,7 +200,7 @@ class _Search:
         self.shares: dict[DeviceId, int] = {k: 1 for k in allocated.consumed}
         self.counters: dict[tuple[str, str, str], dict[str, int]] = {}
         for p in pools:
-            for c in p.devices:
+            for c in p.every_device:
                 did = DeviceId(c.driver, c.pool, c.device.name)
                 if did in self.exclusive or did in self.consumed:
                     self._charge(c, +1)

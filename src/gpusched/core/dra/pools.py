@@ -1,12 +1,14 @@
 """The pools a node can use: slices that reach the node, grouped by (driver, pool), newest generation.
 
-A pool is *incomplete* while fewer slices of its newest generation are seen than it announces
-(``resourceSliceCount``); *invalid* when a device name repeats in it. Pools are visited in
+A pool is *incomplete* while fewer slices of its generation are seen than it announces
+(``resourceSliceCount``); *invalid* when its slices contradict each other (a device or counter set
+twice, a device consuming a counter no set offers). Pools are visited in
 (driver, pool) name order and slices in name order; devices keep the driver's order.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpusched.core.dra.model import (
@@ -38,6 +40,7 @@ class Pool:
     counter_sets: dict[str, CounterSet]
     incomplete: bool
     invalid: str | None
+    every_device: tuple[Candidate, ...]  # also those on other nodes: they consume the same counters
 
 
 def _requirement_matches(req: Requirement, node: Node) -> bool:
@@ -73,39 +76,56 @@ def scope_reaches(scope: NodeScope, node: Node) -> bool | None:
     return False
 
 
-def gather_pools(slices: tuple[ResourceSlice, ...] | list[ResourceSlice], node: Node) -> list[Pool]:
-    newest: dict[tuple[str, str], int] = {}
-    for s in slices:
-        key = (s.driver, s.pool)
-        newest[key] = max(newest.get(key, s.generation), s.generation)
+def gather_pools(slices: Sequence[ResourceSlice], node: Node) -> list[Pool]:
+    """The pools with a slice that reaches ``node``, at the newest generation among those slices.
+
+    Completeness and validity are judged over all slices of that generation, also those published
+    for other nodes (a pool may span nodes); devices are the ones that reach the node."""
     by_pool: dict[tuple[str, str], list[ResourceSlice]] = {}
     for s in slices:
-        if s.generation == newest[(s.driver, s.pool)]:
-            by_pool.setdefault((s.driver, s.pool), []).append(s)
+        by_pool.setdefault((s.driver, s.pool), []).append(s)
     pools = []
     for (driver, name), group in sorted(by_pool.items()):
-        group.sort(key=lambda s: s.name)
-        counters = {cs.name: cs for s in group for cs in s.shared_counters}
-        seen: set[str] = set()
-        invalid = None
+        mine = [s for s in group if scope_reaches(s.scope, node) is not False]
+        if not mine:
+            continue
+        generation = max(s.generation for s in mine)
+        current = sorted((s for s in group if s.generation == generation), key=lambda s: s.name)
         devices: list[Candidate] = []
-        for s in group:
-            for d in s.devices:
-                if d.name in seen:
-                    invalid = f"device {d.name} appears twice"
-                seen.add(d.name)
+        for s in current:
             reach = scope_reaches(s.scope, node)
             for d in s.devices:
-                local = s.scope.node_name is not None
-                if reach is None:
-                    if d.scope is None or not scope_reaches(d.scope, node):
-                        continue
-                    local = d.scope.node_name is not None
-                elif not reach:
-                    continue
-                devices.append(Candidate(driver, name, d, local))
-        if not devices and not any(scope_reaches(s.scope, node) for s in group):
-            continue
-        incomplete = len(group) < max(s.slice_count for s in group)
-        pools.append(Pool(driver, name, tuple(devices), counters, incomplete, invalid))
+                if reach is None:  # perDeviceNodeSelection
+                    if d.scope is not None and scope_reaches(d.scope, node):
+                        devices.append(Candidate(driver, name, d, d.scope.node_name is not None))
+                elif reach:
+                    devices.append(Candidate(driver, name, d, s.scope.node_name is not None))
+        counters = {cs.name: cs for s in current for cs in s.shared_counters}
+        incomplete = len(current) < max(s.slice_count for s in current)
+        everything = tuple(Candidate(driver, name, d, False) for s in current for d in s.devices)
+        pools.append(Pool(driver, name, tuple(devices), counters, incomplete, _invalid(current), everything))
     return pools
+
+
+def _invalid(current: list[ResourceSlice]) -> str | None:
+    """Why a pool's slices contradict each other (None when they do not)."""
+    names: set[str] = set()
+    sets: dict[str, CounterSet] = {}
+    for s in current:
+        for cs in s.shared_counters:
+            if cs.name in sets:
+                return f"counter set {cs.name} is published twice"
+            sets[cs.name] = cs
+    for s in current:
+        for d in s.devices:
+            if d.name in names:
+                return f"device {d.name} appears twice"
+            names.add(d.name)
+            for use in d.consumes_counters:
+                found = sets.get(use.counter_set)
+                if found is None:
+                    return f"device {d.name} consumes from unknown counter set {use.counter_set}"
+                unknown = sorted(set(use.counters) - set(found.counters))
+                if unknown:
+                    return f"device {d.name} consumes unknown counters {unknown} of {use.counter_set}"
+    return None
