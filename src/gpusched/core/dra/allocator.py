@@ -254,18 +254,25 @@ class _Search:
                 return True
         return False
 
-    def _device(self, k: int, ci: int, parent: str, choice: _Choice, want: int, got: int) -> bool:
+    def _device(
+        self, k: int, ci: int, parent: str, choice: _Choice, want: int, got: int, start: int = 0
+    ) -> bool:
+        """Choose the request's device number ``got``. A request's devices form a set, so later picks
+        come after earlier ones in device order (combinations, not permutations: the first solution is
+        the same, found without trying {b, a} after {a, b})."""
         if got == want:
             return self._request(k + 1)
         cands = choice.candidates
+        first, last = start, len(cands) - (want - got - 1)  # leave room for the picks still to come
         if choice.exact.mode is AllocationMode.ALL:
-            cands = (cands[got],)
+            cands, first, last = (cands[got],), 0, 1
             self.books[ci].last_refusal = None
-        for cand in cands:
+        for i in range(first, last):
+            cand = cands[i]
             share = self._take(ci, parent, choice, cand)
             if share is None:
                 continue
-            if self._device(k, ci, parent, choice, want, got + 1):
+            if self._device(k, ci, parent, choice, want, got + 1, i + 1):
                 return True
             self._release(ci, cand, share)
         if choice.exact.mode is AllocationMode.ALL and self.books[ci].last_refusal == cands[0]:
