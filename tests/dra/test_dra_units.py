@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from dra_builders import GI, NODE1, claim, cls, dev, ex, first, req, slc
 
-from gpusched.core.dra.allocator import Allocator, Fits
+from gpusched.core.dra.allocator import Allocator, DoesNotFit, Fits
 from gpusched.core.dra.celexpr import CelCompiler
 from gpusched.core.dra.model import DeviceClass, Version
 from gpusched.core.dra.quantity import parse_quantity
@@ -97,3 +97,17 @@ def test_first_available_prefers_its_first_alternative_and_falls_back_in_order()
     only_gpu = [slc("s", "node-1", "node-1", NV, H100)]
     fits = Allocator(classes, only_gpu, CelCompiler()).allocate(NODE1, [wanted])
     assert isinstance(fits, Fits) and fits.allocations[0].results[0].request == "gpu/full"
+
+
+def test_does_not_fit_names_the_request_without_devices_or_says_they_do_not_fit_together() -> None:
+    alloc = Allocator({NV: GPU_CLASS}, SLICES, CelCompiler())
+    none = alloc.allocate(
+        NODE1, [claim("big", req("gpu", NV, 1, f'device.attributes["{NV}"].productName == "B200"'))]
+    )
+    assert isinstance(none, DoesNotFit)
+    assert none.reason.startswith(
+        "claim big, request gpu: no device on node node-1 matches class gpu.nvidia.com"
+    )
+    two = alloc.allocate(NODE1, [claim("a", req("gpu", NV)), claim("b", req("gpu", NV))])
+    assert isinstance(two, DoesNotFit)
+    assert two.reason.startswith("claims a, b: devices match every request on node node-1, but not together")

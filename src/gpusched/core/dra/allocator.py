@@ -93,7 +93,7 @@ class Allocator:
         invalid = [f"{p.driver}/{p.name} ({p.invalid})" for p in pools if p.invalid is not None]
         if invalid:
             raise DraError("invalid resource pools were encountered: " + ", ".join(invalid))
-        return DoesNotFit(search.reason or "no combination of devices satisfies the claims")
+        return DoesNotFit(_reason(node, claims, plans))
 
     def _choices(self, claim: Claim, request: Request, pools: list[Pool]) -> list[_Choice]:
         if request.exactly is not None:
@@ -153,6 +153,23 @@ class Allocator:
         return True
 
 
+def _reason(node: Node, claims: Sequence[Claim], plans: list[list[list[_Choice]]]) -> str:
+    """Why nothing fits: the first request without a single matching device, else the claims together."""
+    for claim, plan in zip(claims, plans, strict=True):
+        for request, choices in zip(claim.requests, plan, strict=True):
+            if not any(c.candidates for c in choices):
+                classes = sorted({c.exact.class_name for c in choices})
+                return (
+                    f"claim {claim.name}, request {request.name}: no device on node {node.name} matches"
+                    f" class {', '.join(classes)} and the request's selectors and capacity"
+                )
+    names = ", ".join(c.name for c in claims)
+    return (
+        f"claims {names}: devices match every request on node {node.name}, but not together (held by"
+        " other claims, tainted, over counters or capacity, or against a constraint or the claim limit)"
+    )
+
+
 MAX_RESULTS = 32  # resource.k8s.io/v1 AllocationResultsMaxSize: devices per claim
 
 
@@ -206,7 +223,6 @@ class _Search:
                     self._charge(c, +1)
         self.results: list[list[DeviceResult]] = []
         self.books: list[ConstraintBook] = []
-        self.reason = ""
 
     # -- counters -----------------------------------------------------------------------------
     def _charge(self, cand: Candidate, sign: int) -> None:
@@ -246,7 +262,6 @@ class _Search:
             if choice.exact.mode is AllocationMode.ALL:
                 want = len(choice.candidates)
                 if want == 0:
-                    self.reason = f"claim {self.claims[ci].name}, request {choice.result_name}: no devices"
                     continue
             if len(self.results[ci]) + want + rest > MAX_RESULTS:
                 continue  # this alternative would take the claim past its limit
