@@ -1,6 +1,10 @@
-# gpusched: the scheduler / extender image.
+# gpusched: the image of every component (scheduler, extender, webhook: `gpusched ...`; the node agent:
+# `python -m gpusched.agent`), for those who build with Docker and push to a registry:
 #   docker build -t ghcr.io/gpusched/gpusched:0.1.0 .
 #   docker run --rm ghcr.io/gpusched/gpusched:0.1.0 --help
+# Without Docker or a registry, hack/build-image.sh builds the equivalent image (the same wheel and pinned
+# dependencies, entry point, user, environment and ports, on Debian bookworm's own python3) as an OCI archive;
+# deploy/README.md ("The image") says how to load either into a cluster. Neither is published.
 # Runs as an unprivileged user (10001) and works with a read-only root filesystem (only /tmp must be writable).
 
 # --- build: a wheel of gpusched -------------------------------------------------------------------------------

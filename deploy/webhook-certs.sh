@@ -32,6 +32,11 @@ openssl x509 -req -in "$dir/tls.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" -CAc
 $KUBECTL -n "$NAMESPACE" create secret tls "$SERVICE-tls" --cert "$dir/tls.crt" --key "$dir/tls.key" \
   --dry-run=client -o yaml | $KUBECTL apply -f -
 ca=$(base64 <"$dir/ca.crt" | tr -d '\n')
-$KUBECTL patch mutatingwebhookconfiguration "$WEBHOOK_CONFIG" --type=json \
-  -p "[{\"op\":\"add\",\"path\":\"/webhooks/0/clientConfig/caBundle\",\"value\":\"$ca\"}]"
+# every webhook of the configuration (the share slot, the assignment guard, the routing): one process, one CA
+n=$($KUBECTL get mutatingwebhookconfiguration "$WEBHOOK_CONFIG" -o jsonpath='{range .webhooks[*]}x{end}')
+ops=""
+for ((i = 0; i < ${#n}; i++)); do
+  ops="$ops${ops:+,}{\"op\":\"add\",\"path\":\"/webhooks/$i/clientConfig/caBundle\",\"value\":\"$ca\"}"
+done
+$KUBECTL patch mutatingwebhookconfiguration "$WEBHOOK_CONFIG" --type=json -p "[$ops]"
 echo "Secret $NAMESPACE/$SERVICE-tls and the caBundle of $WEBHOOK_CONFIG are set."

@@ -48,6 +48,28 @@ def control_plane_bin() -> Path:
         pytest.fail(f"the e2e control plane could not be built: {exc}", pytrace=False)
 
 
+# ------------------------------------------------------------------ one xdist worker for the real node
+REAL_NODE_GROUP = "real-node"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests run grouped by file on the xdist workers (``--dist loadgroup``, as ``loadfile`` would), but
+    every test marked ``kubelet`` goes to one group: the machine has one real node at a time (its lock,
+    ``testenv/node.py``), and the node ``tests/kubelet``'s session fixture starts is held until that
+    worker's session ends, so a second worker wanting a node would wait for the whole run. Within the
+    group, the tests that start a node of their own (the quickstart's) run before the session's node."""
+    for item in items:
+        group = REAL_NODE_GROUP if item.get_closest_marker("kubelet") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+    own = [i for i in items if i.get_closest_marker("kubelet") and "kubelet_env" not in i.fixturenames]
+    if own:
+        mine = {id(i) for i in own}
+        rest = [i for i in items if id(i) not in mine]
+        first = next((k for k, i in enumerate(rest) if i.get_closest_marker("kubelet")), len(rest))
+        items[:] = rest[:first] + own + rest[first:]
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """The numbers of every chaos run (tests/chaos), one line each, from the reports' user properties."""
     rows = []

@@ -275,6 +275,7 @@ def test_the_oldest_matching_pending_pod_is_served_first(env: dict[str, Any]) ->
     st = env["stub"](RES_GPU)
     assert allocate(st, "GPU-0000").envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-2222"
     assert allocate(st, "GPU-0000").envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-0000"
+    env["pods"].pods[0]["status"]["phase"] = "Succeeded"  # young is done: its GPU 0 is free for two
     assert allocate(st, "GPU-0000", "GPU-3333").envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-0000,GPU-3333"
     assert "no Pending pod" in allocate_error(st, "GPU-0000")
 
@@ -519,3 +520,65 @@ def test_gogo_options_are_stripped_by_the_generation_script(tmp_path: Path) -> N
     )
     assert r.returncode == 0, r.stderr
     assert "Device" in (out / "api_pb2.pyi").read_text()
+
+
+# ------------------------------------------------------------------- forged assignments (issue 28 F3)
+def holder(name: str, resource: str, devices: list[str], **kw: Any) -> dict[str, Any]:
+    """A pod the agent already served ``devices`` of ``resource`` (its gpusched.io/allocated), Running."""
+    p = pod(name, phase="Running", **kw)
+    p["metadata"]["annotations"][ANN_ALLOCATED] = json.dumps({"main": {resource: devices}})
+    return p
+
+
+def test_a_forged_assignment_on_a_held_gpu_is_refused_naming_both_pods(env: dict[str, Any]) -> None:
+    """issue 28 F3: `forged` is created with spec.nodeName and an assignment naming GPU 0, which `victim`
+    holds; the kubelet has a free nvidia.com/gpu device and calls Allocate: the agent refuses, naming both,
+    with a Warning event on the newcomer, and hands out nothing."""
+    env["pods"].pods += [holder("victim", RES_GPU, ["GPU-0000"], gpus=[0]), pod("forged", gpus=[0])]
+    details = allocate_error(env["stub"](RES_GPU), "GPU-2222")
+    assert "pod team/forged: annotation gpusched.io/assignment names GPU 0 (GPU-0000)" in details
+    assert "live pod(s) team/victim hold (whole)" in details
+    assert env["pods"].events == [("team/forged", "GPUAssignmentConflict", details)]
+    assert ANN_ALLOCATED not in env["pods"].pods[1]["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize(
+    ("held", "milli", "asked", "refused"),
+    [
+        ("whole", 100, 100, True),  # a share beside a whole GPU
+        ("share-700", 300, 300, False),  # 700 + 300: the GPU's 1000
+        ("share-700", 400, 400, True),  # 700 + 400
+        ("share-700", 0, 400, True),  # a written milli of 0 does not hide the 400 its container asks for
+        ("done-whole", 1000, 1000, False),  # the holder has finished
+    ],
+)
+def test_a_share_over_what_live_pods_hold_is_refused(
+    env: dict[str, Any], held: str, milli: int, asked: int, refused: bool
+) -> None:
+    if held.endswith("whole"):
+        h = holder("h", RES_GPU, ["GPU-0000"], gpus=[0])
+        if held == "done-whole":
+            h["status"]["phase"] = "Succeeded"
+    else:
+        h = holder(
+            "h", RES_SHARE, ["GPU-0000::0"], gpus=[0], milli=700, containers=share_containers(700, None)
+        )
+    env["pods"].pods += [h, pod("s", gpus=[0], milli=milli, containers=share_containers(asked, None))]
+    st = env["stub"](RES_SHARE)
+    if refused:
+        assert "team/h" in allocate_error(st, "GPU-0000::1")
+        assert env["pods"].events[-1][:2] == ("team/s", "GPUAssignmentConflict")
+    else:
+        assert allocate(st, "GPU-0000::1").envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-0000"
+
+
+def test_what_the_agent_handed_out_while_the_api_was_down_counts(tmp_path: Path) -> None:
+    """The holder's gpusched.io/allocated could not be written (API down): the agent's memory of it still
+    refuses the forged pod."""
+    pods = _ApiDown([pod("victim", gpus=[1]), pod("forged", gpus=[1], created="2026-01-01T00:00:09Z")])
+    devices = NodeDevices(NODE, FakeBackend.from_dict(json.loads(json.dumps(DOC)), "t").inventory())
+    alloc = DevicePlugin(devices, pods).allocator
+    alloc.allocate_container(RES_GPU, ["GPU-0000"])  # victim, the older
+    pods.pods[0]["status"]["phase"] = "Running"
+    with pytest.raises(Exception, match="live pod\\(s\\) team/victim hold"):
+        alloc.allocate_container(RES_GPU, ["GPU-2222"])

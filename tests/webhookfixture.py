@@ -12,6 +12,7 @@ import ssl
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,10 @@ WEBHOOK_CONFIG = REPO / "deploy" / "manifests" / "webhook" / "02-mutatingwebhook
 class Webhook:
     """``python -m gpusched.webhook`` on 127.0.0.1 with a certificate of its own CA."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, args: Sequence[str] = ()) -> None:
+        """``args``: more options of ``gpusched webhook`` (e.g. ``--scheduler-name``, the writers)."""
         self.pki = generate_pki(tmp / "pki")  # its serving certificate is for 127.0.0.1 and localhost
+        self.args = list(args)
         self.port = free_port()
         self.log = tmp / "webhook.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -38,6 +41,7 @@ class Webhook:
         cmd = [
             *(sys.executable, "-m", "gpusched.webhook", "--host", "127.0.0.1", "--port", str(self.port)),
             *("--tls-cert-file", str(self.pki.serving_cert), "--tls-key-file", str(self.pki.serving_key)),
+            *self.args,
         ]
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -73,11 +77,12 @@ class Webhook:
                 self.proc.wait()
 
     def configuration(self) -> dict[str, Any]:
-        """deploy/manifests' MutatingWebhookConfiguration, pointed at this process."""
+        """deploy/manifests' MutatingWebhookConfiguration, each webhook pointed at its path here."""
         (doc,) = [d for d in yaml.safe_load_all(WEBHOOK_CONFIG.read_text()) if d]
         ca = base64.b64encode(self.pki.ca_cert.read_bytes()).decode()
         for hook in doc["webhooks"]:
-            hook["clientConfig"] = {"url": f"https://127.0.0.1:{self.port}/mutate", "caBundle": ca}
+            path = hook["clientConfig"]["service"]["path"]
+            hook["clientConfig"] = {"url": f"https://127.0.0.1:{self.port}{path}", "caBundle": ca}
         return dict(doc)
 
     def register(self, cp: ControlPlane, probe_namespace: str = "default") -> None:

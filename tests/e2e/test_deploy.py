@@ -665,6 +665,20 @@ def test_helm_agent_beside_nvidia_device_plugin(helm: list[str]) -> None:
     assert "--no-nvidia-resources" in beside
     assert [a for a in beside if a != "--no-nvidia-resources"] == takeover
     assert "--no-gfd-labels" in rendered_agent_args(helm, "--set", "agent.gfdLabels=false")
+    # beside NVIDIA's plugin the agent reads the kubelet's PodResources (its default socket), read-only
+    for extra, mounted in (((), False), (("--set", "agent.resources.nvidiaGpu=false"), True)):
+        pod = daemonset(load_docs(helm_template(helm, "standalone", *extra)))["spec"]["template"]["spec"]
+        mounts = [
+            m
+            for m in pod["containers"][0]["volumeMounts"]
+            if m["mountPath"] == "/var/lib/kubelet/pod-resources"
+        ]
+        assert bool(mounts) == mounted, extra
+        if mounted:
+            (vol,) = [v for v in pod["volumes"] if v["name"] == mounts[0]["name"]]
+            assert (
+                vol["hostPath"]["path"] == "/var/lib/kubelet/pod-resources" and mounts[0]["readOnly"] is True
+            )
     docs = load_docs(helm_template(helm, "standalone", "--set", "agent.enabled=false"))
     assert not [d for d in docs if d["metadata"].get("name", "").startswith("gpusched-agent")]
 
@@ -702,6 +716,36 @@ def test_helm_agent_modes_server_dry_run(
     dry_run(api_server, rendered)
 
 
+@pytest.mark.parametrize("sharing", ["mps", "hami-core"])
+def test_helm_agent_sharing_modes(
+    api_server: ControlPlane, helm: list[str], sharing: str, tmp_path: Path
+) -> None:
+    """agent.sharing gives the agent its mode and what the mode needs (docs/gpu-sharing.md): mps the MPS root
+    at its host path, the compute capability (nvidia-cuda-mps-control) and privilege (a mount namespace per
+    daemon); hami-core the library's directory, read-only. The flags are the agent's; the API takes it."""
+    text = helm_template(helm, "standalone", "--set", f"agent.sharing={sharing}")
+    pod = daemonset(load_docs(text))["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    args = c["args"]
+    assert {a for a in args if a.startswith("--")} <= agent_run_options()
+    assert args[args.index("--sharing") + 1] == sharing
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    if sharing == "mps":
+        root = args[args.index("--mps-root") + 1]
+        assert paths[mounts[root]["name"]] == root == "/run/gpusched/mps"
+        assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility" and c["securityContext"]["privileged"]
+    else:
+        lib = args[args.index("--hami-lib") + 1]
+        d = lib.rsplit("/", 1)[0]
+        assert paths[mounts[d]["name"]] == d and mounts[d]["readOnly"] is True
+        assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility" and "privileged" not in c["securityContext"]
+    rendered = tmp_path / "agent.yaml"
+    rendered.write_text(text)
+    dry_run(api_server, rendered)
+
+
 def webhooks(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     (config,) = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
     return list(config["webhooks"])
@@ -712,20 +756,36 @@ def test_helm_webhook_certificate_and_configuration(helm: list[str]) -> None:
     its webhook configuration is the manifests' (rules, selectors, conditions, failure policy)."""
     x509 = pytest.importorskip("cryptography.x509")
     docs = load_docs(helm_template(helm, "standalone"))
-    (hook,) = webhooks(docs)
+    hooks = webhooks(docs)
+    plains = webhooks(manifest_docs(MANIFEST_DIR / "webhook" / "02-mutatingwebhookconfiguration.yaml"))
+    assert [h["name"] for h in hooks] == [p["name"] for p in plains] == [
+        "gpu-share.gpusched.io", "assignment-guard.gpusched.io", "gpu-routing.gpusched.io"
+    ]  # fmt: skip
     (secret,) = [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == "gpusched-webhook-tls"]
-    ca = x509.load_pem_x509_certificate(base64.b64decode(hook["clientConfig"]["caBundle"]))
     cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
-    cert.verify_directly_issued_by(ca)
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
         x509.DNSName
     )
-    service = hook["clientConfig"]["service"]
-    assert f"{service['name']}.{service['namespace']}.svc" in sans
-    (plain,) = webhooks(manifest_docs(MANIFEST_DIR / "webhook" / "02-mutatingwebhookconfiguration.yaml"))
-    for key in ("rules", "namespaceSelector", "matchConditions", "failurePolicy", "sideEffects", "name"):
-        assert hook[key] == plain[key], key
-    assert {k: v for k, v in service.items()} == plain["clientConfig"]["service"]
+    for hook, plain in zip(hooks, plains, strict=True):
+        ca = x509.load_pem_x509_certificate(base64.b64decode(hook["clientConfig"]["caBundle"]))
+        cert.verify_directly_issued_by(ca)
+        service = hook["clientConfig"]["service"]
+        assert f"{service['name']}.{service['namespace']}.svc" in sans
+        for key in ("rules", "namespaceSelector", "matchConditions", "failurePolicy", "sideEffects", "name"):
+            assert hook.get(key) == plain.get(key), (hook["name"], key)
+        assert {k: v for k, v in service.items()} == plain["clientConfig"]["service"]
+    # the webhook's flags name the same writers as the guard's matchConditions
+    (deployment,) = [
+        d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "gpusched-webhook"
+    ]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    writers = {args[i + 1] for i, a in enumerate(args) if a in ("--assignment-writer", "--allocated-writer")}
+    assert writers == {
+        "system:serviceaccount:gpusched-system:gpusched",
+        "system:serviceaccount:gpusched-system:gpusched-extender",
+        "system:serviceaccount:gpusched-node:gpusched-agent",
+    }
+    assert all(w in hooks[1]["matchConditions"][0]["expression"] for w in writers)
 
 
 def test_helm_webhook_with_cert_manager(helm: list[str]) -> None:
@@ -737,7 +797,7 @@ def test_helm_webhook_with_cert_manager(helm: list[str]) -> None:
     assert (
         config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/gpusched-webhook"
     )
-    assert "caBundle" not in config["webhooks"][0]["clientConfig"]
+    assert not any("caBundle" in h["clientConfig"] for h in config["webhooks"])
     (cert,) = [d for d in docs if d["kind"] == "Certificate"]
     assert cert["spec"]["secretName"] == "gpusched-webhook-tls"
     assert f"gpusched-webhook.{NAMESPACE}.svc" in cert["spec"]["dnsNames"]
@@ -834,8 +894,15 @@ def test_readme_commands_on_a_fresh_api_server(control_plane_bin: Path, tmp_path
                 proc = run(["bash", cmd], cwd=REPO, env={**os.environ, "KUBECTL": kubectl})
             assert proc.returncode == 0, f"{cmd}:\n{proc.stdout}\n{proc.stderr}"
             assert "Warning" not in proc.stderr, f"{cmd}:\n{proc.stderr}"
-            if cmd == "deploy/webhook-certs.sh":  # the webhook's Service, as the cluster would route it
-                patch = [{"op": "replace", "path": "/webhooks/0/clientConfig", "value": local_hook}]
+            if cmd == "deploy/webhook-certs.sh":  # the webhooks' Service, as the cluster would route it
+                hooks = cluster.get("mutatingwebhookconfiguration", "gpusched-webhook")["webhooks"]
+                assert all(h["clientConfig"]["caBundle"] for h in hooks)  # the CA in every webhook
+                base = local_hook["url"].rsplit("/", 1)[0]  # each webhook at its own path on the local one
+                patch = [
+                    {"op": "replace", "path": f"/webhooks/{i}/clientConfig",
+                     "value": {**local_hook, "url": base + h["clientConfig"]["service"]["path"]}}
+                    for i, h in enumerate(hooks)
+                ]  # fmt: skip
                 cluster.kubectl("patch", "mutatingwebhookconfiguration", "gpusched-webhook", "--type=json",
                                 "-p", json.dumps(patch))  # fmt: skip
         secret = cluster.get("secret", "gpusched-webhook-tls", NAMESPACE)

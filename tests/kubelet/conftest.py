@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kubeletlib import EXTENDER_CONFIG, GPU_MODEL, GPU_UUIDS, SLOTS, STANDALONE, KubeletEnv, Ns
+from kubeletlib import EXTENDER, EXTENDER_CONFIG, GPU_MODEL, GPU_UUIDS, SLOTS, STANDALONE, KubeletEnv, Ns
 
 from gpusched.testenv import free_port, wait_until
 from gpusched.testenv.node import NodeError, NodePartsMissingError, RealNode, find_node_images, missing_parts
@@ -105,7 +105,10 @@ def kubelet_env(control_plane_bin: Path, tmp_path_factory: pytest.TempPathFactor
 def webhook(kubelet_env: KubeletEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
     """``python -m gpusched.webhook``, registered with the session's apiserver: from the first test that asks
     for it on, every share pod is sent to it (pods that carry their slot already pass unchanged)."""
-    hook = Webhook(tmp_path_factory.mktemp("webhook"))
+    # the front ends and the agent run as the control plane's admin: it writes the assignments here
+    admin = ("--assignment-writer", "gpusched-admin", "--allocated-writer", "gpusched-admin")
+    routing = ("--scheduler-name", STANDALONE, "--scheduler-name", EXTENDER)  # GPU pods to the standalone one
+    hook = Webhook(tmp_path_factory.mktemp("webhook"), [*routing, *admin])
     try:
         hook.start()
         assert hook.proc is not None

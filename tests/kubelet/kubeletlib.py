@@ -21,6 +21,9 @@ GPU_MODEL = "NVIDIA A100-SXM4-80GB"
 GPU_UUIDS = tuple(f"GPU-7e57a100-0000-4000-8000-00000000000{i}" for i in range(4))
 SLOTS = 8
 
+#: The namespace label that keeps the webhook from routing GPU pods to gpusched (gpusched.webhook.route).
+ROUTING_OPT_OUT = "gpusched.io/gpu-routing"
+
 #: The two front ends: spec.schedulerName of the pods each one places.
 STANDALONE = "gpusched-standalone"
 EXTENDER = "gpusched"  # the profile of deploy/extender/scheduler-config.yaml
@@ -52,7 +55,11 @@ class Ns:
         self.env = env
         self.cp, self.node, self.core = env.cp, env.node, env.core
         self.name = f"kt-{uuid.uuid4().hex[:8]}"
-        self.core.create_namespace({"metadata": {"name": self.name}})
+        # Opted out of the webhook's GPU routing: the tests name their front end, and some bind GPU pods past
+        # the scheduler on purpose (spec.nodeName) to test the agent. tests/kubelet/test_mixed_schedulers.py
+        # lifts the label where routing is what it tests.
+        labels = {ROUTING_OPT_OUT: "disabled"}
+        self.core.create_namespace({"metadata": {"name": self.name, "labels": labels}})
 
     # -- pods ------------------------------------------------------------------------------------------
 

@@ -1,26 +1,37 @@
 """gpusched on a real kubelet (containerd, runc, CNI) with its node agent as the device plugin, for both front
 ends: the standalone scheduler (``gpusched scheduler``) and kube-scheduler + ``gpusched extender``.
 
-One file on purpose: the session's real node is one per machine (the kubelet's device-plugin directory is
-fixed), and pytest-xdist's ``--dist loadfile`` keeps one file on one worker. The XID tests come last: a GPU
-marked unhealthy stays so for the rest of the session.
+The session's real node is one per machine (the kubelet's device-plugin directory is fixed): every test
+marked ``kubelet`` runs on one xdist worker (tests/conftest.py's ``real-node`` group), and this file runs
+after ``test_coexist.py`` there. The XID tests come last: a GPU marked unhealthy stays so for the rest of
+the session.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import math
+import os
+import signal
 import time
+import urllib.request
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
-from kubeletlib import FRONT_ENDS, GPU_UUIDS, SLOTS, KubeletEnv, Ns
+from agentpod import NAMESPACE, AgentPod, ImageUnavailable, image_archive
+from kubeletlib import EXTENDER, FRONT_ENDS, GPU_UUIDS, ROUTING_OPT_OUT, SLOTS, STANDALONE, KubeletEnv, Ns
+from kubernetes.client import ApiException
 
 from gpusched.agent.allocation import ANN_ALLOCATED, RES_SHARE
 from gpusched.agent.health import ANN_UNHEALTHY_GPUS
 from gpusched.k8s.convert import ANN_ASSIGNMENT, RES_GPU, RES_MEMORY, RES_MILLI
 from gpusched.testenv.node import DEVICE_PLUGIN_DIR
+from gpusched.webhook.route import ANN_ROUTED_FROM
+from realparts import unavailable
 from webhookfixture import Webhook
 
 pytestmark = pytest.mark.kubelet
@@ -390,6 +401,312 @@ def test_kubelet_and_agent_restarts_lose_nothing_and_allocate_nothing_twice(
     e = ns.running("share-e")
     assert visible(ns.exec_env("share-e")) == [GPU_UUIDS[assignment(e)["gpus"][0]]]
     assert restart_s < 60
+
+
+# ---------------------------------------------------- forged assignments, mixed schedulers (issues 28, 29)
+
+
+def routed(ns: Ns) -> Ns:
+    """The test's namespace with the webhook's GPU routing on (kubeletlib opts every namespace out), once the
+    apiserver sees the label gone: a server-side dry run of a GPU pod comes back routed."""
+    ns.cp.kubectl("label", "namespace", ns.name, f"{ROUTING_OPT_OUT}-")
+    probe = json.dumps({"apiVersion": "v1", "kind": "Pod", **gpu_pod("routing-probe", "busybox", 1)})
+    last: list[str] = []
+
+    def on() -> bool:
+        out = ns.cp.kubectl(
+            *("create", "--dry-run=server", "-n", ns.name, "-o", "json", "-f", "-"), input=probe, check=False
+        )
+        last[:] = [out.stderr or out.stdout[-2000:]]
+        return out.returncode == 0 and json.loads(out.stdout)["spec"]["schedulerName"] == STANDALONE
+
+    try:
+        ns.wait(f"GPU routing on in {ns.name}", on, 30)
+    except TimeoutError as e:
+        raise AssertionError(f"{e}; the last dry run: {last}") from None
+    return ns
+
+
+def test_a_gpu_pod_for_another_scheduler_is_routed_to_gpusched_and_runs(
+    kubelet_env: KubeletEnv, webhook: Webhook, ns: Ns
+) -> None:
+    """issue 29 item 7: a GPU pod written as for any cluster (no schedulerName: kube-scheduler's) is routed to
+    gpusched at admission and runs on the GPU gpusched assigned; one created with spec.nodeName (placed by no
+    scheduler, so refused on the node before) is refused at admission, with the way out."""
+    routed(ns)
+    image = kubelet_env.node.busybox_image
+    p = ns.running(ns.create(gpu_pod("any-job", image, 1)))
+    assert p["spec"]["schedulerName"] == STANDALONE
+    assert p["metadata"]["annotations"][ANN_ROUTED_FROM] == "default-scheduler"
+    assert visible(ns.logs_env("any-job")) == [GPU_UUIDS[g] for g in assignment(p)["gpus"]]
+    with pytest.raises(ApiException) as refused:
+        ns.create(gpu_pod("pinned", image, 1, node=kubelet_env.node.name))
+    message = json.loads(refused.value.body)["message"]
+    assert refused.value.status == 400 and 'webhook "gpu-routing.gpusched.io" denied' in message, message
+    assert f"nodeSelector kubernetes.io/hostname: {kubelet_env.node.name}" in message, message
+
+
+def test_a_forged_assignment_is_denied_and_past_the_guard_the_agent_refuses_it(
+    kubelet_env: KubeletEnv, webhook: Webhook, ns: Ns
+) -> None:
+    """issue 28 F3: `victim` holds a GPU; `forged` names it in a hand-written assignment with spec.nodeName.
+    A user is denied by the webhook. Past the webhook (here the control plane's admin is a writer: as on a
+    cluster without it), the kubelet has free devices and admits the pod, and the agent refuses the GPU,
+    naming both pods; the scheduler names the newcomer too, and the victim runs on."""
+    image, node = kubelet_env.node.busybox_image, kubelet_env.node.name
+    victim = ns.running(ns.create(gpu_pod("victim", image, 1, scheduler=FRONT_ENDS["standalone"])))
+    (gpu,) = assignment(victim)["gpus"]
+    forged = json.dumps({"node": node, "gpus": [gpu], "milli": 1000, "memoryMiB": 0})
+    body = gpu_pod("forged", image, 1, node=node, annotations={ANN_ASSIGNMENT: forged})
+    proc = ns.cp.kubectl(
+        *("--as", "alice", "--as-group", "system:masters", "create", "-n", ns.name, "-f", "-"),
+        input=json.dumps({"apiVersion": "v1", "kind": "Pod", **body}),
+        check=False,
+    )
+    assert proc.returncode != 0, "a user wrote an assignment"
+    want = f'"assignment-guard.gpusched.io" denied the request: alice sets annotation {ANN_ASSIGNMENT} on pod'
+    assert want in proc.stderr, proc.stderr
+    ns.create(body)
+    st = ns.wait("forged refused at admission", lambda: _failed(ns, "forged"), 60)
+    assert st.get("reason") == "UnexpectedAdmissionError", st
+    assert f"names GPU {gpu} ({GPU_UUIDS[gpu]}), which live pod(s) {ns.name}/victim hold" in st["message"], st
+
+    def events(reason: str, component: str) -> list[str] | None:
+        return [
+            str(e.get("message", ""))
+            for e in ns.events("forged")
+            if e.get("reason") == reason
+            and component in (e.get("reportingComponent"), e["source"].get("component"))
+        ] or None
+
+    agent = ns.wait("the agent's event", lambda: events("GPUAssignmentConflict", "gpusched-agent"), 30)
+    assert f"pod {ns.name}/forged" in agent[0] and f"{ns.name}/victim" in agent[0], agent
+    books = ns.wait(
+        "the scheduler's event", lambda: events("GPUAssignmentConflict", FRONT_ENDS["standalone"]), 30
+    )
+    assert f"pod {ns.name}/forged" in books[0] and f"held by {ns.name}/victim" in books[0], books
+    still = ns.pod("victim")
+    assert still["status"]["phase"] == "Running" and container_id(still) == container_id(victim)
+
+
+def test_a_share_without_its_slot_runs_unisolated_with_a_warning(kubelet_env: KubeletEnv, ns: Ns) -> None:
+    """issue 29 item 7: a share the webhook never saw (its namespace excluded) lacks gpusched.io/gpu-share, so
+    the kubelet never calls the agent and it runs with no GPU environment: the scheduler says so in a Warning
+    event on it (and doctor in a finding: tests/test_k8s_state_reports.py)."""
+    ns.cp.kubectl("label", "namespace", ns.name, "gpusched.io/webhook=disabled")
+    image = kubelet_env.node.busybox_image
+    body = share_pod("no-slot", image, FRONT_ENDS["standalone"], milli=100, slot=False)
+
+    def unseen() -> bool:  # the apiserver sees the label (when the session's webhook is registered)
+        out = ns.cp.kubectl(
+            *("create", "--dry-run=server", "-n", ns.name, "-o", "json", "-f", "-"),
+            input=json.dumps({"apiVersion": "v1", "kind": "Pod", **body}),
+            check=False,
+        )
+        return (
+            out.returncode == 0
+            and RES_SHARE not in json.loads(out.stdout)["spec"]["containers"][0]["resources"]["limits"]
+        )
+
+    ns.wait(f"the webhook leaving {ns.name} alone", unseen, 30)
+    name = ns.create(body)
+    ns.running(name)
+    assert "NVIDIA_VISIBLE_DEVICES" not in ns.logs_env(name)  # what the warning is about
+
+    def warned() -> list[str] | None:
+        return [
+            str(e.get("message")) for e in ns.events(name) if e.get("reason") == "GPUShareWithoutSlot"
+        ] or None
+
+    (msg, *_) = ns.wait("the GPUShareWithoutSlot event", warned, 30)
+    assert f"pod {ns.name}/{name} asks for a GPU share without the {RES_SHARE}: 1 slot" in msg
+    assert "no GPU isolation" in msg, msg
+
+
+# ------------------------------------------------------------- the agent as the chart's DaemonSet pod; MPS
+
+MPS_STANDIN = Path(__file__).resolve().parents[1] / "fakes" / "nvidia-cuda-mps-control"
+ISOLATION = "gpusched.io/gpu-isolation"
+
+
+def exec_out(ns: Ns, name: str, *cmd: str) -> str:
+    out = ns.cp.kubectl("exec", "-n", ns.name, name, "-c", "main", "--", *cmd, check=False)
+    assert out.returncode == 0, f"kubectl exec {name} -- {' '.join(cmd)}: {out.stderr}"
+    return out.stdout
+
+
+def mount_roots(ns: Ns, name: str) -> dict[str, str]:
+    """Mount point -> the source path mounted there (mountinfo's root field), inside the container."""
+    out = {}
+    for line in exec_out(ns, name, "cat", "/proc/self/mountinfo").splitlines():
+        f = line.split()
+        out[f[4]] = f[3]
+    return out
+
+
+def wait_registered(env: KubeletEnv, ns: Ns, since: float, what: str) -> None:
+    ns.wait(what, lambda: plugin_registered(env, 4, since), 120)
+
+
+def gpu_env_of(ns: Ns, name: str) -> dict[str, Any]:
+    """What a GPU container got from the agent, comparable across runs: its GPUs as the assignment's indices
+    (checked against NVIDIA_VISIBLE_DEVICES), the share limits, and what the agent recorded."""
+    p = ns.running(name)
+    a = assignment(p)
+    env = ns.exec_env(name)
+    assert visible(env) == [GPU_UUIDS[g] for g in a["gpus"]], (name, env.get("NVIDIA_VISIBLE_DEVICES"))
+    allocated = json.loads(p["metadata"]["annotations"][ANN_ALLOCATED])
+    return {
+        "gpus": a["gpus"],
+        "env": {k: v for k, v in env.items() if k.startswith(("GPUSCHED_GPU_M", "CUDA_"))},
+        "allocated": {
+            c: {r: [GPU_UUIDS.index(u) for u in ids] for r, ids in rs.items()} for c, rs in allocated.items()
+        },
+    }
+
+
+def test_the_agent_run_from_the_image_as_the_charts_daemonset_serves_the_kubelet_as_the_host_agent_does(
+    kubelet_env: KubeletEnv, ns: Ns
+) -> None:
+    """The image of hack/build-image.sh, imported into the node's containerd, runs the chart's agent
+    DaemonSet: its pod registers the device plugin, the Node keeps nvidia.com/gpu and the share slots, and a
+    share and a whole-GPU pod get what the host-process agent gave the same pods."""
+    node, image = kubelet_env.node, kubelet_env.node.busybox_image
+    try:
+        archive, ref = image_archive()
+    except ImageUnavailable as e:
+        unavailable(str(e))
+    out = node.ctr("images", "import", str(archive), timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert ref in node.ctr("images", "ls", "-q").stdout.split()
+
+    def run_pods(prefix: str) -> dict[str, Any]:
+        names = {
+            "share": ns.create(share_pod(f"{prefix}-share", image, STANDALONE, milli=300, memory_mib=8192)),
+            "whole": ns.create(gpu_pod(f"{prefix}-whole", image, 1, scheduler=STANDALONE)),
+        }
+        got = {k: gpu_env_of(ns, n) for k, n in names.items()}
+        ns.delete_all()
+        return got
+
+    by_host = run_pods("host")
+    agent = AgentPod(node, ref)
+    t0 = time.time()
+    node.stop_agent()
+    try:
+        agent.apply(slots=SLOTS, scheduler=EXTENDER, accept_envvar=True)
+
+        def running() -> dict[str, Any] | None:
+            pods = agent.pods()
+            return pods[0] if pods and pods[0]["status"].get("phase") == "Running" else None
+
+        try:
+            pod = ns.wait("the agent's DaemonSet pod Running", running, 120)
+        except TimeoutError as e:
+            raise AssertionError(f"{e}\n{agent.describe()}") from None
+        assert pod["spec"]["nodeName"] == node.name
+        assert pod["spec"]["containers"][0]["image"] == ref
+        wait_registered(kubelet_env, ns, t0, "the agent pod registered with the kubelet")
+        assert node.capacity(RES_GPU) == 4 and node.capacity(RES_SHARE) == 4 * SLOTS
+        by_pod = run_pods("pod")
+        assert by_pod == by_host
+        # the container toolkit lets unprivileged pods pick GPUs: warned, exported, on the Node for doctor
+        config = f"/host{node.workdir}/agent-pod/nvidia-container-runtime/config.toml"
+        want = {"sharing": "none", "visibleDevicesEnvvar": True, "toolkitConfig": config}
+        ns.wait(
+            "the agent pod's gpu-isolation annotation",
+            lambda: json.loads(node.node()["metadata"].get("annotations", {}).get(ISOLATION, "{}")) == want,
+            30,
+        )
+        with urllib.request.urlopen(f"http://127.0.0.1:{agent.metrics_port}/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+        assert 'gpusched_agent_sharing_mode{mode="none"} 1.0' in metrics
+        assert f'gpusched_agent_visible_devices_envvar_accepted{{config="{config}"}} 1.0' in metrics
+        logs = node.cp.kubectl("logs", "-n", NAMESPACE, pod["metadata"]["name"]).stdout
+        assert "accept-nvidia-visible-devices-envvar-when-unprivileged = true" in logs
+        assert "GPU shares are scheduled but not enforced" in logs
+    finally:
+        agent.delete()
+        ns.wait("the agent pod gone", lambda: not agent.pods(), 90)
+        t1 = time.time()
+        node.start_agent()
+        wait_registered(kubelet_env, ns, t1, "the host agent registered again")
+
+
+def test_mps_two_shares_on_one_gpu_get_their_limits_from_one_daemon_that_lives_from_first_to_last_share(
+    kubelet_env: KubeletEnv, ns: Ns
+) -> None:
+    """--sharing mps on the real kubelet, with a stand-in nvidia-cuda-mps-control (no GPU here): each share
+    container gets its GPU's pipe directory and the daemon's shm mounted and its own limits; the GPU's daemon
+    starts with the first share, survives an agent restart, and stops with the last share."""
+    node, image = kubelet_env.node, kubelet_env.node.busybox_image
+    root = node.workdir / "mps"
+    t0 = time.time()
+    node.restart_agent(["--sharing", "mps", "--mps-control", str(MPS_STANDIN), "--mps-root", str(root)])
+    try:
+        wait_registered(kubelet_env, ns, t0, "the agent with --sharing mps registered")
+        specs = {"mps-a": (300, 20480), "mps-b": (150, 8192)}  # (milli, MiB)
+        for name, (milli, mib) in specs.items():
+            ns.create(share_pod(name, image, STANDALONE, milli=milli, memory_mib=mib))
+        pods = {n: ns.running(n) for n in specs}
+        gpus = {n: assignment(p)["gpus"] for n, p in pods.items()}
+        assert gpus["mps-a"] == gpus["mps-b"] and len(gpus["mps-a"]) == 1, gpus
+        uuid = GPU_UUIDS[gpus["mps-a"][0]]
+        pipe, shm = root / uuid / "pipe", root / uuid / "shm"
+        for name, (milli, mib) in specs.items():
+            a = assignment(pods[name])
+            assert (a["milli"], a["memoryMiB"]) == (milli, mib)
+            env = ns.exec_env(name)
+            assert visible(env) == [uuid]
+            assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/nvidia-mps"
+            assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{uuid}={mib}M"
+            assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(math.ceil(milli / 10))
+            assert "CUDA_DEVICE_MEMORY_LIMIT_0" not in env and "LD_PRELOAD" not in env
+            mounts = mount_roots(ns, name)
+            assert mounts["/run/nvidia-mps"].endswith(f"/mps/{uuid}/pipe"), mounts.get("/run/nvidia-mps")
+            assert mounts["/dev/shm"].endswith(f"/mps/{uuid}/shm"), mounts.get("/dev/shm")
+            assert "control" in exec_out(ns, name, "ls", "/run/nvidia-mps").split()
+            # the daemon's /dev/shm is the container's: the stand-in left its mark there
+            assert f"gpusched-fake-mps-{uuid}" in exec_out(ns, name, "ls", "/dev/shm").split()
+        pid = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
+
+        def starts() -> int:
+            return (root / uuid / "log" / "commands.log").read_text().splitlines().count(f"{uuid} -d")
+
+        def alive() -> bool:
+            try:
+                return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+            except FileNotFoundError:
+                return False
+
+        assert alive() and starts() == 1
+        # one shared GPU, one daemon
+        assert sorted(p.parent.parent.name for p in root.glob("*/pipe/control")) == [uuid]
+        assert (shm / f"gpusched-fake-mps-{uuid}").exists()
+
+        t1 = time.time()
+        node.restart_agent()
+        wait_registered(kubelet_env, ns, t1, "the restarted agent registered")
+        time.sleep(3)  # past a reconcile of the restarted agent
+        assert alive() and starts() == 1, "the restarted agent did not keep the running shares' daemon"
+
+        node.cp.kubectl("delete", "pod", "-n", ns.name, "mps-a", "--grace-period=1")
+        ns.wait("mps-a gone", lambda: [p["metadata"]["name"] for p in ns.pods()] == ["mps-b"], 60)
+        time.sleep(6)  # past the agent's next look at the pods (every 5 s while a daemon runs)
+        assert alive(), "the daemon stopped while mps-b still runs on it"
+        node.cp.kubectl("delete", "pod", "-n", ns.name, "mps-b", "--grace-period=1")
+        ns.wait("the daemon stopped with the GPU's last share", lambda: not alive(), 60)
+        log = (root / uuid / "log" / "commands.log").read_text().splitlines()
+        assert log.count(f"{uuid} quit") == 1 and starts() == 1
+        assert not (pipe / "control").exists()
+    finally:
+        ns.delete_all()
+        t2 = time.time()
+        node.restart_agent([])
+        for pidfile in root.glob("*/pipe/nvidia-cuda-mps-control.pid"):  # a stand-in daemon a failure left
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
+        wait_registered(kubelet_env, ns, t2, "the agent without MPS registered again")
 
 
 # ------------------------------------------------------------------------ last: GPUs become unhealthy

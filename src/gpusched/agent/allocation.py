@@ -25,6 +25,14 @@ scheduler books them as counts.
 
 The scheduler's GPU indices are the positions of this node's non-MIG GPUs in NVML order (what the agent
 advertises as ``nvidia.com/gpu``).
+
+**An assignment that overlaps a live pod is refused** (``overlap``). gpusched never writes one; a
+``gpusched.io/assignment`` written by hand (with ``spec.nodeName``, around the scheduler) could name a GPU
+another pod holds, and the kubelet, which counts devices, not GPUs, would admit it. The live pods are the
+others on this node, not Succeeded or Failed (a terminating one still runs), and what they hold is what the
+agent handed them (``gpusched.io/allocated``, or its memory of allocations not yet written): a whole GPU
+takes nothing beside it; shares on one GPU may add up to 1000 milli and the GPU's memory. The refusal names
+both pods (an ``Allocate`` error, so the kubelet fails the newcomer, and a Warning event on it).
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpusched.core.errors import GpuschedError
-from gpusched.k8s.convert import ANN_ASSIGNMENT, RES_GPU
+from gpusched.k8s.convert import ANN_ASSIGNMENT, RES_GPU, RES_MEMORY, RES_MILLI
 
 RES_SHARE = "gpusched.io/gpu-share"
 ANN_ALLOCATED = "gpusched.io/allocated"
@@ -44,6 +52,26 @@ ANN_ALLOCATED = "gpusched.io/allocated"
 
 class AllocationError(GpuschedError):
     """An Allocate that must fail; the message names the pod and the field."""
+
+    reason = "GPUAllocationFailed"
+    """The reason of the Warning event on the pod."""
+
+
+class OverlapError(AllocationError):
+    """The pod's assignment names a GPU that a live pod on the node holds."""
+
+    reason = "GPUAssignmentConflict"
+
+
+@dataclass(frozen=True)
+class Holding:
+    """What one live pod holds of one GPU (by UUID), as the agent handed it out."""
+
+    pod: str  # namespace/name
+    uuid: str
+    whole: bool
+    milli: int
+    memory_mib: int
 
 
 @dataclass(frozen=True)
@@ -65,7 +93,13 @@ def parse_assignment(pod: Mapping[str, Any]) -> Assignment:
     raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANN_ASSIGNMENT)
     where = f"pod {key}: annotation {ANN_ASSIGNMENT}"
     if raw is None:
-        raise AllocationError(f"{where} is missing (the pod was not placed by gpusched)")
+        by = (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
+        raise AllocationError(
+            f"{where} is missing: the pod was not placed by gpusched (spec.schedulerName {by!r}, or "
+            "spec.nodeName set by hand), and gpusched's agent serves GPUs only to pods gpusched placed. "
+            "Name gpusched's scheduler (its webhook routes GPU pods there unless the namespace is "
+            "labelled gpusched.io/gpu-routing=disabled)"
+        )
     try:
         data = json.loads(raw)
     except ValueError:
@@ -199,3 +233,93 @@ def share_env(assignment: Assignment) -> dict[str, str]:
         env["CUDA_DEVICE_SM_LIMIT"] = pct
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = pct
     return env
+
+
+LIVE_DONE = ("Succeeded", "Failed")
+
+
+def _assigned_amounts(pod: Mapping[str, Any]) -> tuple[int, int]:
+    """(milli, memoryMiB) of the pod's assignment; (0, 0) when it has none or it does not read."""
+    try:
+        a = parse_assignment(pod)
+    except AllocationError:
+        return 0, 0
+    return a.milli, a.memory_mib
+
+
+def holdings(
+    pods: Sequence[Mapping[str, Any]], node: str, exclude_uid: str, unwritten: Mapping[str, str]
+) -> list[Holding]:
+    """What the live pods on ``node`` but ``exclude_uid`` hold, per GPU: from ``gpusched.io/allocated``, or
+    ``unwritten`` (pod key -> the annotation's value not yet written) where the agent remembers more."""
+    out: list[Holding] = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if (pod.get("spec") or {}).get("nodeName") != node or str(meta.get("uid", "")) == exclude_uid:
+            continue
+        if (pod.get("status") or {}).get("phase") in LIVE_DONE:
+            continue
+        key = pod_key(pod)
+        done = (
+            allocated_of({"metadata": {"annotations": {ANN_ALLOCATED: unwritten[key]}}})
+            if key in unwritten
+            else {}
+        )
+        done = done or allocated_of(pod)
+        whole: set[str] = set()
+        shared: set[str] = set()
+        for per_resource in done.values():
+            if not isinstance(per_resource, dict):
+                continue
+            for resource, ids in per_resource.items():
+                if not isinstance(ids, list):
+                    continue
+                uuids = {str(i).split("::")[0] for i in ids}
+                (whole if resource == RES_GPU else shared if resource == RES_SHARE else set()).update(uuids)
+        milli, memory = _assigned_amounts(pod)
+        out += [Holding(key, u, True, 1000, 0) for u in sorted(whole)]
+        out += [Holding(key, u, False, milli, memory) for u in sorted(shared - whole)]
+    return out
+
+
+def share_amounts(pod: Mapping[str, Any], assignment: Assignment) -> tuple[int, int]:
+    """(milli, MiB) a share takes of its GPU: its assignment's, and never less than its containers ask for
+    (``gpusched.io/gpu-milli``, ``gpusched.io/gpu-memory``: a written assignment could say 0)."""
+    asked = [sum(n for _c, n in container_requests(pod, r)) for r in (RES_MILLI, RES_MEMORY)]
+    return max(assignment.milli, asked[0]), max(assignment.memory_mib, asked[1])
+
+
+def overlap(
+    pod: Mapping[str, Any],
+    resource: str,
+    assignment: Assignment,
+    gpus: Sequence[tuple[int, str, int]],
+    held: Sequence[Holding],
+) -> None:
+    """Raise OverlapError naming both pods when ``pod``'s ``gpus`` ((index, UUID, memory MiB) of the GPUs it
+    is to get as ``resource``) overlap what ``held`` says live pods hold."""
+    key = pod_key(pod)
+    for index, uuid, memory_mib in gpus:
+        on = [h for h in held if h.uuid == uuid]
+        if not on:
+            continue
+        where = f"pod {key}: annotation {ANN_ASSIGNMENT} names GPU {index} ({uuid})"
+        whole = [h.pod for h in on if h.whole]
+        if resource == RES_GPU or whole:
+            names = ", ".join(sorted({h.pod for h in on}))
+            what = "whole" if whole else "as a share"
+            raise OverlapError(
+                f"{where}, which live pod(s) {names} hold ({what}); {key} is refused it. gpusched never "
+                f"assigns a held GPU: {key}'s assignment was written around the scheduler"
+            )
+        milli, memory = share_amounts(pod, assignment)
+        used_milli = sum(h.milli for h in on)
+        used_memory = sum(h.memory_mib for h in on)
+        if used_milli + milli > 1000 or (memory_mib and used_memory + memory > memory_mib):
+            names = ", ".join(sorted({h.pod for h in on}))
+            raise OverlapError(
+                f"{where} for a share of {milli} milli and {memory} MiB, but live pod(s) {names} hold "
+                f"{used_milli} milli and {used_memory} MiB of its 1000 milli and {memory_mib or '?'} MiB; "
+                f"{key} is refused it. gpusched never overcommits a GPU: {key}'s assignment was written "
+                "around the scheduler"
+            )

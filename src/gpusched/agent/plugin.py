@@ -44,13 +44,16 @@ from gpusched.agent.allocation import (
     allocated_of,
     container_gpus,
     container_requests,
+    holdings,
     match_pod,
+    overlap,
     parse_assignment,
     pod_key,
-    share_env,
 )
 from gpusched.agent.inventory import GpuDevice, Inventory
+from gpusched.agent.mps import MpsError
 from gpusched.agent.pods import PodSource
+from gpusched.agent.sharing import ContainerShare, Sharing
 from gpusched.agent.v1beta1 import api_pb2 as pb
 from gpusched.agent.v1beta1 import api_pb2_grpc as pbg
 from gpusched.k8s.convert import RES_GPU
@@ -146,10 +149,13 @@ class NodeDevices:
 class Allocator:
     """Allocate and GetPreferredAllocation logic, independent of gRPC."""
 
-    def __init__(self, devices: NodeDevices, pods: PodSource, *, cdi: bool = False) -> None:
+    def __init__(
+        self, devices: NodeDevices, pods: PodSource, *, cdi: bool = False, sharing: Sharing | None = None
+    ) -> None:
         self.devices = devices
         self.pods = pods
         self.cdi = cdi
+        self.sharing = sharing or Sharing()
         self._allocated: dict[str, set[tuple[str, str]]] = {}
         self._lock = threading.Lock()
         self._unwritten: dict[tuple[str, str], str] = {}  # (namespace, pod) -> gpusched.io/allocated
@@ -220,24 +226,42 @@ class Allocator:
                 )
         return a, out
 
+    def _refuse_overlap(
+        self, pod: Mapping[str, Any], resource: str, a: Assignment, gpus: list[GpuDevice]
+    ) -> None:
+        """OverlapError when the assignment names a GPU a live pod on this node holds (allocation.overlap)."""
+        uid = str((pod.get("metadata") or {}).get("uid", pod_key(pod)))
+        unwritten = {f"{ns}/{name}": v for (ns, name), v in self._unwritten.items()}
+        held = holdings(self.pods.pods_on_node(self.devices.node), self.devices.node, uid, unwritten)
+        index = self.devices.sched_index
+        overlap(pod, resource, a, [(index(d.uuid) or 0, d.uuid, d.memory_mib) for d in gpus], held)
+
     def allocate_container(self, resource: str, device_ids: list[str]) -> pb.ContainerAllocateResponse:
         known = {dev_id for dev_id, _ in self.devices.devices(resource)}
         unknown = [d for d in device_ids if d not in known]
         if unknown:
             raise AllocationError(f"{resource}: device(s) {unknown} are not on node {self.devices.node}")
         if resource.startswith("nvidia.com/mig-"):
-            return self._response(device_ids, {})
+            return self._response(device_ids)
         with self._lock:
             pod, container = self._find(resource, len(device_ids))
             try:
                 a, gpus = self._gpus_for(pod, container, resource)
+                self._refuse_overlap(pod, resource, a, gpus)
             except AllocationError as e:
-                self.pods.warn(pod, "GPUAllocationFailed", str(e))
+                self.pods.warn(pod, e.reason, str(e))
                 raise
             uuids = [d.uuid for d in gpus]
-            env = share_env(a) if resource == RES_SHARE else {}
-            resp = self._response(uuids, env)
             uid = str((pod.get("metadata") or {}).get("uid", pod_key(pod)))
+            share = ContainerShare({})
+            if resource == RES_SHARE:
+                try:  # MPS: the GPU's daemon runs before the container starts
+                    share = self.sharing.container(uuids[0], a, (uid, container))
+                except MpsError as e:
+                    msg = f"pod {pod_key(pod)} container {container}: {e}"
+                    self.pods.warn(pod, "GPUAllocationFailed", msg)
+                    raise AllocationError(msg) from None
+            resp = self._response(uuids, share)
             self._allocated.setdefault(uid, set()).add((container, resource))
             done = allocated_of(pod)
             done.setdefault(container, {})[resource] = uuids
@@ -255,10 +279,18 @@ class Allocator:
             )
             return resp
 
-    def _response(self, uuids: list[str], env: dict[str, str]) -> pb.ContainerAllocateResponse:
-        envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(uuids), "GPUSCHED_GPU_UUIDS": ",".join(uuids), **env}
+    def _response(
+        self, uuids: list[str], share: ContainerShare | None = None
+    ) -> pb.ContainerAllocateResponse:
+        share = share or ContainerShare({})
+        ids = ",".join(uuids)
+        envs = {"NVIDIA_VISIBLE_DEVICES": ids, "GPUSCHED_GPU_UUIDS": ids, **share.envs}
         cdi = [pb.CDIDevice(name=f"nvidia.com/gpu={u}") for u in uuids] if self.cdi else []
-        return pb.ContainerAllocateResponse(envs=envs, cdi_devices=cdi)
+        mounts = [
+            pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+            for m in share.mounts
+        ]
+        return pb.ContainerAllocateResponse(envs=envs, mounts=mounts, cdi_devices=cdi)
 
     def preferred(self, resource: str, available: list[str], must: list[str], size: int) -> list[str]:
         """The assigned GPUs' device IDs when the pod is found; else the kubelet's own order."""
@@ -409,9 +441,10 @@ class DevicePlugin:
         kubelet_socket: Path | None = None,
         cdi: bool = False,
         on_health: Callable[[], None] | None = None,
+        sharing: Sharing | None = None,
     ) -> None:
         self.devices = devices
-        self.allocator = Allocator(devices, pods, cdi=cdi)
+        self.allocator = Allocator(devices, pods, cdi=cdi, sharing=sharing)
         self.plugin_dir = plugin_dir
         self.kubelet_socket = kubelet_socket or plugin_dir / "kubelet.sock"
         self.servers = [

@@ -7,13 +7,27 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 from prometheus_client import CollectorRegistry, start_http_server
 
-from gpusched.agent import health, labels
+from gpusched.agent import coexist, health, labels
+from gpusched.agent.allocation import ANN_ALLOCATED
 from gpusched.agent.inventory import GpuBackend, XidEvent
 from gpusched.agent.metrics import GpuCollector, Owners, owners_from_pods
+from gpusched.agent.mps import DEFAULT_CONTROL, DEFAULT_ROOT, MpsDaemons
 from gpusched.agent.plugin import DEFAULT_PLUGIN_DIR, DEFAULT_SLOTS, DevicePlugin, NodeDevices
 from gpusched.agent.pods import NodeWriter, PodSource
+from gpusched.agent.sharing import (
+    ANN_ISOLATION,
+    DEFAULT_HAMI_LIB,
+    DEFAULT_TOOLKIT_CONFIG,
+    Sharing,
+    SharingCollector,
+    isolation_annotation,
+    read_toolkit_visibility,
+    warn_visibility,
+)
+from gpusched.k8s.convert import RES_GPU
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +45,19 @@ class AgentConfig:
     metrics_port: int = 9400  # dcgm-exporter's port
     metrics_addr: str = "0.0.0.0"
     resync_s: float = 30.0
+    plugin_scan_s: float = 10.0
+    """How often the device-plugin directory is searched for another plugin serving the same GPUs."""
+    pod_resources_socket: Path = coexist.DEFAULT_POD_RESOURCES_SOCKET
+    """Without ``nvidia_resources``: the kubelet's PodResources API, where the agent reads which GPUs NVIDIA's
+    plugin gave each container, to record them as ``gpusched.io/allocated`` (doctor compares them with the
+    assignment)."""
+    kubelet_alloc_s: float = 2.0
+    sharing: str = "none"  # mps | hami-core | none (gpusched.agent.sharing)
+    mps_root: Path = DEFAULT_ROOT
+    mps_control: str = DEFAULT_CONTROL
+    hami_lib: Path = DEFAULT_HAMI_LIB
+    toolkit_config: Path = DEFAULT_TOOLKIT_CONFIG
+    sharing_sync_s: float = 5.0  # how often MPS daemons without shares are looked for (a pod list per look)
 
 
 @dataclass
@@ -43,12 +70,19 @@ class Agent:
     _owners: Owners = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _health_dirty: threading.Event = field(default_factory=threading.Event)
+    _kubelet_seen: coexist.Allocations = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         inv = self.backend.inventory()
         self.devices = NodeDevices(
             self.config.node, inv, slots=self.config.slots, nvidia_resources=self.config.nvidia_resources
         )
+        c = self.config
+        mps = MpsDaemons(c.mps_root, c.mps_control) if c.sharing == "mps" else None
+        self.sharing = Sharing(c.sharing, mps, c.hami_lib)
+        self.sharing.check()
+        self.visibility = read_toolkit_visibility(c.toolkit_config)
+        warn_visibility(self.visibility)
         self.plugin = DevicePlugin(
             self.devices,
             self.pods,
@@ -56,9 +90,11 @@ class Agent:
             kubelet_socket=self.config.kubelet_socket,
             cdi=self.config.cdi,
             on_health=self._health_dirty.set,
+            sharing=self.sharing,
         )
         self.registry = CollectorRegistry()
         self.registry.register(GpuCollector(self.backend, lambda: self._owners, self.last_xid))
+        self.registry.register(SharingCollector(self.sharing, self.visibility))
 
     def handle_xids(self, events: list[XidEvent]) -> None:
         for e in events:
@@ -75,7 +111,11 @@ class Agent:
             node = self.nodes.get_node(self.config.node)
             inv = self.devices.inventory
             want = labels.gfd_labels(inv, self.config.mig_strategy) if self.config.write_gfd_labels else {}
-            p = health.labels_patch(node, want, {labels.ANN_TOPOLOGY: labels.topology_annotation(inv)})
+            ann = {
+                labels.ANN_TOPOLOGY: labels.topology_annotation(inv),
+                ANN_ISOLATION: isolation_annotation(self.sharing, self.visibility),
+            }
+            p = health.labels_patch(node, want, ann)
             if p:
                 self.nodes.patch_node(self.config.node, p)
                 node = self.nodes.get_node(self.config.node)
@@ -96,7 +136,73 @@ class Agent:
             return
         self._owners = owners_from_pods(pods, self.config.node, [d.uuid for d in self.devices.whole_gpus])
 
+    def check_other_plugins(self) -> str | None:
+        """Another device plugin in the kubelet's directory serving devices the agent serves (NVIDIA's plugin
+        and the agent both serving ``nvidia.com/gpu``): published on the Node as ``coexist.ANN_CONFLICT``
+        (removed when gone). Returns the annotation's value; errors logged, retried at the next scan."""
+        own = [s.socket.name for s in self.plugin.servers]
+        served = {r: [i for i, _ in self.devices.devices(r)] for r in self.devices.resources()}
+        value = coexist.conflict_annotation(served, coexist.other_plugins(self.config.plugin_dir, own))
+        try:
+            node = self.nodes.get_node(self.config.node)
+            have = ((node.get("metadata") or {}).get("annotations") or {}).get(coexist.ANN_CONFLICT)
+            if have != value:
+                if value:
+                    log.warning(
+                        "another device plugin serves this node's GPUs too (%s): the kubelet hands out the "
+                        "devices of whichever registered last; run one of them (docs/gpu-operator.md)",
+                        value,
+                    )
+                self.nodes.patch_node(
+                    self.config.node, {"metadata": {"annotations": {coexist.ANN_CONFLICT: value}}}
+                )
+        except Exception as e:
+            log.warning("could not update node %s: %s", self.config.node, e)
+        return value
+
+    def record_kubelet_allocations(self) -> int:
+        """Beside NVIDIA's plugin (no ``nvidia_resources``): the GPUs the kubelet gave each container on this
+        node (PodResources), written into the pod's ``gpusched.io/allocated`` where it does not say so yet.
+        Returns how many pods were annotated; errors logged, retried at the next round."""
+        try:
+            got = coexist.kubelet_allocations(self.config.pod_resources_socket, [RES_GPU])
+        except grpc.RpcError as e:
+            log.warning("the kubelet's PodResources at %s: %s", self.config.pod_resources_socket, e)
+            return 0
+        if got == self._kubelet_seen:
+            return 0
+        done = 0
+        try:
+            for pod in self.pods.pods_on_node(self.config.node):
+                meta = pod.get("metadata") or {}
+                key = (str(meta.get("namespace")), str(meta.get("name")))
+                if key not in got:
+                    continue
+                value = coexist.allocated_update((meta.get("annotations") or {}).get(ANN_ALLOCATED), got[key])
+                if value is not None:
+                    self.pods.annotate_pod(key[0], key[1], {ANN_ALLOCATED: value})
+                    done += 1
+        except Exception as e:
+            log.warning("could not record the kubelet's allocations on %s: %s", self.config.node, e)
+            return done
+        self._kubelet_seen = got
+        return done
+    def reconcile_sharing(self, *, at_start: bool = False) -> None:
+        """MPS: stop the daemons of GPUs whose last share is gone (errors logged, retried). The pods are
+        listed only while a daemon runs (and once at start, for running shares whose daemon is gone)."""
+        if self.sharing.mps is None or not (at_start or self.sharing.mps.shares):
+            return
+        try:
+            pods = self.pods.pods_on_node(self.config.node)
+        except Exception as e:
+            log.warning("could not list pods on %s: %s", self.config.node, e)
+            return
+        self.sharing.reconcile(pods, self.config.node)
+
     def start(self, *, serve_metrics: bool = True) -> None:
+        # MPS: the daemons an earlier agent started for running shares are kept, then those without shares go
+        self.sharing.adopt([d.uuid for d in self.devices.whole_gpus])
+        self.reconcile_sharing(at_start=True)
         self.plugin.start()
         if serve_metrics:
             start_http_server(self.config.metrics_port, self.config.metrics_addr, registry=self.registry)
@@ -104,18 +210,35 @@ class Agent:
         self.refresh_owners()
         threading.Thread(target=self._xid_loop, daemon=True, name="gpusched-xids").start()
         threading.Thread(target=self._sync_loop, daemon=True, name="gpusched-sync").start()
+        threading.Thread(target=self._plugins_loop, daemon=True, name="gpusched-other-plugins").start()
+        if not self.config.nvidia_resources:
+            threading.Thread(
+                target=self._kubelet_alloc_loop, daemon=True, name="gpusched-kubelet-alloc"
+            ).start()
+
+    def _kubelet_alloc_loop(self) -> None:
+        while not self._stop.wait(self.config.kubelet_alloc_s):
+            self.record_kubelet_allocations()
+
+    def _plugins_loop(self) -> None:
+        while not self._stop.wait(self.config.plugin_scan_s):
+            self.check_other_plugins()
 
     def _xid_loop(self) -> None:
         while not self._stop.is_set():
             self.handle_xids(self.backend.poll_xids(1.0))
 
     def _sync_loop(self) -> None:
-        waited = 0.0
+        waited = since_sharing = 0.0
         while not self._stop.is_set():
             if self._health_dirty.wait(1.0):
                 self._health_dirty.clear()
                 self.sync_node()
             waited += 1.0
+            since_sharing += 1.0
+            if since_sharing >= self.config.sharing_sync_s:
+                since_sharing = 0.0
+                self.reconcile_sharing()
             if self.plugin.allocator._unwritten:
                 self.plugin.allocator.flush_annotations()
             if waited >= self.config.resync_s:

@@ -100,6 +100,13 @@ def run_cmd(
             "gpusched.io/gpu-share)."
         ),
     ] = True,
+    pod_resources_socket: Annotated[
+        Path,
+        typer.Option(
+            help="The kubelet's PodResources socket: without --nvidia-resources, where the agent reads which "
+            "GPUs NVIDIA's plugin gave each container (recorded as gpusched.io/allocated)."
+        ),
+    ] = Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
     mig_strategy: Annotated[str | None, typer.Option(help="none or mixed.")] = None,
     gfd_labels: Annotated[bool, typer.Option(help="Write GFD's labels (same values as GFD).")] = True,
     metrics_port: Annotated[int, typer.Option(help="Prometheus port (dcgm-exporter's is 9400).")] = 9400,
@@ -110,6 +117,25 @@ def run_cmd(
             "--no-api", help="No Kubernetes API (measurements): no pods, node updates kept in memory."
         ),
     ] = False,
+    sharing: Annotated[
+        str,
+        typer.Option(
+            help="What enforces GPU shares: mps (one NVIDIA MPS control daemon per shared GPU), hami-core "
+            "(HAMi-core's libvgpu.so, --hami-lib), none (scheduled, not enforced). See docs/gpu-sharing.md."
+        ),
+    ] = "none",
+    mps_root: Annotated[
+        Path, typer.Option(help="MPS: each GPU's pipe, log and shm directories (a host path).")
+    ] = Path("/run/gpusched/mps"),
+    mps_control: Annotated[
+        str, typer.Option(help="MPS: the nvidia-cuda-mps-control binary.")
+    ] = "nvidia-cuda-mps-control",
+    hami_lib: Annotated[
+        Path, typer.Option(help="hami-core: HAMi-core's libvgpu.so on the node (mounted at the same path).")
+    ] = Path("/usr/local/vgpu/libvgpu.so"),
+    toolkit_config: Annotated[
+        Path, typer.Option(help="The NVIDIA container toolkit's config.toml (GPU visibility check).")
+    ] = Path("/etc/nvidia-container-runtime/config.toml"),
 ) -> None:
     """Run the device plugin, the node labeller, GPU health on the Node and the metrics exporter."""
     from gpusched.agent.pods import KubePods, MemoryPods
@@ -126,10 +152,16 @@ def run_cmd(
         kubelet_socket=kubelet_socket,
         slots=slots,
         nvidia_resources=nvidia_resources,
+        pod_resources_socket=pod_resources_socket,
         cdi=cdi,
         mig_strategy=mig_strategy,
         write_gfd_labels=gfd_labels,
         metrics_port=metrics_port,
+        sharing=sharing,
+        mps_root=mps_root,
+        mps_control=mps_control,
+        hami_lib=hami_lib,
+        toolkit_config=toolkit_config,
     )
     agent = Agent(cfg, backend_from(fake), kube, kube)
     done = threading.Event()

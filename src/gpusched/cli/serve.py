@@ -143,19 +143,44 @@ def webhook(
     tls_key_file: Annotated[
         Path, typer.Option(help="PEM key of that certificate (the Secret's tls.key).", exists=True)
     ] = Path("/etc/gpusched/tls/tls.key"),
-    port: Annotated[int, typer.Option(help="HTTPS port for /mutate and /healthz.")] = 8443,
+    port: Annotated[int, typer.Option(help="HTTPS port for /mutate, /guard, /route and /healthz.")] = 8443,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    assignment_writer: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A user (userInfo.username) who may write gpusched.io/assignment; repeat it. Default: "
+            "gpusched-system's service accounts gpusched (the scheduler) and gpusched-extender."
+        ),
+    ] = None,
+    allocated_writer: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A user who may write gpusched.io/allocated; repeat it. Default: gpusched-node's service "
+            "account gpusched-agent (the node agent)."
+        ),
+    ] = None,
+    scheduler_name: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="gpusched's scheduler name; repeat it for several. /route gives GPU pods that name none of "
+            "them the first. None: /route routes nothing."
+        ),
+    ] = None,
 ) -> None:
-    """Mutating admission webhook: give every container of a GPU share (gpusched.io/gpu-milli and/or
-    gpusched.io/gpu-memory) the node agent's gpusched.io/gpu-share: 1 slot, and deny share requests that
-    cannot be scheduled, naming the container and the field."""
+    """Admission webhook: give every container of a GPU share (gpusched.io/gpu-milli and/or
+    gpusched.io/gpu-memory) the node agent's gpusched.io/gpu-share: 1 slot and deny share requests that
+    cannot be scheduled (/mutate); deny gpusched.io/assignment and gpusched.io/allocated written by anyone
+    but their writers (/guard); route GPU pods to gpusched (/route)."""
     import logging
 
+    from gpusched.webhook.guard import Writers
+    from gpusched.webhook.route import Routing
     from gpusched.webhook.server import serve
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    serve(host, port, tls_cert_file, tls_key_file)
+    writers = Writers.of(assignment_writer or (), allocated_writer or ())
+    serve(host, port, tls_cert_file, tls_key_file, writers, Routing.of(scheduler_name or ()))
 
 
 def standalone(command: Callable[..., None], name: str, argv: Sequence[str] | None = None) -> None:

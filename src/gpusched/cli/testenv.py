@@ -3,6 +3,7 @@ the same with gpusched's scheduler and webhook running (``gpusched.testenv.local
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -22,6 +23,12 @@ GpuModelOpt = Annotated[
     typer.Option(help="The fake GPUs' NVML name; nodes get the agent's labels for it (docs/fake-gpus.md)."),
 ]
 StateDirOpt = Annotated[Path | None, typer.Option(help="Where the state and logs go.")]
+
+
+class NodeKind(StrEnum):
+    auto = "auto"
+    real = "real"
+    kwok = "kwok"
 
 
 @testenv_app.command("up")
@@ -57,20 +64,34 @@ def testenv_down_cmd(
 
 @reports_errors
 def up(
-    nodes: Annotated[int, typer.Option(help="kwok GPU nodes to create.")] = 2,
+    node: Annotated[
+        NodeKind,
+        typer.Option(
+            envvar="GPUSCHED_UP_NODE",
+            help="real: one real node (containerd, kubelet, gpusched's agent on fake GPUs; needs root, "
+            "containerd, runc, the CNI plugins and hack/build-node-images.sh's images); kwok: kwok nodes (no "
+            "container runs); auto: real where it can run, else kwok, saying why.",
+        ),
+    ] = NodeKind.auto,
+    nodes: Annotated[
+        int | None, typer.Option(help="kwok GPU nodes to create (default 2; more than 1 means kwok).")
+    ] = None,
     gpus_per_node: Annotated[int, typer.Option(help="GPUs per node.")] = 4,
     gpu_model: GpuModelOpt = "NVIDIA A100-SXM4-80GB",
     state_dir: StateDirOpt = None,
 ) -> None:
-    """A local cluster in one command: the control plane, kwok GPU nodes labelled as the agent labels
-    them, gpusched's scheduler and webhook. Prints the kubeconfig and the next commands; 'gpusched down'
-    removes it all."""
+    """A local cluster in one command: the control plane, a real node with gpusched's agent on fake GPUs
+    (or kwok GPU nodes labelled as the agent labels them), gpusched's scheduler and webhook. Prints the
+    kubeconfig and the next commands; 'gpusched down' removes it all."""
     from gpusched.agent.fake import fake_node_labels
     from gpusched.testenv import local, session
 
     typer.echo(BUILD_NOTE, err=True)
     labels = fake_node_labels(gpu_model, gpus_per_node)
-    local.cluster_up(state_dir or session.DEFAULT_STATE_DIR, nodes, gpus_per_node, labels)
+    local.cluster_up(
+        state_dir or session.DEFAULT_STATE_DIR, nodes, gpus_per_node, labels, node=node.value,
+        gpu_model=gpu_model,
+    )  # fmt: skip
 
 
 @reports_errors

@@ -31,10 +31,12 @@ from gpusched.k8s.convert import (
     parse_assignment,
     pod_from_k8s,
 )
+from gpusched.k8s.state import share_without_slot
 
 ANN_ALLOCATED = "gpusched.io/allocated"  # the node agent's (gpusched.agent.allocation.ANN_ALLOCATED)
 ANN_TOPOLOGY = "gpusched.io/gpu-topology"  # the node agent's (gpusched.agent.labels.ANN_TOPOLOGY)
 ANN_UNHEALTHY = "gpusched.io/unhealthy-gpus"
+ANN_CONFLICT = "gpusched.io/device-plugin-conflict"  # the node agent's (gpusched.agent.coexist.ANN_CONFLICT)
 TAINT_UNHEALTHY = "gpusched.io/gpu-unhealthy"
 LABEL_COUNT = "nvidia.com/gpu.count"
 DRIVER_PREFIXES = ("nvidia.com/cuda.driver", "nvidia.com/cuda.runtime", "nvidia.com/gpu.driver")
@@ -135,6 +137,7 @@ def node_findings(node: Mapping[str, Any], spec: NodeSpec | None = None) -> list
             f"{RES_GPU} and {RES_SHARE} advertised",
             allocatable={RES_GPU: alloc.get(RES_GPU), RES_SHARE: alloc.get(RES_SHARE)},
         )
+    out.extend(_conflict_findings(node, name))
     # allocatable against the inventory
     n_cap, n_alloc = _int(cap.get(RES_GPU, alloc.get(RES_GPU, 0))), _int(alloc.get(RES_GPU, 0))
     if (
@@ -179,6 +182,7 @@ def node_findings(node: Mapping[str, Any], spec: NodeSpec | None = None) -> list
         add("error", "node-not-ready", f"node {name} is not Ready ({conds.get('Ready')})", conditions=conds)
     if (node.get("spec") or {}).get("unschedulable"):
         add("warn", "cordoned", f"node {name} is cordoned (spec.unschedulable)")
+    out += isolation_findings(node)
     driver = {k: v for k, v in labels.items() if k.startswith(DRIVER_PREFIXES)}
     if driver:
         add("ok", "driver-labels", ", ".join(f"{k}={v}" for k, v in sorted(driver.items())), **driver)
@@ -188,6 +192,81 @@ def node_findings(node: Mapping[str, Any], spec: NodeSpec | None = None) -> list
             "no-driver-labels",
             f"node {name}: no driver labels (nvidia.com/cuda.driver-version.*): "
             "pods selecting a driver version never land here",
+        )
+    return out
+
+
+def _conflict_findings(node: Mapping[str, Any], name: str) -> list[Finding]:
+    """Two device plugins serving the same GPUs (the agent's ``gpusched.io/device-plugin-conflict``)."""
+    raw = _ann(node).get(ANN_CONFLICT)
+    if raw is None:
+        return []
+    try:
+        found = json.loads(raw)
+        resources = {str(r): [str(s) for s in socks] for r, socks in found["resources"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return [
+            Finding("node", "error", "device-plugin-conflict-unreadable",
+                    f"node {name}: annotation {ANN_CONFLICT} is not JSON of resources to sockets: {raw!r}",
+                    {"annotation": raw}, name)
+        ]  # fmt: skip
+    others = sorted({s for socks in resources.values() for s in socks})
+    msg = (
+        f"node {name}: two device plugins serve its GPUs: gpusched's agent and {', '.join(others)} both "
+        f"advertise {', '.join(sorted(resources))}. The kubelet hands out the devices of whichever "
+        "registered last (a restart of either flips it), so containers may not get the GPUs "
+        f"{ANN_ASSIGNMENT} names: run one of them here (remove NVIDIA's device plugin from this node, or "
+        "run the agent with --no-nvidia-resources)"
+    )
+    return [Finding("node", "error", "device-plugin-conflict", msg, {"resources": resources}, name)]
+
+
+ANN_ISOLATION = "gpusched.io/gpu-isolation"
+"""Written on its Node by the agent (``gpusched.agent.sharing``): ``{"sharing", "visibleDevicesEnvvar",
+"toolkitConfig"}``."""
+
+
+def isolation_findings(node: Mapping[str, Any]) -> list[Finding]:
+    """What enforces GPU shares on the node, and whether an unprivileged pod can pick its GPUs by
+    ``NVIDIA_VISIBLE_DEVICES``: from the agent's ``gpusched.io/gpu-isolation`` annotation (nothing
+    without it)."""
+    name = str(_meta(node).get("name"))
+    raw = _ann(node).get(ANN_ISOLATION)
+    if raw is None:
+        return []
+    out: list[Finding] = []
+
+    def add(sev: str, code: str, msg: str, **ev: Any) -> None:
+        out.append(Finding("node", sev, code, msg, ev, name))
+
+    try:
+        data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
+    except ValueError:
+        add("warn", "isolation-unreadable", f"node {name}: annotation {ANN_ISOLATION} is not JSON: {raw!r}")
+        return out
+    mode = data.get("sharing")
+    if mode == "none":
+        add(
+            "warn",
+            "shares-not-enforced",
+            f"node {name}: GPU shares are scheduled but not enforced (agent --sharing none): a share can "
+            "use its whole GPU's memory and compute and crash its neighbours; run the agent with "
+            "--sharing mps (or hami-core)",
+            sharing=mode,
+        )
+    elif mode in ("mps", "hami-core"):
+        add("ok", "shares-enforced", f"GPU shares enforced by {mode}", sharing=mode)
+    if data.get("visibleDevicesEnvvar") is True:
+        add(
+            "warn",
+            "visible-devices-envvar",
+            f"node {name}: the NVIDIA container toolkit ({data.get('toolkitConfig')}) has "
+            "accept-nvidia-visible-devices-envvar-when-unprivileged = true: any pod can set "
+            "NVIDIA_VISIBLE_DEVICES itself and use GPUs it was not given; set it to false "
+            "(volume-mounts or CDI)",
+            toolkitConfig=data.get("toolkitConfig"),
         )
     return out
 
@@ -247,6 +326,16 @@ def drift_findings(
         return out
     if not bound or not core.num_gpu:
         return out
+    slots = ((node or {}).get("status") or {}).get("allocatable") or {}
+    if RES_SHARE in slots and share_without_slot(pod):
+        add(
+            "error",
+            "share-without-slot",
+            f"pod {key} asks for a GPU share without the {RES_SHARE}: 1 slot that gpusched's webhook adds: "
+            f"the kubelet on {bound} never asks gpusched's agent for it, so it runs with no GPU isolation "
+            "(no NVIDIA_VISIBLE_DEVICES, no limits; under the NVIDIA runtime's default it sees every GPU). "
+            "Create it again where the webhook sees it (its namespace not excluded) or with the slot",
+        )
     raw = _ann(pod).get(ANN_ASSIGNMENT)
     if assignment is None:
         add(

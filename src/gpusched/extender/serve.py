@@ -95,6 +95,7 @@ def serve_extender(
     from gpusched.extender.handlers import Extender
     from gpusched.k8s.binder import APIBinder
     from gpusched.k8s.client import api_client
+    from gpusched.k8s.events import EventRecorder
     from gpusched.k8s.heap import freeze_heap, freeze_when
     from gpusched.k8s.state import LiveCluster, start_informers
 
@@ -124,7 +125,7 @@ def serve_extender(
         obj: Mapping[str, Any] = orjson.loads(resp.data)
         return obj
 
-    cluster = LiveCluster()
+    cluster = LiveCluster(reporter=EventRecorder(core, "gpusched-extender"))  # nodes unreadable, conflicts
     extender = Extender(
         cluster,
         build_profile(policy),

@@ -127,11 +127,12 @@ class EventRecorder:
         """Queue another best-effort write (e.g. a group's status) behind the events."""
         self._submit(fn)
 
-    def forget(self, uid: str) -> None:
-        """The pod was bound or deleted: a later failure is news again."""
+    def forget(self, uid: str, reasons: tuple[str, ...] = ("FailedScheduling", "InvalidGPURequest")) -> None:
+        """The pod was bound or deleted (or, with ``reasons``, the object's trouble ended): a later
+        event of those reasons is news again."""
         with self._lock:
-            self._seen.pop((uid, "FailedScheduling"), None)
-            self._seen.pop((uid, "InvalidGPURequest"), None)
+            for reason in reasons:
+                self._seen.pop((uid, reason), None)
 
     def flush(self, timeout: float = 10.0) -> None:
         """Wait until queued writes are sent (tests, shutdown)."""

@@ -188,6 +188,7 @@ class StandaloneScheduler:
                 return
             log.warning("leading, but the informers have not synced yet: waiting to decide")
         self.cluster.rebuild()
+        self.cluster.report_to(self.events)  # the books' warnings (nodes, conflicts) as events: the leader's
         self.queue.move_all_to_active()
         self._profile = None
         self.leading.set()
@@ -195,6 +196,7 @@ class StandaloneScheduler:
 
     def stop_leading(self) -> None:
         self.leading.clear()
+        self.cluster.report_to(None)
         self.metrics.set_leader(self.config.lease_name, False)
 
     def stop(self, timeout: float = 10.0) -> None:

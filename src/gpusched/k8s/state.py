@@ -4,7 +4,15 @@ Fed by the informer (node and pod events as API dicts) and by the front end's ow
 (``assume`` before binding, ``forget`` when a binding fails). The books are rebuilt from what
 the API says: a bound pod's GPUs come from its ``gpusched.io/assignment`` annotation, so a
 restarted scheduler double-books nothing; pods bound by someone else that ask for GPUs take
-the tightest free GPUs in the books.
+the tightest free GPUs in the books. Two bound pods whose assignments overlap (never written
+by gpusched: a forged annotation, or a pod bound around it) are booked in the order they were
+bound (the ``PodScheduled`` condition's time, else creation): the earlier one keeps its GPUs
+and the newcomer is named, in the log and in a Warning event on it (``GPUAssignmentConflict``).
+
+With a ``Reporter`` (the front end's event recorder, ``report_to``): a Node that cannot be read
+gets one Warning event (``NodeUnreadable``) per distinct reason, and one when it reads again;
+a bound GPU share without its ``gpusched.io/gpu-share`` slot on a node whose device plugin
+offers slots gets a Warning event (``GPUShareWithoutSlot``): it runs with no GPU isolation.
 
 One lock guards the state; front ends hold it only for the in-memory decision (about a
 millisecond), never across API calls.
@@ -18,13 +26,23 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from gpusched.core.caches import LRUCache
 from gpusched.core.cluster import AccountingError, ClusterState
 from gpusched.core.devices import pick_gpus
 from gpusched.core.model import Allocation, NodeSpec, PodSpec, Taint
-from gpusched.k8s.convert import InvalidRequest, node_from_k8s, parse_assignment, pod_from_k8s
+from gpusched.k8s.convert import (
+    ANN_ASSIGNMENT,
+    RES_GPU,
+    RES_MEMORY,
+    RES_MILLI,
+    RES_SHARE,
+    InvalidRequest,
+    node_from_k8s,
+    parse_assignment,
+    pod_from_k8s,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +58,55 @@ GONE_KEPT = 10_000
 def pod_key(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     return f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
+
+
+class Reporter(Protocol):
+    """Where the books' warnings go as events (``gpusched.k8s.events.EventRecorder``)."""
+
+    def about(self, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> bool: ...
+
+    def forget(self, uid: str, reasons: tuple[str, ...] = ...) -> None: ...
+
+
+NODE_UNREADABLE = "NodeUnreadable"
+NODE_READABLE = "NodeReadable"
+ASSIGNMENT_CONFLICT = "GPUAssignmentConflict"
+SHARE_WITHOUT_SLOT = "GPUShareWithoutSlot"
+
+
+def bound_at(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """When the pod was bound, as the API says: its ``PodScheduled=True`` condition's
+    ``lastTransitionTime`` (the binding, or the kubelet's first status of a pod created with
+    ``spec.nodeName``), else its creation time; then the creation time (RFC 3339 in UTC, so they
+    sort as text). "" sorts first (an object without times: a test's)."""
+    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    created = str(meta.get("creationTimestamp") or "")
+    for c in status.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "True" and c.get("lastTransitionTime"):
+            return str(c["lastTransitionTime"]), created
+    return created, created
+
+
+def share_without_slot(obj: Mapping[str, Any]) -> bool:
+    """Whether a container asks for a GPU share (``gpusched.io/gpu-milli`` or ``gpu-memory``, no
+    ``nvidia.com/gpu``) without the ``gpusched.io/gpu-share`` slot that makes the kubelet call the
+    device plugin (what the webhook adds)."""
+    spec = obj.get("spec") or {}
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        res = c.get("resources") or {}
+        names = {*(res.get("limits") or {}), *(res.get("requests") or {})}
+        share = names & {RES_MILLI, RES_MEMORY} and RES_GPU not in names
+        if share and RES_SHARE not in (res.get("limits") or {}):
+            return True
+    return False
+
+
+def _involved(obj: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    meta = obj.get("metadata") or {}
+    out = {"apiVersion": "v1", "kind": kind, "name": meta.get("name"), "uid": meta.get("uid")}
+    if kind == "Pod":
+        out["namespace"] = meta.get("namespace", "default")
+    return out
 
 
 def holds_resources(obj: Mapping[str, Any]) -> bool:
@@ -60,10 +127,19 @@ class Verdict(enum.Enum):
 
 
 class LiveCluster:
-    def __init__(self, on_invalid: Callable[[Mapping[str, Any], str], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_invalid: Callable[[Mapping[str, Any], str], None] | None = None,
+        reporter: Reporter | None = None,
+    ) -> None:
         self.lock = threading.RLock()
         self._nodes: dict[str, NodeSpec] = {}
         self._bound: dict[str, tuple[PodSpec, str, tuple[int, ...]]] = {}  # key -> (pod, node, gpus from API)
+        self._bound_at: dict[str, tuple[str, str]] = {}  # key -> bound_at() of the bound pod
+        self._reporter = reporter
+        self.unreadable: dict[str, tuple[Mapping[str, Any], str]] = {}
+        """Nodes whose Node object does not convert now: name -> (the object, why)."""
+        self._share_nodes: set[str] = set()  # nodes whose device plugin offers gpusched.io/gpu-share
         self._assumed: dict[str, tuple[PodSpec, str, tuple[int, ...]]] = {}  # decided here, not yet bound
         self._state: ClusterState | None = None
         self._gone: LRUCache[str, bool] = LRUCache(GONE_KEPT)
@@ -77,6 +153,17 @@ class LiveCluster:
         """Bumped whenever a node is added, changed or removed (a relabelled node keeps the
         snapshot: compare this, not snapshots, to notice that nodes changed)."""
 
+    def report_to(self, reporter: Reporter | None) -> None:
+        """Send the books' warnings as events to ``reporter`` from now on (None: only log them), and
+        tell it of the nodes unreadable now (the leader reports; a replica taking over repeats
+        what its predecessor may have sent, once)."""
+        with self.lock:
+            self._reporter = reporter
+            unreadable = list(self.unreadable.values())
+        if reporter is not None:
+            for obj, why in unreadable:
+                reporter.about(_involved(obj, "Node"), "Warning", NODE_UNREADABLE, why)
+
     # ------------------------------------------------------------ nodes
     def upsert_node(self, obj: Mapping[str, Any]) -> None:
         try:
@@ -84,6 +171,22 @@ class LiveCluster:
         except InvalidRequest as e:
             self._withhold_node(obj, e)
             return
+        name = spec.name
+        alloc = (obj.get("status") or {}).get("allocatable") or {}
+        with self.lock:
+            (self._share_nodes.add if RES_SHARE in alloc else self._share_nodes.discard)(name)
+            was = self.unreadable.pop(name, None)
+            reporter = self._reporter
+        if was is not None:
+            log.info("node %s reads again", name)
+            if reporter is not None:
+                reporter.forget(str((obj.get("metadata") or {}).get("uid") or ""), (NODE_UNREADABLE,))
+                reporter.about(
+                    _involved(obj, "Node"),
+                    "Normal",
+                    NODE_READABLE,
+                    f"node {name} reads again: it takes new pods",
+                )
         with self.lock:
             old = self._nodes.get(spec.name)
             if old == spec:
@@ -105,10 +208,21 @@ class LiveCluster:
         name = (obj.get("metadata") or {}).get("name", "")
         with self.lock:
             old = self._nodes.get(name)
+            why = (
+                f"node {name} is ignored (gpusched places no pod on it) until it reads: {error}"
+                if old is None
+                else f"node {name} is withheld from new pods (its GPUs and a NoSchedule taint in "
+                f"gpusched's books) until it reads again: {error}"
+            )
+            news = self.unreadable.get(name, (None, ""))[1] != why
+            self.unreadable[name] = (obj, why)
+            reporter = self._reporter
+            if news:  # once per change, not on every update of the Node (its heartbeats)
+                log.warning("%s", why)
+                if reporter is not None:
+                    reporter.about(_involved(obj, "Node"), "Warning", NODE_UNREADABLE, why)
             if old is None:
-                log.warning("ignoring node: %s", error)
                 return
-            log.warning("withholding node %s from new pods until it reads again: %s", name, error)
             withheld = replace(
                 old,
                 unhealthy_gpus=frozenset(range(old.gpu_count)),
@@ -121,6 +235,8 @@ class LiveCluster:
 
     def delete_node(self, name: str) -> None:
         with self.lock:
+            self.unreadable.pop(name, None)
+            self._share_nodes.discard(name)
             if self._nodes.pop(name, None) is not None:
                 self.node_version += 1
                 self._state = None
@@ -146,6 +262,7 @@ class LiveCluster:
             if uid and uid in self._gone:
                 return  # an event from before the API said the pod is gone
             if self._confirm(key, uid, node, obj):
+                self._bound_at[key] = bound_at(obj)
                 return  # our own decision, bound as decided: the books hold it already
         try:
             spec = pod_from_k8s(obj, constraints="lenient")
@@ -159,6 +276,9 @@ class LiveCluster:
             if (key in self._bound and self._bound[key][1] == node) or (uid and uid in self._gone):
                 return  # booked, or found gone, while it was converted
             self._bound[key] = (spec, node, gpus)
+            self._bound_at[key] = bound_at(obj)
+            if node in self._share_nodes and share_without_slot(obj):
+                self._warn_share_without_slot(obj, node, gpus)
             assumed = self._assumed.pop(key, None)
             st = self._state
             if st is None:
@@ -168,6 +288,20 @@ class LiveCluster:
             if assumed is not None:
                 st.forget(key)
             self._book(st, spec, node, gpus)
+
+    def _warn_share_without_slot(self, obj: Mapping[str, Any], node: str, gpus: tuple[int, ...]) -> None:
+        where = f"GPU {gpus[0]} of node {node}" if gpus else f"node {node}"
+        msg = (
+            f"pod {pod_key(obj)} asks for a GPU share without the {RES_SHARE}: 1 slot that gpusched's "
+            f"webhook adds (its namespace is not sent to the webhook, or the pod was created while it was "
+            f"not installed): it is booked on {where}, but the kubelet never asks the device plugin for "
+            "it, so its containers run with no GPU isolation (no NVIDIA_VISIBLE_DEVICES or limits; under "
+            "the NVIDIA runtime's default they see every GPU). Delete it and create it again where the "
+            "webhook sees it, or add the slot to each share container's limits"
+        )
+        log.warning("%s", msg)
+        if self._reporter is not None:
+            self._reporter.about(_involved(obj, "Pod"), "Warning", SHARE_WITHOUT_SLOT, msg)
 
     def _confirm(self, key: str, uid: str | None, node: str, obj: Mapping[str, Any]) -> bool:
         """When the bound pod ``obj`` is a decision of ours (same UID) bound where it was decided,
@@ -194,6 +328,7 @@ class LiveCluster:
             if uid:
                 self._gone.pop(uid)  # nothing of it comes after its deletion
             held = self._bound.pop(key, None) is not None
+            self._bound_at.pop(key, None)
             held |= self._assumed.pop(key, None) is not None
             if held and self._state is not None and key in self._state.allocations:
                 self._state.forget(key)
@@ -202,7 +337,7 @@ class LiveCluster:
         """After a (re)list: forget nodes the API no longer has."""
         names = {(o.get("metadata") or {}).get("name") for o in items}
         with self.lock:
-            for gone in [n for n in self._nodes if n not in names]:
+            for gone in [n for n in {*self._nodes, *self.unreadable} if n not in names]:
                 self.delete_node(gone)
 
     def sync_pods(self, items: list[Mapping[str, Any]]) -> None:
@@ -297,10 +432,17 @@ class LiveCluster:
     def _rebuild(self) -> ClusterState:
         st = ClusterState(sorted(self._nodes.values(), key=lambda n: n.name))
         self.conflicts = []
+
         # exact GPUs first: bound pods with a recorded assignment, then our own decisions still
         # being bound; bound pods without an assignment (bound by someone else) take what is left
-        # (booked before the decisions, they could take a decision's GPU and drop it)
-        recorded = sorted((kv for kv in self._bound.items() if kv[1][2]), key=lambda kv: kv[0])
+        # (booked before the decisions, they could take a decision's GPU and drop it). Each in
+        # the order they were bound: of two whose assignments overlap, the earlier keeps its GPUs
+        # and the newcomer is the one named (in key order, a forged assignment could name the
+        # pod it took the GPU from).
+        def order(kv: tuple[str, Any]) -> tuple[tuple[str, str], str]:
+            return self._bound_at.get(kv[0], ("", "")), kv[0]
+
+        recorded = sorted((kv for kv in self._bound.items() if kv[1][2]), key=order)
         for _key, (spec, node, gpus) in recorded:
             self._book(st, spec, node, gpus)
         for key, (spec, node, gpus) in list(self._assumed.items()):
@@ -311,9 +453,7 @@ class LiveCluster:
             except (KeyError, AccountingError):
                 log.warning("dropping assumed pod %s: node %s changed or left", key, node)
                 del self._assumed[key]
-        for _key, (spec, node, gpus) in sorted(
-            (kv for kv in self._bound.items() if not kv[1][2]), key=lambda kv: kv[0]
-        ):
+        for _key, (spec, node, gpus) in sorted((kv for kv in self._bound.items() if not kv[1][2]), key=order):
             self._book(st, spec, node, gpus)
         return st
 
@@ -328,7 +468,7 @@ class LiveCluster:
             return
         except (AccountingError, ValueError) as e:
             self.conflicts.append(f"{spec.key}: {e}")
-            log.error("bound pod %s overcommits %s, booked anyway: %s", spec.key, node, e)
+            self._report_conflict(st, spec, node, gpus, e)
         # The pod runs there whatever the books say (a device plugin that restarted, a pod bound
         # by someone else): book it unchecked so that nothing else is placed on what it holds.
         # Without a recorded assignment it holds the GPUs with the most free milli.
@@ -340,6 +480,31 @@ class LiveCluster:
             st.assume(spec, n, gpus, check=False)
         except AccountingError as e:  # never expected: the indices were just chosen on this node
             log.error("cannot book bound pod %s on %s: %s", spec.key, node, e)
+
+    def _report_conflict(
+        self, st: ClusterState, spec: PodSpec, node: str, gpus: tuple[int, ...], error: Exception
+    ) -> None:
+        """Name the newcomer whose booking does not fit, and the pods bound before it that hold
+        its GPUs (a log ERROR, and a Warning event on the newcomer)."""
+        n = st.index[node]
+        holders = sorted(
+            k for k, a in st.allocations.items() if a.node == n and k != spec.key and set(a.gpus) & set(gpus)
+        )
+        when = self._bound_at.get(spec.key, ("", ""))[0] or "?"
+        held = ", ".join(f"{k} (bound {self._bound_at.get(k, ('', ''))[0] or '?'})" for k in holders)
+        what = (
+            f"{ANN_ASSIGNMENT} names GPU(s) {list(gpus)} of node {node}" if gpus else f"it overcommits {node}"
+        )
+        msg = (
+            f"pod {spec.key} (bound {when}): {what}"
+            + (f", held by {held}, bound before it" if holders else "")
+            + f"; it is booked anyway (it may be running): {error}. gpusched never writes overlapping "
+            f"assignments: {spec.key} was placed around gpusched or its annotation was written by hand"
+        )
+        log.error("%s", msg)
+        if self._reporter is not None:
+            involved = {"apiVersion": "v1", "kind": "Pod", "namespace": spec.namespace, "name": spec.name}
+            self._reporter.about({**involved, "uid": spec.uid}, "Warning", ASSIGNMENT_CONFLICT, msg)
 
 
 def start_informers(core_api: Any, cluster: LiveCluster, pod_handler: Any = None) -> list[Any]:

@@ -1,8 +1,12 @@
 """``gpusched up`` / ``gpusched down``: a local cluster with gpusched in one command.
 
 ``up`` starts ``gpusched testenv up``'s control plane (etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler for pods that do not ask for gpusched, kwok) with kwok GPU nodes labelled as the agent labels
-a node of those GPUs, then gpusched's standalone scheduler (``spec.schedulerName: gpusched``) and its
+kube-scheduler for pods that do not ask for gpusched) and its GPU nodes: either one real node (containerd,
+runc, CNI, the kubelet and gpusched's agent on fake GPUs, held by ``gpusched.testenv.nodeholder``; its
+containers run and see the GPU the agent hands them) when this machine has the parts (root, containerd,
+the kubelet, the local images), or kwok GPU nodes labelled as the agent labels a node of those GPUs
+(``node``: ``auto``, the default, says which and why; ``real`` insists; ``kwok`` never tries). Then
+gpusched's standalone scheduler (``spec.schedulerName: gpusched``) and its
 admission webhook (the MutatingWebhookConfiguration of ``deploy/manifests/webhook/``, its clientConfig
 pointed at the webhook process on loopback, with a certificate of a CA made here). It writes ``env.sh``
 (``KUBECONFIG`` and the control plane's ``kubectl`` on ``PATH``) and prints the next three commands.
@@ -28,6 +32,15 @@ import yaml
 from gpusched.k8s.convert import LABEL_PRODUCT, RES_MEMORY, RES_SHARE
 from gpusched.testenv.binaries import find_binaries
 from gpusched.testenv.controlplane import free_port, wait_until
+from gpusched.testenv.node import LOCK_FILE
+from gpusched.testenv.nodeholder import (
+    HOLDER,
+    LOCK_WAIT_S,
+    RealNodePlan,
+    real_node_plan,
+    spawn_holder,
+    wait_ready,
+)
 from gpusched.testenv.pki import generate_pki
 from gpusched.testenv.session import (
     ENV_FILE,
@@ -38,13 +51,18 @@ from gpusched.testenv.session import (
     testenv_up,
 )
 
-__all__ = ["EXAMPLES", "SCHEDULER_NAME", "cluster_down", "cluster_up"]
+__all__ = ["EXAMPLES", "NODE_MODES", "SCHEDULER_NAME", "cluster_down", "cluster_up"]
 
 SCHEDULER_NAME = "gpusched"
 REPO = Path(__file__).resolve().parents[3]
+LOCAL_WRITER = "gpusched-admin"
+"""The user the local scheduler and agent write as (the admin kubeconfig's certificate, testenv/pki.py)."""
 WEBHOOK_CONFIG = REPO / "deploy" / "manifests" / "webhook" / "02-mutatingwebhookconfiguration.yaml"
 EXAMPLES = "deploy/examples/local/"
 _READY_TIMEOUT = 60.0
+_REAL_NODE_TIMEOUT = 300.0
+NODE_MODES = ("auto", "real", "kwok")
+REAL_NODE_NAME = "gpu-node-0"
 
 
 class _Kubectl:
@@ -88,8 +106,9 @@ def _webhook_configuration(port: int, ca_cert: Path) -> dict[str, Any]:
         raise TestEnvError(f"{WEBHOOK_CONFIG} not found: `gpusched up` runs from a clone of the repository")
     (doc,) = [d for d in yaml.safe_load_all(WEBHOOK_CONFIG.read_text()) if d]
     ca = base64.b64encode(ca_cert.read_bytes()).decode()
-    for hook in doc["webhooks"]:
-        hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}/mutate", "caBundle": ca}
+    for hook in doc["webhooks"]:  # each webhook (gpu-share, assignment-guard, gpu-routing) at its own path
+        path = hook["clientConfig"]["service"]["path"]
+        hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca}
     return dict(doc)
 
 
@@ -109,41 +128,92 @@ def _webhook_answers(kubectl: _Kubectl) -> bool:
     return bool(json.loads(out.stdout)["spec"]["containers"][0]["resources"]["limits"].get(RES_SHARE) == "1")
 
 
+def _choose_real_node(mode: str, nodes: int | None, bin_dir: Path) -> RealNodePlan | None:
+    """The real node's plan when ``up`` runs one, None for kwok nodes; prints why when ``auto`` falls back.
+    ``TestEnvError`` when ``real`` cannot be had."""
+    if mode not in NODE_MODES:
+        raise TestEnvError(f"--node {mode!r}: expected one of {', '.join(NODE_MODES)}")
+    if mode == "kwok":
+        return None
+    if nodes not in (None, 1):
+        if mode == "real":
+            raise TestEnvError(
+                f"--node real runs one node (the kubelet's device-plugin directory is fixed: one per "
+                f"machine), not --nodes {nodes}; use --node kwok for more"
+            )
+        print(f"gpusched up: kwok nodes, as --nodes {nodes} asks (a real node is one per machine)")
+        return None
+    plan = real_node_plan(bin_dir)
+    if not plan.possible:
+        if mode == "real":
+            raise TestEnvError("--node real: the real node cannot run here: " + "; ".join(plan.missing))
+        print("gpusched up: kwok nodes (no container runs), as a real node cannot run here: "
+              + "; ".join(plan.missing))  # fmt: skip
+        return None
+    if plan.lock_held:
+        if mode == "auto":
+            print(f"gpusched up: kwok nodes, as another real node runs on this machine ({LOCK_FILE} is held; "
+                  "--node real waits for it)")  # fmt: skip
+            return None
+        print(f"gpusched up: another real node runs on this machine ({LOCK_FILE}); waiting up to "
+              f"{LOCK_WAIT_S:.0f} s for it to go")  # fmt: skip
+    print(f"gpusched up: node images from {plan.images_from}: {plan.images}")
+    return plan
+
+
 def cluster_up(
     state_dir: Path,
-    nodes: int,
+    nodes: int | None,
     gpus_per_node: int,
     node_labels: Mapping[str, str],
     *,
+    node: str = "kwok",
+    gpu_model: str = "NVIDIA A100-SXM4-80GB",
     bin_dir: Path | None = None,
 ) -> TestEnvState:
-    """The control plane with kwok GPU nodes labelled ``node_labels``, gpusched's scheduler and webhook;
-    prints the kubeconfig and the next three commands. ``TestEnvError`` when one is already up or a
-    part does not start (everything started is stopped again)."""
+    """The control plane with one real node of ``gpus_per_node`` fake ``gpu_model`` GPUs (``node`` ``real``,
+    or ``auto`` where it can run; the command's default) or ``nodes`` (default 2) kwok GPU nodes labelled
+    ``node_labels`` (``kwok``, this function's default), then gpusched's scheduler and webhook; prints the
+    kubeconfig and the next commands. ``TestEnvError`` when one is already up or a part does not start
+    (everything started is stopped again)."""
     bin_dir = bin_dir or find_binaries()
+    plan = _choose_real_node(node, nodes, bin_dir)
+    kwok_nodes = 0 if plan is not None else (nodes or 2)
     state = testenv_up(
-        state_dir, nodes, gpus_per_node, True, bin_dir=bin_dir, quiet=True, node_labels=node_labels
-    )
+        state_dir, kwok_nodes, gpus_per_node, True, bin_dir=bin_dir, quiet=True, node_labels=node_labels,
+        kwok=plan is None,
+    )  # fmt: skip
     state_dir = Path(state_dir).expanduser().resolve()
+    workdir = Path(state.workdir)
+    logs = workdir / "logs"
+    node_logs = ""
     try:
-        logs = Path(state.workdir) / "logs"
-        kubectl = _Kubectl(bin_dir, state.kubeconfig)
-        pki = generate_pki(Path(state.workdir) / "webhook-pki")
-        port = free_port()
         pids: dict[str, int] = {}
-        pids["gpusched-scheduler"] = _spawn("gpusched-scheduler", [
+        if plan is not None and plan.images is not None:
+            pids[HOLDER] = spawn_holder(
+                workdir=workdir, server=state.server, bin_dir=bin_dir, images=plan.images,
+                name=REAL_NODE_NAME, gpu_model=gpu_model, gpus=gpus_per_node, log=logs / f"{HOLDER}.log",
+            )  # fmt: skip
+            state = add_processes(state_dir, state, pids)
+        kubectl = _Kubectl(bin_dir, state.kubeconfig)
+        pki = generate_pki(workdir / "webhook-pki")
+        port = free_port()
+        front: dict[str, int] = {}
+        front["gpusched-scheduler"] = _spawn("gpusched-scheduler", [
             "-m", "gpusched.k8s.cli_scheduler", "--kubeconfig", state.kubeconfig, "--scheduler-name",
             SCHEDULER_NAME, "--namespace", "kube-system", "--port", str(free_port()), "--flush-s", "5",
         ], logs)  # fmt: skip
-        pids["gpusched-webhook"] = _spawn("gpusched-webhook", [
+        front["gpusched-webhook"] = _spawn("gpusched-webhook", [
             "-m", "gpusched.webhook", "--host", "127.0.0.1", "--port", str(port),
             "--tls-cert-file", str(pki.serving_cert), "--tls-key-file", str(pki.serving_key),
+            # the local scheduler and agent write as the control plane's admin, not as the chart's accounts
+            "--assignment-writer", LOCAL_WRITER, "--allocated-writer", LOCAL_WRITER,
         ], logs)  # fmt: skip
-        state = add_processes(state_dir, state, pids)
+        state = add_processes(state_dir, state, front)
         kubectl("apply", "-f", "-", input=json.dumps(_webhook_configuration(port, pki.ca_cert)))
 
         def webhook_ready() -> bool:
-            for name, pid in pids.items():
+            for name, pid in front.items():
                 _alive_or_fail(pid, name, logs)
             return _webhook_answers(kubectl)
 
@@ -153,19 +223,32 @@ def cluster_up(
             what="the apiserver calling gpusched's webhook",
             interval=0.5,
         )
+        if plan is not None:
+            timeout = _REAL_NODE_TIMEOUT + (LOCK_WAIT_S if plan.lock_held else 0.0)
+            ready = wait_ready(workdir, pids[HOLDER], logs / f"{HOLDER}.log", timeout)
+            daemons = {f"{HOLDER}/{name}": int(pid) for name, pid in ready["pids"].items()}
+            state = add_processes(state_dir, state, daemons, nodes=[str(ready["node"])])
+            node_logs = str(Path(next(iter(ready["logs"].values()))).parent)
     except BaseException:
         testenv_down(state_dir, quiet=True)
         raise
     env = state_dir / ENV_FILE
     env.write_text(f'export KUBECONFIG="{state.kubeconfig}"\nexport PATH="{bin_dir}:$PATH"\n')
     product = node_labels.get(LABEL_PRODUCT, "")
-    print(f"gpusched up: {nodes} kwok node(s) x {gpus_per_node} {product} GPU(s), gpusched's scheduler "
-          f"(schedulerName: {SCHEDULER_NAME}) and webhook, at {state.server}")  # fmt: skip
+    if plan is not None:
+        what = (f"1 real node {REAL_NODE_NAME} (containerd, kubelet, gpusched's agent) x {gpus_per_node} "
+                f"fake {product} GPU(s)")  # fmt: skip
+    else:
+        what = f"{kwok_nodes} kwok node(s) x {gpus_per_node} {product} GPU(s)"
+    print(f"gpusched up: {what}, gpusched's scheduler (schedulerName: {SCHEDULER_NAME}) and webhook, "
+          f"at {state.server}")  # fmt: skip
     print(f"kubeconfig: {state.kubeconfig}")
-    print(f"logs: {Path(state.workdir) / 'logs'}")
+    print(f"logs: {logs}" + (f" and {node_logs} (containerd, kubelet, agent)" if node_logs else ""))
     print("next:")
     print(f"  source {env}        # KUBECONFIG and kubectl")
     print(f"  kubectl apply -f {EXAMPLES}")
+    if plan is not None:
+        print("  kubectl -n gpu-demo logs share-a        # the GPU its container sees")
     print("  gpusched doctor pod gpu-demo/too-big")
     print("then: gpusched down")
     return state

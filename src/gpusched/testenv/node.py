@@ -553,12 +553,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             sys.executable, "-m", "gpusched.agent", "run",
             "--fake", str(self.fake_gpus_path), "--node", self.name,
             "--kubeconfig", str(self.cp.kubeconfig_path), "--plugin-dir", str(DEVICE_PLUGIN_DIR),
-            "--slots", str(self.slots), "--metrics-port", str(self.metrics_port), *self._agent_args,
+            "--slots", str(self.slots), "--metrics-port", str(self.metrics_port),
+            "--pod-resources-socket", str(self.workdir / "kubelet/root/pod-resources/kubelet.sock"),
+            *self._agent_args,
         ]  # fmt: skip
-        if d is None:
-            self._spawn("agent", cmd)
-        else:
-            self._spawn("agent", d.cmd)
+        if d is not None:
+            d.cmd = cmd  # the arguments may have changed (restart_agent(agent_args=...))
+        self._spawn("agent", cmd)
         if wait:
             n = sum(int(g.get("count", 1)) for g in self._gpus if not g.get("migMode"))
             self._wait(
@@ -570,8 +571,17 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     def stop_agent(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
         self._stop_daemon("agent", sig, timeout)
 
-    def restart_agent(self) -> None:
+    def restart_agent(self, agent_args: Sequence[str] | None = None) -> None:
+        """Stop the agent and start it again (with ``agent_args`` instead of the current extra arguments, when
+        given: they stay for later restarts)."""
         self.stop_agent()
+        if agent_args is not None:
+            self._agent_args = list(agent_args)
+            d = self._daemons.get("agent")
+            if d is not None:
+                d.popen = None
+                del self._daemons["agent"]  # the command is built again, with the new arguments
+                d.log_file.close()
         self.start_agent()
 
     def restart_kubelet(self, sig: int = signal.SIGTERM) -> None:

@@ -7,7 +7,8 @@ A100-SXM4-80GB GPUs each (labelled as gpusched's agent and NVIDIA's gpu-feature-
 node: ``nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB``, or the labels given; allocatable
 ``nvidia.com/gpu``, ``gpusched.io/gpu-milli``, ``gpusched.io/gpu-memory`` and the share slots), waits
 until they are Ready and prints the admin kubeconfig. ``down`` stops it all, and the processes that
-``gpusched up`` (``gpusched.testenv.local``) added to the state.
+``gpusched up`` (``gpusched.testenv.local``) added to the state: its real node's holder first
+(``STOPPED_FIRST``: it needs the apiserver for its teardown), then the others.
 
 Everything lives in ``state_dir``: ``state.json`` (pids, kubeconfig path, ...) and ``controlplane/``
 (etcd data, certificates, kubeconfigs, ``logs/``).
@@ -30,6 +31,7 @@ from gpusched.core.errors import GpuschedError
 from gpusched.k8s.convert import LABEL_MEMORY, LABEL_PRODUCT
 from gpusched.testenv import ControlPlane, ControlPlaneError, wait_until
 from gpusched.testenv.kwoknodes import kwok_gpu_node
+from gpusched.testenv.nodeholder import HOLDER, teardown_problem
 
 __all__ = [
     "DEFAULT_STATE_DIR",
@@ -55,6 +57,10 @@ ENV_FILE = "env.sh"
 WORKDIR = "controlplane"
 _NODE_READY_TIMEOUT = 120.0
 _STOP_TIMEOUT = 10.0
+#: Processes stopped (and waited for) before the others, with their own timeouts: ``gpusched up``'s real-node
+#: holder (``gpusched.testenv.nodeholder``) deletes the node's pods through the apiserver and undoes its host
+#: changes when told to stop, so the control plane must still be up then, and it needs more than 10 s.
+STOPPED_FIRST = {HOLDER: 180.0}
 
 
 class TestEnvError(GpuschedError, RuntimeError):
@@ -176,7 +182,10 @@ def _terminate(records: list[ProcessRecord], timeout: float) -> None:
 
 
 def _stop_processes(records: list[ProcessRecord], timeout: float = _STOP_TIMEOUT) -> None:
-    """Everything but etcd first (kwok, schedulers, the apiserver), then etcd, which they all depend on."""
+    """``STOPPED_FIRST`` first, then everything but etcd (kwok, schedulers, the apiserver), then etcd, which
+    they all depend on."""
+    for name, first_timeout in STOPPED_FIRST.items():
+        _terminate([r for r in records if r.name == name], first_timeout)
     _terminate([r for r in reversed(records) if r.name != "etcd"], timeout)
     _terminate([r for r in records if r.name == "etcd"], timeout)
 
@@ -200,11 +209,13 @@ def write_state(state_dir: Path, state: TestEnvState) -> None:
     tmp.replace(state_dir / STATE_FILE)
 
 
-def add_processes(state_dir: Path, state: TestEnvState, pids: Mapping[str, int]) -> TestEnvState:
-    """The state with these processes (each the leader of its own process group) added, written to
-    ``state.json``: ``down`` stops them first (the processes are stopped in reverse order)."""
+def add_processes(
+    state_dir: Path, state: TestEnvState, pids: Mapping[str, int], nodes: Iterable[str] = ()
+) -> TestEnvState:
+    """The state with these processes (each the leader of its own process group) and ``nodes`` added, written
+    to ``state.json``: ``down`` stops them first (the processes are stopped in reverse order)."""
     records = [ProcessRecord(name, pid, _start_ticks(pid)) for name, pid in pids.items()]
-    new = replace(state, processes=[*state.processes, *records])
+    new = replace(state, processes=[*state.processes, *records], nodes=[*state.nodes, *nodes])
     write_state(Path(state_dir).expanduser().resolve(), new)
     return new
 
@@ -230,14 +241,19 @@ def testenv_up(
     bin_dir: Path | None = None,
     quiet: bool = False,
     node_labels: Mapping[str, str] | None = None,
+    kwok: bool = True,
 ) -> TestEnvState:
     """Start a background control plane with ``nodes`` kwok GPU nodes; print the kubeconfig; return the state.
 
     ``with_scheduler`` also starts kube-scheduler (the default profile, for pods not asking for gpusched).
+    ``kwok=False`` starts neither kwok (which would take any Node over, a real kubelet's too) nor nodes
+    (``nodes`` must be 0): ``gpusched up`` adds a real node then.
     Raises ``TestEnvError`` if one is already up in ``state_dir``, ``ControlPlaneError`` if it cannot start
     (the binaries come from ``hack/build-control-plane.sh`` or ``$GPUSCHED_CONTROLPLANE_BIN``).
     """
-    if nodes < 1 or gpus_per_node < 1:
+    if not kwok and nodes != 0:
+        raise TestEnvError(f"kwok nodes need kwok: asked for {nodes} node(s) without it")
+    if (kwok and nodes < 1) or gpus_per_node < 1:
         raise TestEnvError(f"need at least one node and one GPU per node, got {nodes} x {gpus_per_node}")
     state_dir = Path(state_dir).expanduser().resolve()
     previous = read_state(state_dir)
@@ -256,7 +272,7 @@ def testenv_up(
         bin_dir=bin_dir,
         scheduler=with_scheduler,
         controller_manager=True,
-        kwok=True,
+        kwok=kwok,
         workdir=state_dir / WORKDIR,
         keep_workdir=True,
     )
@@ -264,15 +280,16 @@ def testenv_up(
     try:
         names = [f"gpu-node-{i}" for i in range(nodes)]
         items = [gpu_node_manifest(n, gpus_per_node, node_labels) for n in names]
-        manifest = {"apiVersion": "v1", "kind": "List", "items": items}
-        cp.kubectl("apply", "-f", "-", input=json.dumps(manifest))
-        wait_until(
-            lambda: _ready_nodes(cp, names),
-            timeout=_NODE_READY_TIMEOUT,
-            what=f"kwok to mark {nodes} node(s) Ready",
-            control_plane=cp,
-            interval=0.5,
-        )
+        if items:
+            manifest = {"apiVersion": "v1", "kind": "List", "items": items}
+            cp.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+            wait_until(
+                lambda: _ready_nodes(cp, names),
+                timeout=_NODE_READY_TIMEOUT,
+                what=f"kwok to mark {nodes} node(s) Ready",
+                control_plane=cp,
+                interval=0.5,
+            )
         kubeconfig, server = cp.kubeconfig_path, cp.server
     except BaseException:
         cp.stop()
@@ -288,7 +305,7 @@ def testenv_up(
         started_at=time.time(),
     )
     write_state(state_dir, state)
-    if not quiet:
+    if not quiet and items:
         product = items[0]["metadata"]["labels"][LABEL_PRODUCT]
         print(f"gpusched testenv: {nodes} node(s) x {gpus_per_node} {product} GPU(s) Ready at {server}")
         print(f"logs: {state_dir / WORKDIR / 'logs'}")
@@ -311,7 +328,10 @@ def testenv_down(state_dir: Path, *, quiet: bool = False, who: str = "gpusched t
     left = [f"{p.name} ({p.pid})" for p in state.processes if _alive(p)]
     if left:
         raise TestEnvError(f"could not stop {', '.join(left)}; state kept in {state_dir}")
+    problem = teardown_problem(Path(state.workdir))
     _remove_state(state_dir)
+    if problem is not None:
+        raise TestEnvError(problem)
     if not quiet:
         print(f"{who}: stopped; removed {state_dir / WORKDIR}")
     return True

@@ -1,4 +1,6 @@
-"""The webhook's HTTPS server (aiohttp): ``POST /mutate`` (AdmissionReview v1), ``GET /healthz``.
+"""The webhook's HTTPS server (aiohttp): ``GET /healthz`` and three AdmissionReview v1 endpoints, each
+registered as its own webhook (deploy/): ``POST /mutate`` (a GPU share's slot, ``mutate``), ``POST /guard``
+(who may write the assignment annotations, ``guard``) and ``POST /route`` (GPU pods to gpusched, ``route``).
 
 TLS is required (the API server calls admission webhooks over HTTPS only). The certificate and key
 are read from files (a Secret mounted by the chart: helm's ``genSignedCert`` or cert-manager) and
@@ -16,12 +18,15 @@ import contextlib
 import json
 import logging
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
+from gpusched.webhook.guard import Writers, guard_review
 from gpusched.webhook.mutate import review
+from gpusched.webhook.route import Routing, route_review
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +67,26 @@ class CertReloader:
                 log.warning("could not reload the TLS certificate from %s: %s", self.cert, e)
 
 
+Review = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def handler(answer_review: Review) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handle(request: web.Request) -> web.Response:
+        return await _answer(request, answer_review)
+
+    return handle
+
+
 async def mutate_handler(request: web.Request) -> web.Response:
+    return await _answer(request, review)
+
+
+async def _answer(request: web.Request, answer_review: Review) -> web.Response:
     try:
         body = json.loads(await request.read())
         if not isinstance(body, dict):
             raise ValueError("the body is not a JSON object")
-        answer = review(body)
+        answer = answer_review(body)
     except web.HTTPException:
         raise
     except ValueError as e:  # also json.JSONDecodeError
@@ -85,17 +104,29 @@ async def healthz(_request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
-def make_app() -> web.Application:
+def make_app(writers: Writers | None = None, routing: Routing | None = None) -> web.Application:
+    """``writers``: who may write the assignment annotations (default: deploy/manifests' service accounts);
+    ``routing``: gpusched's scheduler names (none: ``/route`` routes nothing)."""
+    w, r = writers or Writers(), routing or Routing(())
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app.router.add_post("/mutate", mutate_handler)
+    app.router.add_post("/guard", handler(lambda body: guard_review(body, w)))
+    app.router.add_post("/route", handler(lambda body: route_review(body, r)))
     app.router.add_get("/healthz", healthz)
     return app
 
 
-def serve(host: str, port: int, cert: Path, key: Path) -> None:
+def serve(
+    host: str,
+    port: int,
+    cert: Path,
+    key: Path,
+    writers: Writers | None = None,
+    routing: Routing | None = None,
+) -> None:
     """Serve until SIGTERM/SIGINT."""
     certs = CertReloader(cert, key)
-    app = make_app()
+    app = make_app(writers, routing)
 
     async def watcher(_app: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(certs.watch())
@@ -105,5 +136,17 @@ def serve(host: str, port: int, cert: Path, key: Path) -> None:
             await task
 
     app.cleanup_ctx.append(watcher)
-    log.info("gpusched webhook serving https://%s:%d/mutate", host, port)
+    w, r = writers or Writers(), routing or Routing(())
+    routed = (
+        f"to {r.schedulers[0]} (gpusched's: {', '.join(r.schedulers)})" if r.enabled else "not (no names)"
+    )
+    log.info(
+        "gpusched webhook serving https://%s:%d/{mutate,guard,route}; writers of the assignment: %s, of the "
+        "allocation: %s; GPU pods routed %s",
+        host,
+        port,
+        ", ".join(sorted(w.assignment)),
+        ", ".join(sorted(w.allocated)),
+        routed,
+    )
     web.run_app(app, host=host, port=port, ssl_context=certs.context, print=None, access_log=None)
