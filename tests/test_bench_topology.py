@@ -15,11 +15,13 @@ from gpusched.sim.topology_bench import SHAPES, topology_report
 def test_topology_aware_places_more_multi_gpu_pods_on_complete_single_numa_sets() -> None:
     _, rows = topology_report(list(SHAPES), [42], nodes=4, arrivals=600, load=0.9, policy="default")
     by = {(r["shape"], r["choice"]): r for r in rows}
-    assert len(by) == 4
+    assert len(by) == 6
     for shape in SHAPES:
         blind, aware = by[(shape, "topology-blind best fit")], by[(shape, "topology-aware")]
+        set_only = by[(shape, "GPU set aware, node blind")]
         assert aware["multi_placed"] > 50
-        assert aware["complete_pct"] > blind["complete_pct"], (shape, aware, blind)  # type: ignore[operator]
+        assert set_only["complete_pct"] > blind["complete_pct"], (shape, set_only, blind)  # type: ignore[operator]
+        assert aware["complete_pct"] > set_only["complete_pct"], (shape, aware, set_only)  # type: ignore[operator]
         assert aware["one_numa_pct"] >= blind["one_numa_pct"]  # type: ignore[operator]
     # 4 NVLink pairs: no 4-GPU set is NVLink-complete, whatever the choice
     assert by[("pcie-4x2-nvlink", "topology-aware")]["complete_pct_by_size"]["4"] == 0.0  # type: ignore[index]
@@ -37,5 +39,9 @@ def test_the_command_prints_one_row_per_shape_and_choice_as_json() -> None:
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
-    assert [r["choice"] for r in doc["results"]] == ["topology-blind best fit", "topology-aware"]
+    assert [r["choice"] for r in doc["results"]] == [
+        "topology-blind best fit",
+        "GPU set aware, node blind",
+        "topology-aware",
+    ]
     assert "seeds 7" in doc["title"]

@@ -166,3 +166,25 @@ def test_the_choice_fits_has_the_right_size_and_is_complete_when_a_complete_set_
     if any(topo.is_complete(s) for s in sets):
         assert topo.is_complete(got)
     assert topo.nvlink_pairs(got) == best_pairs
+
+
+# ------------------------------------------------------------------------ node preference
+
+
+def test_a_multi_gpu_pod_goes_to_the_node_where_a_complete_set_fits() -> None:
+    from builders import profile
+    from gpusched.core.scheduler import schedule_one
+
+    def cluster(topo: GpuTopology | None) -> ClusterState:
+        snap = ClusterState([node("a", 8, gpu_topology=topo), node("b", 8, gpu_topology=topo)])
+        for g in (0, 4):  # node a: both islands broken, tighter for best fit
+            snap.assume(whole(f"a{g}"), 0, [g])
+        snap.assume(whole("b0"), 1, [0])  # node b: island 1 whole
+        return snap
+
+    blind = schedule_one(profile("bestfit"), whole("p", 4), cluster(None))
+    assert (blind.node, blind.gpus) == (0, (1, 2, 3, 5))
+    aware = schedule_one(profile("bestfit"), whole("p", 4), cluster(SOCKETS))
+    assert (aware.node, aware.gpus) == (1, (4, 5, 6, 7))
+    share_pod = schedule_one(profile("bestfit"), whole("s", 1), cluster(SOCKETS))
+    assert share_pod.node == 0  # one-GPU pods: the policy alone picks the node

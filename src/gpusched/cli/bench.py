@@ -91,14 +91,14 @@ def bench_topology_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """GPU topology: the fraction of multi-GPU pods placed on an NVLink-complete, single-NUMA GPU set,
-    topology-aware against topology-blind best fit, under churn on PCIe-with-NVLink-pairs and
-    2-socket 8-GPU node shapes."""
+    topology-aware (GPU set only, and GPU set and node) against topology-blind best fit, under churn
+    on PCIe-with-NVLink-pairs and 2-socket 8-GPU node shapes."""
     from gpusched.sim.topology_bench import SHAPES, topology_report
 
     shapes = shape or list(SHAPES)
     seed_list = parse_seeds(seeds)
     check_policies([policy])
-    with render.progress(2 * len(shapes) * len(seed_list), "bench topology") as tick:
+    with render.progress(3 * len(shapes) * len(seed_list), "bench topology") as tick:
         header, rows = topology_report(
             shapes, seed_list, nodes=nodes, arrivals=arrivals, load=load, policy=policy, on_done=tick
         )

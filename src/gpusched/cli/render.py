@@ -749,7 +749,7 @@ def topology_bench(
             f"{by.get('2', 0.0):.2f}", f"{by.get('4', 0.0):.2f}", f"{r['one_numa_pct']:.2f}",  # type: ignore[attr-defined]
             str(r["multi_placed"]), f"{r['accepted_pct']:.2f}", f"{r['seconds']:.2f}",
         )  # fmt: skip
-    t.caption = "After a warm-up of the first 20 % of arrivals; the same pod stream for both choices."
+    t.caption = "After a warm-up of the first 20 % of arrivals; the same pod stream for every choice."
     out_console.print(t)
 
 

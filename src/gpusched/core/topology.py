@@ -169,3 +169,16 @@ def choose(
         keys = (idx, *tight, *spread, s.numas[idx], -s.pairs[idx], ~s.complete[idx])
     order = np.lexsort(keys)  # the last key sorts first; idx: lowest indices (lexicographic sets)
     return tuple(int(g) for g in m[order[0]])
+
+
+def complete_fits(topo: GpuTopology, k: int, fits: BoolArr) -> BoolArr:
+    """Per row of ``fits`` ((nodes, >= G) booleans: GPUs with room for the pod), whether an
+    NVLink-complete single-NUMA set of ``k`` of them exists."""
+    s = _sets(topo, k)
+    n = topo.gpu_count
+    masks = s.masks[s.complete]
+    if not len(masks):
+        return np.zeros(len(fits), dtype=bool)
+    fit_masks = (fits[:, :n].astype(np.int64) << np.arange(n, dtype=np.int64)).sum(axis=1)
+    out: BoolArr = ((masks[None, :] & ~fit_masks[:, None]) == 0).any(axis=1)
+    return out

@@ -8,10 +8,12 @@ Protocol, per node shape and seed: ``nodes`` identical 8-GPU nodes of the shape;
 arriving as a Poisson process, each staying an exponential time (mean 1), the arrival rate set so
 that the offered GPU load is ``load`` x the cluster's GPUs. Departures are processed before each
 arrival; a pod that fits nowhere is dropped (no queue). Every pod goes through the core scheduler
-(``schedule_one``, policy ``policy``). The same stream runs twice on fresh clusters: with the nodes'
-topology known (``pick_gpus`` topology-aware) and with it unknown (``pick_gpus`` topology-blind: best
-fit, then lowest indices, as before topology). The measure reads the shape's topology in both. The
-first ``WARMUP`` of the arrivals fill the cluster and are not counted.
+(``schedule_one``, policy ``policy``). The same stream runs three times on fresh clusters (``CHOICES``):
+with the nodes' topology unknown (``pick_gpus`` topology-blind: best fit, then lowest indices, as
+before topology); known to ``pick_gpus`` only (the node chosen as blind, the GPU set on it
+topology-aware); known to both (also the ``GpuTopology`` node preference: a multi-GPU pod prefers a
+node where a complete set fits). The measure reads the shape's topology in all three. The first
+``WARMUP`` of the arrivals fill the cluster and are not counted.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -27,11 +29,15 @@ from gpusched.core.cluster import ClusterState
 from gpusched.core.errors import InvalidInput
 from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.model import GPU_MILLI, NodeSpec, PodSpec
+from gpusched.core.plugins.gputopology import GpuTopologyPreference
 from gpusched.core.policies import PolicyContext, make_profile
 from gpusched.core.scheduler import schedule_one
 from gpusched.core.topology import GpuTopology
 
 WARMUP = 0.2
+
+BLIND, SET_ONLY, AWARE = "topology-blind best fit", "GPU set aware, node blind", "topology-aware"
+CHOICES = (BLIND, SET_ONLY, AWARE)
 
 MIX: tuple[tuple[int, int, float], ...] = (
     (1, 250, 0.15),
@@ -66,7 +72,7 @@ SHAPES: dict[str, GpuTopology] = {
 @dataclass(frozen=True)
 class TopologyRun:
     shape: str
-    aware: bool
+    choice: str
     seed: int
     arrivals: int
     accepted: int
@@ -99,7 +105,7 @@ def stream(arrivals: int, load: float, gpus: int, seed: int) -> list[tuple[float
 
 
 def run_one(
-    shape: str, aware: bool, seed: int, *, nodes: int, arrivals: int, load: float, policy: str
+    shape: str, choice: str, seed: int, *, nodes: int, arrivals: int, load: float, policy: str
 ) -> TopologyRun:
     topo = SHAPES[shape]
     specs = [
@@ -110,7 +116,7 @@ def run_one(
             gpu_count=topo.gpu_count,
             gpu_model="A100",
             gpu_memory_mib=81_920,
-            gpu_topology=topo if aware else None,
+            gpu_topology=None if choice == BLIND else topo,
         )
         for i in range(nodes)
     ]
@@ -118,6 +124,9 @@ def run_one(
     pods = stream(arrivals, load, nodes * topo.gpu_count, seed)
     tw = TargetWorkload.from_pods([p for _, _, p in pods])
     profile = make_profile(policy, PolicyContext(workload=tw, rng=np.random.default_rng([seed, 0xABC])))
+    if choice == SET_ONLY:
+        prefs = tuple(p for p in profile.preferences if not isinstance(p.plugin, GpuTopologyPreference))
+        profile = replace(profile, preferences=prefs)
     ranks = np.random.default_rng([seed, 0x5EED]).permutation(nodes).astype(np.int64)
     leaving: list[tuple[float, str]] = []
     accepted = placed = complete = one_numa = 0
@@ -144,7 +153,7 @@ def run_one(
             c[1] += ok
     return TopologyRun(
         shape,
-        aware,
+        choice,
         seed,
         arrivals - warm,
         accepted,
@@ -173,19 +182,19 @@ def topology_report(
     rows: list[dict[str, object]] = []
     runs: list[TopologyRun] = []
     for shape in shapes:
-        for aware in (False, True):
+        for choice in CHOICES:
             mine = []
             for seed in seeds:
-                run = run_one(shape, aware, seed, nodes=nodes, arrivals=arrivals, load=load, policy=policy)
+                run = run_one(shape, choice, seed, nodes=nodes, arrivals=arrivals, load=load, policy=policy)
                 mine.append(run)
-                on_done(f"{shape} {'aware' if aware else 'blind'} seed {seed}")
+                on_done(f"{shape} {choice} seed {seed}")
             runs += mine
             placed = sum(r.multi_placed for r in mine)
             sizes = sorted({k for r in mine for k in r.by_size})
             rows.append(
                 {
                     "shape": shape,
-                    "choice": "topology-aware" if aware else "topology-blind best fit",
+                    "choice": choice,
                     "complete_pct": 100 * sum(r.multi_complete for r in mine) / placed if placed else 0.0,
                     "complete_pct_per_seed": [round(r.complete_pct, 2) for r in mine],
                     "complete_pct_by_size": {
