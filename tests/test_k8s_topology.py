@@ -86,3 +86,20 @@ def test_a_malformed_annotation_leaves_the_node_usable_topology_blind_with_a_war
     assert spec.gpu_topology is None and spec.gpu_count == 2
     assert "node n1: annotation gpusched.io/gpu-topology is not used" in caplog.text
     assert why in caplog.text
+
+
+def test_a_topology_that_arrives_later_reaches_the_books_and_the_bookings_stay() -> None:
+    from builders import whole
+    from gpusched.core.devices import pick_gpus
+    from gpusched.k8s.state import LiveCluster
+
+    lc = LiveCluster()
+    lc.upsert_node(k8s_node("n1", 8))
+    with lc.snapshot() as st:
+        assert st.nodes[0].gpu_topology is None
+    lc.assume(whole("a"), 0, (0,))
+    lc.upsert_node(annotated(labels.topology_annotation(two_islands())))  # the agent annotates it
+    with lc.snapshot() as st:
+        assert st.nodes[0].gpu_topology is not None
+        assert "default/a" in st.allocations
+        assert pick_gpus(st, whole("p", 4), 0) == (4, 5, 6, 7)  # blind: 1, 2, 3, 4
