@@ -188,3 +188,21 @@ def test_a_multi_gpu_pod_goes_to_the_node_where_a_complete_set_fits() -> None:
     assert (aware.node, aware.gpus) == (1, (4, 5, 6, 7))
     share_pod = schedule_one(profile("bestfit"), whole("s", 1), cluster(SOCKETS))
     assert share_pod.node == 0  # one-GPU pods: the policy alone picks the node
+
+
+def test_a_node_whose_topology_has_no_complete_set_of_the_size_is_not_passed_over() -> None:
+    from builders import profile
+    from gpusched.core.scheduler import schedule_one
+
+    no_nvlink = GpuTopology.of([0, 0, 0, 0, 1, 1, 1, 1], [[] for _ in range(8)])
+    snap = ClusterState([node("a", 8, gpu_topology=no_nvlink), node("b", 8)])
+    snap.assume(whole("a0"), 0, [0])  # node a tighter: best fit wants it
+    r = schedule_one(profile("bestfit"), whole("p", 2), snap)
+    assert (r.node, r.gpus) == (0, (1, 2))  # one NUMA node, the most broken
+    snap = ClusterState([node("a", 8, gpu_topology=PAIRS), node("b", 8)])
+    snap.assume(whole("a0"), 0, [0])
+    r = schedule_one(profile("bestfit"), whole("p", 4), snap)
+    assert (r.node, r.gpus) == (
+        0,
+        (4, 5, 6, 7),
+    )  # no complete 4 on pairs: node by best fit, 2 pairs on NUMA 1

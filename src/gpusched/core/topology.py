@@ -171,6 +171,12 @@ def choose(
     return tuple(int(g) for g in m[order[0]])
 
 
+def has_complete(topo: GpuTopology, k: int) -> bool:
+    """Whether the topology has any NVLink-complete single-NUMA set of ``k`` GPUs (a PCIe box without
+    NVLink has none for k >= 2; 4 NVLink pairs have none for k >= 3)."""
+    return k <= topo.gpu_count and bool(_sets(topo, k).complete.any())
+
+
 def complete_fits(topo: GpuTopology, k: int, fits: BoolArr) -> BoolArr:
     """Per row of ``fits`` ((nodes, >= G) booleans: GPUs with room for the pod), whether an
     NVLink-complete single-NUMA set of ``k`` of them exists."""
