@@ -120,6 +120,16 @@ def helm_template(helm: list[str], mode: str, *extra: str) -> str:
     return proc.stdout
 
 
+def test_helm_refuses_defragmentation_in_extender_mode(helm: list[str]) -> None:
+    """The defragmentation controller's rooms are kept only by the standalone scheduler: asked for in extender
+    mode, the chart fails naming the value, instead of rendering nothing."""
+    proc = run(
+        [*helm, "template", "gpusched", str(CHART), "--set", "mode=extender", "--set", "defrag.enabled=true"]
+    )
+    assert proc.returncode != 0 and "defrag.enabled=true needs mode=standalone" in proc.stderr, proc.stderr
+    assert "kind: Deployment" in helm_template(helm, "standalone", "--set", "defrag.enabled=true")
+
+
 def dry_run(cp: ControlPlane, path: Path) -> None:
     proc = cp.kubectl("apply", "--dry-run=server", "-f", str(path), check=False)
     assert proc.returncode == 0, f"{path}:\n{proc.stderr}"

@@ -77,6 +77,34 @@ def bench_mig_cmd(
     render.mig_bench(report, rows, churn_rows, json_out)
 
 
+@bench_app.command("topology")
+@reports_errors
+def bench_topology_cmd(
+    shape: Annotated[
+        list[str] | None, typer.Option("--shape", help="Node shapes: pcie-4x2-nvlink, 2-socket-2x4-nvlink.")
+    ] = None,
+    seeds: Annotated[str, typer.Option(help="Seeds, e.g. 42-44.")] = "42-44",
+    nodes: Annotated[int, typer.Option(help="8-GPU nodes per shape.")] = 16,
+    arrivals: Annotated[int, typer.Option(help="Pods per run (1-, 2-, 4-GPU pods and shares).")] = 4000,
+    load: Annotated[float, typer.Option(help="Offered GPU load, x the cluster's GPUs.")] = 0.9,
+    policy: Annotated[str, typer.Option("--policy", "-p", help="Node placement policy.")] = "default",
+    json_out: JsonOpt = False,
+) -> None:
+    """GPU topology: the fraction of multi-GPU pods placed on an NVLink-complete, single-NUMA GPU set,
+    topology-aware (GPU set only, and GPU set and node) against topology-blind best fit, under churn
+    on PCIe-with-NVLink-pairs and 2-socket 8-GPU node shapes."""
+    from gpusched.sim.topology_bench import SHAPES, topology_report
+
+    shapes = shape or list(SHAPES)
+    seed_list = parse_seeds(seeds)
+    check_policies([policy])
+    with render.progress(3 * len(shapes) * len(seed_list), "bench topology") as tick:
+        header, rows = topology_report(
+            shapes, seed_list, nodes=nodes, arrivals=arrivals, load=load, policy=policy, on_done=tick
+        )
+    render.topology_bench(header, rows, json_out)
+
+
 @bench_app.command("traces")
 @reports_errors
 def bench_traces_cmd(

@@ -777,6 +777,30 @@ def mig_bench(
         out_console.print(mig_churn_table(churn))
 
 
+def topology_bench(
+    header: Mapping[str, object], rows: Sequence[Mapping[str, object]], json_out: bool
+) -> None:
+    if json_out:
+        emit_json({**header, "results": list(rows)})
+        return
+    t = Table(title=str(header["title"]), box=box.SIMPLE_HEAVY)
+    t.add_column("node shape", no_wrap=True)
+    t.add_column("GPU set choice", no_wrap=True)
+    for col in ("NVLink-complete, 1 NUMA %", "per seed", "2-GPU %", "4-GPU %", "on 1 NUMA node %",
+                "multi-GPU pods", "accepted %", "s/run"):  # fmt: skip
+        t.add_column(col, justify="right")
+    for r in rows:
+        per_seed = " ".join(f"{v:.2f}" for v in r["complete_pct_per_seed"])  # type: ignore[attr-defined]
+        by = r["complete_pct_by_size"]
+        t.add_row(
+            str(r["shape"]), str(r["choice"]), f"{r['complete_pct']:.2f}", per_seed,
+            f"{by.get('2', 0.0):.2f}", f"{by.get('4', 0.0):.2f}", f"{r['one_numa_pct']:.2f}",  # type: ignore[attr-defined]
+            str(r["multi_placed"]), f"{r['accepted_pct']:.2f}", f"{r['seconds']:.2f}",
+        )  # fmt: skip
+    t.caption = "After a warm-up of the first 20 % of arrivals; the same pod stream for every choice."
+    out_console.print(t)
+
+
 def mig_churn_table(rows: Sequence[Mapping[str, object]]) -> Table:
     t = Table(title="MIG placement under churn (pending time)", box=box.SIMPLE_HEAVY)
     t.add_column("workload", no_wrap=True)

@@ -27,6 +27,7 @@ import numpy.typing as npt
 from gpusched.core.caches import SnapshotCaches
 from gpusched.core.model import GPU_MILLI, Allocation, InvalidSpec, NodeSpec, PodSpec
 from gpusched.core.selectors import LabelSelector
+from gpusched.core.topology import GpuTopology
 
 I64 = npt.NDArray[np.int64]
 BoolArr = npt.NDArray[np.bool_]
@@ -69,6 +70,14 @@ class ClusterState:
         for i, nd in enumerate(nodes):
             self.gpu_exists[i, list(nd.unhealthy_gpus)] = False
         self.any_unhealthy = any(nd.unhealthy_gpus for nd in nodes)
+        by_topology: dict[GpuTopology, list[int]] = {}
+        for i, nd in enumerate(nodes):
+            if nd.gpu_topology is not None:
+                by_topology.setdefault(nd.gpu_topology, []).append(i)
+        self.topology_groups: tuple[tuple[GpuTopology, I64], ...] = tuple(
+            (t, np.array(ix, dtype=np.int64)) for t, ix in by_topology.items()
+        )
+        """Nodes with a GPU topology, grouped by it (one group per node shape; none in most clusters)."""
         self.pod_cap: I64 = np.array([nd.max_pods or NO_POD_LIMIT for nd in nodes], dtype=np.int64)
         self.ext_names: tuple[str, ...] = tuple(sorted({k for nd in nodes for k in nd.extended}))
         self.ext_index: dict[str, int] = {k: i for i, k in enumerate(self.ext_names)}

@@ -31,6 +31,7 @@ from gpusched.core.selectors import (
     PreferredPodTerm,
     SpreadConstraint,
 )
+from gpusched.core.topology import GpuTopology
 
 __all__ = [
     "GPU_MILLI",
@@ -106,6 +107,8 @@ class NodeSpec:
     unhealthy_gpus: frozenset[int] = frozenset()
     """Indices (0..gpu_count-1) of GPUs that failed: they take no new pod; pods already on them
     stay booked there until they leave."""
+    gpu_topology: GpuTopology | None = None
+    """NVLink peers and NUMA node per GPU (``core.topology``); None: GPU sets are chosen topology-blind."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -122,6 +125,11 @@ class NodeSpec:
         bad = sorted(g for g in self.unhealthy_gpus if not isinstance(g, int) or not 0 <= g < self.gpu_count)
         if bad:
             raise InvalidSpec(f"node {self.name}: unhealthy GPU(s) {bad} not among its {self.gpu_count} GPUs")
+        if self.gpu_topology is not None and self.gpu_topology.gpu_count != self.gpu_count:
+            raise InvalidSpec(
+                f"node {self.name}: GPU topology describes {self.gpu_topology.gpu_count} GPUs, "
+                f"the node has {self.gpu_count}"
+            )
 
 
 @dataclass(frozen=True, slots=True)

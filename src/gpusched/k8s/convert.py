@@ -39,6 +39,8 @@ those GPUs, and a restarted scheduler rebuilds its books from the annotations.
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 import re
 from collections.abc import Mapping
@@ -65,6 +67,7 @@ from gpusched.core.selectors import (
     PreferredPodTerm,
     SpreadConstraint,
 )
+from gpusched.core.topology import UNKNOWN_NUMA, GpuTopology
 from gpusched.k8s.constraints import node_affinity, pod_affinity, preferred_affinity, spread_constraints
 from gpusched.k8s.errors import InvalidRequest as InvalidRequest
 from gpusched.k8s.groupref import group_name_of
@@ -76,7 +79,10 @@ RES_MEMORY = "gpusched.io/gpu-memory"
 RES_SHARE = "gpusched.io/gpu-share"
 """The node agent's per-GPU share slots: a ticket to its device plugin's ``Allocate`` for each container
 of a share, added by gpusched's mutating webhook (``gpusched.webhook``); booked as an extended resource."""
+log = logging.getLogger(__name__)
+
 ANN_MODELS = "gpusched.io/gpu-models"
+ANN_TOPOLOGY = "gpusched.io/gpu-topology"  # the node agent's (gpusched.agent.labels.ANN_TOPOLOGY)
 ANN_ASSIGNMENT = "gpusched.io/assignment"
 ANN_QUEUE = "gpusched.io/queue"
 ANN_GANG = "gpusched.io/gang"
@@ -449,6 +455,7 @@ def node_from_k8s(node: Mapping[str, Any]) -> NodeSpec:
             max_pods=max_pods,
             extended=extended,
             unhealthy_gpus=unhealthy,
+            gpu_topology=gpu_topology(node, gpus),
         )
     except InvalidSpec as e:
         raise InvalidRequest(str(e)) from None
@@ -469,6 +476,55 @@ def unhealthy_gpus(node: Mapping[str, Any], gpu_count: int) -> frozenset[int]:
             "list of GPU indices like '0,3'"
         ) from None
     return frozenset(g for g in named if g < gpu_count)
+
+
+def gpu_topology(node: Mapping[str, Any], gpu_count: int) -> GpuTopology | None:
+    """The node's GPU topology from the agent's ``gpusched.io/gpu-topology`` annotation
+    (``gpusched.agent.labels.topology_annotation``: per GPU its index, NUMA node and NVLink peers).
+    None without one; None too, with a warning naming the node, the annotation and what is wrong,
+    for one that cannot be read or does not describe the node's ``gpu_count`` GPUs: the node is
+    then still used, its GPU sets chosen topology-blind."""
+    meta = node.get("metadata") or {}
+    raw = (meta.get("annotations") or {}).get(ANN_TOPOLOGY)
+    if raw is None or not gpu_count:
+        return None
+    try:
+        return _parse_topology(raw, gpu_count)
+    except (InvalidSpec, ValueError, TypeError, AttributeError, KeyError) as e:
+        _warn_topology(str(meta.get("name") or "?"), str(raw)[:200], str(e))
+        return None
+
+
+def _parse_topology(raw: object, gpu_count: int) -> GpuTopology:
+    if not isinstance(raw, str) or len(raw) > 65536:
+        raise ValueError("is not a JSON document of at most 64 KiB")
+    doc = orjson.loads(raw)
+    gpus = doc["gpus"]
+    if not isinstance(gpus, list):
+        raise ValueError('"gpus" is not a list')
+    numa: dict[int, int] = {}
+    peers: dict[int, list[int]] = {}
+    for g in gpus:
+        i, v, ps = g["index"], g.get("numa"), g.get("nvlink") or []
+        if not isinstance(i, int) or isinstance(i, bool) or i in numa:
+            raise ValueError(f"GPU index {_shown(i)} is not an integer or is listed twice")
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise ValueError(f"GPU {i} numa {_shown(v)} is not a non-negative integer or null")
+        if not isinstance(ps, list):
+            raise ValueError(f"GPU {i} nvlink {_shown(ps)} is not a list of GPU indices")
+        numa[i] = UNKNOWN_NUMA if v is None else v
+        peers[i] = ps
+    if sorted(numa) != list(range(gpu_count)):
+        raise ValueError(f"lists GPUs {sorted(numa)}, the node has GPUs 0..{gpu_count - 1}")
+    return GpuTopology.of([numa[i] for i in range(gpu_count)], [peers[i] for i in range(gpu_count)])
+
+
+@functools.lru_cache(maxsize=1024)
+def _warn_topology(node: str, raw: str, why: str) -> None:
+    """Once per node and value (node objects are re-read on every status update)."""
+    log.warning(
+        "node %s: annotation %s is not used (GPU sets chosen topology-blind): %s", node, ANN_TOPOLOGY, why
+    )
 
 
 def assignment_annotation(node: str, gpus: tuple[int, ...], pod: PodSpec) -> str:

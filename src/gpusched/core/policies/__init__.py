@@ -18,6 +18,7 @@ from gpusched.core.framework import (
     WeightedScore,
 )
 from gpusched.core.plugins.gpufit import GPUFit
+from gpusched.core.plugins.gputopology import GpuTopologyPreference
 from gpusched.core.plugins.interpodaffinity import InterPodAffinity
 from gpusched.core.plugins.nodeaffinity import NodeAffinity
 from gpusched.core.plugins.noderesources import NodeResourcesFit
@@ -84,6 +85,7 @@ def standard_preferences() -> tuple[WeightedPreference, ...]:
         WeightedPreference(NodeAffinity(), 2.0),
         WeightedPreference(PodTopologySpread(), 2.0),
         WeightedPreference(InterPodAffinity(), 2.0),
+        WeightedPreference(GpuTopologyPreference(), 1.0),
     )
 
 
