@@ -10,10 +10,13 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import typer.main
+import typer.rich_utils
 from typer.testing import CliRunner
 
 from gpusched.cli import app
+from gpusched.cli.common import HELP_WIDTH_OFF_TTY
 
 _TYPE_NOISE = re.compile(r"<(bool|int|str|float|path|file|text)>", re.IGNORECASE)
 
@@ -27,7 +30,10 @@ def _commands(group: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...
             yield from _commands(group.get_command(ctx, name), (*path, name))
 
 
-def test_no_command_shows_type_placeholders_or_double_negatives() -> None:
+def test_no_command_shows_type_placeholders_or_double_negatives(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the width of help off a terminal (plain_help sets it when stdout is no TTY, as the subprocess test
+    # below checks): pinned here, since whether pytest's stdout is a TTY depends on how it runs (xdist or not)
+    monkeypatch.setattr(typer.rich_utils, "MAX_WIDTH", HELP_WIDTH_OFF_TTY)
     runner = CliRunner()
     paths = list(_commands(typer.main.get_command(app)))
     assert len(paths) > 30  # every group and command was walked

@@ -54,6 +54,7 @@ def bench_mig_cmd(
         typer.Option(
             "--policy",
             "-p",
+            metavar="POLICY",
             help="first-fit, packing, best-fit, gpusched, static-balanced, gpusched-reshape (churn only).",
         ),
     ] = None,
