@@ -539,3 +539,30 @@ def test_bench_defrag_planner_reports_each_size() -> None:
     (row,) = parse_json(res.stdout)["sizes"]
     assert row["nodes"] == 60 and row["instances"] <= 2
     assert set(row) >= {"greedy", "exact", "both", "heuristic_gap_moves"}
+
+
+def test_scheduler_preemption_bound_flags_reach_its_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--preemption-limit`` / ``--preemption-window-s`` set ``SchedulerConfig``'s bound on
+    preemptions per pod and node (issue 28 F1); unset, the config's defaults; 0 is refused."""
+    from gpusched.k8s.scheduler import SchedulerConfig
+
+    started: list[SchedulerConfig] = []
+    monkeypatch.setattr("gpusched.k8s.serve.serve_scheduler", lambda config, **_: started.append(config))
+    res = runner().invoke(app, ["scheduler", "--preemption-limit", "5", "--preemption-window-s", "120"])
+    assert res.exit_code == 0, res.output
+    res = runner().invoke(app, ["scheduler"])
+    assert res.exit_code == 0, res.output
+    given, default = started
+    assert (given.preemption_limit, given.preemption_window_s) == (5, 120.0)
+    assert (default.preemption_limit, default.preemption_window_s) == (
+        SchedulerConfig.preemption_limit,
+        SchedulerConfig.preemption_window_s,
+    )
+    for bad in (
+        ["--preemption-limit", "0"],
+        ["--preemption-window-s", "0"],
+        ["--preemption-window-s", "nan"],
+    ):
+        res = runner().invoke(app, ["scheduler", *bad])
+        assert res.exit_code == 2 and bad[0] in res.output, res.output
+    assert len(started) == 2

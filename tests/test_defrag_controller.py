@@ -10,10 +10,14 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from typer.testing import CliRunner
 
 import builders
 from builders import RS, node
+from gpusched.cli.commands import app
 from gpusched.core.cluster import ClusterState
+from gpusched.core.defrag import RECREATING_KINDS
+from gpusched.core.model import Controller
 from gpusched.defrag.controller import ControllerConfig, DefragController, _Abandon
 from gpusched.defrag.ledger import LedgerError
 from gpusched.doctor import Books, snapshot_of_state
@@ -28,12 +32,17 @@ whole = partial(builders.whole, controller=RS)
 
 
 def books(
-    pending: list[Any], *, scheduler: str = "gpusched", age_s: float = 600.0, free: bool = False
+    pending: list[Any],
+    *,
+    scheduler: str = "gpusched",
+    age_s: float = 600.0,
+    free: bool = False,
+    owner: Controller = RS,
 ) -> Books:
     st = ClusterState([node("n1", 2), node("n2", 2)])
     if not free:
-        st.assume(share("a", 400), 0, [0])
-        st.assume(share("b", 400), 1, [1])
+        st.assume(builders.share("a", 400, controller=owner), 0, [0])
+        st.assume(builders.share("b", 400, controller=owner), 1, [1])
     snap = snapshot_of_state(st, pending)
     created = dt.datetime.fromtimestamp(NOW - age_s, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     for p in snap.pods:
@@ -114,6 +123,35 @@ def test_every_abandon_reason_is_exported_from_the_start() -> None:
         assert f'gpusched_defrag_plans_abandoned_total{{reason="{reason}"}} 0.0' in text
     m.abandon("stale")
     assert m.registry.get_sample_value("gpusched_defrag_plans_total", {"result": "abandoned"}) == 1
+
+
+def test_defrag_run_recreating_adds_custom_controllers_whose_pods_then_move(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``defrag run --recreating KIND.GROUP`` (repeatable): the pods of a custom controller that
+    recreates them (a TFJob) stay put by default, and move once its kind is named."""
+    started: list[ControllerConfig] = []
+    monkeypatch.setattr("gpusched.defrag.serve.serve_defrag", lambda config, **_: started.append(config))
+    extra = ["--recreating", "TFJob.kubeflow.org", "--recreating", "PyTorchJob.kubeflow.org"]
+    res = CliRunner().invoke(app, ["defrag", "run", *extra])
+    assert res.exit_code == 0, res.output
+    (cfg,) = started
+    assert cfg.recreating == RECREATING_KINDS | {"TFJob.kubeflow.org", "PyTorchJob.kubeflow.org"}
+    b = books([whole("p", 2)], owner=Controller("TFJob", "train", "kubeflow.org"))
+    group = [b.pending["default/p"]]
+    assert not controller(b)._plan(b, group).feasible  # by default a TFJob's pods are not moved
+    plan = controller(b, recreating=cfg.recreating)._plan(b, group)
+    assert plan.feasible and plan.move_count == 1
+
+
+@pytest.mark.parametrize("kind", ["tfjobs.kubeflow.org", "kubeflow.org/TFJob", "TFJob.", ""])
+def test_defrag_run_refuses_a_recreating_kind_that_is_no_kind(
+    monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    monkeypatch.setattr("gpusched.defrag.serve.serve_defrag", lambda config, **_: pytest.fail("started"))
+    res = CliRunner().invoke(app, ["defrag", "run", "--recreating", kind])
+    assert res.exit_code == 2
+    assert f"recreating kind {kind!r} is not KIND.GROUP" in res.output
 
 
 # ------------------------------------------------- the move budget lives on the Lease (F2b)

@@ -193,6 +193,23 @@ def test_defrag_plan_names_the_pods_it_may_not_move(tmp_path: Path) -> None:
     assert owned["moves"] == 1 and owned["plans"][0]["kept"] == []
 
 
+def test_defrag_plan_recreating_moves_a_named_custom_controllers_pods(tmp_path: Path) -> None:
+    """``defrag plan --recreating KIND.GROUP`` plans as ``defrag run`` with the same flag would: the
+    pods of a TFJob stay put by default and move once its kind is named."""
+    f = write_snapshot(tmp_path / "s.json", issue_books(Controller("TFJob", "t", "kubeflow.org")).snapshot)
+    by_default = CliRunner().invoke(app, ["defrag", "plan", "--snapshot", str(f), "--json"])
+    assert by_default.exit_code == 0, by_default.output
+    report = json.loads(by_default.stdout)
+    assert report["moves"] == 0
+    assert {k["why"] for k in report["plans"][0]["kept"]} == {"not-recreated"}
+    named = CliRunner().invoke(
+        app, ["defrag", "plan", "--snapshot", str(f), "--json", "--recreating", "TFJob.kubeflow.org"]
+    )
+    assert named.exit_code == 0, named.output
+    report = json.loads(named.stdout)
+    assert report["moves"] == 1 and report["plans"][0]["kept"] == []
+
+
 def test_doctor_names_the_bare_pods_instead_of_a_move() -> None:
     report = doctor_pod(issue_books(None), "default/big")
     kinds = [c.kind for c in report.counterfactuals]

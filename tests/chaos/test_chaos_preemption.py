@@ -47,12 +47,16 @@ def cp(control_plane_bin: Path) -> Iterator[ControlPlane]:
 
 
 class PodWatch:
-    """Every pod of the namespace that ever existed (uid -> name, labels), from a watch."""
+    """Every pod of the namespace that ever existed (uid -> name, labels), from a watch; and each
+    one's ``DisruptionTarget`` conditions (status, reason) as they appeared in any of its versions,
+    with whether that version was already being deleted: a watch sees every write, so a
+    condition set just before a pod was deleted is seen even when the pod is gone a moment later."""
 
     def __init__(self, run: Run) -> None:
         from kubernetes import watch
 
         self.seen: dict[str, tuple[str, dict[str, str]]] = {}
+        self.targets: dict[str, set[tuple[str, str, bool]]] = defaultdict(set)
         self._w = watch.Watch()
         self._run = run
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -68,6 +72,9 @@ class PodWatch:
                     meta = ev["object"].metadata
                     rv = meta.resource_version
                     self.seen[meta.uid] = (meta.name, dict(meta.labels or {}))
+                    for c in (ev["object"].status and ev["object"].status.conditions) or []:
+                        if c.type == "DisruptionTarget":
+                            self.targets[meta.uid].add((c.status, c.reason, bool(meta.deletion_timestamp)))
             except Exception:
                 if self._stopped:
                     return
@@ -193,4 +200,15 @@ def test_preemption_with_the_scheduler_killed_mid_way(cp: ControlPlane, tmp_path
     assert sum(gone_by_app.values()) <= NODES * VICTIMS_NEEDED, summary
     assert all(len(v) <= VICTIMS_NEEDED for v in by_preemptor.values()), summary
     assert gone_by_app.get("low-0", 0) <= VICTIMS_NEEDED and len(forced) <= 1, summary
+    # low-0's budget allows no disruption: each of its pods that went was deleted past it, and carried
+    # kube-scheduler's condition, set by the real apiserver (a status patch before the deletion, while the
+    # pod was not yet terminating); the other victims went through the Eviction API, which sets its own
+    forced_target = ("True", "PreemptionByScheduler", False)
+    evicted_target = {("True", "EvictionByEvictionAPI")}
+    for uid, (name, labels) in gone.items():
+        seen = watch.targets.get(uid, set())
+        if labels.get("app") == "low-0":
+            assert forced_target in seen, (name, seen, summary)
+        else:
+            assert {(st, why) for st, why, _ in seen} == evicted_target, (name, seen, summary)
     assert all(gone_by_app.get(f"low-{i}", 0) == VICTIMS_NEEDED for i in range(1, NODES)), summary

@@ -130,6 +130,54 @@ def test_helm_refuses_defragmentation_in_extender_mode(helm: list[str]) -> None:
     assert "kind: Deployment" in helm_template(helm, "standalone", "--set", "defrag.enabled=true")
 
 
+def rendered_configs(helm: list[str], monkeypatch: pytest.MonkeyPatch, *extra: str) -> dict[str, Any]:
+    """Each chart Deployment's container args (``$(VAR)`` filled in), parsed by the gpusched CLI for
+    real: the config its ``scheduler`` / ``defrag run`` would start with, by first argument."""
+    from typer.testing import CliRunner
+
+    from gpusched.cli import app
+
+    started: dict[str, Any] = {}
+    monkeypatch.setattr(
+        "gpusched.k8s.serve.serve_scheduler", lambda c, **_: started.setdefault("scheduler", c)
+    )
+    monkeypatch.setattr("gpusched.defrag.serve.serve_defrag", lambda c, **_: started.setdefault("defrag", c))
+    for dep in (d for d in load_docs(helm_template(helm, "standalone", *extra)) if d["kind"] == "Deployment"):
+        (c, *_) = dep["spec"]["template"]["spec"]["containers"]
+        args = [re.sub(r"\$\((\w+)\)", lambda m: m.group(1).lower(), a) for a in c.get("args", [])]
+        if args and args[0] in ("scheduler", "defrag"):
+            res = CliRunner().invoke(app, args)
+            assert res.exit_code == 0, (args, res.output)
+    return started
+
+
+def test_helm_passes_the_preemption_bound_and_recreating_kinds(
+    helm: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """preemptionLimit / preemptionWindowSeconds reach the scheduler's config (defaults: its own),
+    defrag.recreating the defragmentation controller's kinds; preemption=false passes no bound."""
+    from gpusched.core.defrag import RECREATING_KINDS
+    from gpusched.k8s.scheduler import SchedulerConfig
+
+    default = rendered_configs(helm, monkeypatch, "--set", "defrag.enabled=true")
+    assert (default["scheduler"].preemption_limit, default["scheduler"].preemption_window_s) == (
+        SchedulerConfig.preemption_limit,
+        SchedulerConfig.preemption_window_s,
+    )
+    assert default["defrag"].recreating == RECREATING_KINDS
+    kinds = "{TFJob.kubeflow.org,PyTorchJob.kubeflow.org}"
+    given = rendered_configs(
+        helm,
+        monkeypatch,
+        *("--set", "preemptionLimit=5", "--set", "preemptionWindowSeconds=120"),
+        *("--set", "defrag.enabled=true", "--set", f"defrag.recreating={kinds}"),
+    )
+    assert (given["scheduler"].preemption_limit, given["scheduler"].preemption_window_s) == (5, 120.0)
+    assert given["defrag"].recreating == RECREATING_KINDS | {"TFJob.kubeflow.org", "PyTorchJob.kubeflow.org"}
+    off = rendered_configs(helm, monkeypatch, "--set", "preemption=false", "--set", "preemptionLimit=5")
+    assert off["scheduler"].preemption is False and off["scheduler"].preemption_limit == 3
+
+
 def dry_run(cp: ControlPlane, path: Path) -> None:
     proc = cp.kubectl("apply", "--dry-run=server", "-f", str(path), check=False)
     assert proc.returncode == 0, f"{path}:\n{proc.stderr}"

@@ -20,6 +20,16 @@ defrag_app = typer.Typer(
 )
 
 PolicyOpt = Annotated[str, typer.Option("--policy", help="The scheduler's policy (its profile).")]
+RecreatingOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--recreating",
+        metavar="KIND.GROUP",
+        help="Also move pods of this controller kind (TFJob.kubeflow.org): one that recreates the pods "
+        "it owns when they are evicted. Repeatable. Always: ReplicaSet.apps, StatefulSet.apps, "
+        "Job.batch, ReplicationController.",
+    ),
+]
 KubeconfigOpt = Annotated[
     str | None, typer.Option("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, else in-cluster).")
 ]
@@ -43,10 +53,12 @@ def plan(
     policy: PolicyOpt = "default",
     max_moves: Annotated[int, typer.Option("--max-moves", min=0, help="Moves in one plan, at most.")] = 8,
     timeout: Annotated[float, typer.Option("--timeout", min=0.01, help="Seconds of search per plan.")] = 10.0,
+    recreating: RecreatingOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Dry run: the fewest moves that let the pending GPU pods fit, changing nothing."""
     from gpusched.cli import render
+    from gpusched.core.defrag import recreating_kinds
     from gpusched.defrag.dryrun import dry_run
     from gpusched.defrag.live import read_view
 
@@ -61,6 +73,7 @@ def plan(
         max_moves=max_moves,
         timeout_s=timeout,
         invalid=view.invalid,
+        recreating=recreating_kinds(recreating or ()),
     )
     render.defrag_plan(report.to_dict(), json_out)
 
@@ -97,10 +110,12 @@ def run(
         bool, typer.Option("--leader-elect/--no-leader-elect", help="Act only while holding the Lease.")
     ] = True,
     port: Annotated[int, typer.Option("--port", help="Port of /healthz, /readyz and /metrics.")] = 10259,
+    recreating: RecreatingOpt = None,
     log_level: Annotated[str, typer.Option("--log-level", help="Python log level.")] = "INFO",
 ) -> None:
     """The controller: plan for GPU pods that waited too long, evict through the Eviction API
     (never past a PodDisruptionBudget), keep the freed room for the pod (nominated node)."""
+    from gpusched.core.defrag import recreating_kinds
     from gpusched.core.policies import POLICIES
     from gpusched.defrag.controller import ControllerConfig
     from gpusched.defrag.serve import serve_defrag
@@ -118,6 +133,7 @@ def run(
         max_moves_per_pod=max_moves_per_pod,
         grace_period_s=grace_period,
         lease_name=lease_name,
+        recreating=recreating_kinds(recreating or ()),
     )
     serve_defrag(
         config,

@@ -48,6 +48,16 @@ def scheduler(
     preemption: Annotated[
         bool, typer.Option(help="evict lower-priority pods to make room for a pod that fits nowhere")
     ] = True,
+    preemption_limit: Annotated[
+        int,
+        typer.Option(
+            metavar="N",
+            help="preemptions one pod may make on one node within --preemption-window-s",
+        ),
+    ] = 3,
+    preemption_window_s: Annotated[
+        float, typer.Option(metavar="SECONDS", help="the window of --preemption-limit")
+    ] = 600.0,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING")] = "INFO",
 ) -> None:
     """Run the standalone GPU scheduler: binds pending pods whose spec.schedulerName matches,
@@ -57,6 +67,10 @@ def scheduler(
     from gpusched.k8s.scheduler import SchedulerConfig
     from gpusched.k8s.serve import serve_scheduler
 
+    if preemption_limit < 1:
+        raise typer.BadParameter(f"--preemption-limit must be at least 1, got {preemption_limit}")
+    if not preemption_window_s > 0:
+        raise typer.BadParameter(f"--preemption-window-s must be above 0, got {preemption_window_s}")
     workload = None
     if workload_trace is not None:
         from gpusched.core.fragmentation import TargetWorkload
@@ -71,6 +85,8 @@ def scheduler(
         bind_workers=bind_workers,
         flush_s=flush_s,
         preemption=preemption,
+        preemption_limit=preemption_limit,
+        preemption_window_s=preemption_window_s,
         defrag_lease=f"{namespace}/{defrag_lease_name}",
     )
     serve_scheduler(

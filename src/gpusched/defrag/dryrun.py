@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from gpusched.core.defrag import (
+    RECREATING_KINDS,
     DisruptionBudget,
     Plan,
     Rules,
@@ -206,13 +207,15 @@ def dry_run(
     timeout_s: float = 10.0,
     clock: Callable[[], float] = time.monotonic,
     invalid: Mapping[str, str] | None = None,
+    recreating: frozenset[str] = RECREATING_KINDS,
 ) -> DryRun:
     """Plan on ``books`` (left as they were) as the module doc says. ``timeout_s`` bounds each
-    plan's search (the planner answers with the best it found by then)."""
+    plan's search (the planner answers with the best it found by then); only pods whose
+    controller's kind is in ``recreating`` move (``Rules.recreating``)."""
     snap = books.state
     profile = books.profile
     tiebreak = np.arange(len(snap), dtype=np.int64)  # the standalone scheduler's: nodes in name order
-    rules = Rules(budgets=tuple(budgets), max_moves=max_moves)
+    rules = Rules(budgets=tuple(budgets), max_moves=max_moves, recreating=recreating)
     workload = books.workload
     before = float(node_fragmentation(snap, workload).sum()) if len(snap) else 0.0
     plans: list[PlannedFor] = []

@@ -20,6 +20,7 @@ from gpusched.core.defrag.types import (
     Refusal,
     Rules,
     WorkBudget,
+    recreating_kinds,
 )
 from gpusched.core.defrag.units import Eligibility, Unit, eligibility
 
@@ -42,4 +43,5 @@ __all__ = [
     "consolidate",
     "eligibility",
     "plan_for",
+    "recreating_kinds",
 ]

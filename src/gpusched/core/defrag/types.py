@@ -9,7 +9,8 @@ leaves a pod worse off than pending.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -27,6 +28,26 @@ scheduler then puts it: the Deployment's ReplicaSet, a StatefulSet (same name, n
 the descheduler and ``kubectl drain`` leave them too), not a mirror pod's Node (the kubelet runs a
 static pod, an eviction does not move it), not a kind this list does not know (a custom
 controller may not recreate its pods: add its kind to ``Rules.recreating`` when it does)."""
+
+_QUALIFIED_KIND = re.compile(r"[A-Z][A-Za-z0-9]*(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def recreating_kinds(extra: Iterable[str]) -> frozenset[str]:
+    """``RECREATING_KINDS`` and ``extra``: more controller kinds, each ``Kind.group`` as
+    ``Controller.qualified_kind`` names it (``TFJob.kubeflow.org``; ``Kind`` alone for the core
+    group), for custom controllers that recreate the pods they own. Raises ``PlanError`` naming
+    an entry that is no such name (a resource name such as ``tfjobs.kubeflow.org``, a
+    ``group/Kind``)."""
+    kinds = set(RECREATING_KINDS)
+    for kind in extra:
+        if not isinstance(kind, str) or not _QUALIFIED_KIND.fullmatch(kind):
+            raise PlanError(
+                f"recreating kind {kind!r} is not KIND.GROUP (the ownerReference's kind, then its "
+                "API group: TFJob.kubeflow.org; the kind alone for the core group)"
+            )
+        kinds.add(kind)
+    return frozenset(kinds)
+
 
 REFUSAL_TEXT: Mapping[str, str] = MappingProxyType(
     {
