@@ -188,7 +188,7 @@ class Preemptor:
                 v.name, v.namespace, {"status": {"conditions": [cond]}}, _preload_content=False
             )
         except Exception as e:
-            log.debug("DisruptionTarget on %s: %s", v.key, describe(e))
+            log.warning("DisruptionTarget on %s not written: %s", v.key, describe(e))
 
     def _left(self, out: PreemptionRun, v: PodSpec, by: str, nodes: str) -> None:
         out.leaving.append(v.key)
