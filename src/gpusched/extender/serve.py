@@ -97,9 +97,10 @@ def serve_extender(
     from gpusched.k8s.client import api_client
     from gpusched.k8s.events import EventRecorder
     from gpusched.k8s.heap import freeze_heap, freeze_when
+    from gpusched.k8s.process import configure_logging
     from gpusched.k8s.state import LiveCluster, start_informers
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(log_level)
     if policy not in POLICIES:
         raise InvalidInput(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     if bool(tls_cert) != bool(tls_key):
