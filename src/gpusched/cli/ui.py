@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from gpusched.cli.common import reports_errors
 from gpusched.cli.books import KubeconfigOpt, SnapshotOpt, load_books
+from gpusched.cli.common import reports_errors
 
 
 @reports_errors

@@ -1,7 +1,7 @@
 """Serve the kube-scheduler extender: informers, the HTTP app, the binding threads.
 
-The options are parsed by ``gpusched extender`` (``gpusched.cli.serve``); ``python -m
-gpusched.extender.cli_extender`` is kept for the scripts and tests that start it so.
+The options are parsed by ``gpusched extender`` (``gpusched.cli.serve``; also ``python -m
+gpusched.cli extender``).
 """
 
 from __future__ import annotations
