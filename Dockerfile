@@ -1,5 +1,5 @@
 # gpusched: the image of every component (scheduler, extender, webhook: `gpusched ...`; the node agent:
-# `python -m gpusched.agent`), for those who build with Docker and push to a registry:
+# `python -m gpusched.cli agent`), for those who build with Docker and push to a registry:
 #   docker build -t ghcr.io/gpusched/gpusched:0.1.0 .
 #   docker run --rm ghcr.io/gpusched/gpusched:0.1.0 --help
 # Without Docker or a registry, hack/build-image.sh builds the equivalent image (the same wheel and pinned

@@ -114,23 +114,25 @@ def test_compare_smi_exits_1_on_a_difference(tmp_path: Path) -> None:
 
 
 def test_python_m_gpusched_agent_runs_the_same_commands(tmp_path: Path) -> None:
-    """The DaemonSet's entry point (``python -m gpusched.agent run ...``) is the CLI's agent app."""
+    """The DaemonSet's entry point (``python -m gpusched.cli agent run ...``) is the CLI's agent app."""
     f = tmp_path / "gpus.yaml"
     f.write_text(FAKE)
-    cmd = [sys.executable, "-m", "gpusched.agent", "labels", "--fake", str(f)]
+    cmd = [sys.executable, "-m", "gpusched.cli", "agent", "labels", "--fake", str(f)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
     assert r.stdout == CliRunner().invoke(app, ["agent", "labels", "--fake", str(f)]).output
 
 
 def test_the_daemonsets_entry_point_loads_no_scheduler_and_no_simulator() -> None:
-    # python -m gpusched.agent runs on every GPU node: the options are gpusched.cli.agent's, but loading
-    # them must not pull in the rest of the CLI (the simulator, the core's policies, numpy, scipy).
+    # python -m gpusched.cli agent runs on every GPU node: gpusched.cli.main parses the agent's options
+    # alone, without the rest of the CLI (the simulator, the core's policies, numpy, scipy).
     import subprocess
     import sys
 
     code = (
-        "import sys, gpusched.agent.__main__ as _; "
+        "import contextlib, io, sys, gpusched.cli as c\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    c.main(['agent', 'labels', '--help'])\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'scipy', 'matplotlib') "
         "or m.startswith(('gpusched.sim', 'gpusched.core.policies', 'gpusched.k8s', "
         "'gpusched.cli.commands'))))"

@@ -50,8 +50,8 @@ def test_the_run_command_serves_and_registers() -> None:
     fake.write_text(json.dumps(DOC))
     kubelet = FakeKubelet(d / "dp").start()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpusched.agent", "run", "--fake", str(fake), "--no-api", "--node", "run-node",
-         "--plugin-dir", str(d / "dp"), "--metrics-port", "0"],
+        [sys.executable, "-m", "gpusched.cli", "agent", "run", "--fake", str(fake), "--no-api", "--node",
+         "run-node", "--plugin-dir", str(d / "dp"), "--metrics-port", "0"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

@@ -336,3 +336,46 @@ def test_test_modules_have_unique_file_names(tmp_path: Path) -> None:
     (tmp_path / "test_a.py").write_text("")
     (tmp_path / "e2e" / "test_a.py").write_text("")
     assert duplicate_test_basenames(tmp_path) == {"test_a.py": ["e2e/test_a.py", "test_a.py"]}
+
+
+# ------------------------------------------------------------------------------- gpusched.io names
+NAMES_MODULE = REPO / "src" / "gpusched" / "core" / "names.py"
+NOT_API_NAMES = {"SNAPSHOT_KIND"}  # doctor's snapshot file format, on no Kubernetes object
+
+
+def gpusched_io_constants(source: str, where: str) -> list[str]:
+    """Module-level constants whose value is a ``gpusched.io/...`` name: ``where:line NAME``."""
+    out = []
+    for node in ast.parse(source).body:
+        target, value = None, None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign):
+            target, value = node.target, node.value
+        if (
+            isinstance(target, ast.Name)
+            and isinstance(value, ast.Constant)
+            and isinstance(value.value, str)
+            and value.value.startswith("gpusched.io/")
+            and target.id not in NOT_API_NAMES
+        ):
+            out.append(f"{where}:{node.lineno} {target.id}")
+    return out
+
+
+def test_every_gpusched_io_name_is_defined_once_in_core_names() -> None:
+    """The annotations, labels, resources and taints of gpusched.io are core/names.py's; the adapters import
+    them from there (or re-export them), none spells its own."""
+    found = []
+    for path in sorted((REPO / "src" / "gpusched").rglob("*.py")):
+        if path != NAMES_MODULE:
+            found += gpusched_io_constants(path.read_text(), str(path.relative_to(REPO)))
+    assert not found, "gpusched.io names defined outside core/names.py:\n" + "\n".join(found)
+    names = gpusched_io_constants(NAMES_MODULE.read_text(), "names.py")
+    assert len(names) >= 20, names
+    assert gpusched_io_constants(
+        'A = "gpusched.io/x"\nB: str = "gpusched.io/y"\nC = "other/z"\n', "x.py"
+    ) == [
+        "x.py:1 A",
+        "x.py:2 B",
+    ]

@@ -491,17 +491,15 @@ def test_run_cli_turns_only_gpusched_errors_into_one_line(capsys: pytest.Capture
         run_cli(raising(KeyError("a bug keeps its traceback")))
 
 
-@pytest.mark.parametrize(
-    ("module", "command"),
-    [("gpusched.k8s.cli_scheduler", "scheduler"), ("gpusched.extender.cli_extender", "extender")],
-)
-def test_older_entry_points_take_the_same_options(module: str, command: str) -> None:
-    """``python -m gpusched.k8s.cli_scheduler`` / ``gpusched.extender.cli_extender``: the options
-    of ``gpusched scheduler`` / ``gpusched extender``, defined once."""
+@pytest.mark.parametrize("command", ["scheduler", "extender", "webhook"])
+def test_the_light_entry_points_take_the_same_options(command: str) -> None:
+    """``python -m gpusched.cli scheduler|extender|webhook`` (started without the rest of the CLI,
+    ``gpusched.cli.main``): the options of the whole app's ``gpusched scheduler|extender|webhook``,
+    defined once."""
     import re
 
     proc = subprocess.run(
-        [sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "gpusched.cli", command, "--help"], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0, proc.stderr
     res = runner().invoke(app, [command, "--help"])
@@ -511,7 +509,24 @@ def test_older_entry_points_take_the_same_options(module: str, command: str) -> 
         return set(re.findall(r"--[a-z][a-z-]+", text))
 
     assert options(proc.stdout) == options(res.output)
-    assert "--kubeconfig" in options(proc.stdout) and "--policy" in options(proc.stdout)
+    assert "--port" in options(proc.stdout)
+    if command != "webhook":
+        assert "--kubeconfig" in options(proc.stdout) and "--policy" in options(proc.stdout)
+
+
+def test_the_front_ends_start_without_the_rest_of_the_cli() -> None:
+    """``gpusched scheduler|extender|webhook`` parse their options without loading the whole app (the
+    simulator, the other commands): the webhook Deployment's pods start light."""
+    code = (
+        "import contextlib, io, sys, gpusched.cli as c\n"
+        "for command in ('scheduler', 'extender', 'webhook'):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "        c.main([command, '--help'])\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('gpusched.sim', 'gpusched.cli.commands', "
+        "'gpusched.cli.bench', 'gpusched.cli.doctor'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_bench_defrag_compares_off_with_each_mode_and_budget(tmp_path: Path) -> None:

@@ -16,10 +16,10 @@ from builders import HOST, k8s_node, k8s_pod
 from gpusched.core.model import PodSpec
 from gpusched.core.status import Code, Status
 from gpusched.extender.app import make_app
-from gpusched.extender.cli_extender import build_profile
 from gpusched.extender.evaluate import UNKNOWN_NODE
 from gpusched.extender.handlers import Extender
 from gpusched.extender.protocol import MAX_PRIORITY, normalise
+from gpusched.extender.serve import build_profile
 from gpusched.k8s.convert import ANN_ASSIGNMENT, ANN_MODELS, assignment_annotation, parse_assignment
 from gpusched.k8s.state import LiveCluster
 
@@ -427,7 +427,7 @@ def test_http_binds_run_in_parallel_without_double_booking() -> None:
 
 
 def test_cli_rejects_half_tls_and_unknown_policy() -> None:
-    from gpusched.extender.cli_extender import extender_command
+    from gpusched.extender.serve import extender_command
 
     with pytest.raises(ValueError, match="go together"):
         extender_command(tls_cert="cert.pem")

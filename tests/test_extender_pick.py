@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpusched.core.scheduler import schedule_one
-from gpusched.extender.cli_extender import build_profile
+from gpusched.extender.serve import build_profile
 from gpusched.k8s.convert import ANN_ASSIGNMENT
 from test_extender_handlers import make, node, pod
 

@@ -17,8 +17,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from gpusched.extender.app import make_app
-from gpusched.extender.cli_extender import build_profile
 from gpusched.extender.handlers import Extender
+from gpusched.extender.serve import build_profile
 from gpusched.k8s.convert import ANN_ASSIGNMENT
 from gpusched.k8s.state import LiveCluster
 from test_extender_handlers import FakeBinder, node, pod
@@ -130,13 +130,13 @@ def test_filter_sent_just_before_sync_is_answered_after_it() -> None:
 
 def test_cli_settings_are_checked_and_passed() -> None:
     from gpusched.cli import extender as typer_extender
-    from gpusched.extender import cli_extender
+    from gpusched.cli.serve import extender_main
     from gpusched.extender.protocol import DEFAULT_MAX_BODY_BYTES, DEFAULT_SYNC_WAIT_S
 
     with pytest.raises(ValueError, match="--sync-wait-seconds"):
-        cli_extender.main(["--sync-wait-seconds", "120"])
+        extender_main(["--sync-wait-seconds", "120"])
     with pytest.raises(ValueError, match="--max-body-bytes"):
-        cli_extender.main(["--max-body-bytes", "10"])
+        extender_main(["--max-body-bytes", "10"])
     import inspect
 
     defaults = {k: p.default for k, p in inspect.signature(typer_extender).parameters.items()}

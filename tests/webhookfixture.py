@@ -1,4 +1,4 @@
-"""gpusched's mutating webhook (``python -m gpusched.webhook``) as a test process behind a real
+"""gpusched's mutating webhook (``python -m gpusched.cli webhook``) as a test process behind a real
 kube-apiserver: served on loopback with a certificate of a CA made here, and registered with
 deploy/manifests/webhook/'s MutatingWebhookConfiguration (rules, failurePolicy, namespaceSelector,
 matchConditions), only its clientConfig pointed at this process (URL and caBundle). Used by
@@ -27,7 +27,7 @@ WEBHOOK_CONFIG = REPO / "deploy" / "manifests" / "webhook" / "02-mutatingwebhook
 
 
 class Webhook:
-    """``python -m gpusched.webhook`` on 127.0.0.1 with a certificate of its own CA."""
+    """``python -m gpusched.cli webhook`` on 127.0.0.1 with a certificate of its own CA."""
 
     def __init__(self, tmp: Path, args: Sequence[str] = ()) -> None:
         """``args``: more options of ``gpusched webhook`` (e.g. ``--scheduler-name``, the writers)."""
@@ -39,7 +39,8 @@ class Webhook:
 
     def start(self) -> None:
         cmd = [
-            *(sys.executable, "-m", "gpusched.webhook", "--host", "127.0.0.1", "--port", str(self.port)),
+            *(sys.executable, "-m", "gpusched.cli", "webhook"),
+            *("--host", "127.0.0.1", "--port", str(self.port)),
             *("--tls-cert-file", str(self.pki.serving_cert), "--tls-key-file", str(self.pki.serving_key)),
             *self.args,
         ]

@@ -413,7 +413,8 @@ def test_scheduler_runs_under_its_rbac(rbac: ControlPlane, tmp_path: Path) -> No
     port = free_port()
     args = set_option(args, "--port", str(port))
     runner = (
-        "import sys; from gpusched.k8s.cli_scheduler import main; sys.argv[0] = 'gpusched scheduler'; main()"
+        "import sys; from gpusched.cli.serve import scheduler_main; sys.argv[0] = 'gpusched scheduler'; "
+        "scheduler_main()"
     )
     cmd = [sys.executable, "-c", runner, *args[1:], "--kubeconfig", str(kubeconfig)]
 
@@ -430,7 +431,7 @@ def test_extender_runs_under_its_rbac(rbac: ControlPlane, tmp_path: Path) -> Non
     assert args[0] == "extender"
     port = free_port()
     args = set_option(args, "--port", str(port))
-    runner = "import sys; from gpusched.extender.cli_extender import main; main(sys.argv[1:])"
+    runner = "import sys; from gpusched.cli.serve import extender_main; extender_main(sys.argv[1:])"
     cmd = [sys.executable, "-c", runner, *args[1:], "--kubeconfig", str(kubeconfig)]
     run_until_ready(cmd, port, tmp_path / "extender.log")
 
@@ -686,7 +687,7 @@ def test_agent_daemonset() -> None:
     ds = daemonset(manifest_docs(MANIFEST_DIR / "agent" / "02-agent-daemonset.yaml"))
     pod = ds["spec"]["template"]["spec"]
     (c,) = pod["containers"]
-    assert c["command"] == ["python", "-m", "gpusched.agent"] and c["args"][0] == "run"
+    assert c["command"] == ["python", "-m", "gpusched.cli", "agent"] and c["args"][0] == "run"
     flags = {a for a in c["args"][1:] if a.startswith("--")}
     assert flags <= agent_run_options(), flags - agent_run_options()
     options = dict(zip(c["args"][1::2], c["args"][2::2], strict=True))

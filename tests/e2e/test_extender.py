@@ -1,5 +1,5 @@
 """The extender behind a real kube-scheduler: deploy/extender/scheduler-config.yaml with urlPrefix on
-loopback, our extender as a process (``python -m gpusched.extender.cli_extender``), kwok GPU nodes."""
+loopback, our extender as a process (``python -m gpusched.cli extender``), kwok GPU nodes."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def env(control_plane_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     log = tmp_path_factory.mktemp("extender") / "extender.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gpusched.extender.cli_extender", "--kubeconfig", str(cp.kubeconfig_path),
+            [sys.executable, "-m", "gpusched.cli", "extender", "--kubeconfig", str(cp.kubeconfig_path),
              "--host", "127.0.0.1", "--port", str(port), "--policy", "default"],
             stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip

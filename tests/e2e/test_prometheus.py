@@ -335,13 +335,13 @@ class Scene:
                    "--resources=nodes,resourcequotas", exe=binary)  # fmt: skip
 
     def scheduler_proc(self, name: str, port: int, lease: str, scheduler_name: str) -> None:
-        self.spawn(name, "-m", "gpusched.k8s.cli_scheduler", "--kubeconfig", str(self.cp.kubeconfig_path),
+        self.spawn(name, "-m", "gpusched.cli", "scheduler", "--kubeconfig", str(self.cp.kubeconfig_path),
                    "--scheduler-name", scheduler_name, "--namespace", self.ns, "--lease-name", lease,
                    "--port", str(port))  # fmt: skip
 
     def extender_proc(self, port: int) -> None:
         kubeconfig = str(self.cp.kubeconfig_path)
-        self.spawn("extender", "-m", "gpusched.extender.cli_extender", "--kubeconfig", kubeconfig,
+        self.spawn("extender", "-m", "gpusched.cli", "extender", "--kubeconfig", kubeconfig,
                    "--host", "127.0.0.1", "--port", str(port), "--policy", "default")  # fmt: skip
 
     def agent_proc(self, node: str, port: int) -> None:
@@ -353,7 +353,7 @@ class Scene:
         fake.write_text(yaml.safe_dump({"hostname": node, "gpus": gpus}))
         plugins = self.tmp / "dp"
         plugins.mkdir(exist_ok=True)
-        self.spawn("agent", "-m", "gpusched.agent", "run", "--fake", str(fake), "--node", node,
+        self.spawn("agent", "-m", "gpusched.cli", "agent", "run", "--fake", str(fake), "--node", node,
                    "--kubeconfig", str(self.cp.kubeconfig_path), "--plugin-dir", str(plugins),
                    "--metrics-port", str(port), "--log-level", "warning")  # fmt: skip
 
@@ -694,12 +694,12 @@ def test_scheduler_down_fires_through_the_shipped_scrape_config_with_the_shipped
     fake.write_text(yaml.safe_dump({"hostname": "node-0", "gpus": [{"model": "NVIDIA A100-SXM4-80GB"}]}))
     (tmp_path / "dp").mkdir()
     cmds = {
-        "scheduler": ["-m", "gpusched.k8s.cli_scheduler", "--kubeconfig", kubeconfig, "--scheduler-name",
+        "scheduler": ["-m", "gpusched.cli", "scheduler", "--kubeconfig", kubeconfig, "--scheduler-name",
                       f"gpusched-{tag}", "--namespace", "default", "--lease-name", f"lease-{tag}",
                       "--port", str(ports["scheduler"])],
-        "extender": ["-m", "gpusched.extender.cli_extender", "--kubeconfig", kubeconfig,
+        "extender": ["-m", "gpusched.cli", "extender", "--kubeconfig", kubeconfig,
                      "--host", "127.0.0.1", "--port", str(ports["extender"])],
-        "agent": ["-m", "gpusched.agent", "run", "--fake", str(fake), "--no-api", "--node", "node-0",
+        "agent": ["-m", "gpusched.cli", "agent", "run", "--fake", str(fake), "--no-api", "--node", "node-0",
                   "--plugin-dir", str(tmp_path / "dp"), "--metrics-port", str(ports["agent"]),
                   "--log-level", "warning"],
     }  # fmt: skip

@@ -171,7 +171,7 @@ class Env:
     def spawn(self, tmp: Path, name: str, *args: str) -> tuple[subprocess.Popen[bytes], int]:
         port = free_port()
         cmd = [
-            *(sys.executable, "-m", "gpusched.k8s.cli_scheduler"),
+            *(sys.executable, "-m", "gpusched.cli", "scheduler"),
             *("--kubeconfig", str(self.cp.kubeconfig_path), "--scheduler-name", self.scheduler),
             *("--namespace", self.ns, "--lease-name", f"lease-{self.tag}", "--port", str(port), *args),
         ]

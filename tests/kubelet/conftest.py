@@ -103,8 +103,8 @@ def kubelet_env(control_plane_bin: Path, tmp_path_factory: pytest.TempPathFactor
 
 @pytest.fixture(scope="session")
 def webhook(kubelet_env: KubeletEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
-    """``python -m gpusched.webhook``, registered with the session's apiserver: from the first test that asks
-    for it on, every share pod is sent to it (pods that carry their slot already pass unchanged)."""
+    """``python -m gpusched.cli webhook``, registered with the session's apiserver: from the first test that
+    asks for it on, every share pod is sent to it (pods that carry their slot already pass unchanged)."""
     # the front ends and the agent run as the control plane's admin: it writes the assignments here
     admin = ("--assignment-writer", "gpusched-admin", "--allocated-writer", "gpusched-admin")
     routing = ("--scheduler-name", STANDALONE, "--scheduler-name", EXTENDER)  # GPU pods to the standalone one

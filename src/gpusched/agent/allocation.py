@@ -44,10 +44,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpusched.core.errors import GpuschedError
-from gpusched.k8s.convert import ANN_ASSIGNMENT, RES_GPU, RES_MEMORY, RES_MILLI
-
-RES_SHARE = "gpusched.io/gpu-share"
-ANN_ALLOCATED = "gpusched.io/allocated"
+from gpusched.core.names import ANN_ALLOCATED as ANN_ALLOCATED
+from gpusched.core.names import ANN_ASSIGNMENT as ANN_ASSIGNMENT
+from gpusched.core.names import RES_GPU as RES_GPU
+from gpusched.core.names import RES_MEMORY as RES_MEMORY
+from gpusched.core.names import RES_MILLI as RES_MILLI
+from gpusched.core.names import RES_SHARE as RES_SHARE
 
 
 class AllocationError(GpuschedError):

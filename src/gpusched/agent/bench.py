@@ -115,7 +115,8 @@ def bench_idle(gpus: int = 8, settle_s: float = 5.0, measure_s: float = 20.0) ->
             [
                 sys.executable,
                 "-m",
-                "gpusched.agent",
+                "gpusched.cli",
+                "agent",
                 "run",
                 "--fake",
                 str(fake),
@@ -149,7 +150,8 @@ def bench_idle(gpus: int = 8, settle_s: float = 5.0, measure_s: float = 20.0) ->
             proc.wait(timeout=20)
             kubelet.stop()
     return {
-        "what": f"python -m gpusched.agent run --no-api, {gpus} fake GPUs, idle, 2 ListAndWatch streams open",
+        "what": f"python -m gpusched.cli agent run --no-api, {gpus} fake GPUs, idle, 2 ListAndWatch streams"
+        " open",
         "registrations": len(kubelet.registrations),
         "cpu_percent_of_one_core": round(100 * (c1 - c0) / (t1 - t0), 2),
         "rss_mib": round(rss, 1),

@@ -27,12 +27,9 @@ import grpc
 
 from gpusched.agent.v1beta1 import api_pb2 as pb
 from gpusched.agent.v1beta1 import api_pb2_grpc as pbg
+from gpusched.core.names import ANN_CONFLICT as ANN_CONFLICT
 
 log = logging.getLogger(__name__)
-
-#: On the Node: JSON ``{"resources": {resource: [other sockets]}, "sockets": {socket: [device IDs]}}``
-#: while another plugin serves devices that the agent serves too; absent otherwise.
-ANN_CONFLICT = "gpusched.io/device-plugin-conflict"
 
 
 @dataclass(frozen=True)

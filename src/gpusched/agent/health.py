@@ -19,29 +19,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-ANN_UNHEALTHY_GPUS = "gpusched.io/unhealthy-gpus"
-TAINT_UNHEALTHY = "gpusched.io/gpu-unhealthy"
-
-
-def format_unhealthy_gpus(indices: Iterable[int]) -> str:
-    return ",".join(str(i) for i in sorted(set(indices)))
-
-
-def parse_unhealthy_gpus(value: str | None, where: str = "node") -> frozenset[int]:
-    """The GPU indices named by the annotation's value (None or "" -> none). Raises ValueError naming
-    ``where``
-    and the annotation for anything but comma-separated non-negative integers."""
-    if value is None or not value.strip():
-        return frozenset()
-    out = set()
-    for part in value.split(","):
-        p = part.strip()
-        if not p.isdigit():
-            raise ValueError(
-                f"{where}: annotation {ANN_UNHEALTHY_GPUS} {value!r} is not a list of GPU indices like '0,3'"
-            )
-        out.add(int(p))
-    return frozenset(out)
+from gpusched.core.names import ANN_UNHEALTHY_GPUS as ANN_UNHEALTHY_GPUS
+from gpusched.core.names import TAINT_UNHEALTHY as TAINT_UNHEALTHY
+from gpusched.core.names import format_unhealthy_gpus as format_unhealthy_gpus
+from gpusched.core.names import parse_unhealthy_gpus as parse_unhealthy_gpus
 
 
 def unhealthy_gpus_of_node(node: Mapping[str, Any]) -> frozenset[int]:

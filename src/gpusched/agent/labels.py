@@ -25,8 +25,8 @@ import json
 import re
 
 from gpusched.agent.inventory import GpuDevice, Inventory
+from gpusched.core.names import ANN_TOPOLOGY as ANN_TOPOLOGY
 
-ANN_TOPOLOGY = "gpusched.io/gpu-topology"
 MIG_STRATEGIES = ("none", "single", "mixed")
 
 

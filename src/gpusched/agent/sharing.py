@@ -41,14 +41,13 @@ from prometheus_client.registry import Collector
 from gpusched.agent.allocation import RES_SHARE, Assignment, allocated_of, share_env
 from gpusched.agent.mps import MpsDaemons, ShareKey
 from gpusched.core.errors import InvalidInput
+from gpusched.core.names import ANN_ISOLATION as ANN_ISOLATION
 
 log = logging.getLogger(__name__)
 
 MODES = ("mps", "hami-core", "none")
 DEFAULT_TOOLKIT_CONFIG = Path("/etc/nvidia-container-runtime/config.toml")
 TOOLKIT_KEY = "accept-nvidia-visible-devices-envvar-when-unprivileged"
-ANN_ISOLATION = "gpusched.io/gpu-isolation"
-"""On the Node: JSON ``{"sharing": MODE, "visibleDevicesEnvvar": true|false|null, "toolkitConfig": PATH}``."""
 MPS_PIPE_IN_CONTAINER = "/run/nvidia-mps"
 DEFAULT_HAMI_LIB = Path("/usr/local/vgpu/libvgpu.so")
 

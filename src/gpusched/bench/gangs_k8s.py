@@ -26,6 +26,7 @@ import numpy as np
 from kubernetes import client
 
 from gpusched.bench.k8s_standalone import bench_node, ready_untainted
+from gpusched.core.names import LABEL_BENCH
 from gpusched.k8s.client import api_client
 from gpusched.k8s.convert import RES_GPU
 from gpusched.k8s.groupref import API, LABEL_COSCHEDULING
@@ -33,7 +34,7 @@ from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
 from gpusched.testenv import ControlPlane, wait_until
 from gpusched.testenv.gangcrds import find_gang_crds, install_gang_crds
 
-_LABEL = "gpusched.io/bench"
+_LABEL = LABEL_BENCH
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,5 @@
 """``gpusched agent discover|labels|run|bench|compare-smi|fake-nvml-config``: the node agent's commands
-(``gpusched.agent``); also ``python -m gpusched.agent ...``, the DaemonSet's entry point.
+(``gpusched.agent``); also ``python -m gpusched.cli agent ...``, the DaemonSet's entry point.
 
 Imports of the agent are lazy: the CLI starts fast everywhere, machines without a driver too.
 """
@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -24,6 +25,13 @@ if TYPE_CHECKING:
 agent_app = typer.Typer(
     no_args_is_help=True, help="The node agent: GPU discovery, labels, device plugin, metrics."
 )
+
+
+def agent_main(argv: Sequence[str] | None = None) -> None:
+    """``gpusched agent ...`` (the DaemonSet's ``python -m gpusched.cli agent run ...``) loading
+    this module alone: not the simulator, the schedulers or the other commands."""
+    agent_app(args=list(argv) if argv is not None else None, prog_name="gpusched agent")
+
 
 FakeOpt = Annotated[
     Path | None,

@@ -82,7 +82,7 @@ def run_cli(fn: Callable[[], None]) -> None:
 
 def reports_errors(fn: Callable[P, None]) -> Callable[P, None]:
     """A command that runs under ``run_cli``. ``__wrapped__`` is the bare command (errors
-    propagate), for the ``python -m`` entry points that started it so before."""
+    propagate)."""
 
     @functools.wraps(fn)
     def command(*args: P.args, **kwargs: P.kwargs) -> None:

@@ -14,30 +14,15 @@ from typing import Annotated
 
 import typer
 
+from gpusched.cli.books import KubeconfigOpt, SnapshotOpt, load_books
 from gpusched.cli.common import JsonOpt, reports_errors
 from gpusched.doctor import render
-from gpusched.doctor.books import Books
 
 doctor_app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Why a pod is pending, and what would make it fit."
 )
 
-SnapshotOpt = Annotated[
-    Path | None, typer.Option("--snapshot", help="Read this snapshot file instead of the live API.")
-]
-KubeconfigOpt = Annotated[
-    str | None, typer.Option("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, else in-cluster).")
-]
 PolicyOpt = Annotated[str, typer.Option("--policy", help="The scheduler's policy (its profile).")]
-
-
-def load_books(snapshot: Path | None, kubeconfig: str | None, policy: str = "default") -> Books:
-    """The books of a snapshot file, or of the live API."""
-    from gpusched.doctor.snapshot import load_snapshot
-    from gpusched.doctor.source import from_api
-
-    snap = load_snapshot(snapshot) if snapshot is not None else from_api(kubeconfig)
-    return Books.of(snap, policy)
 
 
 # ----------------------------------------------------------------------------------- commands

@@ -1,6 +1,6 @@
 """The placement-policy option of the commands that run the core (``simulate``, ``bench``,
 ``scheduler``, ``extender``): its own module, as it loads the core's policies (numpy, scipy), which
-``gpusched.cli.common`` and the light commands (``python -m gpusched.agent``) do without."""
+``gpusched.cli.common`` and the light commands (``python -m gpusched.cli agent``) do without."""
 
 from __future__ import annotations
 

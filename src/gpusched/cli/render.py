@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-if TYPE_CHECKING:  # the simulator's types, for annotations only: python -m gpusched.agent loads no simulator
+if TYPE_CHECKING:  # the simulator's types, for annotations only: gpusched agent ... loads no simulator
     from gpusched.metrics.check import Report as MetricsCheckReport
     from gpusched.sim.replay import ReplayResult
     from gpusched.sim.report import PackingReport, ReplayReport

@@ -1,16 +1,16 @@
 """``gpusched scheduler``, ``gpusched extender`` and ``gpusched webhook``: the two Kubernetes front ends
 and the share pods' admission webhook, served.
 
-The options are defined here, once; ``python -m gpusched.k8s.cli_scheduler``, ``python -m
-gpusched.extender.cli_extender`` (older entry points, kept) and ``python -m gpusched.webhook`` (the
-webhook Deployment's) parse them through ``standalone``.
+The options are defined here, once; ``gpusched.cli.main`` (``gpusched scheduler|extender|webhook``,
+``python -m gpusched.cli ...``: the webhook Deployment's command) parses them through ``standalone``,
+without loading the rest of the CLI.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -199,12 +199,15 @@ def webhook(
     serve(host, port, tls_cert_file, tls_key_file, writers, Routing.of(scheduler_name or ()))
 
 
-def standalone(command: Callable[..., None], name: str, argv: Sequence[str] | None = None) -> None:
-    """Run one command alone, as ``python -m`` entry points do: the same options, parsed from
-    ``argv`` (default: ``sys.argv[1:]``), and errors raised as they are (no ``run_cli``)."""
-    bare: Any = getattr(command, "__wrapped__", command)
+def standalone(
+    command: Callable[..., None], name: str, argv: Sequence[str] | None = None, *, bare: bool = True
+) -> None:
+    """Run one command alone, without loading the rest of the CLI: the same options, parsed from
+    ``argv`` (default: ``sys.argv[1:]``). ``bare``: errors raised as they are (no ``run_cli``; the
+    ``*_main`` functions, for callers that catch them); else reported as by the whole app
+    (``gpusched.cli.main``)."""
     app = typer.Typer(add_completion=False)
-    app.command(name)(bare)
+    app.command(name)(getattr(command, "__wrapped__", command) if bare else command)
     typer.main.get_command(app).main(
         args=list(argv) if argv is not None else None, prog_name=f"gpusched {name}"
     )
@@ -220,3 +223,7 @@ def extender_main(argv: Sequence[str] | None = None) -> None:
 
 def webhook_main(argv: Sequence[str] | None = None) -> None:
     standalone(webhook, "webhook", argv)
+
+
+SERVED: dict[str, Callable[..., None]] = {"scheduler": scheduler, "extender": extender, "webhook": webhook}
+"""The long-running front ends ``gpusched.cli.main`` starts through ``standalone``."""

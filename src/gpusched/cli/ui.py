@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
+from gpusched.cli.books import KubeconfigOpt, SnapshotOpt, load_books
 from gpusched.cli.common import reports_errors
-from gpusched.cli.doctor import KubeconfigOpt, SnapshotOpt, load_books
 
 
 @reports_errors

@@ -1,18 +1,15 @@
 """Serve the defragmentation controller: leader election on its own Lease (``k8s/leader.py``, as
-the scheduler), probes and metrics."""
+the scheduler), probes and metrics, in the process shell of ``k8s/process.py``."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import signal
-import threading
 
 from gpusched.defrag.controller import ControllerConfig, DefragController
 from gpusched.doctor.books import Books
-from gpusched.k8s.httpserver import ProbeServer, text
-from gpusched.k8s.leader import LeaderElector, default_identity
-from gpusched.metrics.scheduling import CONTENT_TYPE
+from gpusched.k8s.leader import default_identity
+from gpusched.k8s.process import Lease, configure_logging, run_until_signal
 
 log = logging.getLogger("gpusched.defrag")
 
@@ -29,7 +26,7 @@ def serve_defrag(
     """Run the controller until SIGTERM or SIGINT; serve /healthz, /readyz and /metrics on
     ``port``. With ``leader_elect`` only the holder of the Lease ``namespace/config.lease_name``
     acts; on the way out the Lease is released."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(log_level)
     from gpusched.doctor.source import from_api
     from gpusched.k8s.client import api_client
 
@@ -37,33 +34,13 @@ def serve_defrag(
     identity = default_identity()
     config = dataclasses.replace(config, identity=identity, lease_namespace=namespace)
     ctl = DefragController(api, lambda: Books.of(from_api(kubeconfig, queues=False), config.policy), config)
-    stop = threading.Event()
-    server = ProbeServer(
-        port,
-        {
-            "/healthz": lambda: text(200, "ok\n"),
-            "/readyz": lambda: text(200, "ok\n") if ctl.synced() else text(503, "not synced\n"),
-            "/metrics": lambda: (200, CONTENT_TYPE, ctl.metrics.exposition()),
-        },
-    ).start()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    ctl.start(lead=not leader_elect)
-    elector = None
-    if leader_elect:
-        elector = LeaderElector(
-            api,
-            name=config.lease_name,
-            namespace=namespace,
-            identity=identity,
-            on_started=ctl.start_leading,
-            on_stopped=ctl.stop_leading,
-        ).start()
-    log.info("gpusched defrag %s: schedulerName=%s wait=%gs port=%d", identity, config.scheduler_name,
-             config.wait_s, server.port)  # fmt: skip
-    stop.wait()
-    log.info("shutting down")
-    ctl.stop()
-    if elector is not None:
-        elector.stop(release=True)
-    server.stop()
+    run_until_signal(
+        api,
+        ctl,
+        port=port,
+        metrics=ctl.metrics.exposition,
+        not_ready="not synced\n",
+        lease=Lease(config.lease_name, namespace, identity) if leader_elect else None,
+        log=log,
+        banner=f"gpusched defrag {identity}: schedulerName={config.scheduler_name} wait={config.wait_s:g}s",
+    )

@@ -19,6 +19,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpusched.core.model import NodeSpec, PodSpec
+from gpusched.core.names import ANN_ALLOCATED as ANN_ALLOCATED
+from gpusched.core.names import ANN_CONFLICT as ANN_CONFLICT
+from gpusched.core.names import ANN_ISOLATION as ANN_ISOLATION
+from gpusched.core.names import ANN_TOPOLOGY as ANN_TOPOLOGY
+from gpusched.core.names import ANN_UNHEALTHY_GPUS
+from gpusched.core.names import TAINT_UNHEALTHY as TAINT_UNHEALTHY
 from gpusched.doctor.findings import Finding
 from gpusched.k8s.convert import (
     ANN_ASSIGNMENT,
@@ -33,11 +39,7 @@ from gpusched.k8s.convert import (
 )
 from gpusched.k8s.state import share_without_slot
 
-ANN_ALLOCATED = "gpusched.io/allocated"  # the node agent's (gpusched.agent.allocation.ANN_ALLOCATED)
-ANN_TOPOLOGY = "gpusched.io/gpu-topology"  # the node agent's (gpusched.agent.labels.ANN_TOPOLOGY)
-ANN_UNHEALTHY = "gpusched.io/unhealthy-gpus"
-ANN_CONFLICT = "gpusched.io/device-plugin-conflict"  # the node agent's (gpusched.agent.coexist.ANN_CONFLICT)
-TAINT_UNHEALTHY = "gpusched.io/gpu-unhealthy"
+ANN_UNHEALTHY = ANN_UNHEALTHY_GPUS
 LABEL_COUNT = "nvidia.com/gpu.count"
 DRIVER_PREFIXES = ("nvidia.com/cuda.driver", "nvidia.com/cuda.runtime", "nvidia.com/gpu.driver")
 
@@ -219,11 +221,6 @@ def _conflict_findings(node: Mapping[str, Any], name: str) -> list[Finding]:
         "run the agent with --no-nvidia-resources)"
     )
     return [Finding("node", "error", "device-plugin-conflict", msg, {"resources": resources}, name)]
-
-
-ANN_ISOLATION = "gpusched.io/gpu-isolation"
-"""Written on its Node by the agent (``gpusched.agent.sharing``): ``{"sharing", "visibleDevicesEnvvar",
-"toolkitConfig"}``."""
 
 
 def isolation_findings(node: Mapping[str, Any]) -> list[Finding]:

@@ -25,13 +25,13 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from gpusched.core.caches import LRUCache
 from gpusched.core.cluster import I64, AccountingError
 from gpusched.core.framework import BindPlugin, CycleState, Profile, run_bind
 from gpusched.core.model import PodSpec
@@ -127,8 +127,7 @@ class Extender:
         self.profile = dataclasses.replace(profile, binds=(binder,)) if binder is not None else profile
         self.pod_getter = pod_getter
         self._plock = threading.Lock()
-        self._specs: OrderedDict[str, tuple[str, PodSpec]] = OrderedDict()  # uid (or key) -> (rv, spec)
-        self._pod_cache = pod_cache
+        self._specs: LRUCache[str, tuple[str, PodSpec]] = LRUCache(pod_cache)  # uid (or key) -> (rv, spec)
         self._uids: dict[str, str] = {}  # uid -> namespace/name, from the informer
         self._pending: dict[str, Mapping[str, Any]] = {}  # uid -> pod not yet bound, from the informer
         self.evaluator = Evaluator(cluster, profile)
@@ -168,10 +167,7 @@ class Extender:
             raise BadRequest(f"field 'Pod' is not a valid v1.Pod: {type(e).__name__}: {e}") from None
         ref = uid or spec.key
         with self._plock:
-            self._specs[ref] = (rv, spec)
-            self._specs.move_to_end(ref)
-            while len(self._specs) > self._pod_cache:
-                self._specs.popitem(last=False)
+            self._specs.put(ref, (rv, spec))
         return spec
 
     @staticmethod

@@ -1,7 +1,7 @@
 """Serve the kube-scheduler extender: informers, the HTTP app, the binding threads.
 
-The options are parsed by ``gpusched extender`` (``gpusched.cli.serve``); ``python -m
-gpusched.extender.cli_extender`` is kept for the scripts and tests that start it so.
+The options are parsed by ``gpusched extender`` (``gpusched.cli.serve``; also ``python -m
+gpusched.cli extender``).
 """
 
 from __future__ import annotations
@@ -97,9 +97,10 @@ def serve_extender(
     from gpusched.k8s.client import api_client
     from gpusched.k8s.events import EventRecorder
     from gpusched.k8s.heap import freeze_heap, freeze_when
+    from gpusched.k8s.process import configure_logging
     from gpusched.k8s.state import LiveCluster, start_informers
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(log_level)
     if policy not in POLICIES:
         raise InvalidInput(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     if bool(tls_cert) != bool(tls_key):

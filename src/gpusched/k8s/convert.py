@@ -49,7 +49,6 @@ from typing import Any
 
 import orjson
 
-from gpusched.agent.health import ANN_UNHEALTHY_GPUS, unhealthy_gpus_of_node
 from gpusched.core.model import (
     GPU_MILLI,
     Allocation,
@@ -60,6 +59,18 @@ from gpusched.core.model import (
     Taint,
     Toleration,
 )
+from gpusched.core.names import ANN_ASSIGNMENT as ANN_ASSIGNMENT
+from gpusched.core.names import ANN_DEFRAG as ANN_DEFRAG
+from gpusched.core.names import ANN_GANG as ANN_GANG
+from gpusched.core.names import ANN_MODELS as ANN_MODELS
+from gpusched.core.names import ANN_QUEUE as ANN_QUEUE
+from gpusched.core.names import ANN_TOPOLOGY as ANN_TOPOLOGY
+from gpusched.core.names import ANN_UNHEALTHY_GPUS as ANN_UNHEALTHY_GPUS
+from gpusched.core.names import RES_GPU as RES_GPU
+from gpusched.core.names import RES_MEMORY as RES_MEMORY
+from gpusched.core.names import RES_MILLI as RES_MILLI
+from gpusched.core.names import RES_SHARE as RES_SHARE
+from gpusched.core.names import parse_unhealthy_gpus as parse_unhealthy_gpus
 from gpusched.core.selectors import (
     NodeSelectorTerm,
     PodAffinityTerm,
@@ -73,21 +84,8 @@ from gpusched.k8s.errors import InvalidRequest as InvalidRequest
 from gpusched.k8s.groupref import group_name_of
 from gpusched.k8s.quantity import parse_quantity
 
-RES_GPU = "nvidia.com/gpu"
-RES_MILLI = "gpusched.io/gpu-milli"
-RES_MEMORY = "gpusched.io/gpu-memory"
-RES_SHARE = "gpusched.io/gpu-share"
-"""The node agent's per-GPU share slots: a ticket to its device plugin's ``Allocate`` for each container
-of a share, added by gpusched's mutating webhook (``gpusched.webhook``); booked as an extended resource."""
 log = logging.getLogger(__name__)
 
-ANN_MODELS = "gpusched.io/gpu-models"
-ANN_TOPOLOGY = "gpusched.io/gpu-topology"  # the node agent's (gpusched.agent.labels.ANN_TOPOLOGY)
-ANN_ASSIGNMENT = "gpusched.io/assignment"
-ANN_QUEUE = "gpusched.io/queue"
-ANN_GANG = "gpusched.io/gang"
-ANN_DEFRAG = "gpusched.io/defrag"
-"""``"false"``: defragmentation never moves this pod (``PodSpec.movable``); ``"true"`` or absent: it may."""
 ANN_MIRROR = "kubernetes.io/config.mirror"
 """Set by the kubelet on a static pod's mirror: the kubelet runs it, no controller recreates it."""
 LABEL_PRODUCT = "nvidia.com/gpu.product"
@@ -467,7 +465,8 @@ def unhealthy_gpus(node: Mapping[str, Any], gpu_count: int) -> frozenset[int]:
     books and are left out. Raises InvalidRequest naming the node and the annotation for a value
     that is not a comma-separated list of GPU indices."""
     try:
-        named = unhealthy_gpus_of_node(node)
+        meta = node.get("metadata") or {}
+        named = parse_unhealthy_gpus((meta.get("annotations") or {}).get(ANN_UNHEALTHY_GPUS))
     except (ValueError, TypeError, AttributeError):  # int() of 5000 digits or "²" raises too
         meta = node.get("metadata") or {}
         raw = (meta.get("annotations") or {}).get(ANN_UNHEALTHY_GPUS)

@@ -24,12 +24,12 @@ import datetime as dt
 import logging
 import queue
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from gpusched.core.caches import LRUCache
 from gpusched.k8s.binder import read_pod
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class EventRecorder:
         self.component = component
         self.instance = instance or component
         self._q: queue.Queue[Callable[[], object] | None] = queue.Queue(max_queue)
-        self._seen: OrderedDict[tuple[str, str], str] = OrderedDict()  # (uid, reason) -> last message
+        self._seen: LRUCache[tuple[str, str], str] = LRUCache(_DEDUP_MAX)  # (uid, reason) -> last message
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(RESULTS, 0)
         self._threads = [
@@ -117,10 +117,7 @@ class EventRecorder:
         with self._lock:
             if self._seen.get(k) == message:
                 return False
-            self._seen[k] = message
-            self._seen.move_to_end(k)
-            while len(self._seen) > _DEDUP_MAX:
-                self._seen.popitem(last=False)
+            self._seen.put(k, message)
         return True
 
     def write(self, fn: Callable[[], object]) -> None:
@@ -132,7 +129,7 @@ class EventRecorder:
         event of those reasons is news again."""
         with self._lock:
             for reason in reasons:
-                self._seen.pop((uid, reason), None)
+                self._seen.pop((uid, reason))
 
     def flush(self, timeout: float = 10.0) -> None:
         """Wait until queued writes are sent (tests, shutdown)."""

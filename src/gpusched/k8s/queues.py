@@ -28,6 +28,7 @@ from typing import Any
 
 from gpusched.core.cluster import ClusterState
 from gpusched.core.model import PodSpec
+from gpusched.core.names import LABEL_QUEUE as LABEL_QUEUE
 from gpusched.core.queues.quota import QueueBook
 from gpusched.core.queues.spec import InvalidQueue, QueueSpec, QueueTree, Quota
 from gpusched.core.queues.usage import charge_of
@@ -37,8 +38,6 @@ from gpusched.k8s.informer import Handlers, Reflector
 log = logging.getLogger(__name__)
 
 GROUP, VERSION, PLURAL = "gpusched.io", "v1alpha1", "queues"
-LABEL_QUEUE = "gpusched.io/queue"
-"""On a Namespace: the queue of its pods (a pod's own annotation of that name wins)."""
 _FIELDS = (("gpus", "gpus"), ("gpuMilli", "gpu_milli"), ("gpuMemoryMiB", "gpu_memory_mib"))
 
 

@@ -39,6 +39,9 @@ from typing import Any
 
 from gpusched.core.cluster import AccountingError, ClusterState
 from gpusched.core.model import GPU_MILLI, PodSpec
+from gpusched.core.names import ANN_MOVES as ANN_MOVES
+from gpusched.core.names import ANN_PLAN as ANN_PLAN
+from gpusched.core.names import ANN_ROOM as ANN_ROOM
 from gpusched.core.selectors import NODE_NAME_FIELD, NodeSelectorTerm, PreferredNodeTerm, SelectorRequirement
 from gpusched.core.statement import Statement
 from gpusched.k8s.convert import InvalidRequest, pod_from_k8s
@@ -46,11 +49,6 @@ from gpusched.k8s.state import TERMINAL, pod_key
 
 log = logging.getLogger(__name__)
 
-ANN_ROOM = "gpusched.io/defrag-room"
-ANN_PLAN = "gpusched.io/defrag-plan"
-"""On the defragmentation controller's Lease: the plan it is carrying out (``PlanRecord``)."""
-ANN_MOVES = "gpusched.io/defrag-moves"
-"""On the defragmentation controller's Lease: the moves of its window (``defrag/ledger.py``)."""
 ROOM_SUFFIX = "#room"
 """Names the placeholder bookings of held GPUs (``<pod key>#room<gpu>``)."""
 

@@ -32,6 +32,7 @@ from gpusched.core.caches import LRUCache
 from gpusched.core.cluster import AccountingError, ClusterState
 from gpusched.core.devices import pick_gpus
 from gpusched.core.model import Allocation, NodeSpec, PodSpec, Taint
+from gpusched.core.names import TAINT_NODE_UNREADABLE as TAINT_NODE_UNREADABLE
 from gpusched.k8s.convert import (
     ANN_ASSIGNMENT,
     RES_GPU,
@@ -46,7 +47,7 @@ from gpusched.k8s.convert import (
 
 log = logging.getLogger(__name__)
 
-UNREADABLE_TAINT = Taint("gpusched.io/node-unreadable", "true", "NoSchedule")
+UNREADABLE_TAINT = Taint(TAINT_NODE_UNREADABLE, "true", "NoSchedule")
 """Put (in the books only) on a known node whose Node object stopped converting."""
 
 TERMINAL = ("Succeeded", "Failed")

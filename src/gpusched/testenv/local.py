@@ -200,11 +200,11 @@ def cluster_up(
         port = free_port()
         front: dict[str, int] = {}
         front["gpusched-scheduler"] = _spawn("gpusched-scheduler", [
-            "-m", "gpusched.k8s.cli_scheduler", "--kubeconfig", state.kubeconfig, "--scheduler-name",
+            "-m", "gpusched.cli", "scheduler", "--kubeconfig", state.kubeconfig, "--scheduler-name",
             SCHEDULER_NAME, "--namespace", "kube-system", "--port", str(free_port()), "--flush-s", "5",
         ], logs)  # fmt: skip
         front["gpusched-webhook"] = _spawn("gpusched-webhook", [
-            "-m", "gpusched.webhook", "--host", "127.0.0.1", "--port", str(port),
+            "-m", "gpusched.cli", "webhook", "--host", "127.0.0.1", "--port", str(port),
             "--tls-cert-file", str(pki.serving_cert), "--tls-key-file", str(pki.serving_key),
             # the local scheduler and agent write as the control plane's admin, not as the chart's accounts
             "--assignment-writer", LOCAL_WRITER, "--allocated-writer", LOCAL_WRITER,

@@ -15,7 +15,7 @@ What made a real kubelet work on these machines (``../shared/reference/real-kube
   anonymous access); ``failCgroupV1: false``; the device-plugin directory is fixed at
   ``/var/lib/kubelet/device-plugins`` whatever ``--root-dir`` says, so only one RealNode can run per machine
   (a lock file serialises them);
-* ``python -m gpusched.agent run --fake FILE`` against that directory.
+* ``python -m gpusched.cli agent run --fake FILE`` against that directory.
 
 The host side effects are undone by ``stop()``, in this order: the pods on the node are deleted (the kubelet
 stops them), then the agent, the kubelet, what is left of the containers (their processes, by cgroup; their
@@ -536,8 +536,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     # -- the agent -------------------------------------------------------------------------------------
 
     def start_agent(self, *, wait: bool = True) -> None:
-        """Start (or start again) ``python -m gpusched.agent run`` on the fake GPUs; with ``wait``, until the
-        kubelet advertises every GPU in the Node's capacity."""
+        """Start (or start again) ``python -m gpusched.cli agent run`` on the fake GPUs; with ``wait``, until
+        the kubelet advertises every GPU in the Node's capacity."""
         if not self.fake_gpus_path.exists():
             import yaml
 
@@ -550,7 +550,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             raise NodeError("the agent is already running")
         self.metrics_port = getattr(self, "metrics_port", 0) or free_port()
         cmd = [
-            sys.executable, "-m", "gpusched.agent", "run",
+            sys.executable, "-m", "gpusched.cli", "agent", "run",
             "--fake", str(self.fake_gpus_path), "--node", self.name,
             "--kubeconfig", str(self.cp.kubeconfig_path), "--plugin-dir", str(DEVICE_PLUGIN_DIR),
             "--slots", str(self.slots), "--metrics-port", str(self.metrics_port),

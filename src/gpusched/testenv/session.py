@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gpusched.core.errors import GpuschedError
+from gpusched.core.names import LABEL_TESTENV as LABEL_TESTENV
 from gpusched.k8s.convert import LABEL_MEMORY, LABEL_PRODUCT
 from gpusched.testenv import ControlPlane, ControlPlaneError, wait_until
 from gpusched.testenv.kwoknodes import kwok_gpu_node
@@ -50,7 +51,6 @@ __all__ = [
 DEFAULT_STATE_DIR = Path.home() / ".cache" / "gpusched" / "testenv"
 GPU_PRODUCT = "NVIDIA-A100-SXM4-80GB"  # the agent's and GFD's nvidia.com/gpu.product
 GPU_MEMORY_MIB = 81920
-LABEL_TESTENV = "gpusched.io/testenv"
 STATE_FILE = "state.json"
 ENV_FILE = "env.sh"
 """Written by ``gpusched up``: ``KUBECONFIG`` and the control plane's ``kubectl`` on ``PATH``."""

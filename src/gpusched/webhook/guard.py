@@ -20,10 +20,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpusched.k8s.convert import ANN_ASSIGNMENT
+from gpusched.core.names import ANN_ALLOCATED as ANN_ALLOCATED
+from gpusched.core.names import ANN_ASSIGNMENT as ANN_ASSIGNMENT
 from gpusched.webhook.review import deny, object_key, open_review
-
-ANN_ALLOCATED = "gpusched.io/allocated"  # the agent's (gpusched.agent.allocation.ANN_ALLOCATED)
 
 
 def service_account(namespace: str, name: str) -> str:

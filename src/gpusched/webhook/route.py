@@ -24,12 +24,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpusched.core.names import ANN_ROUTED_FROM as ANN_ROUTED_FROM
+from gpusched.core.names import LABEL_GPU_ROUTING
 from gpusched.k8s.convert import InvalidRequest, wants_gpu
 from gpusched.webhook.review import deny, object_key, open_review, patch, pointer
 
-ANN_ROUTED_FROM = "gpusched.io/routed-from"
+OPT_OUT_LABEL = LABEL_GPU_ROUTING
 ANN_MIRROR = "kubernetes.io/config.mirror"
-OPT_OUT_LABEL = "gpusched.io/gpu-routing"
 
 
 @dataclass(frozen=True)
