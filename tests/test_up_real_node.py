@@ -189,6 +189,12 @@ def test_up_reports_a_holder_that_failed_or_died(tmp_path: Path) -> None:
     died = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     with pytest.raises(HolderFailedError, match=r"holder exited \(3\)(.|\n)*starting"):
         nodeholder.wait_ready(tmp_path, died.pid, log, timeout=30)
+    slow = subprocess.Popen(["sleep", "30"])  # no marker: not ready in time; the log tail says where it was
+    try:
+        with pytest.raises(HolderFailedError, match=r"not ready after 0 s(.|\n)*starting"):
+            nodeholder.wait_ready(tmp_path, slow.pid, log, timeout=0.2)
+    finally:
+        _reap([slow])
     ready = subprocess.Popen(["sleep", "30"])
     try:
         (tmp_path / "real-node.json").write_text(json.dumps({"status": "ready", "node": "gpu-node-0"}))

@@ -172,7 +172,8 @@ def wait_ready(workdir: Path, pid: int, log: Path, timeout: float) -> dict[str, 
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
             raise HolderFailedError(f"the real node's holder exited ({code}); {log}:\n{tail}")
         if time.monotonic() > deadline:
-            raise HolderFailedError(f"the real node was not ready after {timeout:.0f} s (log: {log})")
+            tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+            raise HolderFailedError(f"the real node was not ready after {timeout:.0f} s; {log}:\n{tail}")
         time.sleep(0.5)
 
 
