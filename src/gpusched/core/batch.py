@@ -75,6 +75,8 @@ class UnitOutcome:
     nominated: tuple[tuple[PodSpec, int], ...] = ()
     """PREEMPT of a gang: where each member lands (pod, node index) once the victims are gone."""
     budget_violations: int = 0
+    last: ScheduleResult | None = None
+    """A single pod not placed: its cycle's result (diagnosis, PostFilter answer); else None."""
 
 
 class Hold(Protocol):
@@ -194,6 +196,7 @@ def _one(
         refusal = "" if v.ok else f"quota: {v.reason}"
     nominated = -1
     placed: tuple[ScheduleResult, ...] = ()
+    last: ScheduleResult | None = None
     if not refusal:
         if unit.gang is None and len(unit.pods) == 1:  # a single pod: its PostFilter's answer with it
             r1 = _single(
@@ -206,8 +209,10 @@ def _one(
                     reason=_why(r1),
                     victims=r1.victims,
                     nominated_node=r1.nominated_node,
+                    last=r1,
                 )
-            ok, placed, nominated = r1.scheduled, (r1,) if r1.scheduled else (), r1.nominated_node
+            ok, nominated = r1.scheduled, r1.nominated_node
+            placed, last = ((r1,), None) if ok else ((), r1)
             refusal = "" if ok else _why(r1)
         else:
             r = place_gang(profile, unit, snap, tiebreak=tiebreak, diagnose=diagnose)
@@ -247,7 +252,7 @@ def _one(
             )
     if book is None and unit.gang is not None and profile.post_filters:
         return _preempt_gang(profile, snap, unit, budgets, tiebreak, evict_now, refusal)
-    return UnitOutcome(unit, Outcome.WAITING, reason=refusal, nominated_node=nominated)
+    return UnitOutcome(unit, Outcome.WAITING, reason=refusal, nominated_node=nominated, last=last)
 
 
 def _why(r: ScheduleResult) -> str:
