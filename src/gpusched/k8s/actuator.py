@@ -149,11 +149,13 @@ class Actuator:
         if p.queue:  # the kept queue book follows the bookings
             placed = [pod.key for _, pod, _, _ in acts.binds]
             self.tenants.settled(snap, self.tenants.directory.current(), placed)
-        if o.outcome is not Outcome.PLACED:
-            acts.message = self._compose(d, snap, acts)
+        if not acts.binds:
+            acts.message = self._rooms(d, snap, acts)
         return acts
 
-    def _compose(self, d: Decision, snap: ClusterState, acts: Acts) -> str:
+    def _rooms(self, d: Decision, snap: ClusterState, acts: Acts) -> str:
+        """A unit not placed: record the rooms its outcome makes (a preemptor nominated, a reclaim
+        started) or gives up; returns what its pods are told."""
         o, p, unit = d.outcome, d.popped, d.popped.unit
         held = [snap.allocations[k] for k in o.victims if k in snap.allocations]
         acted = ""
