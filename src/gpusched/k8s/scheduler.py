@@ -43,6 +43,7 @@ import numpy as np
 from kubernetes import client
 
 from gpusched.core.batch import Outcome, UnitOutcome, run_cycle, single
+from gpusched.core.cluster import ClusterState
 from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.framework import Profile
 from gpusched.core.gang import GangSpec, Unit, without_post_filters
@@ -360,7 +361,7 @@ class StandaloneScheduler:
         unit = Unit(spec.key, pods, max(0, group.min_member - gang.bound), spec)
         return Popped(unit, {m.key: m for m, _ in gang.pending}, group, gang.bound, queue)
 
-    def _decide(self, popped: Popped, snap: Any) -> Decision:
+    def _decide(self, popped: Popped, snap: ClusterState) -> Decision:
         """The one decision (``core.batch.run_cycle``) of ``popped``, under the cluster lock: with its
         queue's book (a unit waiting for its reclaim's victims is not tried), clear of the rooms
         kept for others. Placed pods stay booked in ``snap``."""
