@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpusched.core.model import NodeSpec, PodSpec
-from gpusched.sim.paper import MAX_PCT, PaperRun, build_sequence, run_paper, tie_ranks
+from gpusched.core.protocol import build_sequence, tie_ranks
+from gpusched.sim.paper import MAX_PCT, PaperRun, run_paper
 
 TUNED = "-tuned-"
 

@@ -30,9 +30,9 @@ from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.model import NodeSpec, PodSpec
 from gpusched.core.pending import pending_order
 from gpusched.core.policies import PolicyContext, make_profile
+from gpusched.core.protocol import tie_ranks
 from gpusched.core.scheduler import schedule_one
 from gpusched.sim.engine import Event, EventQueue, Priority
-from gpusched.sim.paper import tie_ranks
 from gpusched.sim.traces import TracePod
 
 _KICK = -1  # payload of the retry right after departures
