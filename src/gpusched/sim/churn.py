@@ -40,7 +40,6 @@ moves (count, distinct pods, fraction of the pods that arrived).
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
@@ -65,14 +64,14 @@ from gpusched.core.policies import PolicyContext, make_profile
 from gpusched.core.protocol import tie_ranks
 from gpusched.core.scheduler import schedule_one
 from gpusched.core.statement import Statement
-from gpusched.sim.engine import EventQueue, Priority
-from gpusched.sim.replay import CLASS_ORDER, queue_remove, request_class, retry_pass
+from gpusched.sim.engine import Priority
+from gpusched.sim.machine import ARRIVE, DEPART, TIME_OUT, Kind, Machine, retry_pass
+from gpusched.sim.replay import CLASS_ORDER, request_class
 from gpusched.sim.synthetic import LIFETIME_SIGMA
 from gpusched.sim.traces import TracePod
 
-_KICK = -1
-_TICK = -2
-_CONSOLIDATE = -3
+CONSOLIDATE = Kind("consolidate", Priority.RETRY)
+"""The periodic consolidation (``DefragConfig.mode`` ``periodic``)."""
 MODES = ("off", "triggered", "periodic")
 LIFETIMES = ("trace", "lognormal")
 
@@ -261,24 +260,23 @@ class Churn:
         self.index = {s.key: i for i, s in enumerate(self.specs)}
         n = len(self.specs)
         self.running = [False] * n
-        self.pending = [False] * n
         self.depart_at = [0] * n
         self.waited: dict[int, int] = {}
         self.gave_up: dict[int, int] = {}
-        self.queue: list[tuple[int, int, int]] = []
-        self.events: EventQueue[int] = EventQueue()
+        self.m = Machine(self._retry_pass, retry_interval_s=cfg.retry_interval_s, after_tick=self._after_tick)
+        self.m.on(ARRIVE, self._arrive)
+        self.m.on(DEPART, self._depart)
+        self.m.on(TIME_OUT, self._time_out)
+        self.m.on(CONSOLIDATE, self._consolidate_every)
+        self.m.meter(self._advance)
         for i in range(n):
-            self.events.push(self.created[i], Priority.ARRIVAL, i)
+            self.m.schedule(ARRIVE, self.created[i], i)
         if defrag.mode == "periodic":
-            self.events.push(defrag.period_s, Priority.RETRY, _CONSOLIDATE)
-        self.now = 0
+            self.m.schedule(CONSOLIDATE, defrag.period_s)
         self.arrived = 0
         self.alloc = 0
         self.peak = 0
         self.cap = self.snap.total_gpu_milli
-        self.dirty = False
-        self.tick_armed = False
-        self.kick_pending = False
         self.gpu_pending = 0  # GPU pods in the queue
         # integrals over the steady window
         self.int_alloc = 0
@@ -305,35 +303,26 @@ class Churn:
             "work": 0,
         }
 
+    @property
+    def now(self) -> int:
+        return self.m.now
+
     # ---------------------------------------------------------------------------- the run
     def run(self, audit: bool = False) -> ChurnResult:
-        horizon = self.cfg.horizon_s
-        while self.events:
-            ev = self.events.peek()
-            assert ev is not None
-            if ev.time >= horizon:
-                break
-            self._advance(ev.time)
-            self.events.pop()
-            if ev.priority == Priority.ARRIVAL:
-                self._arrive(ev.payload)
-            elif ev.priority == Priority.DEPARTURE:
-                self._depart(ev.payload, ev.time)
-            elif ev.priority == Priority.TIMEOUT:
-                self._time_out(ev.payload)
-            else:
-                self._retry(ev.payload)
-            if audit and (errs := self.snap.verify()):
-                raise AssertionError(f"accounting broken at t={self.now}: {errs}")
-        self._advance(horizon)
+        self.m.run(self.cfg.horizon_s, after_event=self._audit if audit else None)
         if errs := self.snap.verify():
             raise AssertionError(f"accounting broken after the churn run: {errs}")
         return self._result()
 
+    def _audit(self) -> None:
+        if errs := self.snap.verify():
+            raise AssertionError(f"accounting broken at t={self.now}: {errs}")
+
     def _advance(self, t: int) -> None:
-        """Integrate from ``now`` to ``t`` (the state is constant in between), sampling on the way."""
+        """The meter: integrate from ``now`` to ``t`` (the state is constant in between), sampling
+        on the way."""
         while self.next_sample <= t and self.next_sample < self.cfg.horizon_s:
-            self.samples.append((self.next_sample, self._pct(), len(self.queue)))
+            self.samples.append((self.next_sample, self._pct(), len(self.m.pending)))
             if self.next_sample >= self.cfg.warmup_s:
                 self.frag_samples.append(cluster_fragmentation(self.snap, self.tw))
             self.next_sample += self.cfg.sample_every_s
@@ -345,7 +334,6 @@ class Churn:
                 self.int_alloc_sat += self.alloc * dt
                 self.sat_time += dt
                 self.int_idle_pending += (self.cap - self.alloc) * dt
-        self.now = max(self.now, t)
 
     def _pct(self) -> float:
         return 100.0 * self.alloc / self.cap if self.cap else 0.0
@@ -358,54 +346,36 @@ class Churn:
         if self.on_progress is not None and self.arrived % 500 == 0:
             self.on_progress(self.arrived, len(self.specs))
 
-    def _depart(self, i: int, t: int) -> None:
-        if not self.running[i] or self.depart_at[i] != t:
-            return  # moved since (its departure was pushed again)
+    def _depart(self, i: int) -> None:
+        if not self.running[i] or self.depart_at[i] != self.now:
+            return  # moved since (its departure was scheduled again)
         self.snap.forget(self.specs[i].key)
         self.running[i] = False
         self.alloc -= self.specs[i].gpu_demand_milli
-        self.dirty = True
-        if self.queue and not self.kick_pending:
-            self.events.push(self.now, Priority.RETRY, _KICK)
-            self.kick_pending = True
+        self.m.wake()
 
     def _time_out(self, i: int) -> None:
-        if self.pending[i]:
+        if i in self.m.pending:
             self._unqueue(i)
             self.gave_up[i] = self.now - self.created[i]
 
-    def _retry(self, kind: int) -> None:
-        if kind == _CONSOLIDATE:
-            self._consolidate()
-            self.events.push(self.now + self.defrag.period_s, Priority.RETRY, _CONSOLIDATE)
-            return
-        if self.dirty and self.queue:
-            self._retry_pass()
-        self.dirty = False
-        if kind == _KICK:
-            self.kick_pending = False
-            return
-        if self.defrag.mode == "triggered" and self.queue:
+    def _consolidate_every(self, _item: int) -> None:
+        self._consolidate()
+        self.m.schedule(CONSOLIDATE, self.now + self.defrag.period_s)
+
+    def _after_tick(self) -> None:
+        if self.defrag.mode == "triggered" and self.m.pending:
             self._triggered()
-        self.tick_armed = bool(self.queue)
-        if self.tick_armed:
-            self.events.push(self.now + self.cfg.retry_interval_s, Priority.RETRY, _TICK)
 
     # ---------------------------------------------------------------------------- helpers
     def _enqueue(self, i: int) -> None:
-        self.pending[i] = True
-        bisect.insort(self.queue, self.keys[i])
         if self.specs[i].num_gpu:
             self.gpu_pending += 1
-        if self.cfg.max_pending_s is not None:
-            self.events.push(self.created[i] + self.cfg.max_pending_s, Priority.TIMEOUT, i)
-        if not self.tick_armed:
-            self.events.push(self.now + self.cfg.retry_interval_s, Priority.RETRY, _TICK)
-            self.tick_armed = True
+        give_up = None if self.cfg.max_pending_s is None else self.created[i] + self.cfg.max_pending_s
+        self.m.enqueue(i, self.keys[i], give_up)
 
     def _unqueue(self, i: int) -> None:
-        queue_remove(self.queue, self.keys[i])
-        self.pending[i] = False
+        self.m.pending.remove(i)
         if self.specs[i].num_gpu:
             self.gpu_pending -= 1
 
@@ -415,7 +385,7 @@ class Churn:
         self.peak = max(self.peak, self.alloc) if self.now >= self.cfg.warmup_s else self.peak
         self.waited[i] = self.now - self.created[i]
         self.depart_at[i] = self.now + self.life[i]
-        self.events.push(self.depart_at[i], Priority.DEPARTURE, i)
+        self.m.schedule(DEPART, self.depart_at[i], i)
 
     def _try_place(self, i: int) -> bool:
         r = schedule_one(self.profile, self.specs[i], self.snap, tiebreak=self.ranks, diagnose_failures=False)
@@ -424,7 +394,7 @@ class Churn:
         return r.scheduled
 
     def _retry_pass(self) -> None:
-        retry_pass(self.queue, self.shapes, self._try_place, self._unqueue)
+        retry_pass(self.m.pending.order(), self.shapes, self._try_place, self._unqueue)
 
     def _budget_left(self) -> int:
         return int(self.defrag.move_budget * self.arrived) - self.moves
@@ -441,11 +411,10 @@ class Churn:
         d = self.defrag
         tried_shapes: set[tuple[object, ...]] = set()
         plans = 0
-        for key in list(self.queue):
+        for i in self.m.pending.order():
             if plans >= d.plans_per_tick:
                 break
-            i = key[2]
-            if not self.pending[i] or self.now - self.created[i] < d.wait_threshold_s:
+            if i not in self.m.pending or self.now - self.created[i] < d.wait_threshold_s:
                 continue
             if self.shapes[i] in tried_shapes:
                 continue
@@ -496,9 +465,9 @@ class Churn:
             j = self.index[mv.pod]
             if self.defrag.restart_penalty_s:
                 self.depart_at[j] += self.defrag.restart_penalty_s
-                self.events.push(self.depart_at[j], Priority.DEPARTURE, j)
+                self.m.schedule(DEPART, self.depart_at[j], j)
         if moves:
-            self.dirty = True
+            self.m.dirty = True
 
     def _consolidate(self) -> None:
         left = self._budget_left()
@@ -517,9 +486,9 @@ class Churn:
                 return
             st.commit()
         self._moved(plan.moves)
-        if self.queue:
+        if self.m.pending:
             self._retry_pass()
-            self.dirty = False
+            self.m.dirty = False
 
     def _result(self) -> ChurnResult:
         cfg = self.cfg
@@ -541,7 +510,7 @@ class Churn:
             idx = [i for i in measured if request_class(self.specs[i]) == cls]
             row["placed"] = sum(1 for i in idx if i in self.waited)
             row["gave_up"] = sum(1 for i in idx if i in self.gave_up)
-            row["still_pending"] = sum(1 for i in idx if self.pending[i])
+            row["still_pending"] = sum(1 for i in idx if i in self.m.pending)
             row.update(_percentiles(groups[cls]))
             pending[cls] = row
         frag_hours = float(np.mean(self.frag_samples)) * window / 3600 / 1000 if self.frag_samples else 0.0
