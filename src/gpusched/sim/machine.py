@@ -18,7 +18,9 @@ retry pass is; the machine pops events in order and calls them.
 - **Meters** are called with the next event's time before the clock moves there (``now`` is still
   the time of the last event): the state is constant in between, so they integrate and sample.
 - **run(until)** pops events before ``until`` and then moves the meters to ``until``; with no
-  ``until`` it runs until only the periodic tick is left (nothing else can change any more).
+  ``until`` it runs until only the periodic tick is left: nothing can change any more, as long as
+  all room freed woke the machine (a use that frees room quietly, as moves do, or that acts on
+  ticks, ``after_tick``, runs with an ``until``).
 
 The machine never reads a clock; time moves only when an event pops.
 """
@@ -202,6 +204,8 @@ class Machine:
         """Pop and handle events before ``until``, then move the meters to ``until``; without
         ``until``, until only the periodic tick is left. ``after_event`` (an audit) runs after
         each event."""
+        if until is None and self._after_tick is not None:
+            raise ValueError("a machine that acts on ticks (after_tick) needs an until: they never stop")
         while self.events:
             ev = self.events.peek()
             assert ev is not None
