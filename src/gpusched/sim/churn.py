@@ -28,7 +28,8 @@ Defragmentation (``DefragConfig``), always within a move budget — moves so far
   carried out at once, and the queue is retried.
 
 A moved pod keeps its departure time plus ``restart_penalty_s`` (work lost to the restart). The
-engine is ``sim.engine``'s event heap; nothing reads a clock.
+run is a use of ``sim.machine``'s machine (its kick and tick are the retries above; the
+consolidation is an event kind of its own); nothing reads a clock.
 
 Measured over the steady window [warmup, horizon]: allocation (time-weighted mean, mean while a
 GPU pod is pending — "under saturation" —, peak, and a sample every ``sample_every_s``); pending
@@ -66,7 +67,7 @@ from gpusched.core.scheduler import schedule_one
 from gpusched.core.statement import Statement
 from gpusched.sim.engine import Priority
 from gpusched.sim.machine import ARRIVE, DEPART, TIME_OUT, Kind, Machine, retry_pass
-from gpusched.sim.replay import CLASS_ORDER, request_class
+from gpusched.sim.replay import by_class, percentiles
 from gpusched.sim.synthetic import LIFETIME_SIGMA
 from gpusched.sim.traces import TracePod
 
@@ -177,12 +178,6 @@ class ChurnResult:
         d = asdict(self)
         d["samples"] = [[int(t), float(a), int(n)] for t, a, n in self.samples] if samples else []
         return d
-
-
-def _percentiles(values: list[int]) -> dict[str, float]:
-    arr = np.asarray(values or [0], dtype=np.float64)
-    p50, p90, p99, mx = (float(v) for v in np.percentile(arr, [50, 90, 99, 100]))
-    return {"p50_s": p50, "p90_s": p90, "p99_s": p99, "max_s": mx}
 
 
 def draw_pods(
@@ -494,24 +489,15 @@ class Churn:
         cfg = self.cfg
         window = cfg.horizon_s - cfg.warmup_s
         measured = [i for i in range(len(self.specs)) if cfg.warmup_s <= self.created[i] < cfg.horizon_s]
-        groups: dict[str, list[int]] = {}
-        for i in measured:
-            if i in self.waited:
-                w = self.waited[i]
-            elif i in self.gave_up:
-                w = self.gave_up[i]
-            else:
-                w = cfg.horizon_s - self.created[i]  # still pending: censored
-            groups.setdefault(request_class(self.specs[i]), []).append(w)
-        rank = {c: k for k, c in enumerate(CLASS_ORDER)}
         pending: dict[str, dict[str, float]] = {}
-        for cls in sorted(groups, key=lambda c: (rank.get(c, len(rank)), c)):
-            row: dict[str, float] = {"pods": len(groups[cls])}
-            idx = [i for i in measured if request_class(self.specs[i]) == cls]
+        for cls, idx in by_class(self.specs, measured).items():
+            # a pod that gave up or is still pending counts what it waited (censored at the horizon)
+            w = [self.waited.get(i, self.gave_up.get(i, cfg.horizon_s - self.created[i])) for i in idx]
+            row: dict[str, float] = {"pods": len(idx)}
             row["placed"] = sum(1 for i in idx if i in self.waited)
             row["gave_up"] = sum(1 for i in idx if i in self.gave_up)
             row["still_pending"] = sum(1 for i in idx if i in self.m.pending)
-            row.update(_percentiles(groups[cls]))
+            row.update(zip(("p50_s", "p90_s", "p99_s", "max_s"), percentiles(w), strict=True))
             pending[cls] = row
         frag_hours = float(np.mean(self.frag_samples)) * window / 3600 / 1000 if self.frag_samples else 0.0
         return ChurnResult(

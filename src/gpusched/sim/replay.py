@@ -18,7 +18,7 @@ as *timed out* (a pod scheduled exactly at the limit counts as scheduled). A pod
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -97,16 +97,27 @@ def request_class(spec: PodSpec) -> str:
     return "1 GPU" if spec.num_gpu == 1 else f"{spec.num_gpu} GPUs"
 
 
+def by_class(specs: Sequence[PodSpec], indices: Iterable[int]) -> dict[str, list[int]]:
+    """``indices`` grouped by their pod's request class (``request_class``), in ``CLASS_ORDER``."""
+    groups: dict[str, list[int]] = {}
+    for i in indices:
+        groups.setdefault(request_class(specs[i]), []).append(i)
+    rank = {c: k for k, c in enumerate(CLASS_ORDER)}
+    return {c: groups[c] for c in sorted(groups, key=lambda c: (rank.get(c, len(rank)), c))}
+
+
+def percentiles(values: Sequence[int]) -> tuple[float, float, float, float]:
+    """p50, p90, p99 and max of ``values`` (numpy's linear percentile); zeros when empty."""
+    arr = np.asarray(values or [0], dtype=np.float64)
+    p50, p90, p99, mx = (float(v) for v in np.percentile(arr, [50, 90, 99, 100]))
+    return p50, p90, p99, mx
+
+
 def _class_stats(
     specs: Sequence[PodSpec], waited: dict[int, int], outcome: dict[int, str]
 ) -> dict[str, dict[str, float]]:
-    groups: dict[str, list[int]] = {}
-    for i, sp in enumerate(specs):
-        groups.setdefault(request_class(sp), []).append(i)
-    rank = {c: k for k, c in enumerate(CLASS_ORDER)}
     out: dict[str, dict[str, float]] = {}
-    for cls in sorted(groups, key=lambda c: (rank.get(c, len(rank)), c)):
-        idx = groups[cls]
+    for cls, idx in by_class(specs, range(len(specs))).items():
         w = [waited[i] for i in idx if i in waited]
         row: dict[str, float] = {"pods": len(idx), "scheduled": len(w)}
         for kind in ("expired", "timed_out", "never_scheduled"):
@@ -117,10 +128,8 @@ def _class_stats(
 
 
 def _waits(values: list[int]) -> dict[str, float]:
-    """p50/p90/p99/max of the pending times (numpy's linear percentile); zeros when empty."""
-    arr = np.asarray(values or [0], dtype=np.float64)
-    p50, p90, p99, mx = (float(v) for v in np.percentile(arr, [50, 90, 99, 100]))
-    return {"pending_p50_s": p50, "pending_p90_s": p90, "pending_p99_s": p99, "pending_max_s": mx}
+    names = ("pending_p50_s", "pending_p90_s", "pending_p99_s", "pending_max_s")
+    return dict(zip(names, percentiles(values), strict=True))
 
 
 class Replay:

@@ -21,6 +21,9 @@ Two schedulers replay the same jobs on the same cluster:
   order, no quotas, no gangs: a gang's job starts when its last pod binds and its earlier pods
   hold GPUs idle meanwhile.
 
+Both run on ``sim.machine``'s machine: arrivals, departures and reclaimed jobs' returns are event
+kinds; each wakes the machine, whose kick runs one cycle per instant while a job waits.
+
 Per tenant: pending time p50/p99 (arrival to bind), GPU-hours used against the fair share (the
 weighted max-min division of the cluster by demand at every moment, ``fairshare.water_fill``),
 reclaims suffered and made, quota violations (a tenant over its quota plus borrowing limit after a
