@@ -40,9 +40,10 @@ Meter = Callable[[int], None]
 SortKey = tuple[object, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Kind:
-    """An event kind: its name and its order at equal times."""
+    """An event kind: its name and its order at equal times. Kinds are compared by identity (each is
+    one object, made once), which also makes a handler lookup a pointer hash."""
 
     name: str
     priority: Priority
