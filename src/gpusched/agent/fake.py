@@ -33,7 +33,7 @@ import os
 import socket
 import threading
 import uuid as uuidlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ import yaml
 
 from gpusched.agent import migprofiles
 from gpusched.agent.inventory import GpuDevice, Inventory, MigInstance, Readings, XidEvent
+from gpusched.agent.mig import fakeops
 from gpusched.core.errors import InvalidInput
 
 ENV_VAR = "GPUSCHED_FAKE_GPUS"
@@ -93,6 +94,8 @@ class FakeBackend:
         self._cond = threading.Condition()
         self._xid_file = xid_file
         self._xid_offset = 0
+        self.mig_fail: fakeops.FailSpec | None = None  # an injected MIG call failure (gpusched.agent.mig)
+        self._mig_seq = 0
 
     # -------------------------------------------------------------------------------- construction
     @classmethod
@@ -169,7 +172,9 @@ class FakeBackend:
             machine=str(doc.get("machine", "unknown")),
         )
         xid_file = Path(doc["xidFile"]) if doc.get("xidFile") else None
-        return cls(inv, readings, xids, xid_file)
+        backend = cls(inv, readings, xids, xid_file)
+        backend.mig_fail = fakeops.FailSpec.parse(env.get(fakeops.FAIL_ENV))  # as libnvidia-ml's fake does
+        return backend
 
     # ------------------------------------------------------------------------------------- backend
     def inventory(self) -> Inventory:
@@ -225,6 +230,24 @@ class FakeBackend:
 
     def close(self) -> None:
         pass
+
+    # MIG reshaping (gpusched.agent.mig.apply): the calls change the inventory as NVML would change the GPU
+    def set_mig_mode(self, index: int, enabled: bool) -> None:
+        self._mig(fakeops.SET_MODE, index, lambda inv: fakeops.set_mig_mode(inv, index, enabled))
+
+    def create_mig_instance(self, index: int, profile: str, start: int) -> None:
+        self._mig_seq += 1
+        seq = self._mig_seq
+        self._mig(fakeops.CREATE, index, lambda inv: fakeops.create(inv, index, profile, start, seq))
+
+    def destroy_mig_instance(self, index: int, profile: str, start: int) -> None:
+        self._mig(fakeops.DESTROY, index, lambda inv: fakeops.destroy(inv, index, profile, start))
+
+    def _mig(self, call: str, index: int, change: Callable[[Inventory], Inventory]) -> None:
+        with self._cond:
+            if self.mig_fail is not None:
+                self.mig_fail.check(call, index)
+            self._inv = change(self._inv)
 
 
 _GPU_FIELDS = {

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gpusched.agent.inventory import GpuDevice, Inventory, MigInstance, Readings, XidEvent
+from gpusched.agent.mig.nvmlops import NvmlMig
 from gpusched.core.errors import GpuschedError
 
 DMI_PRODUCT = Path("/sys/class/dmi/id/product_name")
@@ -195,6 +196,16 @@ class NvmlBackend:
             )
             if index is not None:
                 out.append(XidEvent(index, int(data.eventData)))
+
+    # MIG reshaping (gpusched.agent.mig.apply): GPU and compute instances created and destroyed through NVML
+    def set_mig_mode(self, index: int, enabled: bool) -> None:
+        NvmlMig(self._n, self._handles[index], index).set_mig_mode(enabled)
+
+    def create_mig_instance(self, index: int, profile: str, start: int) -> None:
+        NvmlMig(self._n, self._handles[index], index).create(profile, start)
+
+    def destroy_mig_instance(self, index: int, profile: str, start: int) -> None:
+        NvmlMig(self._n, self._handles[index], index).destroy(profile, start)
 
     def close(self) -> None:
         if self._events is not None:

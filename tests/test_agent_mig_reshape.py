@@ -1,0 +1,229 @@
+"""Way (a) of MIG reshaping (gpusched.agent.mig.apply): the agent applies a plan of the core's planner through
+its backend, on both backends: the fake one (in memory) and the real NVML one over hack/fakenvml's fake
+libnvidia-ml. An injected failure part-way rolls the GPU back to its previous layout, and the result says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpusched.agent.fake import FakeBackend
+from gpusched.agent.inventory import Inventory
+from gpusched.agent.mig import fakeops
+from gpusched.agent.mig.apply import (
+    MigOpError,
+    ReshapeOutcome,
+    apply_reshape,
+    layout_of,
+    mig_gpu,
+)
+from gpusched.agent.nvml import NvmlBackend
+from gpusched.core.errors import InvalidInput
+from gpusched.core.mig.geometry import Instance
+from gpusched.core.mig.reshape import GpuNow, GpuReshape, ReshapeScope, plan_reshape
+from test_agent_nvml_lib import FakeFiles, fake_nvml_lib, nvml_env  # noqa: F401 (fixtures)
+
+NODE = "node-r"
+BALANCED = [
+    {"profile": "2g.20gb", "start": 0},
+    {"profile": "1g.10gb", "start": 2},
+    {"profile": "1g.10gb", "start": 3},
+    {"profile": "3g.40gb", "start": 4},
+]
+DOC: dict[str, Any] = {
+    "hostname": NODE,
+    "gpus": [
+        {"model": "NVIDIA A100-SXM4-80GB", "migMode": True, "mig": BALANCED},
+        {"model": "NVIDIA A100-SXM4-80GB"},  # MIG off
+        {"model": "NVIDIA A30", "migMode": True, "mig": [{"profile": "2g.12gb", "start": 2}]},
+    ],
+}
+IN_USE = Instance("3g.40gb", 4)  # a pod runs on GPU 0's 3g
+
+
+class Backends:
+    """Starts the named backend over DOC, with an optional injected failure (the same spec for both)."""
+
+    def __init__(self, kind: str, files: FakeFiles, mp: pytest.MonkeyPatch) -> None:
+        self.kind, self.files, self.mp = kind, files, mp
+        self.opened: list[NvmlBackend] = []
+
+    def start(self, fail: str | None = None) -> FakeBackend | NvmlBackend:
+        fake = self.files.use(DOC)
+        if self.kind == "fake":
+            fake.mig_fail = fakeops.FailSpec.parse(fail)
+            return fake
+        if fail:
+            self.mp.setenv(fakeops.FAIL_ENV, fail)
+        real = NvmlBackend(NODE)  # the first nvmlInit reads the file and the failure spec
+        self.opened.append(real)
+        return real
+
+
+@pytest.fixture(params=["fake", "nvml"])
+def backends(
+    request: pytest.FixtureRequest,
+    nvml_env: FakeFiles,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Backends]:
+    monkeypatch.delenv(fakeops.FAIL_ENV, raising=False)
+    b = Backends(request.param, nvml_env, monkeypatch)
+    yield b
+    for real in b.opened:
+        real.close()
+
+
+def plan_for(inv: Inventory, index: int, pending: list[str], in_use: set[Instance]) -> GpuReshape:
+    dev = inv.by_index(index)
+    assert dev is not None
+    g = mig_gpu(NODE, dev)
+    assert g is not None
+    plan = plan_reshape([GpuNow(g, frozenset(in_use))], pending, scope=ReshapeScope.FREE_SLICES)
+    (step,) = plan.steps
+    return step
+
+
+def uuid_at(inv: Inventory, index: int, inst: Instance) -> str:
+    dev = inv.by_index(index)
+    assert dev is not None
+    (m,) = [m for m in dev.mig_instances if (m.profile, m.placement_start) == (inst.profile, inst.start)]
+    return m.uuid
+
+
+def test_a_plan_is_applied_and_the_instance_in_use_is_untouched(backends: Backends) -> None:
+    be = backends.start()
+    inv = be.inventory()
+    kept_uuid = uuid_at(inv, 0, IN_USE)
+    step = plan_for(inv, 0, ["4g.40gb"], {IN_USE})
+    assert set(step.destroy) == {Instance("2g.20gb", 0), Instance("1g.10gb", 2), Instance("1g.10gb", 3)}
+    res = apply_reshape(be, step)
+    assert res.outcome is ReshapeOutcome.APPLIED and (res.reason, res.event_type) == ("MigReshaped", "Normal")
+    after = be.inventory()
+    assert set(layout_of(after.devices[0])) == {Instance("4g.40gb", 0), IN_USE} == set(res.after)
+    assert uuid_at(after, 0, IN_USE) == kept_uuid  # the pod's MIG device is the same one
+    assert uuid_at(after, 0, Instance("4g.40gb", 0)).startswith("MIG-")
+    assert after.devices[1:] == inv.devices[1:]  # the other GPUs are untouched
+
+
+def test_mig_mode_is_switched_on_for_a_gpu_that_has_it_off(backends: Backends) -> None:
+    be = backends.start()
+    step = plan_for(be.inventory(), 1, ["7g.80gb"], set())
+    assert step.enable_mig and step.create == (Instance("7g.80gb", 0),)
+    res = apply_reshape(be, step)
+    assert res.ok, res.message
+    dev = be.inventory().devices[1]
+    assert dev.mig_enabled and layout_of(dev) == (Instance("7g.80gb", 0),)
+    assert dev.mig_instances[0].memory_mib == 81920 and dev.mig_instances[0].slices_gi == 7
+
+
+@pytest.mark.parametrize(
+    "fail",
+    [
+        "nvmlDeviceCreateGpuInstanceWithPlacement:1",  # after the three destroys
+        "nvmlGpuInstanceDestroy:2",  # after the first destroy
+    ],
+)
+def test_a_failure_part_way_rolls_back_to_the_previous_layout(backends: Backends, fail: str) -> None:
+    rolled_back(backends, fail)
+
+
+@pytest.mark.parametrize("backends", ["nvml"], indirect=True)  # the fake makes a GI and its CI in one call
+def test_a_compute_instance_that_fails_takes_its_gpu_instance_with_it(backends: Backends) -> None:
+    rolled_back(backends, "nvmlGpuInstanceCreateComputeInstance:1:23")
+
+
+def rolled_back(backends: Backends, fail: str) -> None:
+    be = backends.start(fail)
+    inv = be.inventory()
+    kept_uuid = uuid_at(inv, 0, IN_USE)
+    step = plan_for(inv, 0, ["4g.40gb"], {IN_USE})
+    res = apply_reshape(be, step)
+    assert res.outcome is ReshapeOutcome.ROLLED_BACK, res.message
+    assert res.reason == "MigReshapeRolledBack" and res.event_type == "Warning"
+    assert "injected failure" in res.error or "NVML" in res.error
+    after = be.inventory()
+    assert set(layout_of(after.devices[0])) == set(layout_of(inv.devices[0])) == set(res.after)
+    assert uuid_at(after, 0, IN_USE) == kept_uuid
+    assert any(d.startswith("undo:") for d in res.done)
+    assert "rolled back to" in res.message and "2g.20gb at 0" in res.message
+
+
+def test_a_gpu_that_changed_since_planning_is_left_alone(backends: Backends) -> None:
+    be = backends.start()
+    step = plan_for(be.inventory(), 2, ["4g.24gb"], set())  # A30: the 2g at 2 goes, a 4g comes
+    be.create_mig_instance(2, "2g.12gb", 0)  # someone else cut the free half meanwhile
+    before = be.inventory()
+    res = apply_reshape(be, step)
+    assert res.outcome is ReshapeOutcome.STALE and res.reason == "MigReshapeStale" and res.done == ()
+    assert "the plan was made for [2g.12gb at 2]" in res.message
+    assert be.inventory() == before
+
+
+def test_a_failing_undo_is_reported_not_hidden() -> None:
+    fake = FakeBackend.from_dict(DOC, "doc")
+
+    class Flaky:
+        """Every create fails: the reshape's, and the undo's re-creation of what it destroyed."""
+
+        def inventory(self) -> Inventory:
+            return fake.inventory()
+
+        def set_mig_mode(self, index: int, enabled: bool) -> None:
+            fake.set_mig_mode(index, enabled)
+
+        def create_mig_instance(self, index: int, profile: str, start: int) -> None:
+            raise MigOpError(f"GPU {index}: create {profile}: broken")
+
+        def destroy_mig_instance(self, index: int, profile: str, start: int) -> None:
+            fake.destroy_mig_instance(index, profile, start)
+
+    step = plan_for(fake.inventory(), 0, ["4g.40gb"], {IN_USE})
+    res = apply_reshape(Flaky(), step)
+    assert res.outcome is ReshapeOutcome.ROLLBACK_FAILED and res.reason == "MigReshapeFailed"
+    assert "undoing failed" in res.error and "left at [3g.40gb at 4]" in res.message
+
+
+def test_the_fake_refuses_what_nvml_refuses_and_reads_the_failure_spec() -> None:
+    fake = FakeBackend.from_dict(DOC, "doc", env={fakeops.FAIL_ENV: "nvmlDeviceSetMigMode:2:19"})
+    assert fake.mig_fail == fakeops.FailSpec("nvmlDeviceSetMigMode", 2, 19)
+    with pytest.raises(MigOpError, match="overlaps"):
+        fake.create_mig_instance(0, "1g.10gb", 2)
+    with pytest.raises(MigOpError, match=r"holds no MIG 7g\.80gb at slice 0"):
+        fake.destroy_mig_instance(0, "7g.80gb", 0)
+    with pytest.raises(MigOpError, match="MIG mode is off"):
+        fake.create_mig_instance(1, "7g.80gb", 0)
+    fake.set_mig_mode(1, True)
+    with pytest.raises(MigOpError, match="injected failure"):
+        fake.set_mig_mode(1, False)
+    with pytest.raises(MigOpError, match="MIG instances are left"):
+        fake.set_mig_mode(0, False)
+    with pytest.raises(InvalidInput, match="GPUSCHED_FAKE_NVML_FAIL"):
+        fakeops.FailSpec.parse("nvmlGpuInstanceDestroy:x")
+
+
+def test_the_fake_library_fails_the_named_call_once_and_changes_nothing(
+    nvml_env: FakeFiles,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ctypes
+
+    import pynvml as n
+
+    nvml_env.use(DOC)
+    monkeypatch.setenv(fakeops.FAIL_ENV, "nvmlDeviceCreateGpuInstanceWithPlacement:1:23")
+    n.nvmlInit()
+    try:
+        h = n.nvmlDeviceGetHandleByIndex(2)  # the A30: slices 0-1 free
+        one = n.nvmlDeviceGetGpuInstanceProfileInfo(h, n.NVML_GPU_INSTANCE_PROFILE_1_SLICE)
+        where = n.c_nvmlGpuInstancePlacement_t(0, 1)
+        before = n.nvmlDeviceGetGpuInstanceRemainingCapacity(h, one.id)
+        with pytest.raises(n.NVMLError_InsufficientResources):
+            n.nvmlDeviceCreateGpuInstanceWithPlacement(h, one.id, ctypes.byref(where))
+        assert n.nvmlDeviceGetGpuInstanceRemainingCapacity(h, one.id) == before
+        n.nvmlDeviceCreateGpuInstanceWithPlacement(h, one.id, ctypes.byref(where))  # the 2nd call works
+        assert n.nvmlDeviceGetGpuInstanceRemainingCapacity(h, one.id) == before - 1
+    finally:
+        n.nvmlShutdown()
