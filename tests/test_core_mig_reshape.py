@@ -86,6 +86,8 @@ def test_a_gpu_outside_mig_mode_is_switched_on_and_a_held_one_never() -> None:
     assert step.gpu == "n/0" and step.enable_mig and step.create[0].profile == "3g.40gb"
     assert apply_step(off, step).mig_enabled
     assert plan_reshape([held], ["3g.40gb"]).unserved == ("3g.40gb",)
+    plan = plan_reshape([GpuNow(off), GpuNow(balanced("n/2"))], ["7g.80gb"], scope=WHOLE)
+    assert [s.gpu for s in plan.steps] == ["n/2"]  # a GPU in MIG mode goes before a mode switch
 
 
 def test_a_recut_gpu_is_filled_with_the_demand_mix() -> None:

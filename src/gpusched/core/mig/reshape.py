@@ -16,10 +16,11 @@ Two scopes, by how the plan is applied (docs/mig.md, "Reshaping"):
 The rule per pending request, in the order largest profile first (the hardest to place):
 
 1. a free instance of exactly its profile that already exists serves it (nothing to change);
-2. else the GPU where it costs the fewest destroyed free instances, then no MIG mode switch, then a GPU the
-   plan already touches, then the least growth of the MIG fragmentation measure (``measure``), then name:
-   first without destroying anything (free space), else after destroying the GPU's free instances (those
-   not in use and not kept for another pending request);
+2. else a GPU already in MIG mode before one that must switch (a mode switch takes a whole GPU from whole-GPU
+   pods and, on Ampere, a GPU reset), then the fewest destroyed free instances, then a GPU the plan already
+   touches, then the least growth of the MIG fragmentation measure (``measure``), then name: on each GPU first
+   without destroying anything (free space), else after destroying its free instances (those not in use and
+   not kept for another pending request);
 3. a GPU that lost instances or switched MIG mode is then filled with the profiles seen most often that still
    fit (``fill_layout``), so that re-cut capacity is not left uncut.
 
@@ -250,7 +251,7 @@ class _Work:
                 f = fragmentation(self.geom, after.code, demand)
                 growth = f - fragmentation(self.geom, gpu.code, demand)
                 destroys = len(self.layout) - len(keep)
-                rank = (destroys, int(enable), touched, growth, self.now.gpu.name)
+                rank = (int(enable), destroys, touched, growth, self.now.gpu.name)
                 return _Option(rank, self.now.gpu.name, tuple(keep), pl.start)
         return None
 
