@@ -15,8 +15,8 @@ from typing import Any
 import yaml
 
 from gpusched.agent.fake import FakeBackend
-from gpusched.agent.mig.apply import layout_of, mig_gpu
-from gpusched.agent.mig.manager import LABEL_CONFIG, LABEL_STATE, check_mig_parted
+from gpusched.agent.migreshape.apply import layout_of, mig_gpu
+from gpusched.agent.migreshape.manager import LABEL_CONFIG, LABEL_STATE, check_mig_parted
 
 Labels = Callable[[], Mapping[str, str]]
 SetLabels = Callable[[Mapping[str, str | None]], None]

@@ -1,6 +1,6 @@
-"""Way (b) of MIG reshaping (gpusched.agent.mig.manager) in memory: the mig-parted configuration it writes,
+"""Way (b) of MIG reshaping (agent/migreshape/manager.py) in memory: the mig-parted configuration it writes,
 and the label / wait / rollback cycle against the stand-in mig-manager (tests/migmanager_standin.py); which
-way a node takes (gpusched.agent.mig.way). The same cycle on a real kube-apiserver:
+way a node takes (agent/migreshape/way.py). The same cycle on a real kube-apiserver:
 tests/e2e/test_mig_reshape_e2e.py.
 """
 
@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from gpusched.agent.fake import FakeBackend
-from gpusched.agent.mig.apply import layout_of, mig_gpu
-from gpusched.agent.mig.manager import (
+from gpusched.agent.migreshape.apply import layout_of, mig_gpu
+from gpusched.agent.migreshape.manager import (
     CONFIG_KEY,
     LABEL_CONFIG,
     LABEL_STATE,
@@ -26,7 +26,7 @@ from gpusched.agent.mig.manager import (
     mig_parted_entry,
     node_configs,
 )
-from gpusched.agent.mig.way import ReshapeWay, reshape_way
+from gpusched.agent.migreshape.way import ReshapeWay, reshape_way
 from gpusched.agent.pods import MemoryPods
 from gpusched.core.errors import InvalidInput
 from gpusched.core.mig.geometry import Instance

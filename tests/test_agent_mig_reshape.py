@@ -1,6 +1,7 @@
-"""Way (a) of MIG reshaping (gpusched.agent.mig.apply): the agent applies a plan of the core's planner through
-its backend, on both backends: the fake one (in memory) and the real NVML one over hack/fakenvml's fake
-libnvidia-ml. An injected failure part-way rolls the GPU back to its previous layout, and the result says so.
+"""Way (a) of MIG reshaping (agent/migreshape/apply.py): the agent applies a plan of the core's planner
+through its backend, on both backends: the fake one (in memory) and the real NVML one over hack/fakenvml's
+fake libnvidia-ml. An injected failure part-way rolls the GPU back to its previous layout, and the result
+says so.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import pytest
 
 from gpusched.agent.fake import FakeBackend
 from gpusched.agent.inventory import Inventory
-from gpusched.agent.mig import fakeops
-from gpusched.agent.mig.apply import (
+from gpusched.agent.migreshape import fakeops
+from gpusched.agent.migreshape.apply import (
     MigOpError,
     ReshapeOutcome,
     apply_reshape,

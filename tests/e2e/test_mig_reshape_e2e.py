@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from gpusched.agent.fake import FakeBackend
-from gpusched.agent.mig.apply import layout_of, mig_gpu
-from gpusched.agent.mig.manager import (
+from gpusched.agent.migreshape.apply import layout_of, mig_gpu
+from gpusched.agent.migreshape.manager import (
     CONFIG_KEY,
     LABEL_CONFIG,
     LABEL_STATE,

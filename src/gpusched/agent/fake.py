@@ -41,7 +41,7 @@ import yaml
 
 from gpusched.agent import migprofiles
 from gpusched.agent.inventory import GpuDevice, Inventory, MigInstance, Readings, XidEvent
-from gpusched.agent.mig import fakeops
+from gpusched.agent.migreshape import fakeops
 from gpusched.core.errors import InvalidInput
 
 ENV_VAR = "GPUSCHED_FAKE_GPUS"
@@ -94,7 +94,7 @@ class FakeBackend:
         self._cond = threading.Condition()
         self._xid_file = xid_file
         self._xid_offset = 0
-        self.mig_fail: fakeops.FailSpec | None = None  # an injected MIG call failure (gpusched.agent.mig)
+        self.mig_fail: fakeops.FailSpec | None = None  # an injected MIG call failure (agent.migreshape)
         self._mig_seq = 0
 
     # -------------------------------------------------------------------------------- construction
@@ -231,7 +231,7 @@ class FakeBackend:
     def close(self) -> None:
         pass
 
-    # MIG reshaping (gpusched.agent.mig.apply): the calls change the inventory as NVML would change the GPU
+    # MIG reshaping (agent/migreshape/apply.py): the calls change the inventory as NVML would change the GPU
     def set_mig_mode(self, index: int, enabled: bool) -> None:
         self._mig(fakeops.SET_MODE, index, lambda inv: fakeops.set_mig_mode(inv, index, enabled))
 

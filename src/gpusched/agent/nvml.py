@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gpusched.agent.inventory import GpuDevice, Inventory, MigInstance, Readings, XidEvent
-from gpusched.agent.mig.nvmlops import NvmlMig
+from gpusched.agent.migreshape.nvmlops import NvmlMig
 from gpusched.core.errors import GpuschedError
 
 DMI_PRODUCT = Path("/sys/class/dmi/id/product_name")
@@ -197,7 +197,7 @@ class NvmlBackend:
             if index is not None:
                 out.append(XidEvent(index, int(data.eventData)))
 
-    # MIG reshaping (gpusched.agent.mig.apply): GPU and compute instances created and destroyed through NVML
+    # MIG reshaping (agent/migreshape/apply.py): GPU and compute instances created and destroyed through NVML
     def set_mig_mode(self, index: int, enabled: bool) -> None:
         NvmlMig(self._n, self._handles[index], index).set_mig_mode(enabled)
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpusched.agent import migprofiles
-from gpusched.agent.mig.apply import MigOpError
+from gpusched.agent.migreshape.apply import MigOpError
 from gpusched.core.mig.profiles import Kind
 
 # NVML_GPU_INSTANCE_PROFILE_* index constants per kind of the core's table (mig.md §2a).

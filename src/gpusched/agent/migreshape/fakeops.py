@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from gpusched.agent import migprofiles
 from gpusched.agent.inventory import GpuDevice, Inventory
-from gpusched.agent.mig.apply import MigOpError
+from gpusched.agent.migreshape.apply import MigOpError
 from gpusched.core.errors import InvalidInput
 
 FAIL_ENV = "GPUSCHED_FAKE_NVML_FAIL"

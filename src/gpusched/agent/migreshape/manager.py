@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import yaml
 
 from gpusched.agent.inventory import Inventory
-from gpusched.agent.mig.apply import layout_of
+from gpusched.agent.migreshape.apply import layout_of
 from gpusched.agent.pods import NodeWriter
 from gpusched.core.errors import InvalidInput
 from gpusched.core.mig.reshape import GpuReshape
