@@ -228,3 +228,63 @@ def test_the_fake_library_fails_the_named_call_once_and_changes_nothing(
         assert n.nvmlDeviceGetGpuInstanceRemainingCapacity(h, one.id) == before - 1
     finally:
         n.nvmlShutdown()
+
+
+# ------------------------------------------------------------------------------- gpusched agent mig-reshape
+def run_cli(args: list[str], env: dict[str, str] | None = None) -> tuple[int, Any]:
+    import json
+
+    from typer.testing import CliRunner
+
+    from gpusched.cli import app
+
+    r = CliRunner().invoke(app, ["agent", "mig-reshape", *args], env=env)
+    try:
+        return r.exit_code, json.loads(r.output)
+    except ValueError:
+        return r.exit_code, r.output
+
+
+@pytest.mark.parametrize("backend", ["fake", "nvml"])
+def test_the_command_plans_applies_and_says_how_it_went(
+    backend: str,
+    nvml_env: FakeFiles,  # noqa: F811
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import yaml
+
+    f = tmp_path / "fake.yaml"
+    f.write_text(yaml.safe_dump(DOC))
+    monkeypatch.delenv("GPUSCHED_FAKE_GPUS", raising=False)
+    monkeypatch.delenv(fakeops.FAIL_ENV, raising=False)
+    nvml_env.use(DOC)
+    fake = ["--fake", str(f)] if backend == "fake" else []  # else NVML over the fake libnvidia-ml
+    rc, out = run_cli(["4g.40gb", *fake, "--in-use", "0:3g.40gb@4"])
+    assert rc == 0 and out["way"] == "nvml" and out["results"] == []
+    assert out["plan"]["steps"][0]["create"] == [{"profile": "4g.40gb", "start": 0}]
+    rc, out = run_cli(["4g.40gb", *fake, "--in-use", "0:3g.40gb@4", "--apply"])
+    assert rc == 0 and [r["outcome"] for r in out["results"]] == ["applied"]
+    fail = {fakeops.FAIL_ENV: "nvmlDeviceCreateGpuInstanceWithPlacement:1"}
+    rc, out = run_cli(["4g.40gb", *fake, "--in-use", "0:3g.40gb@4", "--apply"], env=fail)
+    assert rc == 1 and [r["outcome"] for r in out["results"]] == ["rolled-back"]
+    assert (
+        "failed (GPU 0: " in out["results"][0]["message"] and "rolled back to" in out["results"][0]["message"]
+    )
+
+
+def test_the_command_names_bad_input(tmp_path: Any) -> None:
+    import yaml
+
+    f = tmp_path / "fake.yaml"
+    f.write_text(yaml.safe_dump(DOC))
+    rc, out = run_cli(["4g.40gb", "--fake", str(f), "--in-use", "0:3g.40gb"])
+    assert rc == 2 and "expected GPU INDEX:PROFILE@START" in out
+    rc, out = run_cli(["4g.40gb", "--fake", str(f), "--in-use", "0:4g.40gb@0"])
+    assert rc == 2 and "instances in use that it does not hold: 4g.40gb at 0" in out
+    rc, out = run_cli(["3g.41gb", "--fake", str(f)])
+    assert rc == 2 and "unknown MIG profile '3g.41gb'" in out
+    rc, out = run_cli(["4g.40gb", "--fake", str(f), "--way", "off"])
+    assert rc == 2 and "MIG reshaping is off" in out
+    rc, out = run_cli(["4g.40gb", "--fake", str(f), "--way", "mig-manager", "--apply"])
+    assert rc == 2 and "needs the Kubernetes API" in out
