@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpusched.agent.fake import FakeBackend
 from gpusched.agent.inventory import Inventory
@@ -23,7 +25,7 @@ from gpusched.agent.migreshape.apply import (
 )
 from gpusched.agent.nvml import NvmlBackend
 from gpusched.core.errors import InvalidInput
-from gpusched.core.mig.geometry import Instance
+from gpusched.core.mig.geometry import Instance, MigGpu
 from gpusched.core.mig.reshape import GpuNow, GpuReshape, ReshapeScope, plan_reshape
 from test_agent_nvml_lib import FakeFiles, fake_nvml_lib, nvml_env  # noqa: F401 (fixtures)
 
@@ -187,6 +189,30 @@ def test_a_failing_undo_is_reported_not_hidden() -> None:
     assert "undoing failed" in res.error and "left at [3g.40gb at 4]" in res.message
 
 
+def test_a_backend_that_says_yes_but_holds_another_layout_is_caught() -> None:
+    fake = FakeBackend.from_dict(DOC, "doc")
+
+    class Lying:
+        """Creates report success and do nothing."""
+
+        def inventory(self) -> Inventory:
+            return fake.inventory()
+
+        def set_mig_mode(self, index: int, enabled: bool) -> None:
+            fake.set_mig_mode(index, enabled)
+
+        def create_mig_instance(self, index: int, profile: str, start: int) -> None:
+            pass
+
+        def destroy_mig_instance(self, index: int, profile: str, start: int) -> None:
+            fake.destroy_mig_instance(index, profile, start)
+
+    step = plan_for(fake.inventory(), 0, ["4g.40gb"], {IN_USE})
+    res = apply_reshape(Lying(), step)
+    assert res.outcome is ReshapeOutcome.ROLLBACK_FAILED
+    assert "after the reshape, not the target" in res.error
+
+
 def test_the_fake_refuses_what_nvml_refuses_and_reads_the_failure_spec() -> None:
     fake = FakeBackend.from_dict(DOC, "doc", env={fakeops.FAIL_ENV: "nvmlDeviceSetMigMode:2:19"})
     assert fake.mig_fail == fakeops.FailSpec("nvmlDeviceSetMigMode", 2, 19)
@@ -288,3 +314,57 @@ def test_the_command_names_bad_input(tmp_path: Any) -> None:
     assert rc == 2 and "MIG reshaping is off" in out
     rc, out = run_cli(["4g.40gb", "--fake", str(f), "--way", "mig-manager", "--apply"])
     assert rc == 2 and "needs the Kubernetes API" in out
+
+
+# ------------------------------------------------------------------------------------------------ property
+@st.composite
+def reshapes(draw: st.DrawFn) -> tuple[dict[str, Any], set[Instance], str, str | None]:
+    """A fake A100 with a random legal layout, random instances in use, a pending profile, a failure spec."""
+    g = mig_gpu(
+        NODE, FakeBackend.from_dict({"hostname": NODE, "gpus": [DOC["gpus"][1]]}, "d").inventory().devices[0]
+    )
+    assert g is not None
+    g = MigGpu(g.name, g.geometry, True)
+    names = sorted(g.geometry.kinds)
+    for p, s in draw(st.lists(st.tuples(st.sampled_from(names), st.integers(0, 7)), max_size=8)):
+        if s in g.free_starts(p):
+            g = g.place(p, s)
+    used = {i for i in g.instances if draw(st.booleans())}
+    doc = {
+        "hostname": NODE,
+        "gpus": [
+            {
+                **DOC["gpus"][1],
+                "migMode": True,
+                "mig": [{"profile": i.profile, "start": i.start} for i in g.instances],
+            }
+        ],
+    }
+    call = draw(st.sampled_from([None, fakeops.CREATE, fakeops.DESTROY]))
+    fail = None if call is None else f"{call}:{draw(st.integers(1, 8))}"
+    return doc, used, draw(st.sampled_from(names)), fail
+
+
+@settings(max_examples=200, deadline=None)
+@given(reshapes())
+def test_a_reshape_ends_at_its_target_or_where_it_began_and_never_touches_what_is_in_use(
+    case: tuple[dict[str, Any], set[Instance], str, str | None],
+) -> None:
+    doc, used, profile, fail = case
+    fake = FakeBackend.from_dict(doc, "doc")
+    before = fake.inventory().devices[0]
+    g = mig_gpu(NODE, before)
+    assert g is not None
+    plan = plan_reshape([GpuNow(g, frozenset(used))], [profile], scope=ReshapeScope.FREE_SLICES)
+    fake.mig_fail = fakeops.FailSpec.parse(fail)
+    held = {(m.profile, m.placement_start): m.uuid for m in before.mig_instances}
+    for step in plan.steps:
+        res = apply_reshape(fake, step)
+        after = fake.inventory().devices[0]
+        assert res.outcome in (ReshapeOutcome.APPLIED, ReshapeOutcome.ROLLED_BACK), res.message
+        want = step.target if res.ok else step.before
+        assert set(layout_of(after)) == set(want)
+        for i in used:  # the pods' MIG devices are the very same ones
+            assert {
+                m.uuid for m in after.mig_instances if (m.profile, m.placement_start) == (i.profile, i.start)
+            } == {held[(i.profile, i.start)]}
