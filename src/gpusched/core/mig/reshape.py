@@ -41,8 +41,9 @@ from gpusched.core.mig.geometry import (
     MigPlacementError,
     MigProfileNotOnModel,
     UnknownMigProfile,
+    code_after,
 )
-from gpusched.core.mig.measure import DemandMix, fragmentation
+from gpusched.core.mig.measure import I64, DemandMix, frag_by_code
 from gpusched.core.mig.placement import MigFleet, MigPolicy
 from gpusched.core.mig.profiles import ALL_PROFILE_NAMES
 
@@ -174,9 +175,10 @@ def plan_reshape(
         w = next((w for w in state.values() if w.take_free(p)), None)
         (served_free if w is not None else rest).append(p)
     unserved: list[str] = []
+    tables = {m: frag_by_code(Geometry.of(m), demand) for m in {g.gpu.geometry.model for g in gpus}}
     for p in sorted(rest, key=lambda p: (-_size(gpus, p), p)):
         best = min(
-            (c for w in state.values() if (c := w.option(p, scope, demand)) is not None),
+            (c for w in state.values() if (c := w.option(p, scope, tables[w.geom.model])) is not None),
             key=lambda c: c.rank,
             default=None,
         )
@@ -226,6 +228,7 @@ class _Work:
         self.serves: list[str] = []
         self.enable = False
         self.destroyed = False
+        self._options: dict[str, _Option | None] = {}  # per profile, until this GPU changes
 
     def take_free(self, profile: str) -> bool:
         if self.now.held:
@@ -234,28 +237,36 @@ class _Work:
         if free is None:
             return False
         self.kept.add(free)
+        self._options.clear()
         return True
 
-    def option(self, profile: str, scope: ReshapeScope, demand: DemandMix) -> _Option | None:
+    def option(self, profile: str, scope: ReshapeScope, frag: I64) -> _Option | None:
+        """Where ``profile`` would go on this GPU and at what cost; ``frag`` is the measure per state code."""
+        if profile not in self._options:
+            self._options[profile] = self._option(profile, scope, frag)
+        return self._options[profile]
+
+    def _option(self, profile: str, scope: ReshapeScope, frag: I64) -> _Option | None:
         if self.now.held or profile not in self.geom.kinds:
             return None
         if scope is ReshapeScope.WHOLE_GPU and self.kept - self.created:
             return None  # something of the GPU's own stays: mig-manager would re-cut it all
         enable = not self.now.gpu.mig_enabled
         touched = 0 if (self.created or self.enable) else 1
+        kind = self.geom.kinds[profile]
         for keep in (self.layout, [i for i in self.layout if i in self.kept]):
             gpu = MigGpu(self.now.gpu.name, self.geom, True, tuple(keep))
-            pl = MigFleet([gpu], ["x"]).choose(profile, MigPolicy.GPUSCHED, demand)
-            if pl is not None:
-                after = gpu.place(profile, pl.start)
-                f = fragmentation(self.geom, after.code, demand)
-                growth = f - fragmentation(self.geom, gpu.code, demand)
+            code = gpu.code
+            starts = gpu.free_starts(profile)
+            if starts:  # the start where the measure grows least, then the lowest (MigPolicy.GPUSCHED)
+                growth, start = min((int(frag[code_after(code, kind, s)] - frag[code]), s) for s in starts)
                 destroys = len(self.layout) - len(keep)
                 rank = (int(enable), destroys, touched, growth, self.now.gpu.name)
-                return _Option(rank, self.now.gpu.name, tuple(keep), pl.start)
+                return _Option(rank, self.now.gpu.name, tuple(keep), start)
         return None
 
     def commit(self, option: _Option, profile: str) -> None:
+        self._options.clear()
         new = Instance(profile, option.start)
         self.destroyed |= len(option.keep) < len(self.layout)
         self.layout = [*option.keep, new]
