@@ -129,3 +129,32 @@ def test_a_failed_or_unanswered_configuration_puts_the_label_back(
     assert c.labels()[LABEL_CONFIG] == "all-balanced" and "back to all-balanced" in res.message
     assert res.config not in yaml.safe_load(c._config() or "")["mig-configs"]
     assert c.gpus.inventory() == before
+
+
+def test_the_command_takes_the_nodes_label_over_its_flag_and_waits_for_mig_manager(
+    cluster: Any, control_plane: ControlPlane, tmp_path: Any
+) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from gpusched.cli import app
+    from gpusched.core.names import LABEL_MIG_RESHAPE
+
+    c = cluster()
+    c.core.patch_node(c.node, {"metadata": {"labels": {LABEL_MIG_RESHAPE: "mig-manager"}}})
+    f = tmp_path / "gpus.yaml"
+    doc = {
+        "hostname": c.node,
+        "gpus": [{"model": "NVIDIA A100-SXM4-80GB", "migMode": True, "mig": BALANCED}] * 2,
+    }
+    f.write_text(yaml.safe_dump(doc))
+    args = ["agent", "mig-reshape", "7g.80gb", "--fake", str(f), "--in-use", "0:3g.40gb@4", "--apply"]
+    args += ["--way", "nvml", "--node", c.node, "--kubeconfig", str(control_plane.kubeconfig_path)]
+    args += ["--namespace", c.settings.namespace, "--configmap", c.settings.configmap, "--timeout-s", "30"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["way"] == "mig-manager" and [x["outcome"] for x in out["results"]] == ["applied"]
+    assert c.labels()[LABEL_CONFIG] == out["results"][0]["config"] and c.labels()[LABEL_STATE] == "success"
+    assert c.standin.applied == [out["results"][0]["config"]]
