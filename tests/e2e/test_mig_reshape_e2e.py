@@ -158,3 +158,7 @@ def test_the_command_takes_the_nodes_label_over_its_flag_and_waits_for_mig_manag
     assert out["way"] == "mig-manager" and [x["outcome"] for x in out["results"]] == ["applied"]
     assert c.labels()[LABEL_CONFIG] == out["results"][0]["config"] and c.labels()[LABEL_STATE] == "success"
     assert c.standin.applied == [out["results"][0]["config"]]
+    events = c.core.list_namespaced_event("default", field_selector=f"involvedObject.name={c.node}").items
+    events = [e for e in events if e.source.component == "gpusched-agent"]  # not the node controller's
+    assert [(e.type, e.reason) for e in events] == [("Normal", "MigReshaped")]
+    assert out["results"][0]["config"] in events[0].message and events[0].involved_object.kind == "Node"

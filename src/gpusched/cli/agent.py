@@ -248,8 +248,8 @@ def mig_reshape_cmd(
     configmap: Annotated[str, typer.Option(help="mig-manager's ConfigMap.")] = "gpusched-mig-parted-config",
     timeout_s: Annotated[float, typer.Option(help="How long to wait for mig-manager.")] = 600.0,
 ) -> None:
-    """Plan (and with --apply, apply) a MIG reshape of this node for pending requests; prints JSON, exits 1
-    when an applied reshape did not succeed."""
+    """Plan (and with --apply, apply) a MIG reshape of this node for pending requests; prints JSON, records
+    each result as an event on the Node (with --kubeconfig); exits 1 when a reshape did not succeed."""
     from gpusched.agent.migreshape import node as mig_node
     from gpusched.agent.migreshape.manager import KubeConfigMaps, ManagerSettings, MigManagerWay
     from gpusched.agent.migreshape.way import ReshapeWay, reshape_way
@@ -260,8 +260,9 @@ def mig_reshape_cmd(
         inv = b.inventory()
         name = node or os.environ.get("NODE_NAME") or inv.hostname
         chosen = ReshapeWay.parse(way, "--way")
-        manager = None
+        manager, events = None, None
         if kubeconfig is not None:
+            from gpusched.agent.migreshape.events import NodeEvents
             from gpusched.agent.pods import KubePods
             from gpusched.k8s.client import api_client
 
@@ -270,10 +271,14 @@ def mig_reshape_cmd(
                 name, (kube.get_node(name).get("metadata") or {}).get("labels") or {}, chosen
             )
             settings = ManagerSettings(namespace=namespace, configmap=configmap, timeout_s=timeout_s)
-            manager = MigManagerWay(kube, KubeConfigMaps(api_client(kubeconfig)), settings)
+            api = api_client(kubeconfig)
+            manager, events = MigManagerWay(kube, KubeConfigMaps(api), settings), NodeEvents(api)
         used = [mig_node.parse_in_use(t) for t in in_use or []]
         plan = mig_node.plan_node(name, inv, profiles, used, chosen)
         results = mig_node.apply_plan(name, plan, chosen, b, manager) if apply else []  # type: ignore[arg-type]
+        for r in results:
+            if events is not None:
+                events.record(name, r)
         render.agent_mig_reshape(mig_node.report(name, chosen, plan, results))
     finally:
         b.close()
