@@ -122,6 +122,26 @@ def test_mig_mode_is_switched_on_for_a_gpu_that_has_it_off(backends: Backends) -
     assert dev.mig_instances[0].memory_mib == 81920 and dev.mig_instances[0].slices_gi == 7
 
 
+@pytest.mark.parametrize("index", [1, 2])  # an A100 80GB (after switching MIG on), an A30
+def test_every_profile_of_the_model_is_created_and_destroyed(backends: Backends, index: int) -> None:
+    be = backends.start()
+    if index == 1:
+        be.set_mig_mode(1, True)
+    else:
+        be.destroy_mig_instance(2, "2g.12gb", 2)
+    dev = be.inventory().devices[index]
+    g = mig_gpu(NODE, dev)
+    assert g is not None and dev.mig_enabled and dev.mig_instances == ()
+    for profile, kind in g.geometry.kinds.items():
+        start = kind.starts[-1]
+        be.create_mig_instance(index, profile, start)
+        (m,) = be.inventory().devices[index].mig_instances
+        assert (m.profile, m.placement_start, m.placement_size) == (profile, start, kind.mem_slices)
+        assert m.slices_gi == m.slices_ci == kind.sm_slices and m.uuid.startswith("MIG-")
+        be.destroy_mig_instance(index, profile, start)
+        assert be.inventory().devices[index].mig_instances == ()
+
+
 @pytest.mark.parametrize(
     "fail",
     [
