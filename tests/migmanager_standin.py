@@ -15,8 +15,8 @@ from typing import Any
 import yaml
 
 from gpusched.agent.fake import FakeBackend
-from gpusched.agent.migreshape.apply import layout_of, mig_gpu
-from gpusched.agent.migreshape.manager import LABEL_CONFIG, LABEL_STATE, check_mig_parted
+from gpusched.agent.reshape.apply import layout_of, mig_gpu
+from gpusched.agent.reshape.manager import LABEL_CONFIG, LABEL_STATE, check_mig_parted
 
 Labels = Callable[[], Mapping[str, str]]
 SetLabels = Callable[[Mapping[str, str | None]], None]
@@ -75,14 +75,13 @@ class StandInMigManager:
         assert dev is not None, f"no GPU {index}"
         want = Counter({p: n for p, n in (entry.get("mig-devices") or {}).items() if n})
         if dev.mig_enabled != entry["mig-enabled"]:
-            if dev.mig_instances:
-                for i in layout_of(dev):
-                    self.gpus.destroy_mig_instance(index, i.profile, i.start)
+            for m in dev.mig_instances:
+                self.gpus.destroy_mig_instance(index, m.uuid)
             self.gpus.set_mig_mode(index, entry["mig-enabled"])
         elif Counter(i.profile for i in layout_of(dev)) == want:
             return  # "Skipping -- already set to desired value"
-        for i in layout_of(self.gpus.inventory().devices[index]):
-            self.gpus.destroy_mig_instance(index, i.profile, i.start)
+        for m in self.gpus.inventory().devices[index].mig_instances:
+            self.gpus.destroy_mig_instance(index, m.uuid)
         dev = self.gpus.inventory().devices[index]
         g = mig_gpu(self.node, dev)
         assert g is not None

@@ -1,6 +1,6 @@
-"""Way (b) of MIG reshaping (agent/migreshape/manager.py) in memory: the mig-parted configuration it writes,
+"""Way (b) of MIG reshaping (agent/reshape/manager.py) in memory: the mig-parted configuration it writes,
 and the label / wait / rollback cycle against the stand-in mig-manager (tests/migmanager_standin.py); which
-way a node takes (agent/migreshape/way.py). The same cycle on a real kube-apiserver:
+way a node takes (agent/reshape/way.py). The same cycle on a real kube-apiserver:
 tests/e2e/test_mig_reshape_e2e.py.
 """
 
@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from gpusched.agent.fake import FakeBackend
-from gpusched.agent.migreshape.apply import layout_of, mig_gpu
-from gpusched.agent.migreshape.manager import (
+from gpusched.agent.pods import MemoryPods
+from gpusched.agent.reshape.apply import layout_of, mig_gpu
+from gpusched.agent.reshape.manager import (
     CONFIG_KEY,
     LABEL_CONFIG,
     LABEL_STATE,
@@ -26,12 +27,11 @@ from gpusched.agent.migreshape.manager import (
     mig_parted_entry,
     node_configs,
 )
-from gpusched.agent.migreshape.way import ReshapeWay, reshape_way
-from gpusched.agent.pods import MemoryPods
+from gpusched.agent.reshape.way import ReshapeWay, reshape_way
 from gpusched.core.errors import InvalidInput
 from gpusched.core.mig.geometry import Instance
 from gpusched.core.mig.reshape import GpuNow, GpuReshape, ReshapeScope, plan_reshape
-from gpusched.core.names import LABEL_MIG_RESHAPE
+from gpusched.core.names import LABEL_MIG_RESHAPE_WAY
 from migmanager_standin import StandInMigManager
 
 NODE = "node-b"
@@ -211,11 +211,11 @@ def test_an_entry_already_in_place_is_not_applied_again() -> None:
 # --------------------------------------------------------------------------------------------------- the way
 def test_the_node_label_chooses_the_way_else_the_agent_flag() -> None:
     assert reshape_way("n", {}, ReshapeWay.NVML) is ReshapeWay.NVML
-    assert reshape_way("n", {LABEL_MIG_RESHAPE: "mig-manager"}, ReshapeWay.NVML) is ReshapeWay.MIG_MANAGER
-    assert reshape_way("n", {LABEL_MIG_RESHAPE: "off"}, ReshapeWay.NVML).scope is None
+    assert reshape_way("n", {LABEL_MIG_RESHAPE_WAY: "mig-manager"}, ReshapeWay.NVML) is ReshapeWay.MIG_MANAGER
+    assert reshape_way("n", {LABEL_MIG_RESHAPE_WAY: "off"}, ReshapeWay.NVML).scope is None
     assert ReshapeWay.NVML.scope is ReshapeScope.FREE_SLICES
     assert ReshapeWay.MIG_MANAGER.scope is ReshapeScope.WHOLE_GPU
     with pytest.raises(
-        InvalidInput, match=r"node n: label gpusched.io/mig-reshape: 'nvlm' is not a MIG reshape"
+        InvalidInput, match=r"node n: label gpusched.io/mig-reshape-way: 'nvlm' is not a MIG reshape"
     ):
-        reshape_way("n", {LABEL_MIG_RESHAPE: "nvlm"}, ReshapeWay.NVML)
+        reshape_way("n", {LABEL_MIG_RESHAPE_WAY: "nvlm"}, ReshapeWay.NVML)

@@ -1,4 +1,4 @@
-"""Way (a) of MIG reshaping (agent/migreshape/apply.py): the agent applies a plan of the core's planner
+"""Way (a) of MIG reshaping (agent/reshape/apply.py): the agent applies a plan of the core's planner
 through its backend, on both backends: the fake one (in memory) and the real NVML one over hack/fakenvml's
 fake libnvidia-ml. An injected failure part-way rolls the GPU back to its previous layout, and the result
 says so.
@@ -14,18 +14,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpusched.agent.fake import FakeBackend
-from gpusched.agent.inventory import Inventory
-from gpusched.agent.migreshape import fakeops
-from gpusched.agent.migreshape.apply import (
+from gpusched.agent.inventory import Inventory, MigInstance
+from gpusched.agent.nvml import NvmlBackend
+from gpusched.agent.reshape import fakeops
+from gpusched.agent.reshape.apply import (
     MigOpError,
     ReshapeOutcome,
     apply_reshape,
     layout_of,
     mig_gpu,
 )
-from gpusched.agent.nvml import NvmlBackend
 from gpusched.core.errors import InvalidInput
 from gpusched.core.mig.geometry import Instance, MigGpu
+from gpusched.core.mig.profiles import MigError
 from gpusched.core.mig.reshape import GpuNow, GpuReshape, ReshapeScope, plan_reshape
 from test_agent_nvml_lib import FakeFiles, fake_nvml_lib, nvml_env  # noqa: F401 (fixtures)
 
@@ -54,11 +55,11 @@ class Backends:
         self.kind, self.files, self.mp = kind, files, mp
         self.opened: list[NvmlBackend] = []
 
-    def start(self, fail: str | None = None) -> FakeBackend | NvmlBackend:
+    def start(self, fail: str | None = None) -> FakeBackend | NvmlBackend | fakeops.Failing:
         fake = self.files.use(DOC)
         if self.kind == "fake":
-            fake.mig_fail = fakeops.FailSpec.parse(fail)
-            return fake
+            spec = fakeops.FailSpec.parse(fail)
+            return fake if spec is None else fakeops.Failing(fake, spec)
         if fail:
             self.mp.setenv(fakeops.FAIL_ENV, fail)
         real = NvmlBackend(NODE)  # the first nvmlInit reads the file and the failure spec
@@ -128,17 +129,21 @@ def test_every_profile_of_the_model_is_created_and_destroyed(backends: Backends,
     if index == 1:
         be.set_mig_mode(1, True)
     else:
-        be.destroy_mig_instance(2, "2g.12gb", 2)
+        be.destroy_mig_instance(2, be.inventory().devices[2].mig_instances[0].uuid)
     dev = be.inventory().devices[index]
     g = mig_gpu(NODE, dev)
     assert g is not None and dev.mig_enabled and dev.mig_instances == ()
     for profile, kind in g.geometry.kinds.items():
         start = kind.starts[-1]
-        be.create_mig_instance(index, profile, start)
+        made = be.create_mig_instance(index, profile, start)
         (m,) = be.inventory().devices[index].mig_instances
-        assert (m.profile, m.placement_start, m.placement_size) == (profile, start, kind.mem_slices)
+        assert m == made and (m.profile, m.placement_start, m.placement_size) == (
+            profile,
+            start,
+            kind.mem_slices,
+        )
         assert m.slices_gi == m.slices_ci == kind.sm_slices and m.uuid.startswith("MIG-")
-        be.destroy_mig_instance(index, profile, start)
+        assert be.destroy_mig_instance(index, m.uuid) == m
         assert be.inventory().devices[index].mig_instances == ()
 
 
@@ -185,6 +190,16 @@ def test_a_gpu_that_changed_since_planning_is_left_alone(backends: Backends) -> 
     assert be.inventory() == before
 
 
+def test_an_instance_a_live_pod_holds_is_never_destroyed_whatever_the_plan(backends: Backends) -> None:
+    be = backends.start()
+    before = be.inventory()
+    step = plan_for(before, 0, ["7g.80gb"], set())  # a plan that did not know the 3g is held
+    assert IN_USE in step.destroy
+    res = apply_reshape(be, step, held={uuid_at(before, 0, IN_USE)})
+    assert res.outcome is ReshapeOutcome.STALE and res.done == ()
+    assert "[3g.40gb at 4] held by a live pod" in res.message and be.inventory() == before
+
+
 def test_a_failing_undo_is_reported_not_hidden() -> None:
     fake = FakeBackend.from_dict(DOC, "doc")
 
@@ -194,14 +209,14 @@ def test_a_failing_undo_is_reported_not_hidden() -> None:
         def inventory(self) -> Inventory:
             return fake.inventory()
 
-        def set_mig_mode(self, index: int, enabled: bool) -> None:
-            fake.set_mig_mode(index, enabled)
+        def set_mig_mode(self, gpu_index: int, enabled: bool) -> None:
+            fake.set_mig_mode(gpu_index, enabled)
 
-        def create_mig_instance(self, index: int, profile: str, start: int) -> None:
-            raise MigOpError(f"GPU {index}: create {profile}: broken")
+        def create_mig_instance(self, gpu_index: int, profile: str, start: int) -> MigInstance:
+            raise MigOpError(f"GPU {gpu_index}: create {profile}: broken")
 
-        def destroy_mig_instance(self, index: int, profile: str, start: int) -> None:
-            fake.destroy_mig_instance(index, profile, start)
+        def destroy_mig_instance(self, gpu_index: int, uuid: str) -> MigInstance:
+            return fake.destroy_mig_instance(gpu_index, uuid)
 
     step = plan_for(fake.inventory(), 0, ["4g.40gb"], {IN_USE})
     res = apply_reshape(Flaky(), step)
@@ -218,14 +233,14 @@ def test_a_backend_that_says_yes_but_holds_another_layout_is_caught() -> None:
         def inventory(self) -> Inventory:
             return fake.inventory()
 
-        def set_mig_mode(self, index: int, enabled: bool) -> None:
-            fake.set_mig_mode(index, enabled)
+        def set_mig_mode(self, gpu_index: int, enabled: bool) -> None:
+            fake.set_mig_mode(gpu_index, enabled)
 
-        def create_mig_instance(self, index: int, profile: str, start: int) -> None:
-            pass
+        def create_mig_instance(self, gpu_index: int, profile: str, start: int) -> MigInstance:
+            return MigInstance(profile, start, 0, "MIG-nothing")
 
-        def destroy_mig_instance(self, index: int, profile: str, start: int) -> None:
-            fake.destroy_mig_instance(index, profile, start)
+        def destroy_mig_instance(self, gpu_index: int, uuid: str) -> MigInstance:
+            return fake.destroy_mig_instance(gpu_index, uuid)
 
     step = plan_for(fake.inventory(), 0, ["4g.40gb"], {IN_USE})
     res = apply_reshape(Lying(), step)
@@ -233,20 +248,25 @@ def test_a_backend_that_says_yes_but_holds_another_layout_is_caught() -> None:
     assert "after the reshape, not the target" in res.error
 
 
-def test_the_fake_refuses_what_nvml_refuses_and_reads_the_failure_spec() -> None:
-    fake = FakeBackend.from_dict(DOC, "doc", env={fakeops.FAIL_ENV: "nvmlDeviceSetMigMode:2:19"})
-    assert fake.mig_fail == fakeops.FailSpec("nvmlDeviceSetMigMode", 2, 19)
-    with pytest.raises(MigOpError, match="overlaps"):
+def test_the_fake_refuses_what_nvml_refuses_and_fails_as_the_spec_says() -> None:
+    fake = FakeBackend.from_dict(DOC, "doc")
+    spec = fakeops.FailSpec.parse("nvmlDeviceSetMigMode:2:19")
+    assert spec == fakeops.FailSpec("nvmlDeviceSetMigMode", 2, 19)
+    failing = fakeops.Failing(fake, spec)
+    with pytest.raises(MigError, match="overlaps"):
         fake.create_mig_instance(0, "1g.10gb", 2)
-    with pytest.raises(MigOpError, match=r"holds no MIG 7g\.80gb at slice 0"):
-        fake.destroy_mig_instance(0, "7g.80gb", 0)
-    with pytest.raises(MigOpError, match="MIG mode is off"):
+    with pytest.raises(MigError, match="has no MIG device MIG-gone"):
+        fake.destroy_mig_instance(0, "MIG-gone")
+    with pytest.raises(MigError, match="not a GPU in MIG mode"):
         fake.create_mig_instance(1, "7g.80gb", 0)
-    fake.set_mig_mode(1, True)
+    failing.set_mig_mode(1, True)
     with pytest.raises(MigOpError, match="injected failure"):
-        fake.set_mig_mode(1, False)
+        failing.set_mig_mode(1, False)
+    failing.set_mig_mode(1, False)  # only the 2nd call fails
     with pytest.raises(MigOpError, match="MIG instances are left"):
         fake.set_mig_mode(0, False)
+    with pytest.raises(MigOpError, match="not a MIG-capable GPU"):
+        fake.set_mig_mode(3, True)
     with pytest.raises(InvalidInput, match="GPUSCHED_FAKE_NVML_FAIL"):
         fakeops.FailSpec.parse("nvmlGpuInstanceDestroy:x")
 
@@ -311,8 +331,10 @@ def test_the_command_plans_applies_and_says_how_it_went(
     assert out["plan"]["steps"][0]["create"] == [{"profile": "4g.40gb", "start": 0}]
     rc, out = run_cli(["4g.40gb", *fake, "--in-use", "0:3g.40gb@4", "--apply"])
     assert rc == 0 and [r["outcome"] for r in out["results"]] == ["applied"]
+    if backend == "fake":
+        return  # the injected failure is the fake libnvidia-ml's
     fail = {fakeops.FAIL_ENV: "nvmlDeviceCreateGpuInstanceWithPlacement:1"}
-    rc, out = run_cli(["4g.40gb", *fake, "--in-use", "0:3g.40gb@4", "--apply"], env=fail)
+    rc, out = run_cli(["4g.40gb", "--in-use", "0:3g.40gb@4", "--apply"], env=fail)
     assert rc == 1 and [r["outcome"] for r in out["results"]] == ["rolled-back"]
     assert (
         "failed (GPU 0: " in out["results"][0]["message"] and "rolled back to" in out["results"][0]["message"]
@@ -376,10 +398,11 @@ def test_a_reshape_ends_at_its_target_or_where_it_began_and_never_touches_what_i
     g = mig_gpu(NODE, before)
     assert g is not None
     plan = plan_reshape([GpuNow(g, frozenset(used))], [profile], scope=ReshapeScope.FREE_SLICES)
-    fake.mig_fail = fakeops.FailSpec.parse(fail)
+    spec = fakeops.FailSpec.parse(fail)
+    ops = fake if spec is None else fakeops.Failing(fake, spec)
     held = {(m.profile, m.placement_start): m.uuid for m in before.mig_instances}
     for step in plan.steps:
-        res = apply_reshape(fake, step)
+        res = apply_reshape(ops, step)
         after = fake.inventory().devices[0]
         assert res.outcome in (ReshapeOutcome.APPLIED, ReshapeOutcome.ROLLED_BACK), res.message
         want = step.target if res.ok else step.before

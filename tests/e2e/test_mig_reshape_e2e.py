@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from gpusched.agent.fake import FakeBackend
-from gpusched.agent.migreshape.apply import layout_of, mig_gpu
-from gpusched.agent.migreshape.manager import (
+from gpusched.agent.pods import KubePods
+from gpusched.agent.reshape.apply import layout_of, mig_gpu
+from gpusched.agent.reshape.manager import (
     CONFIG_KEY,
     LABEL_CONFIG,
     LABEL_STATE,
@@ -23,7 +24,6 @@ from gpusched.agent.migreshape.manager import (
     ManagerSettings,
     MigManagerWay,
 )
-from gpusched.agent.pods import KubePods
 from gpusched.core.mig.geometry import Instance
 from gpusched.core.mig.reshape import GpuNow, ReshapeScope, plan_reshape
 from gpusched.testenv import ControlPlane
@@ -139,10 +139,10 @@ def test_the_command_takes_the_nodes_label_over_its_flag_and_waits_for_mig_manag
     from typer.testing import CliRunner
 
     from gpusched.cli import app
-    from gpusched.core.names import LABEL_MIG_RESHAPE
+    from gpusched.core.names import LABEL_MIG_RESHAPE_WAY
 
     c = cluster()
-    c.core.patch_node(c.node, {"metadata": {"labels": {LABEL_MIG_RESHAPE: "mig-manager"}}})
+    c.core.patch_node(c.node, {"metadata": {"labels": {LABEL_MIG_RESHAPE_WAY: "mig-manager"}}})
     f = tmp_path / "gpus.yaml"
     doc = {
         "hostname": c.node,

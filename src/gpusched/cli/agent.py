@@ -233,7 +233,7 @@ def mig_reshape_cmd(
     way: Annotated[
         str,
         typer.Option(
-            help="nvml or mig-manager (the agent's flag; the node label gpusched.io/mig-reshape wins)."
+            help="nvml or mig-manager (the agent's flag; the node label gpusched.io/mig-reshape-way wins)."
         ),
     ] = "nvml",
     in_use: Annotated[
@@ -250,9 +250,9 @@ def mig_reshape_cmd(
 ) -> None:
     """Plan (and with --apply, apply) a MIG reshape of this node for pending requests; prints JSON, records
     each result as an event on the Node (with --kubeconfig); exits 1 when a reshape did not succeed."""
-    from gpusched.agent.migreshape import node as mig_node
-    from gpusched.agent.migreshape.manager import KubeConfigMaps, ManagerSettings, MigManagerWay
-    from gpusched.agent.migreshape.way import ReshapeWay, reshape_way
+    from gpusched.agent.reshape import node as mig_node
+    from gpusched.agent.reshape.manager import KubeConfigMaps, ManagerSettings, MigManagerWay
+    from gpusched.agent.reshape.way import ReshapeWay, reshape_way
     from gpusched.cli import render
 
     b = backend_from(fake)
@@ -262,8 +262,8 @@ def mig_reshape_cmd(
         chosen = ReshapeWay.parse(way, "--way")
         manager, events = None, None
         if kubeconfig is not None:
-            from gpusched.agent.migreshape.events import NodeEvents
             from gpusched.agent.pods import KubePods
+            from gpusched.agent.reshape.events import NodeEvents
             from gpusched.k8s.client import api_client
 
             kube = KubePods(kubeconfig)

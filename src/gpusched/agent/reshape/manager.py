@@ -26,8 +26,8 @@ from typing import Any, Protocol
 import yaml
 
 from gpusched.agent.inventory import Inventory
-from gpusched.agent.migreshape.apply import layout_of
 from gpusched.agent.pods import NodeWriter
+from gpusched.agent.reshape.apply import layout_of
 from gpusched.core.errors import InvalidInput
 from gpusched.core.mig.reshape import GpuReshape
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpusched.agent import migprofiles
-from gpusched.agent.migreshape.apply import MigOpError
+from gpusched.agent.reshape.apply import MigOpError
 from gpusched.core.mig.profiles import Kind
 
 # NVML_GPU_INSTANCE_PROFILE_* index constants per kind of the core's table (mig.md §2a).
@@ -90,22 +90,11 @@ class NvmlMig:
             self.call(f"destroy GPU instance {profile} at {start}", n.nvmlGpuInstanceDestroy, gi)
             raise
 
-    def _gpu_instance(self, kind: Kind, profile: str, start: int) -> Any:
+    def destroy(self, gi_id: int, what: str) -> None:
+        """The GPU instance ``gi_id`` (``what`` names it in errors): its compute instances, then itself."""
         n = self.n
-        found = (n.c_nvmlGpuInstance_t * kind.max_count)()
-        count = ctypes.c_uint(kind.max_count)
-        pid = self.gi_profile_id(kind)
-        self.call("list GPU instances", n.nvmlDeviceGetGpuInstances, self.h, pid, found, ctypes.byref(count))
-        for k in range(count.value):
-            info = self.call("GPU instance info", n.nvmlGpuInstanceGetInfo, found[k])
-            if int(info.placement.start) == start:
-                return found[k]
-        raise MigOpError(f"GPU {self.index} holds no MIG {profile} at slice {start}")
-
-    def destroy(self, profile: str, start: int) -> None:
-        n = self.n
-        kind = self.kind(profile)
-        gi = self._gpu_instance(kind, profile, start)
+        gi = self.call(f"find GPU instance of {what}", n.nvmlDeviceGetGpuInstanceById, self.h, gi_id)
+        full = None
         for ci_index in sorted(set(CI_INDEX.values())):
             try:
                 info = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(
@@ -113,6 +102,7 @@ class NvmlMig:
                 )
             except n.NVMLError:
                 continue  # a CI profile this GI does not have
+            full = info  # the largest CI profile the GI has: the one spanning it
             cis = (n.c_nvmlComputeInstance_t * max(int(info.instanceCount), 1))()
             count = ctypes.c_uint(len(cis))
             self.call(
@@ -123,14 +113,11 @@ class NvmlMig:
                 cis,
                 ctypes.byref(count),
             )
-            what = f"destroy compute instance in {profile} at {start}"
             for k in range(count.value):
-                self.call(what, n.nvmlComputeInstanceDestroy, cis[k])
+                self.call(f"destroy compute instance of {what}", n.nvmlComputeInstanceDestroy, cis[k])
         try:
-            self.call(f"destroy GPU instance {profile} at {start}", n.nvmlGpuInstanceDestroy, gi)
-        except MigOpError:  # give the GI its compute instance back: the instance stays usable
-            full = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                gi, CI_INDEX[kind.sm_slices], n.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
-            )
-            self.call("re-create compute instance", n.nvmlGpuInstanceCreateComputeInstance, gi, full.id)
+            self.call(f"destroy GPU instance of {what}", n.nvmlGpuInstanceDestroy, gi)
+        except MigOpError:  # give the GI a compute instance back: the instance stays usable
+            if full is not None:
+                self.call("re-create compute instance", n.nvmlGpuInstanceCreateComputeInstance, gi, full.id)
             raise

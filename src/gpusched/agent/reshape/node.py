@@ -10,9 +10,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gpusched.agent.inventory import Inventory
-from gpusched.agent.migreshape.apply import MigOps, ReshapeResult, apply_reshape, mig_gpu
-from gpusched.agent.migreshape.manager import ManagerResult, MigManagerWay
-from gpusched.agent.migreshape.way import ReshapeWay
+from gpusched.agent.reshape.apply import MigOps, ReshapeResult, apply_reshape, mig_gpu
+from gpusched.agent.reshape.manager import ManagerResult, MigManagerWay
+from gpusched.agent.reshape.way import ReshapeWay
 from gpusched.core.errors import InvalidInput
 from gpusched.core.mig.geometry import Instance
 from gpusched.core.mig.measure import DemandMix

@@ -9,35 +9,38 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol
 
 from gpusched.agent import migprofiles
-from gpusched.agent.inventory import GpuDevice, Inventory
-from gpusched.core.errors import GpuschedError
+from gpusched.agent.inventory import GpuDevice, Inventory, MigInstance
 from gpusched.core.mig.geometry import Geometry, Instance, MigGpu
+from gpusched.core.mig.profiles import MigError
 from gpusched.core.mig.reshape import GpuReshape
 
 log = logging.getLogger(__name__)
 
 
-class MigOpError(GpuschedError, RuntimeError):
-    """A MIG call failed (NVML's error, or the fake's); the message names the GPU, the call and the error."""
+class MigOpError(MigError):
+    """A MIG call the GPU refused (NVML's error, or the fake's); the message names the GPU, the call and the
+    error. A ``MigError``, as the fake backend's own refusals are, so one ``except`` takes both."""
 
 
 class MigOps(Protocol):
-    """What a backend offers for reshaping: both ``NvmlBackend`` and ``FakeBackend`` implement it."""
+    """What a backend offers for reshaping: both ``NvmlBackend`` and ``FakeBackend`` implement it. Every
+    failure is a ``MigError``."""
 
     def inventory(self) -> Inventory: ...
 
-    def set_mig_mode(self, index: int, enabled: bool) -> None: ...
+    def set_mig_mode(self, gpu_index: int, enabled: bool) -> None: ...
 
-    def create_mig_instance(self, index: int, profile: str, start: int) -> None:
+    def create_mig_instance(self, gpu_index: int, profile: str, start: int) -> MigInstance:
         """A GPU instance of ``profile`` at memory slice ``start`` and one compute instance spanning it."""
         ...
 
-    def destroy_mig_instance(self, index: int, profile: str, start: int) -> None:
-        """The compute instances of the GPU instance of ``profile`` at ``start``, then the GPU instance."""
+    def destroy_mig_instance(self, gpu_index: int, uuid: str) -> MigInstance:
+        """The MIG device ``uuid``: its compute instances, then its GPU instance; returns what it was."""
         ...
 
 
@@ -118,8 +121,10 @@ def mig_gpu(node: str, device: GpuDevice) -> MigGpu | None:
     return MigGpu(f"{node}/{device.index}", Geometry.of(cls), device.mig_enabled, layout_of(device))
 
 
-def apply_reshape(ops: MigOps, step: GpuReshape) -> ReshapeResult:
-    """Applies ``step`` to its GPU through ``ops``; never raises for a failed MIG call (see the result)."""
+def apply_reshape(ops: MigOps, step: GpuReshape, held: Collection[str] = ()) -> ReshapeResult:
+    """Applies ``step`` to its GPU through ``ops``; never raises for a failed MIG call (see the result).
+    ``held``: MIG UUIDs live pods hold (the agent's own record); a step that would destroy one is refused as
+    stale, whatever the plan was made from."""
     index = device_index(step.gpu)
     dev = ops.inventory().by_index(index)
     if dev is None:
@@ -128,25 +133,30 @@ def apply_reshape(ops: MigOps, step: GpuReshape) -> ReshapeResult:
     if set(before) != set(step.before) or not (dev.mig_enabled or step.enable_mig):
         why = f"it holds [{_names(before)}], the plan was made for [{_names(step.before)}]"
         return ReshapeResult(step.gpu, ReshapeOutcome.STALE, before, before, step.target, (), why)
+    uuids = {(m.profile.split("c.", 1)[-1], m.placement_start): m.uuid for m in dev.mig_instances}
+    taken = [i for i in step.destroy if uuids[(i.profile, i.start)] in held]
+    if taken:
+        why = f"[{_names(tuple(taken))}] held by a live pod"
+        return ReshapeResult(step.gpu, ReshapeOutcome.STALE, before, before, step.target, (), why)
     done: list[str] = []
-    undo: list[tuple[str, int, str, int]] = []  # (call, index, profile, start)
+    undo: list[tuple[str, str, int]] = []  # (call, profile or MIG UUID, start)
     try:
         if step.enable_mig and not dev.mig_enabled:
             ops.set_mig_mode(index, True)
             done.append("enable MIG")
-            undo.append(("disable", index, "", 0))
+            undo.append(("disable", "", 0))
         for i in step.destroy:
-            ops.destroy_mig_instance(index, i.profile, i.start)
+            ops.destroy_mig_instance(index, uuids[(i.profile, i.start)])
             done.append(f"destroy {i.profile} at {i.start}")
-            undo.append(("create", index, i.profile, i.start))
+            undo.append(("create", i.profile, i.start))
         for i in step.create:
-            ops.create_mig_instance(index, i.profile, i.start)
+            made = ops.create_mig_instance(index, i.profile, i.start)
             done.append(f"create {i.profile} at {i.start}")
-            undo.append(("destroy", index, i.profile, i.start))
+            undo.append(("destroy", made.uuid, i.start))
         after = _read(ops, index)
         if set(after) != set(step.target):
             raise MigOpError(f"the GPU holds [{_names(after)}] after the reshape, not the target")
-    except MigOpError as e:
+    except MigError as e:
         return _roll_back(ops, step, before, done, undo, str(e))
     log.info("MIG GPU %s reshaped: %s", step.gpu, "; ".join(done))
     return ReshapeResult(step.gpu, ReshapeOutcome.APPLIED, before, after, step.target, tuple(done))
@@ -162,20 +172,23 @@ def _roll_back(
     step: GpuReshape,
     before: tuple[Instance, ...],
     done: list[str],
-    undo: list[tuple[str, int, str, int]],
+    undo: list[tuple[str, str, int]],
     error: str,
 ) -> ReshapeResult:
+    index = device_index(step.gpu)
     failures = []
-    for call, index, profile, start in reversed(undo):
+    for call, what, start in reversed(undo):
         try:
             if call == "disable":
                 ops.set_mig_mode(index, False)
+                done.append("undo: disable MIG")
             elif call == "create":
-                ops.create_mig_instance(index, profile, start)
+                ops.create_mig_instance(index, what, start)
+                done.append(f"undo: create {what} at {start}")
             else:
-                ops.destroy_mig_instance(index, profile, start)
-            done.append(f"undo: {call} {profile} at {start}" if profile else f"undo: {call} MIG")
-        except MigOpError as e:
+                gone = ops.destroy_mig_instance(index, what)
+                done.append(f"undo: destroy {gone.profile} at {start}")
+        except MigError as e:
             failures.append(str(e))
     after = _read(ops, device_index(step.gpu))
     back = not failures and set(after) == set(before)

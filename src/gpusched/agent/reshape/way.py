@@ -1,6 +1,7 @@
-"""Which way a node's MIG geometry is reshaped, per node pool: the node label ``gpusched.io/mig-reshape``
-(``nvml``, ``mig-manager``, ``off``) when the node has it, else the agent's ``--mig-reshape`` flag (one value
-per DaemonSet, so per node pool). docs/mig.md, "Reshaping", says when to take which."""
+"""Which way a node's MIG geometry is reshaped, per node pool: the node label ``gpusched.io/mig-reshape-way``
+(``nvml``, ``mig-manager``, ``off``) when the node has it, else the agent's flag (``gpusched agent
+mig-reshape --way``; one value per DaemonSet, so per node pool). docs/mig.md, "Reshaping", says when to
+take which."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Mapping
 
 from gpusched.core.errors import InvalidInput
 from gpusched.core.mig.reshape import ReshapeScope
-from gpusched.core.names import LABEL_MIG_RESHAPE
+from gpusched.core.names import LABEL_MIG_RESHAPE_WAY
 
 
 class ReshapeWay(enum.Enum):
@@ -36,7 +37,7 @@ class ReshapeWay(enum.Enum):
 
 def reshape_way(node: str, labels: Mapping[str, str], flag: ReshapeWay) -> ReshapeWay:
     """The node label wins over the agent's flag; a label with another value is an error naming the node."""
-    value = labels.get(LABEL_MIG_RESHAPE)
+    value = labels.get(LABEL_MIG_RESHAPE_WAY)
     if value is None:
         return flag
-    return ReshapeWay.parse(value, f"node {node}: label {LABEL_MIG_RESHAPE}")
+    return ReshapeWay.parse(value, f"node {node}: label {LABEL_MIG_RESHAPE_WAY}")
