@@ -3,6 +3,8 @@ that it never touches an instance in use, that its plans give legal layouts, and
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,9 +20,11 @@ from gpusched.core.mig.geometry import (
 from gpusched.core.mig.measure import DemandMix
 from gpusched.core.mig.reshape import (
     GpuNow,
+    GpuRecut,
     ReshapeScope,
     apply_step,
     demand_layout,
+    plan_node,
     plan_reshape,
 )
 
@@ -113,6 +117,26 @@ def test_demand_layout_is_the_simulators_rule() -> None:
     )
     with pytest.raises(MigPlacementError, match="does not fit"):
         demand_layout(A100, "4g.40gb", DemandMix(), base=[Instance("3g.40gb", 0)])
+
+
+def test_the_agent_requests_one_gpu_per_node_the_one_that_serves_most() -> None:
+    @dataclass(frozen=True)
+    class Node:
+        gpus: tuple[MigGpu, ...]
+        indices: tuple[int, ...]
+
+    a, b = balanced("n/0"), gpu("n/1", ("3g.40gb", 0), ("3g.40gb", 4))
+    held_a = MigGpu("n/0", A100, True, (Instance("3g.40gb", 4),))
+    held_b = MigGpu("n/1", A100, True, (Instance("3g.40gb", 0),))
+    plan = plan_node(Node((a, b), (0, 1)), {0: held_a, 1: held_b}, ["4g.40gb"], DemandMix(["4g.40gb"]))
+    destroy = (Instance("2g.20gb", 0), Instance("1g.10gb", 2), Instance("1g.10gb", 3))
+    assert plan == GpuRecut(0, destroy, (Instance("4g.40gb", 0),), ("4g.40gb",))  # GPU 1's 3g at 0 is held
+    same = plan_reshape([GpuNow(a, frozenset(held_a.instances))], ["4g.40gb"]).steps[0]
+    assert (set(same.destroy), same.create) == (set(plan.destroy), plan.create)  # as the node planner does
+    assert plan_node(Node((a,), (0,)), {0: a}, ["1g.10gb"], DemandMix(["1g.10gb"])) is None  # all held
+    free_b = MigGpu("n/1", A100, True, ())
+    plan = plan_node(Node((a, b), (0, 1)), {0: held_a, 1: free_b}, ["4g.40gb"], DemandMix(["4g.40gb"]))
+    assert plan is not None and plan.gpu == 1 and len(plan.destroy) == 2  # fewer destroyed than GPU 0's 3
 
 
 # ------------------------------------------------------------------------------------------------ bad input

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from gpusched.core.mig.geometry import (
     Geometry,
@@ -288,3 +289,77 @@ class _Work:
         return GpuReshape(
             self.now.gpu.name, self.enable, destroy, create, tuple(self.serves), before, tuple(self.layout)
         )
+
+
+# ------------------------------------------------------------------ one GPU per node (the agent's request)
+# The contract of the node agent's re-cut request (one GPU per node, instances pods hold kept): the best GPU
+# of a node by the pending requests it makes room for, then the fewest free instances destroyed, its index.
+@dataclass(frozen=True)
+class GpuRecut:
+    """Re-cut GPU ``gpu`` (its index on the node): destroy ``destroy`` (free instances), create ``create``;
+    ``serves`` the pending requests the new instances are for."""
+
+    gpu: int
+    destroy: tuple[Instance, ...]
+    create: tuple[Instance, ...]
+    serves: tuple[str, ...]
+
+
+class NodeGpus(Protocol):
+    """A node's MIG GPUs and their indices (``core.mig.books.NodeMig``)."""
+
+    @property
+    def gpus(self) -> Sequence[MigGpu]: ...
+
+    @property
+    def indices(self) -> Sequence[int]: ...
+
+
+def target_layout(
+    geom: Geometry, keep: Sequence[Instance], pending: Sequence[str], demand: DemandMix
+) -> tuple[tuple[Instance, ...], tuple[str, ...]]:
+    """The layout of a GPU that keeps ``keep`` and serves as many of ``pending`` as fit (larger profiles
+    first, each where the measure grows least), then the demand (``fill_layout``); and the requests served."""
+    gpu = MigGpu("plan", geom, True, tuple(keep))
+    frag = frag_by_code(geom, demand)
+    served = []
+    for p in sorted((p for p in pending if p in geom.kinds), key=lambda p: (-geom.kinds[p].mem_slices, p)):
+        starts = gpu.free_starts(p)
+        if starts:
+            code, kind = gpu.code, geom.kinds[p]
+            gpu = gpu.place(
+                p, min(starts, key=lambda s: (int(frag[code_after(code, kind, s)] - frag[code]), s))
+            )
+            served.append(p)
+    return fill_layout(geom, gpu.instances, demand), tuple(served)
+
+
+def plan_gpu(
+    index: int, present: MigGpu, held: MigGpu, pending: Sequence[str], demand: DemandMix
+) -> GpuRecut | None:
+    """The re-cut of GPU ``index`` (``present``: its instances; ``held``: those pods hold), or None when it
+    serves no pending request or creates nothing."""
+    if not present.mig_enabled:
+        return None
+    target, served = target_layout(present.geometry, held.instances, pending, demand)
+    destroy = tuple(i for i in present.instances if i not in target and i not in held.instances)
+    create = tuple(i for i in target if i not in present.instances)
+    if not served or not create:
+        return None
+    return GpuRecut(index, destroy, create, served)
+
+
+def plan_node(
+    node: NodeGpus, books: Mapping[int, MigGpu], pending: Sequence[str], demand: DemandMix
+) -> GpuRecut | None:
+    """The GPU of ``node`` to re-cut for ``pending`` (requests that find no free instance), or None;
+    ``books[i]`` holds the instances pods hold on GPU ``i``."""
+    best: tuple[tuple[int, int, int], GpuRecut] | None = None
+    for i, g in zip(node.indices, node.gpus, strict=True):
+        plan = plan_gpu(i, g, books[i], pending, demand)
+        if plan is None:
+            continue
+        key = (-len(plan.serves), len(plan.destroy), i)
+        if best is None or key < best[0]:
+            best = (key, plan)
+    return best[1] if best else None
