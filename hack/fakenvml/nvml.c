@@ -56,6 +56,40 @@ static nvmlReturn_t put_str(char *dst, unsigned int len, const char *src) {
         if (!var) return NVML_ERROR_INVALID_ARGUMENT;         \
     } while (0)
 
+/* ------------------------------------------------------------------------------------ injected failure */
+
+/* $GPUSCHED_FAKE_NVML_FAIL = "<call>[:<n>[:<code>]]": the n-th call (default 1st) of <call> after nvmlInit fails
+ * with NVML error <code> (default NVML_ERROR_UNKNOWN) and changes nothing. Read at the first nvmlInit. Calls that
+ * honour it: the MIG create/destroy calls and nvmlDeviceSetMigMode (the agent's reshape, rolled back). */
+static char fail_call[96];
+static long fail_nth, fail_seen;
+static nvmlReturn_t fail_code;
+
+static void read_fail_spec(void) {
+    const char *spec = getenv("GPUSCHED_FAKE_NVML_FAIL");
+    fail_call[0] = '\0';
+    fail_seen = 0;
+    fail_nth = 1;
+    fail_code = NVML_ERROR_UNKNOWN;
+    if (!spec || !*spec) return;
+    snprintf(fail_call, sizeof(fail_call), "%s", spec);
+    char *colon = strchr(fail_call, ':');
+    if (!colon) return;
+    *colon = '\0';
+    char *end;
+    fail_nth = strtol(colon + 1, &end, 10);
+    if (*end == ':') fail_code = (nvmlReturn_t)strtol(end + 1, NULL, 10);
+}
+
+/* The injected error for this call of `name`, else NVML_SUCCESS. */
+static nvmlReturn_t injected(const char *name) {
+    if (!fail_call[0] || strcmp(fail_call, name)) return NVML_SUCCESS;
+    pthread_mutex_lock(&mu);
+    long seen = ++fail_seen;
+    pthread_mutex_unlock(&mu);
+    return seen == fail_nth ? fail_code : NVML_SUCCESS;
+}
+
 /* ------------------------------------------------------------------------------------ init and system */
 
 static nvmlReturn_t do_init(void) {
@@ -69,6 +103,7 @@ static nvmlReturn_t do_init(void) {
         } else if (fake_load(path, &sys_) != 0) {
             rc = NVML_ERROR_UNKNOWN;
         }
+        read_fail_spec();
     }
     if (rc == NVML_SUCCESS) refcount++;
     pthread_mutex_unlock(&mu);
@@ -484,6 +519,8 @@ API nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t dev, unsigned int mode, nvmlR
     GPU_OR_RETURN(g, dev);
     if (!activation || mode > 1) return NVML_ERROR_INVALID_ARGUMENT;
     if (!g->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+    nvmlReturn_t fail = injected("nvmlDeviceSetMigMode");
+    if (fail) return *activation = fail;
     pthread_mutex_lock(&mu);
     int busy = 0;
     for (int i = 0; i < FAKE_MAX_GIS; i++) busy |= g->gis[i].used;
@@ -764,11 +801,12 @@ static unsigned int next_gi_id(struct fake_gpu *g) {
     }
 }
 
-static nvmlReturn_t create_gi(nvmlDevice_t dev, unsigned int profile_id, const nvmlGpuInstancePlacement_t *where, nvmlGpuInstance_t *out) {
+static nvmlReturn_t create_gi(const char *call, nvmlDevice_t dev, unsigned int profile_id, const nvmlGpuInstancePlacement_t *where,
+                              nvmlGpuInstance_t *out) {
     struct fake_gpu *g;
     struct fake_profile *p;
     nvmlReturn_t rc = mig_profile(dev, profile_id, &g, &p);
-    if (rc) return rc;
+    if (rc || (rc = injected(call))) return rc;
     if (!out) return NVML_ERROR_INVALID_ARGUMENT;
     pthread_mutex_lock(&mu);
     int start = -1;
@@ -799,13 +837,13 @@ static nvmlReturn_t create_gi(nvmlDevice_t dev, unsigned int profile_id, const n
 }
 
 API nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t dev, unsigned int profile_id, nvmlGpuInstance_t *gi) {
-    return create_gi(dev, profile_id, NULL, gi);
+    return create_gi("nvmlDeviceCreateGpuInstance", dev, profile_id, NULL, gi);
 }
 
 API nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t dev, unsigned int profile_id,
                                                           const nvmlGpuInstancePlacement_t *placement, nvmlGpuInstance_t *gi) {
     if (!placement) return NVML_ERROR_INVALID_ARGUMENT;
-    return create_gi(dev, profile_id, placement, gi);
+    return create_gi("nvmlDeviceCreateGpuInstanceWithPlacement", dev, profile_id, placement, gi);
 }
 
 static int gi_live(nvmlGpuInstance_t gi) {
@@ -817,8 +855,9 @@ static int gi_live(nvmlGpuInstance_t gi) {
 
 API nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gi) {
     CHECK_INIT();
+    nvmlReturn_t rc = gi_live(gi) ? injected("nvmlGpuInstanceDestroy") : NVML_SUCCESS;
+    if (rc) return rc;
     pthread_mutex_lock(&mu);
-    nvmlReturn_t rc = NVML_SUCCESS;
     if (!gi_live(gi)) rc = NVML_ERROR_INVALID_ARGUMENT;
     for (int j = 0; j < FAKE_MAX_CIS && !rc; j++)
         if (gi->cis[j].used) rc = NVML_ERROR_IN_USE; /* a compute instance is left in it */
@@ -978,10 +1017,10 @@ API nvmlReturn_t nvmlGpuInstanceGetComputeInstancePossiblePlacements(nvmlGpuInst
     return NVML_SUCCESS;
 }
 
-static nvmlReturn_t create_ci(nvmlGpuInstance_t gi, unsigned int profile_id, const nvmlComputeInstancePlacement_t *where,
-                              nvmlComputeInstance_t *out) {
+static nvmlReturn_t create_ci(const char *call, nvmlGpuInstance_t gi, unsigned int profile_id,
+                              const nvmlComputeInstancePlacement_t *where, nvmlComputeInstance_t *out) {
     nvmlReturn_t rc = ci_profile_ok(gi, profile_id, 0);
-    if (rc) return rc;
+    if (rc || (rc = injected(call))) return rc;
     if (!out) return NVML_ERROR_INVALID_ARGUMENT;
     unsigned int s = ci_slices_of[profile_id];
     pthread_mutex_lock(&mu);
@@ -1024,14 +1063,14 @@ static nvmlReturn_t create_ci(nvmlGpuInstance_t gi, unsigned int profile_id, con
 }
 
 API nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gi, unsigned int profile_id, nvmlComputeInstance_t *ci) {
-    return create_ci(gi, profile_id, NULL, ci);
+    return create_ci("nvmlGpuInstanceCreateComputeInstance", gi, profile_id, NULL, ci);
 }
 
 API nvmlReturn_t nvmlGpuInstanceCreateComputeInstanceWithPlacement(nvmlGpuInstance_t gi, unsigned int profile_id,
                                                                    const nvmlComputeInstancePlacement_t *placement,
                                                                    nvmlComputeInstance_t *ci) {
     if (!placement) return NVML_ERROR_INVALID_ARGUMENT;
-    return create_ci(gi, profile_id, placement, ci);
+    return create_ci("nvmlGpuInstanceCreateComputeInstanceWithPlacement", gi, profile_id, placement, ci);
 }
 
 static int ci_live(nvmlComputeInstance_t ci) {
@@ -1040,8 +1079,10 @@ static int ci_live(nvmlComputeInstance_t ci) {
 
 API nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t ci) {
     CHECK_INIT();
+    nvmlReturn_t rc = ci_live(ci) ? injected("nvmlComputeInstanceDestroy") : NVML_SUCCESS;
+    if (rc) return rc;
     pthread_mutex_lock(&mu);
-    nvmlReturn_t rc = ci_live(ci) ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+    rc = ci_live(ci) ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
     if (!rc) ci->used = 0;
     pthread_mutex_unlock(&mu);
     return rc;

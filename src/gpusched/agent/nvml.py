@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from gpusched.agent.inventory import GpuDevice, Inventory, MigInstance, Readings, XidEvent
+from gpusched.agent.reshape.apply import MigOpError
+from gpusched.agent.reshape.nvmlops import NvmlMig
 from gpusched.core.errors import GpuschedError
 
 DMI_PRODUCT = Path("/sys/class/dmi/id/product_name")
@@ -195,6 +197,26 @@ class NvmlBackend:
             )
             if index is not None:
                 out.append(XidEvent(index, int(data.eventData)))
+
+    # MIG reshaping (agent/reshape/apply.py): GPU and compute instances created and destroyed through NVML
+    def set_mig_mode(self, gpu_index: int, enabled: bool) -> None:
+        NvmlMig(self._n, self._handles[gpu_index], gpu_index).set_mig_mode(enabled)
+
+    def create_mig_instance(self, gpu_index: int, profile: str, start: int) -> MigInstance:
+        h = self._handles[gpu_index]
+        NvmlMig(self._n, h, gpu_index).create(profile, start)
+        made = [m for m in self._mig_instances(h) if (m.placement_start, m.profile) == (start, profile)]
+        if not made:
+            raise MigOpError(f"GPU {gpu_index}: MIG {profile} at {start} was created but is not listed")
+        return made[0]
+
+    def destroy_mig_instance(self, gpu_index: int, uuid: str) -> MigInstance:
+        h = self._handles[gpu_index]
+        gone = next((m for m in self._mig_instances(h) if m.uuid == uuid), None)
+        if gone is None:
+            raise MigOpError(f"GPU {gpu_index} has no MIG device {uuid}")
+        NvmlMig(self._n, h, gpu_index).destroy(gone.gi_id, f"{gone.profile} at {gone.placement_start}")
+        return gone
 
     def close(self) -> None:
         if self._events is not None:

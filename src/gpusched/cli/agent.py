@@ -223,3 +223,63 @@ def compare_cmd(
     diffs = compare(render.read_json(discover_json), smi_xml.read_text())
     render.agent_smi_differences(diffs)
     raise typer.Exit(1 if diffs else 0)
+
+
+@agent_app.command("mig-reshape")
+@reports_errors
+def mig_reshape_cmd(
+    profiles: Annotated[list[str], typer.Argument(help="Pending MIG requests, one profile name each.")],
+    fake: FakeOpt = None,
+    way: Annotated[
+        str,
+        typer.Option(
+            help="nvml or mig-manager (the agent's flag; the node label gpusched.io/mig-reshape-way wins)."
+        ),
+    ] = "nvml",
+    in_use: Annotated[
+        list[str] | None, typer.Option("--in-use", help="INDEX:PROFILE@START, an instance a pod holds.")
+    ] = None,
+    apply: Annotated[bool, typer.Option("--apply", help="Apply the plan (default: print it).")] = False,
+    node: Annotated[str | None, typer.Option(help="This node's name (default: $NODE_NAME).")] = None,
+    kubeconfig: Annotated[
+        str | None, typer.Option(help="Reach the Node (its label; mig-manager's way needs it).")
+    ] = None,
+    namespace: Annotated[str, typer.Option(help="mig-manager's ConfigMap namespace.")] = "gpu-operator",
+    configmap: Annotated[str, typer.Option(help="mig-manager's ConfigMap.")] = "gpusched-mig-parted-config",
+    timeout_s: Annotated[float, typer.Option(help="How long to wait for mig-manager.")] = 600.0,
+) -> None:
+    """Plan (and with --apply, apply) a MIG reshape of this node for pending requests; prints JSON, records
+    each result as an event on the Node (with --kubeconfig); exits 1 when a reshape did not succeed."""
+    from gpusched.agent.reshape import node as mig_node
+    from gpusched.agent.reshape.manager import KubeConfigMaps, ManagerSettings, MigManagerWay
+    from gpusched.agent.reshape.way import ReshapeWay, reshape_way
+    from gpusched.cli import render
+
+    b = backend_from(fake)
+    try:
+        inv = b.inventory()
+        name = node or os.environ.get("NODE_NAME") or inv.hostname
+        chosen = ReshapeWay.parse(way, "--way")
+        manager, events = None, None
+        if kubeconfig is not None:
+            from gpusched.agent.pods import KubePods
+            from gpusched.agent.reshape.events import NodeEvents
+            from gpusched.k8s.client import api_client
+
+            kube = KubePods(kubeconfig)
+            chosen = reshape_way(
+                name, (kube.get_node(name).get("metadata") or {}).get("labels") or {}, chosen
+            )
+            settings = ManagerSettings(namespace=namespace, configmap=configmap, timeout_s=timeout_s)
+            api = api_client(kubeconfig)
+            manager, events = MigManagerWay(kube, KubeConfigMaps(api), settings), NodeEvents(api)
+        used = [mig_node.parse_in_use(t) for t in in_use or []]
+        plan = mig_node.plan_node(name, inv, profiles, used, chosen)
+        results = mig_node.apply_plan(name, plan, chosen, b, manager) if apply else []  # type: ignore[arg-type]
+        for r in results:
+            if events is not None:
+                events.record(name, r)
+        render.agent_mig_reshape(mig_node.report(name, chosen, plan, results))
+    finally:
+        b.close()
+    raise typer.Exit(0 if all(r.ok for r in results) else 1)

@@ -546,6 +546,11 @@ def agent_smi_differences(diffs: Sequence[str]) -> None:
 
 
 # ---------------------------------------------------------------------------------- defragmentation
+def agent_mig_reshape(report: Mapping[str, Any]) -> None:
+    """``agent mig-reshape``: the plan and each result, as JSON."""
+    typer.echo(json.dumps(report, indent=2))
+
+
 def churn(
     report: Mapping[str, Any], rows: Sequence[Mapping[str, object]], plots: Sequence[str], json_out: bool
 ) -> None:

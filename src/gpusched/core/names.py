@@ -58,6 +58,10 @@ LABEL_QUEUE = "gpusched.io/queue"
 """On a Namespace: the queue of its pods (a pod's own annotation of that name wins)."""
 LABEL_GPU_ROUTING = "gpusched.io/gpu-routing"
 """On a Namespace or pod: opts out of the webhook's routing to gpusched."""
+LABEL_MIG_RESHAPE_WAY = "gpusched.io/mig-reshape-way"
+"""On a node: how its MIG geometry is reshaped, ``nvml`` (the node agent creates and destroys instances),
+``mig-manager`` (NVIDIA's mig-manager applies a configuration) or ``off``; absent: the agent's flag
+decides."""
 TAINT_UNHEALTHY = "gpusched.io/gpu-unhealthy"
 """On a node whose every GPU failed (the node agent's)."""
 TAINT_NODE_UNREADABLE = "gpusched.io/node-unreadable"

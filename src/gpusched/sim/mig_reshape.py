@@ -3,17 +3,19 @@
 Every GPU starts cut to mig-manager's ``all-balanced`` (3g at 4, 2g at 0, 1g at 2 and 3). A request takes a
 free pre-cut instance of exactly its profile, first GPU in name order (as the device plugin serves
 ``nvidia.com/mig-<profile>``). When none is free, an *idle* GPU (no instance in use; first in name order) is
-re-cut: the request's profile first, then the profiles seen most often, each at the start the fragmentation
-measure prefers, until nothing more fits. A GPU with any instance in use is never touched. Each re-cut
-counts as one reshape.
+re-cut by the core's rule (``gpusched.core.mig.reshape.demand_layout``): the request's profile first, then
+the profiles seen most often, each at the start the fragmentation measure prefers, until nothing more fits. A
+GPU with any instance in use is never touched. Each re-cut counts as one reshape.
 """
 
 from __future__ import annotations
 
-from gpusched.core.mig.geometry import Geometry, Instance, MigGpu
+from gpusched.core.mig.geometry import Geometry, Instance
 from gpusched.core.mig.measure import DemandMix
-from gpusched.core.mig.placement import MigFleet, MigPolicy
+from gpusched.core.mig.reshape import demand_layout
 from gpusched.sim.mig import MigCluster
+
+__all__ = ["BALANCED_LAYOUT", "RESHAPE", "ReshapingBooks", "balanced", "demand_layout"]
 
 RESHAPE = "gpusched-reshape"
 BALANCED_LAYOUT = (("3g", 4), ("2g", 0), ("1g", 2), ("1g", 3))
@@ -22,21 +24,6 @@ BALANCED_LAYOUT = (("3g", 4), ("2g", 0), ("1g", 2), ("1g", 3))
 def balanced(geom: Geometry) -> tuple[Instance, ...]:
     by_key = {k.key: name for name, k in geom.kinds.items()}
     return tuple(Instance(by_key[key], start) for key, start in BALANCED_LAYOUT)
-
-
-def demand_layout(geom: Geometry, first: str, demand: DemandMix) -> tuple[Instance, ...]:
-    """A layout for an empty GPU: ``first``, then the most requested profiles that still fit."""
-    fleet = MigFleet([MigGpu("x/0", geom)], ["x"])
-    order = sorted(geom.kinds, key=lambda p: (-demand.count(p), p))
-    for p in (first, *order):
-        while True:
-            pl = fleet.choose(p, MigPolicy.GPUSCHED, demand)
-            if pl is None or (p != first and demand.count(p) == 0):
-                break
-            fleet.place(0, p, pl.start)
-            if p == first:
-                break
-    return fleet.gpus[0].instances
 
 
 class ReshapingBooks:
