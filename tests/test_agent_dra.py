@@ -152,6 +152,9 @@ def test_the_slice_is_created_owned_by_the_node_and_rewritten_with_a_new_generat
         {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "node-uid-1", "controller": True}
     ]
     assert not pub.sync(build_slice(inventory(), NODE, DRIVER))  # unchanged: not written
+    # the apiserver stores quantities normalised (81920Mi as 80Gi): still the same slice, not written again
+    s["spec"]["devices"][0]["capacity"]["memory"]["value"] = "80Gi"
+    assert not pub.sync(build_slice(inventory(), NODE, DRIVER))
     assert pub.writes == 1
     assert pub.sync(build_slice(inventory(), NODE, DRIVER, unhealthy={UUIDS[1]: 79}))
     s = api.slices["dra-node-1-gpu.nvidia.com"]

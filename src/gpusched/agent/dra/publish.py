@@ -52,6 +52,9 @@ class SlicePublisher:
     def __init__(self, api: SliceApi) -> None:
         self.api = api
         self.writes = 0
+        # slice name -> (resourceVersion, spec without generation) of this publisher's last write: the
+        # apiserver normalises what it stores (quantities, defaults): an unchanged slice is known by version
+        self._written: dict[str, tuple[str, str]] = {}
 
     def sync(self, want: NodeSlice) -> bool:
         """Makes the API's slice ``want``; True when something was written."""
@@ -65,8 +68,14 @@ class SlicePublisher:
                 log.info("deleting ResourceSlice %s (not this agent's name %s)", name, want.name)
                 self.api.delete_slice(name)
                 wrote = True
-        if mine is not None and _comparable(mine.get("spec") or {}) == _comparable(want.spec(0)):
-            return wrote
+        desired = _comparable(want.spec(0))
+        if mine is not None:
+            rv = str((mine.get("metadata") or {}).get("resourceVersion"))
+            if (
+                self._written.get(want.name) == (rv, desired)
+                or _comparable(mine.get("spec") or {}) == desired
+            ):
+                return wrote
         body: dict[str, Any] = {
             "apiVersion": API_VERSION,
             "kind": "ResourceSlice",
@@ -79,14 +88,15 @@ class SlicePublisher:
             ]
         if mine is None:
             body["spec"] = want.spec(1)
-            self.api.create_slice(body)
+            stored = self.api.create_slice(body)
             log.info("created ResourceSlice %s (%d devices)", want.name, len(want.devices))
         else:
             generation = int(((mine.get("spec") or {}).get("pool") or {}).get("generation") or 0) + 1
             body["metadata"]["resourceVersion"] = (mine.get("metadata") or {}).get("resourceVersion")
             body["spec"] = want.spec(generation)
-            self.api.replace_slice(want.name, body)
+            stored = self.api.replace_slice(want.name, body)
             log.info("updated ResourceSlice %s to generation %d", want.name, generation)
+        self._written[want.name] = (str((stored.get("metadata") or {}).get("resourceVersion")), desired)
         self.writes += 1
         return True
 
