@@ -125,6 +125,25 @@ def test_an_unhealthy_gpu_and_its_mig_devices_carry_the_xid_taint() -> None:
     assert all(not d.taints for d in none.devices)
 
 
+def test_with_shares_whole_gpus_are_shared_devices_with_consumable_milli_and_memory() -> None:
+    plain = build_slice(inventory(), NODE, DRIVER).spec(1)["devices"][0]
+    assert "allowMultipleAllocations" not in plain and "requestPolicy" not in plain["capacity"]["memory"]
+    devices = build_slice(inventory(), NODE, DRIVER, shares=True).spec(1)["devices"]
+    gpu0 = devices[0]
+    assert gpu0["allowMultipleAllocations"] is True
+    assert gpu0["capacity"] == {
+        "memory": {
+            "value": "81920Mi",
+            "requestPolicy": {"default": "81920Mi", "validRange": {"min": "1Mi", "step": "1Mi"}},
+        },
+        "milli": {
+            "value": "1000",
+            "requestPolicy": {"default": "1000", "validRange": {"min": "1", "max": "1000", "step": "1"}},
+        },
+    }
+    assert all("allowMultipleAllocations" not in d for d in devices if "-mig-" in d["name"])
+
+
 def test_bad_driver_names_and_effects_are_refused_naming_the_flag() -> None:
     assert check_driver_name("gpu.gpusched.io") == "gpu.gpusched.io"
     for bad in ("GPU.nvidia.com", "gpu_nvidia", "x" * 64, "-gpu.io"):
@@ -295,6 +314,30 @@ def test_devices_of_one_request_are_visible_together_and_other_drivers_results_a
     assert spec is not None
     envs = [d["containerEdits"]["env"][0] for d in spec["devices"]]
     assert envs == [f"NVIDIA_VISIBLE_DEVICES={UUIDS[0]},{UUIDS[1]}"] * 2
+
+
+def test_a_share_gets_its_consumed_capacity_as_env_and_a_cdi_device_of_its_own(env: Env) -> None:
+    shares = [
+        {**result("gpu-0", "a"), "shareID": "s-1", "consumedCapacity": {"milli": "250", "memory": "10Gi"}},
+        {**result("gpu-0", "b"), "shareID": "s-2", "consumedCapacity": {"gpu.nvidia.com/milli": "1k"}},
+    ]
+    env.api.claims[("ns1", "c1")] = claim("uid-s", shares)
+    got = env.prepare(ClaimRef("ns1", "c1", "uid-s")).claims["uid-s"]
+    assert got.error == ""
+    assert [(d.share_id, list(d.cdi_device_ids)) for d in got.devices] == [
+        ("s-1", ["k8s.gpu.nvidia.com/claim=uid-s-gpu-0-s-1"]),
+        ("s-2", ["k8s.gpu.nvidia.com/claim=uid-s-gpu-0-s-2"]),
+    ]
+    spec = CdiSpecs(env.config.cdi_dir, DRIVER).read("uid-s")
+    assert spec is not None
+    assert [(d["name"], d["containerEdits"]["env"][2:]) for d in spec["devices"]] == [
+        ("uid-s-gpu-0-s-1", ["GPUSCHED_GPU_MILLI=250", "GPUSCHED_GPU_MEMORY_MIB=10240"]),
+        ("uid-s-gpu-0-s-2", ["GPUSCHED_GPU_MILLI=1000"]),
+    ]
+    bad = [{**result("gpu-1"), "shareID": "s-3", "consumedCapacity": {"milli": "lots"}}]
+    env.api.claims[("ns1", "bad")] = claim("uid-bad", bad, name="bad")
+    err = env.prepare(ClaimRef("ns1", "bad", "uid-bad")).claims["uid-bad"].error
+    assert "ns1/bad (uid uid-bad): device gpu-1: consumedCapacity {'milli': 'lots'} is no quantity" in err
 
 
 def test_prepare_is_idempotent_in_one_agent_and_across_a_restart(env: Env) -> None:

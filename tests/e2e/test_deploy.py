@@ -137,14 +137,13 @@ def test_helm_dra_mode_runs_the_agent_as_the_driver_and_refuses_a_device_plugin_
     kubelet's plugin directories and the CDI directory, may write ResourceSlices (of its own node only, by a
     ValidatingAdmissionPolicy) and read ResourceClaims; the apiserver accepts it all. With NVIDIA's device
     plugin serving the GPUs (resources.nvidiaGpu=false) or GPU shares, the chart fails naming the values."""
-    text = helm_template(
-        helm, "standalone", "--set", "agent.dra.enabled=true", "--set", "agent.dra.driverName=gpu.example.com"
-    )
+    dra = ("agent.dra.enabled=true", "agent.dra.driverName=gpu.example.com", "agent.dra.shares=true")
+    text = helm_template(helm, "standalone", *(a for v in dra for a in ("--set", v)))
     docs = load_docs(text)
     ds = next(d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"].endswith("-agent"))
     args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--dra" in args and args[args.index("--dra-driver") + 1] == "gpu.example.com"
-    assert args[args.index("--cdi-dir") + 1] == "/var/run/cdi"
+    assert args[args.index("--cdi-dir") + 1] == "/var/run/cdi" and "--dra-shares" in args
     mounts = {m["mountPath"] for m in ds["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
     assert {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins", "/var/run/cdi"} <= mounts
     role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-agent"))

@@ -168,6 +168,13 @@ def run_cmd(
         Path,
         typer.Option(help="--dra: the GPUs' device nodes (nvidia<index>, nvidiactl) listed in CDI specs."),
     ] = Path("/dev"),
+    dra_shares: Annotated[
+        bool,
+        typer.Option(
+            "--dra-shares",
+            help="--dra: whole GPUs as shared devices, consumable capacity milli and memory (GPU shares).",
+        ),
+    ] = False,
     dra_unhealthy_effect: Annotated[
         str,
         typer.Option(
@@ -198,6 +205,7 @@ def run_cmd(
             registry_dir=dra_registry_dir,
             plugins_dir=dra_plugins_dir,
             unhealthy_effect=check_effect(dra_unhealthy_effect),
+            shares=dra_shares,
         )
         dra_api = MemorySlices() if no_api else KubeSlices(kubeconfig)
     cfg = AgentConfig(

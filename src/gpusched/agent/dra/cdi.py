@@ -10,12 +10,14 @@ claim): ``<cdi dir>/<vendor>-claim_<claim UID>.json`` with kind ``<vendor>/claim
   claim, comma separated (a container asks for whole requests, so it sees exactly its devices; a container
   given two claims sees the last one's, as with NVIDIA's runtime hook);
 - ``GPUSCHED_DRA_CLAIM``: ``<namespace>/<name>`` of the claim;
+- a share of a GPU (a device allocated with a share ID): ``GPUSCHED_GPU_MILLI`` and
+  ``GPUSCHED_GPU_MEMORY_MIB`` from its consumed capacity, as the device plugin gives share containers; its CDI
+  device is named ``<claim UID>-<device>-<share ID>``;
 - device nodes ``/dev/nvidia<index>`` (and ``nvidiactl``, ``nvidia-uvm``, ``nvidia-uvm-tools``) from the
   device-node root (``/dev`` on a GPU node), only those that exist there: on a machine without GPUs (the fake
   backend) the spec carries the env alone, unless the root holds stand-ins.
 
-Writes are atomic (a temporary file renamed), so a runtime never reads half a spec. The spec files are the
-agent's record of what it prepared: a restarted agent finds them again.
+Writes are atomic (a temporary file renamed), so a runtime never reads half a spec.
 """
 
 from __future__ import annotations
@@ -42,6 +44,12 @@ class PreparedDevice:
     visible_id: str
     gpu_index: int
     share_id: str = ""
+    milli: int | None = None
+    memory_mib: int | None = None
+
+    @property
+    def cdi_name(self) -> str:
+        return f"{self.device}-{self.share_id}" if self.share_id else self.device
 
 
 @dataclass(frozen=True)
@@ -78,10 +86,15 @@ class CdiSpecs:
                     f"GPUSCHED_DRA_CLAIM={claim}",
                 ]
             }
+            if d.share_id:
+                if d.milli is not None:
+                    edits["env"].append(f"GPUSCHED_GPU_MILLI={d.milli}")
+                if d.memory_mib is not None:
+                    edits["env"].append(f"GPUSCHED_GPU_MEMORY_MIB={d.memory_mib}")
             nodes = self._nodes([f"nvidia{d.gpu_index}"])
             if nodes:
                 edits["deviceNodes"] = nodes
-            cdi_devices.append({"name": f"{claim_uid}-{d.device}", "containerEdits": edits})
+            cdi_devices.append({"name": f"{claim_uid}-{d.cdi_name}", "containerEdits": edits})
         out: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": self.kind, "devices": cdi_devices}
         control = self._nodes(CONTROL_NODES)
         if control:
@@ -103,7 +116,7 @@ class CdiSpecs:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps(self.spec(claim_uid, claim, devices), indent=2) + "\n")
         os.replace(tmp, path)
-        return [self.device_id(claim_uid, d.device) for d in devices]
+        return [self.device_id(claim_uid, d.cdi_name) for d in devices]
 
     def read(self, claim_uid: str) -> dict[str, Any] | None:
         """The claim's spec, None when there is none (or it cannot be read as JSON)."""

@@ -8,7 +8,7 @@ drivers are theirs to prepare). Every way this can go wrong is a :class:`ClaimEr
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpusched.core.errors import GpuschedError
@@ -42,6 +42,8 @@ class AllocationResult:
     pool: str
     device: str
     share_id: str = ""
+    consumed: Mapping[str, str] = field(default_factory=dict)
+    """``consumedCapacity`` (capacity name -> quantity) of a shared device."""
 
 
 class ClaimSource(Protocol):
@@ -65,8 +67,11 @@ def allocation_results(claim: Mapping[str, Any], ref: ClaimRef) -> list[Allocati
         if missing:
             raise ClaimError(f"{ref}: status.allocation.devices.results[{i}] has no {', '.join(missing)}")
         share = str(r.get("shareID") or "")
+        consumed = {str(k): str(v) for k, v in (r.get("consumedCapacity") or {}).items()}
         out.append(
-            AllocationResult(str(r["request"]), str(r["driver"]), str(r["pool"]), str(r["device"]), share)
+            AllocationResult(
+                str(r["request"]), str(r["driver"]), str(r["pool"]), str(r["device"]), share, consumed
+            )
         )
     return out
 

@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpusched.agent.dra.cdi import CdiSpecs, PreparedDevice
-from gpusched.agent.dra.claims import ClaimError, ClaimRef, ClaimSource, results_for
+from gpusched.agent.dra.claims import AllocationResult, ClaimError, ClaimRef, ClaimSource, results_for
 from gpusched.agent.dra.slices import NodeSlice
 from gpusched.agent.dra.v1 import api_pb2 as pb
 from gpusched.agent.dra.v1 import api_pb2_grpc as pbg
+from gpusched.k8s.quantity import parse_quantity
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,20 @@ def base_request(request: str) -> str:
     """``gpu/mig`` (a ``firstAvailable`` sub-request) -> ``gpu``: the kubelet matches a container's
     ``resources.claims[].request`` against the base name."""
     return request.split("/", 1)[0]
+
+
+def consumed(r: AllocationResult, driver: str, ref: ClaimRef) -> tuple[int | None, int | None]:
+    """A share's ``milli`` and memory (MiB, rounded down) from its consumed capacity (names bare or
+    qualified by the driver); None where it names none."""
+    values: dict[str, str] = {k.removeprefix(f"{driver}/"): v for k, v in r.consumed.items()}
+    try:
+        milli = int(parse_quantity(values["milli"])) if "milli" in values else None
+        memory = int(parse_quantity(values["memory"]) // (1024 * 1024)) if "memory" in values else None
+    except (ValueError, ArithmeticError):
+        raise ClaimError(
+            f"{ref}: device {r.device}: consumedCapacity {dict(r.consumed)} is no quantity"
+        ) from None
+    return milli, memory
 
 
 @dataclass(frozen=True)
@@ -76,10 +91,13 @@ class Preparer:
                 raise ClaimError(
                     f"{ref}: device {r.device} is not published in pool {pool.pool!r} of driver {pool.driver}"
                 )
-            request = base_request(r.request)
+            milli, memory = consumed(r, pool.driver, ref)
             devices.append(
-                PreparedDevice(request, r.pool, r.device, dev.visible_id, dev.gpu_index, r.share_id)
-            )
+                PreparedDevice(
+                    base_request(r.request), r.pool, r.device, dev.visible_id, dev.gpu_index, r.share_id,
+                    milli, memory,
+                )
+            )  # fmt: skip
         ids = self.cdi.write(ref.uid, f"{ref.namespace}/{ref.name}", devices)
         done = PreparedClaim(ref, tuple(devices), tuple(ids))
         with self._lock:

@@ -33,6 +33,8 @@ class DraConfig:
     registry_dir: Path = DEFAULT_REGISTRY_DIR
     plugins_dir: Path = DEFAULT_PLUGINS_DIR
     unhealthy_effect: str = "NoSchedule"
+    shares: bool = False
+    """Whole GPUs as shared devices with consumable capacity ``milli`` and ``memory``."""
     resync_s: float = 30.0
 
 
@@ -90,8 +92,9 @@ class DraNode:
     def current_slice(self) -> NodeSlice:
         with self._lock:
             bad: Mapping[str, int] = dict(self.unhealthy)
+        c = self.config
         return build_slice(
-            self.inventory, self.node, self.config.driver, unhealthy=bad, effect=self.config.unhealthy_effect
+            self.inventory, self.node, c.driver, unhealthy=bad, effect=c.unhealthy_effect, shares=c.shares
         )
 
     def mark(self, gpu_uuid: str, *, healthy: bool, xid: int = 0) -> bool:

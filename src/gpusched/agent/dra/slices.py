@@ -11,6 +11,11 @@ written for it select gpusched's devices unchanged:
   ``uuid``, ``parentUUID``, ``parentIndex``, ``profile``, ``productName``; capacity ``multiprocessors``,
   ``copyEngines``, ``decoders``, ``encoders``, ``jpegEngines``, ``ofaEngines``, ``memory``.
 
+With shares (``--dra-shares``), each whole GPU is a device that may be allocated many times
+(``allowMultipleAllocations``) with consumable capacity ``milli`` (1000 = the GPU's compute) and ``memory``;
+a request names how much it takes (``capacity.requests``), and one that names neither takes the whole GPU (the
+request policies' defaults are the full values: HAMi's shape, in gpusched's units).
+
 Devices are named in index order (kube-scheduler's allocator tries them in that order). One pool per node,
 named after the node, in one slice; the slice's name is ``<node>-<driver>``. A GPU the agent found unhealthy
 (a critical XID) carries the device taint ``<driver>/xid`` (value: the XID, effect NoSchedule by default;
@@ -67,6 +72,28 @@ class Attribute:
 
 
 @dataclass(frozen=True)
+class Capacity:
+    """A device capacity; with ``default``, a consumable one (the request policy: default and valid range)."""
+
+    value: str
+    default: str | None = None
+    min: str = "0"
+    max: str | None = None
+    step: str | None = None
+
+    def to_api(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"value": self.value}
+        if self.default is not None:
+            rng: dict[str, str] = {"min": self.min}
+            if self.max is not None:
+                rng["max"] = self.max
+            if self.step is not None:
+                rng["step"] = self.step
+            out["requestPolicy"] = {"default": self.default, "validRange": rng}
+        return out
+
+
+@dataclass(frozen=True)
 class Taint:
     key: str
     value: str
@@ -84,15 +111,19 @@ class DraDevice:
     """What the container's ``NVIDIA_VISIBLE_DEVICES`` names: the GPU's or the MIG device's UUID."""
     gpu_index: int
     attributes: Mapping[str, Attribute]
-    capacity: Mapping[str, str]
+    capacity: Mapping[str, Capacity]
     taints: tuple[Taint, ...] = ()
+    shared: bool = False
+    """``allowMultipleAllocations``: GPU shares take parts of its consumable capacity."""
 
     def to_api(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "name": self.name,
             "attributes": {k: {a.kind: a.value} for k, a in sorted(self.attributes.items())},
-            "capacity": {k: {"value": v} for k, v in sorted(self.capacity.items())},
+            "capacity": {k: c.to_api() for k, c in sorted(self.capacity.items())},
         }
+        if self.shared:
+            out["allowMultipleAllocations"] = True
         if self.taints:
             out["taints"] = [{"key": t.key, "value": t.value, "effect": t.effect} for t in self.taints]
         return out
@@ -154,7 +185,9 @@ def _common(dev: GpuDevice, inv: Inventory) -> dict[str, Attribute]:
     }
 
 
-def gpu_device(dev: GpuDevice, inv: Inventory, taints: tuple[Taint, ...]) -> DraDevice:
+def gpu_device(
+    dev: GpuDevice, inv: Inventory, taints: tuple[Taint, ...], *, shares: bool = False
+) -> DraDevice:
     attrs = {
         "type": Attribute("string", "gpu"),
         "uuid": Attribute("string", dev.uuid),
@@ -168,9 +201,19 @@ def gpu_device(dev: GpuDevice, inv: Inventory, taints: tuple[Taint, ...]) -> Dra
         visible_id=dev.uuid,
         gpu_index=dev.index,
         attributes=attrs,
-        capacity={"memory": f"{dev.memory_mib}Mi"},
+        capacity=_share_capacity(dev.memory_mib) if shares else {"memory": Capacity(f"{dev.memory_mib}Mi")},
         taints=taints,
+        shared=shares,
     )
+
+
+def _share_capacity(memory_mib: int) -> dict[str, Capacity]:
+    """A shared GPU's consumable capacity: by default a request takes all of it (a whole GPU)."""
+    mem = f"{memory_mib}Mi"
+    return {
+        "memory": Capacity(mem, default=mem, min="1Mi", step="1Mi"),
+        "milli": Capacity("1000", default="1000", min="1", max="1000", step="1"),
+    }
 
 
 def mig_device(dev: GpuDevice, mig: MigInstance, inv: Inventory, taints: tuple[Taint, ...]) -> DraDevice:
@@ -190,13 +233,13 @@ def mig_device(dev: GpuDevice, mig: MigInstance, inv: Inventory, taints: tuple[T
         gpu_index=dev.index,
         attributes=attrs,
         capacity={
-            "multiprocessors": str(mig.multiprocessors),
-            "copyEngines": str(mig.engines_copy),
-            "decoders": str(mig.engines_decoder),
-            "encoders": str(mig.engines_encoder),
-            "jpegEngines": str(mig.engines_jpeg),
-            "ofaEngines": str(mig.engines_ofa),
-            "memory": f"{mig.memory_mib}Mi",
+            "multiprocessors": Capacity(str(mig.multiprocessors)),
+            "copyEngines": Capacity(str(mig.engines_copy)),
+            "decoders": Capacity(str(mig.engines_decoder)),
+            "encoders": Capacity(str(mig.engines_encoder)),
+            "jpegEngines": Capacity(str(mig.engines_jpeg)),
+            "ofaEngines": Capacity(str(mig.engines_ofa)),
+            "memory": Capacity(f"{mig.memory_mib}Mi"),
         },
         taints=taints,
     )
@@ -209,8 +252,10 @@ def build_slice(
     *,
     unhealthy: Mapping[str, int] | None = None,
     effect: str = "NoSchedule",
+    shares: bool = False,
 ) -> NodeSlice:
-    """The node's pool. ``unhealthy``: GPU UUID -> the XID that made it so (0 when unknown)."""
+    """The node's pool. ``unhealthy``: GPU UUID -> the XID that made it so (0 when unknown); ``shares``: whole
+    GPUs with consumable capacity."""
     bad = unhealthy or {}
     devices: list[DraDevice] = []
     for dev in sorted(inv.devices, key=lambda d: d.index):
@@ -218,7 +263,7 @@ def build_slice(
         if dev.uuid in bad and effect != "None":
             taints = (Taint(f"{driver}/xid", str(bad[dev.uuid]), effect),)
         if not dev.mig_enabled:
-            devices.append(gpu_device(dev, inv, taints))
+            devices.append(gpu_device(dev, inv, taints, shares=shares))
             continue
         for mig in sorted(dev.mig_instances, key=lambda m: (m.placement_start, m.profile)):
             if mig.slices_ci == mig.slices_gi:  # a CI spanning its GI: a device (as the device plugin)
