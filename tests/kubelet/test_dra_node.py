@@ -27,6 +27,8 @@ from kubeletlib import EXTENDER, GPU_UUIDS, KubeletEnv, Ns
 
 from gpusched.k8s.quantity import parse_quantity
 
+pytestmark = pytest.mark.kubelet
+
 DRIVER = "gpu.nvidia.com"
 SELECT = f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'gpu'"
 CLASS = {
