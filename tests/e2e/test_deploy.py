@@ -130,6 +130,43 @@ def test_helm_refuses_defragmentation_in_extender_mode(helm: list[str]) -> None:
     assert "kind: Deployment" in helm_template(helm, "standalone", "--set", "defrag.enabled=true")
 
 
+def test_helm_dra_mode_runs_the_agent_as_the_driver_and_refuses_a_device_plugin_beside_it(
+    api_server: ControlPlane, helm: list[str], tmp_path: Path
+) -> None:
+    """agent.dra.enabled: the agent runs with --dra (driver, CDI directory, taint effect), mounts the
+    kubelet's plugin directories and the CDI directory, may write ResourceSlices (of its own node only, by a
+    ValidatingAdmissionPolicy) and read ResourceClaims; the apiserver accepts it all. With NVIDIA's device
+    plugin serving the GPUs (resources.nvidiaGpu=false) or GPU shares, the chart fails naming the values."""
+    dra = ("agent.dra.enabled=true", "agent.dra.driverName=gpu.example.com", "agent.dra.shares=true")
+    text = helm_template(helm, "standalone", *(a for v in dra for a in ("--set", v)))
+    docs = load_docs(text)
+    ds = next(d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"].endswith("-agent"))
+    args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--dra" in args and args[args.index("--dra-driver") + 1] == "gpu.example.com"
+    assert args[args.index("--cdi-dir") + 1] == "/var/run/cdi" and "--dra-shares" in args
+    mounts = {m["mountPath"] for m in ds["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
+    assert {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins", "/var/run/cdi"} <= mounts
+    role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-agent"))
+    dra_rules = [r for r in role["rules"] if r.get("apiGroups") == ["resource.k8s.io"]]
+    assert {tuple(r["resources"]): r["verbs"] for r in dra_rules}[("resourceclaims",)] == ["get"]
+    assert any(
+        d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"].endswith("-own-slices")
+        for d in docs
+    )
+    rendered = tmp_path / "dra.yaml"
+    rendered.write_text(text)
+    dry_run(api_server, rendered)
+    assert "--dra" not in helm_template(helm, "standalone")  # off by default
+    for value, says in (
+        ("agent.resources.nvidiaGpu=false", "never both"),
+        ("agent.sharing=mps", "agent.sharing=none"),
+    ):
+        proc = run(
+            [*helm, "template", "gpusched", str(CHART), "--set", "agent.dra.enabled=true", "--set", value]
+        )
+        assert proc.returncode != 0 and says in proc.stderr, proc.stderr
+
+
 def rendered_configs(helm: list[str], monkeypatch: pytest.MonkeyPatch, *extra: str) -> dict[str, Any]:
     """Each chart Deployment's container args (``$(VAR)`` filled in), parsed by the gpusched CLI for
     real: the config its ``scheduler`` / ``defrag run`` would start with, by first argument."""

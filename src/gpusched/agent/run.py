@@ -12,6 +12,9 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from gpusched.agent import coexist, health, labels
 from gpusched.agent.allocation import ANN_ALLOCATED
+from gpusched.agent.dra.node import DraConfig, DraNode, refuse_device_plugin_beside
+from gpusched.agent.dra.publish import DraApi
+from gpusched.agent.dra.slices import DraConfigError
 from gpusched.agent.inventory import GpuBackend, XidEvent
 from gpusched.agent.metrics import GpuCollector, Owners, owners_from_pods
 from gpusched.agent.mps import DEFAULT_CONTROL, DEFAULT_ROOT, MpsDaemons
@@ -58,6 +61,9 @@ class AgentConfig:
     hami_lib: Path = DEFAULT_HAMI_LIB
     toolkit_config: Path = DEFAULT_TOOLKIT_CONFIG
     sharing_sync_s: float = 5.0  # how often MPS daemons without shares are looked for (a pod list per look)
+    dra: DraConfig | None = None
+    """The agent as a DRA driver (``--dra``): ResourceSlices and the kubelet's DRA service instead of the
+    device plugin (``gpusched.agent.dra``)."""
 
 
 @dataclass
@@ -66,6 +72,8 @@ class Agent:
     backend: GpuBackend
     pods: PodSource
     nodes: NodeWriter
+    dra_api: DraApi | None = None
+    """Where the DRA driver publishes slices and reads claims (with ``config.dra``)."""
     last_xid: dict[int, int] = field(default_factory=dict)
     _owners: Owners = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -92,6 +100,11 @@ class Agent:
             on_health=self._health_dirty.set,
             sharing=self.sharing,
         )
+        self.dra: DraNode | None = None
+        if c.dra is not None:
+            if self.dra_api is None:
+                raise DraConfigError("the agent in DRA mode needs an API for its slices and claims")
+            self.dra = DraNode(c.node, inv, c.dra, self.dra_api, self.dra_api)
         self.registry = CollectorRegistry()
         self.registry.register(GpuCollector(self.backend, lambda: self._owners, self.last_xid))
         self.registry.register(SharingCollector(self.sharing, self.visibility))
@@ -102,6 +115,9 @@ class Agent:
             if e.critical:
                 log.warning("XID %d on GPU %d: marking it Unhealthy", e.xid, e.gpu_index)
                 self.plugin.mark(e.gpu_index, healthy=False)
+                gpu = self.devices.inventory.by_index(e.gpu_index)
+                if self.dra is not None and gpu is not None:
+                    self.dra.mark(gpu.uuid, healthy=False, xid=e.xid)
             else:
                 log.info("XID %d on GPU %d (not critical)", e.xid, e.gpu_index)
 
@@ -187,6 +203,7 @@ class Agent:
             return done
         self._kubelet_seen = got
         return done
+
     def reconcile_sharing(self, *, at_start: bool = False) -> None:
         """MPS: stop the daemons of GPUs whose last share is gone (errors logged, retried). The pods are
         listed only while a daemon runs (and once at start, for running shares whose daemon is gone)."""
@@ -199,11 +216,27 @@ class Agent:
             return
         self.sharing.reconcile(pods, self.config.node)
 
+    def refuse_dra_beside_a_device_plugin(self) -> None:
+        """DRA mode: ``DraConfigError`` when a device plugin serves this node's GPUs too
+        (``--no-nvidia-resources``, share slots, or a live plugin socket listing a GPU or MIG UUID of this
+        node)."""
+        inv = self.devices.inventory
+        ids = {d.uuid for d in inv.devices} | {m.uuid for d in inv.devices for m in d.mig_instances}
+        others = [o.socket for o in coexist.other_plugins(self.config.plugin_dir, ()) if o.device_ids & ids]
+        refuse_device_plugin_beside(
+            nvidia_resources=self.config.nvidia_resources, sharing=self.config.sharing, other_plugins=others
+        )
+
     def start(self, *, serve_metrics: bool = True) -> None:
+        if self.dra is not None:
+            self.refuse_dra_beside_a_device_plugin()
         # MPS: the daemons an earlier agent started for running shares are kept, then those without shares go
         self.sharing.adopt([d.uuid for d in self.devices.whole_gpus])
         self.reconcile_sharing(at_start=True)
-        self.plugin.start()
+        if self.dra is not None:
+            self.dra.start()
+        else:
+            self.plugin.start()
         if serve_metrics:
             start_http_server(self.config.metrics_port, self.config.metrics_addr, registry=self.registry)
         self.sync_node()
@@ -248,5 +281,8 @@ class Agent:
 
     def stop(self) -> None:
         self._stop.set()
-        self.plugin.stop()
+        if self.dra is not None:
+            self.dra.stop()
+        else:
+            self.plugin.stop()
         self.backend.close()

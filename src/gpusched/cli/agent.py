@@ -144,8 +144,46 @@ def run_cmd(
     toolkit_config: Annotated[
         Path, typer.Option(help="The NVIDIA container toolkit's config.toml (GPU visibility check).")
     ] = Path("/etc/nvidia-container-runtime/config.toml"),
+    dra: Annotated[
+        bool,
+        typer.Option(
+            "--dra",
+            help="Serve the GPUs as a DRA driver (ResourceSlices, the kubelet's DRA service, CDI specs) "
+            "instead of the device plugin; refused beside a device plugin serving them (docs/dra.md).",
+        ),
+    ] = False,
+    dra_driver: Annotated[
+        str, typer.Option(help="--dra: the driver's name (NVIDIA's, so its DeviceClasses select the GPUs).")
+    ] = "gpu.nvidia.com",
+    cdi_dir: Annotated[Path, typer.Option(help="--dra: where the claims' CDI specs are written.")] = Path(
+        "/var/run/cdi"
+    ),
+    dra_registry_dir: Annotated[
+        Path, typer.Option(help="--dra: the kubelet's plugin-registration directory.")
+    ] = Path("/var/lib/kubelet/plugins_registry"),
+    dra_plugins_dir: Annotated[
+        Path, typer.Option(help="--dra: where the DRA socket is served (<dir>/<driver>/dra.sock).")
+    ] = Path("/var/lib/kubelet/plugins"),
+    dra_dev_root: Annotated[
+        Path,
+        typer.Option(help="--dra: the GPUs' device nodes (nvidia<index>, nvidiactl) listed in CDI specs."),
+    ] = Path("/dev"),
+    dra_shares: Annotated[
+        bool,
+        typer.Option(
+            "--dra-shares",
+            help="--dra: whole GPUs as shared devices, consumable capacity milli and memory (GPU shares).",
+        ),
+    ] = False,
+    dra_unhealthy_effect: Annotated[
+        str,
+        typer.Option(
+            help="--dra: the device taint's effect on an unhealthy GPU: NoSchedule, NoExecute, None."
+        ),
+    ] = "NoSchedule",
 ) -> None:
-    """Run the device plugin, the node labeller, GPU health on the Node and the metrics exporter."""
+    """Run the device plugin (or, with --dra, the DRA driver), the node labeller, GPU health on the Node
+    and the metrics exporter."""
     from gpusched.agent.pods import KubePods, MemoryPods
     from gpusched.agent.run import Agent, AgentConfig
 
@@ -154,6 +192,22 @@ def run_cmd(
     if not name:
         raise InvalidInput("--node or $NODE_NAME is required")
     kube = MemoryPods() if no_api else KubePods(kubeconfig)
+    dra_config = dra_api = None
+    if dra:
+        from gpusched.agent.dra.node import DraConfig
+        from gpusched.agent.dra.publish import KubeSlices, MemorySlices
+        from gpusched.agent.dra.slices import check_driver_name, check_effect
+
+        dra_config = DraConfig(
+            driver=check_driver_name(dra_driver),
+            cdi_dir=cdi_dir,
+            dev_root=dra_dev_root,
+            registry_dir=dra_registry_dir,
+            plugins_dir=dra_plugins_dir,
+            unhealthy_effect=check_effect(dra_unhealthy_effect),
+            shares=dra_shares,
+        )
+        dra_api = MemorySlices() if no_api else KubeSlices(kubeconfig)
     cfg = AgentConfig(
         node=name,
         plugin_dir=plugin_dir,
@@ -170,8 +224,9 @@ def run_cmd(
         mps_control=mps_control,
         hami_lib=hami_lib,
         toolkit_config=toolkit_config,
+        dra=dra_config,
     )
-    agent = Agent(cfg, backend_from(fake), kube, kube)
+    agent = Agent(cfg, backend_from(fake), kube, kube, dra_api)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

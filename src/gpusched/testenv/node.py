@@ -61,6 +61,9 @@ from gpusched.testenv.pki import issue_certificate
 
 #: Directory holding pause.tar, busybox.tar and images.env (skips hack/build-node-images.sh).
 ENV_NODE_IMAGES = "GPUSCHED_NODE_IMAGES"
+#: A bin directory with containerd >= 1.7 (``hack/build-containerd.sh``): used instead of the one on PATH,
+#: with CDI on in its CRI plugin (``enable_cdi``, specs in ``RealNode.cdi_dir``); bookworm's 1.6 has no CDI.
+ENV_CONTAINERD_BIN = "GPUSCHED_CONTAINERD_BIN"
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 """Fixed in the kubelet (it ignores ``--root-dir`` for the device-plugin socket)."""
 CNI_BIN_DIR = Path("/usr/lib/cni")
@@ -235,6 +238,28 @@ class RealNode:
         return self.workdir / "containerd" / "containerd.sock"
 
     @property
+    def cdi_dir(self) -> Path:
+        """Where containerd reads CDI specs (``$GPUSCHED_CONTAINERD_BIN``) and a DRA agent writes them."""
+        return self.workdir / "cdi"
+
+    @property
+    def cdi(self) -> bool:
+        """This node's containerd injects CDI devices (``$GPUSCHED_CONTAINERD_BIN``: containerd >= 1.7)."""
+        return _containerd_bin() is not None
+
+    @property
+    def plugins_registry(self) -> Path:
+        """The kubelet's plugin-watcher directory, where DRA drivers register."""
+        return self.workdir / "kubelet" / "root" / "plugins_registry"
+
+    def dra_agent_args(self, dev_root: Path) -> list[str]:
+        """``gpusched agent run`` arguments for the agent as this node's DRA driver (device nodes from
+        ``dev_root``)."""
+        return ["--dra", "--cdi-dir", str(self.cdi_dir), "--dra-registry-dir", str(self.plugins_registry),
+                "--dra-plugins-dir", str(self.workdir / "kubelet" / "root" / "plugins"),
+                "--dra-dev-root", str(dev_root)]  # fmt: skip
+
+    @property
     def fake_gpus_path(self) -> Path:
         return self.workdir / "fake-gpus.yaml"
 
@@ -378,8 +403,8 @@ class RealNode:
         (net_d / "10-gpusched.conflist").write_text(json.dumps(conflist, indent=2))
         cri = 'plugins."io.containerd.grpc.v1.cri"'
         config = f"""version = 2
-root = "{base / 'root'}"
-state = "{base / 'state'}"
+root = "{base / "root"}"
+state = "{base / "state"}"
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
                     "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.devmapper"]
 [grpc]
@@ -391,7 +416,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 [metrics]
   address = ""
 [plugins."io.containerd.internal.v1.opt"]
-  path = "{base / 'opt'}"
+  path = "{base / "opt"}"
 [{cri}]
   sandbox_image = "{self.pause_image}"
   restrict_oom_score_adj = true
@@ -403,14 +428,24 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
       runtime_type = "io.containerd.runc.v2"
       [{cri}.containerd.runtimes.runc.options]
         SystemdCgroup = false
-        Root = "{base / 'runc'}"
+        Root = "{base / "runc"}"
   [{cri}.cni]
     bin_dir = "{CNI_BIN_DIR}"
     conf_dir = "{net_d}"
 """
+        own = _containerd_bin()
+        env = None
+        if own is not None:  # containerd >= 1.7: CDI in CRI, and its own shim first on PATH
+            config = config.replace(
+                f"[{cri}]\n", f'[{cri}]\n  enable_cdi = true\n  cdi_spec_dirs = ["{self.cdi_dir}"]\n', 1
+            )
+            env = {"PATH": f"{own}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+        self.cdi_dir.mkdir(exist_ok=True)
         cfg = base / "config.toml"
         cfg.write_text(config)
-        self._spawn("containerd", ["containerd", "--config", str(cfg)])
+        self._spawn(
+            "containerd", [str(own / "containerd") if own else "containerd", "--config", str(cfg)], env
+        )
         self._wait("containerd's socket", lambda: _listening(self.containerd_socket), "containerd")
         for tar in ("pause.tar", "busybox.tar"):
             out = self.ctr("images", "import", str(images / tar), timeout=120)
@@ -560,13 +595,20 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         if d is not None:
             d.cmd = cmd  # the arguments may have changed (restart_agent(agent_args=...))
         self._spawn("agent", cmd)
-        if wait:
+        if wait and "--dra" in cmd:
+            self._wait(f"the agent's ResourceSlice of {self.name}", self._has_resource_slice, "agent")
+        elif wait:
             n = sum(int(g.get("count", 1)) for g in self._gpus if not g.get("migMode"))
             self._wait(
                 f"nvidia.com/gpu {n} in Node {self.name}'s capacity",
                 lambda: self.capacity("nvidia.com/gpu") == n and self.capacity("gpusched.io/gpu-share") > 0,
                 "agent",
             )
+
+    def _has_resource_slice(self) -> bool:
+        out = self.cp.kubectl("get", "resourceslices", "--field-selector", f"spec.nodeName={self.name}",
+                              "-o", "name", check=False)  # fmt: skip
+        return out.returncode == 0 and bool(out.stdout.strip())
 
     def stop_agent(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
         self._stop_daemon("agent", sig, timeout)
@@ -832,6 +874,16 @@ def _cgroup_controllers() -> list[Path]:
     if (_CGROUP_ROOT / "cgroup.controllers").is_file():  # cgroup v2: one hierarchy
         return [_CGROUP_ROOT]
     return [p for p in _CGROUP_ROOT.iterdir() if p.is_dir() and not p.is_symlink()]
+
+
+def _containerd_bin() -> Path | None:
+    """``$GPUSCHED_CONTAINERD_BIN`` when it holds containerd and its runc shim, else None."""
+    d = os.environ.get(ENV_CONTAINERD_BIN)
+    if not d:
+        return None
+    p = Path(d)
+    ok = all(os.access(p / b, os.X_OK) for b in ("containerd", "containerd-shim-runc-v2"))
+    return p if ok else None
 
 
 def _listening(path: Path) -> bool:

@@ -1,0 +1,151 @@
+"""``NodePrepareResources`` / ``NodeUnprepareResources``: the kubelet's DRA service v1.
+
+Prepare, per claim: read the claim from the API, take its allocation results of this driver (all in this
+node's pool, all devices this node publishes), write the claim's CDI spec and answer the devices with their
+CDI IDs. A claim already prepared (by this process) is answered from memory without reading the API again;
+an agent restarted in between reads the claim again and writes the same spec (same input, same file), so
+Prepare is idempotent either way. A claim that cannot be prepared gets an ``error`` naming it (the kubelet
+retries it and reports it on the pod); the other claims of the call are prepared.
+
+Unprepare, per claim: delete its CDI spec. A claim never prepared (or already unprepared) is no error: the
+kubelet may call again after a restart (the API's rule: idempotent).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpusched.agent.dra.cdi import CdiSpecs, PreparedDevice
+from gpusched.agent.dra.claims import AllocationResult, ClaimError, ClaimRef, ClaimSource, results_for
+from gpusched.agent.dra.slices import NodeSlice
+from gpusched.agent.dra.v1 import api_pb2 as pb
+from gpusched.agent.dra.v1 import api_pb2_grpc as pbg
+from gpusched.k8s.quantity import parse_quantity
+
+log = logging.getLogger(__name__)
+
+
+def base_request(request: str) -> str:
+    """``gpu/mig`` (a ``firstAvailable`` sub-request) -> ``gpu``: the kubelet matches a container's
+    ``resources.claims[].request`` against the base name."""
+    return request.split("/", 1)[0]
+
+
+def consumed(r: AllocationResult, driver: str, ref: ClaimRef) -> tuple[int | None, int | None]:
+    """A share's ``milli`` and memory (MiB, rounded down) from its consumed capacity (names bare or
+    qualified by the driver); None where it names none."""
+    values: dict[str, str] = {k.removeprefix(f"{driver}/"): v for k, v in r.consumed.items()}
+    try:
+        milli = int(parse_quantity(values["milli"])) if "milli" in values else None
+        memory = int(parse_quantity(values["memory"]) // (1024 * 1024)) if "memory" in values else None
+    except (ValueError, ArithmeticError):
+        raise ClaimError(
+            f"{ref}: device {r.device}: consumedCapacity {dict(r.consumed)} is no quantity"
+        ) from None
+    return milli, memory
+
+
+@dataclass(frozen=True)
+class PreparedClaim:
+    ref: ClaimRef
+    devices: tuple[PreparedDevice, ...]
+    cdi_ids: tuple[str, ...]
+
+    def response(self) -> pb.NodePrepareResourceResponse:
+        out = []
+        for d, cdi in zip(self.devices, self.cdi_ids, strict=True):
+            dev = pb.Device(
+                request_names=[d.request], pool_name=d.pool, device_name=d.device, cdi_device_ids=[cdi]
+            )
+            if d.share_id:
+                dev.share_id = d.share_id
+            out.append(dev)
+        return pb.NodePrepareResourceResponse(devices=out)
+
+
+@dataclass
+class Preparer:
+    """What Prepare and Unprepare do, without gRPC (the servicer below wraps it)."""
+
+    claims: ClaimSource
+    cdi: CdiSpecs
+    current_slice: Callable[[], NodeSlice]
+    prepared: dict[str, PreparedClaim] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def prepare(self, ref: ClaimRef) -> PreparedClaim:
+        with self._lock:
+            done = self.prepared.get(ref.uid)
+        if done is not None:
+            return done
+        pool = self.current_slice()
+        claim = self.claims.get_claim(ref.namespace, ref.name)
+        devices = []
+        for r in results_for(claim, ref, pool.driver, pool.pool):
+            dev = pool.by_name.get(r.device)
+            if dev is None:
+                raise ClaimError(
+                    f"{ref}: device {r.device} is not published in pool {pool.pool!r} of driver {pool.driver}"
+                )
+            milli, memory = consumed(r, pool.driver, ref)
+            devices.append(
+                PreparedDevice(
+                    base_request(r.request), r.pool, r.device, dev.visible_id, dev.gpu_index, r.share_id,
+                    milli, memory,
+                )
+            )  # fmt: skip
+        ids = self.cdi.write(ref.uid, f"{ref.namespace}/{ref.name}", devices)
+        done = PreparedClaim(ref, tuple(devices), tuple(ids))
+        with self._lock:
+            self.prepared[ref.uid] = done
+        log.info("prepared %s: %s", ref, ", ".join(ids) or "no device of this driver")
+        return done
+
+    def unprepare(self, ref: ClaimRef) -> None:
+        with self._lock:
+            self.prepared.pop(ref.uid, None)
+        if self.cdi.remove(ref.uid):
+            log.info("unprepared %s", ref)
+
+
+def _ref(c: Any) -> ClaimRef:
+    return ClaimRef(str(c.namespace), str(c.name), str(c.uid))
+
+
+class DraServicer(pbg.DRAPluginServicer):
+    def __init__(self, preparer: Preparer) -> None:
+        self.preparer = preparer
+
+    def NodePrepareResources(
+        self, request: pb.NodePrepareResourcesRequest, context: Any
+    ) -> pb.NodePrepareResourcesResponse:
+        out = pb.NodePrepareResourcesResponse()
+        for c in request.claims:
+            ref = _ref(c)
+            try:
+                out.claims[ref.uid].CopyFrom(self.preparer.prepare(ref).response())
+            except ClaimError as e:
+                log.warning("NodePrepareResources: %s", e)
+                out.claims[ref.uid].CopyFrom(pb.NodePrepareResourceResponse(error=str(e)))
+            except Exception as e:  # the API unreachable, a full disk: the kubelet retries
+                log.warning("NodePrepareResources: %s: %s", ref, e)
+                out.claims[ref.uid].CopyFrom(pb.NodePrepareResourceResponse(error=f"{ref}: {e}"))
+        return out
+
+    def NodeUnprepareResources(
+        self, request: pb.NodeUnprepareResourcesRequest, context: Any
+    ) -> pb.NodeUnprepareResourcesResponse:
+        out = pb.NodeUnprepareResourcesResponse()
+        for c in request.claims:
+            ref = _ref(c)
+            try:
+                self.preparer.unprepare(ref)
+                out.claims[ref.uid].CopyFrom(pb.NodeUnprepareResourceResponse())
+            except OSError as e:
+                log.warning("NodeUnprepareResources: %s: %s", ref, e)
+                out.claims[ref.uid].CopyFrom(pb.NodeUnprepareResourceResponse(error=f"{ref}: {e}"))
+        return out

@@ -1,0 +1,488 @@
+"""The agent as a DRA driver (``gpusched agent run --dra``): the ResourceSlice it builds from the fake NVML
+backend, its publication (generation, owner, deletion), health as device taints, the kubelet-plugin sockets,
+NodePrepareResources / NodeUnprepareResources over gRPC and the CDI specs they write, and the refusal to serve
+GPUs a device plugin serves."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from gpusched.agent.dra.cdi import CdiSpecs
+from gpusched.agent.dra.claims import ClaimRef
+from gpusched.agent.dra.driver import Preparer
+from gpusched.agent.dra.node import DraConfig, DraNode, refuse_device_plugin_beside
+from gpusched.agent.dra.pluginregistration_v1 import api_pb2 as regpb
+from gpusched.agent.dra.pluginregistration_v1 import api_pb2_grpc as regpbg
+from gpusched.agent.dra.publish import MemorySlices, SlicePublisher
+from gpusched.agent.dra.slices import DraConfigError, build_slice, check_driver_name, check_effect
+from gpusched.agent.dra.v1 import api_pb2 as pb
+from gpusched.agent.dra.v1 import api_pb2_grpc as pbg
+from gpusched.agent.fake import FakeBackend
+from gpusched.agent.inventory import Inventory, XidEvent
+from gpusched.agent.plugin import wait_until
+from gpusched.agent.pods import MemoryPods
+from gpusched.agent.run import Agent, AgentConfig
+from gpusched.agent.testing import FakeKubelet
+
+REPO = Path(__file__).resolve().parents[1]
+DRIVER = "gpu.nvidia.com"
+NODE = "dra-node-1"
+UUIDS = [f"GPU-d7a00000-0000-4000-8000-00000000000{i}" for i in range(3)]
+MIG_UUID = "MIG-d7a00000-0000-4000-8000-0000000000aa"
+DOC: dict[str, Any] = {
+    "hostname": NODE,
+    "driverVersion": "550.107.02",
+    "cudaVersion": "12.4",
+    "gpus": [
+        {"model": "NVIDIA A100-SXM4-80GB", "uuid": UUIDS[0], "pciBusId": "00000000:07:00.0", "numaNode": 0},
+        {"model": "NVIDIA A100-SXM4-80GB", "uuid": UUIDS[1], "pciBusId": "00000000:0F:00.0", "numaNode": 0},
+        {
+            "model": "NVIDIA A100-SXM4-80GB",
+            "uuid": UUIDS[2],
+            "migMode": True,
+            "mig": [{"profile": "3g.40gb", "start": 4}, {"profile": "1g.10gb", "start": 0, "uuid": MIG_UUID}],
+        },
+    ],
+}
+
+
+def inventory() -> Inventory:
+    return FakeBackend.from_dict(json.loads(json.dumps(DOC)), "t").inventory()
+
+
+def claim(uid: str, results: list[dict[str, str]], *, ns: str = "ns1", name: str = "c1") -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"namespace": ns, "name": name, "uid": uid},
+        "status": {"allocation": {"devices": {"results": results}}},
+    }
+
+
+def result(device: str, request: str = "gpu", driver: str = DRIVER, pool: str = NODE) -> dict[str, str]:
+    return {"request": request, "driver": driver, "pool": pool, "device": device}
+
+
+# ------------------------------------------------------------------------------------------ the slice
+
+
+def test_whole_gpus_are_devices_in_nvidias_shape_and_a_mig_gpu_its_mig_devices() -> None:
+    s = build_slice(inventory(), NODE, DRIVER)
+    spec = s.spec(3)
+    assert spec["driver"] == DRIVER and spec["nodeName"] == NODE
+    assert spec["pool"] == {"name": NODE, "generation": 3, "resourceSliceCount": 1}
+    names = [d["name"] for d in spec["devices"]]
+    assert names == ["gpu-0", "gpu-1", "gpu-2-mig-1g10gb-0", "gpu-2-mig-3g40gb-4"]
+    gpu1 = spec["devices"][1]
+    assert gpu1["attributes"]["type"] == {"string": "gpu"}
+    assert gpu1["attributes"]["uuid"] == {"string": UUIDS[1]}
+    assert gpu1["attributes"]["index"] == {"int": 1}
+    assert gpu1["attributes"]["productName"] == {"string": "NVIDIA A100-SXM4-80GB"}
+    assert gpu1["attributes"]["architecture"] == {"string": "Ampere"}
+    assert gpu1["attributes"]["cudaComputeCapability"] == {"version": "8.0.0"}
+    assert gpu1["attributes"]["driverVersion"] == {"version": "550.107.2"}
+    assert gpu1["attributes"]["cudaDriverVersion"] == {"version": "12.4.0"}
+    assert gpu1["attributes"]["resource.kubernetes.io/pciBusID"] == {"string": "0000:0f:00.0"}
+    assert gpu1["capacity"] == {"memory": {"value": "81920Mi"}}
+    assert "taints" not in gpu1
+    mig = spec["devices"][2]
+    assert mig["attributes"]["type"] == {"string": "mig"}
+    assert mig["attributes"]["uuid"] == {"string": MIG_UUID}
+    assert mig["attributes"]["parentUUID"] == {"string": UUIDS[2]}
+    assert mig["attributes"]["profile"] == {"string": "1g.10gb"}
+    assert (
+        mig["capacity"]["memory"]["value"].endswith("Mi")
+        and int(mig["capacity"]["multiprocessors"]["value"]) > 0
+    )
+    # what Prepare needs: the ID a container sees
+    assert s.by_name["gpu-2-mig-1g10gb-0"].visible_id == MIG_UUID
+    assert s.by_name["gpu-1"].visible_id == UUIDS[1]
+
+
+def test_an_unhealthy_gpu_and_its_mig_devices_carry_the_xid_taint() -> None:
+    s = build_slice(inventory(), NODE, DRIVER, unhealthy={UUIDS[0]: 79, UUIDS[2]: 48}, effect="NoExecute")
+    taints = {d.name: [(t.key, t.value, t.effect) for t in d.taints] for d in s.devices}
+    assert taints == {
+        "gpu-0": [("gpu.nvidia.com/xid", "79", "NoExecute")],
+        "gpu-1": [],
+        "gpu-2-mig-1g10gb-0": [("gpu.nvidia.com/xid", "48", "NoExecute")],
+        "gpu-2-mig-3g40gb-4": [("gpu.nvidia.com/xid", "48", "NoExecute")],
+    }
+    assert s.spec(1)["devices"][0]["taints"] == [
+        {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoExecute"}
+    ]
+    none = build_slice(inventory(), NODE, DRIVER, unhealthy={UUIDS[0]: 79}, effect="None")
+    assert all(not d.taints for d in none.devices)
+
+
+def test_with_shares_whole_gpus_are_shared_devices_with_consumable_milli_and_memory() -> None:
+    plain = build_slice(inventory(), NODE, DRIVER).spec(1)["devices"][0]
+    assert "allowMultipleAllocations" not in plain and "requestPolicy" not in plain["capacity"]["memory"]
+    devices = build_slice(inventory(), NODE, DRIVER, shares=True).spec(1)["devices"]
+    gpu0 = devices[0]
+    assert gpu0["allowMultipleAllocations"] is True
+    assert gpu0["capacity"] == {
+        "memory": {
+            "value": "81920Mi",
+            "requestPolicy": {"default": "81920Mi", "validRange": {"min": "1Mi", "step": "1Mi"}},
+        },
+        "milli": {
+            "value": "1000",
+            "requestPolicy": {"default": "1000", "validRange": {"min": "1", "max": "1000", "step": "1"}},
+        },
+    }
+    assert all("allowMultipleAllocations" not in d for d in devices if "-mig-" in d["name"])
+
+
+def test_bad_driver_names_and_effects_are_refused_naming_the_flag() -> None:
+    assert check_driver_name("gpu.gpusched.io") == "gpu.gpusched.io"
+    for bad in ("GPU.nvidia.com", "gpu_nvidia", "x" * 64, "-gpu.io"):
+        with pytest.raises(DraConfigError, match="--dra-driver"):
+            check_driver_name(bad)
+    with pytest.raises(DraConfigError, match="--dra-unhealthy-effect 'Evict'"):
+        check_effect("Evict")
+
+
+# ------------------------------------------------------------------------------------ publication
+
+
+def test_the_slice_is_created_owned_by_the_node_and_rewritten_with_a_new_generation_only_on_change() -> None:
+    api = MemorySlices(node_uids={NODE: "node-uid-1"})
+    api.create_slice(  # an older agent's slice of the same driver and node: replaced by this one
+        {"metadata": {"name": "old-name"}, "spec": {"driver": DRIVER, "nodeName": NODE, "devices": []}}
+    )
+    api.create_slice({"metadata": {"name": "other"}, "spec": {"driver": "other.io", "nodeName": NODE}})
+    pub = SlicePublisher(api)
+    assert pub.sync(build_slice(inventory(), NODE, DRIVER))
+    assert sorted(api.slices) == ["dra-node-1-gpu.nvidia.com", "other"]
+    s = api.slices["dra-node-1-gpu.nvidia.com"]
+    assert s["spec"]["pool"]["generation"] == 1
+    assert s["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "node-uid-1", "controller": True}
+    ]
+    assert not pub.sync(build_slice(inventory(), NODE, DRIVER))  # unchanged: not written
+    # the apiserver stores quantities normalised (81920Mi as 80Gi): still the same slice, not written again
+    s["spec"]["devices"][0]["capacity"]["memory"]["value"] = "80Gi"
+    assert not pub.sync(build_slice(inventory(), NODE, DRIVER))
+    assert pub.writes == 1
+    assert pub.sync(build_slice(inventory(), NODE, DRIVER, unhealthy={UUIDS[1]: 79}))
+    s = api.slices["dra-node-1-gpu.nvidia.com"]
+    assert s["spec"]["pool"]["generation"] == 2
+    assert s["spec"]["devices"][1]["taints"][0]["value"] == "79"
+    pub.delete(build_slice(inventory(), NODE, DRIVER))
+    assert sorted(api.slices) == ["other"]
+
+
+def test_a_critical_xid_in_dra_mode_taints_the_device_in_the_published_slice(tmp_path: Path) -> None:
+    api = MemorySlices()
+    backend = FakeBackend.from_dict(json.loads(json.dumps(DOC)), "t")
+    pods = MemoryPods()
+    cfg = AgentConfig(
+        node=NODE,
+        plugin_dir=tmp_path / "dp",
+        dra=DraConfig(
+            cdi_dir=tmp_path / "cdi", registry_dir=tmp_path / "reg", plugins_dir=tmp_path / "plugins"
+        ),
+    )
+    agent = Agent(cfg, backend, pods, pods, api)
+    assert agent.dra is not None
+    agent.dra.publish()
+    agent.handle_xids([XidEvent(1, 13)])  # an application error: no taint
+    agent.dra.publish()
+    assert "taints" not in api.slices[f"{NODE}-{DRIVER}"]["spec"]["devices"][1]
+    agent.handle_xids([XidEvent(1, 79)])
+    agent.dra.publish()
+    dev = api.slices[f"{NODE}-{DRIVER}"]["spec"]["devices"][1]
+    assert dev["taints"] == [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}]
+    assert api.slices[f"{NODE}-{DRIVER}"]["spec"]["pool"]["generation"] == 2
+    assert not (tmp_path / "dp").exists()  # no device-plugin socket was ever served
+
+
+# ------------------------------------------------------------------------- prepare / unprepare, gRPC
+
+
+class Env:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.api = MemorySlices()
+        self.dev = root / "dev"
+        self.dev.mkdir()
+        self.config = DraConfig(
+            cdi_dir=root / "cdi", dev_root=self.dev, registry_dir=root / "reg", plugins_dir=root / "plugins"
+        )
+        self.node = DraNode(NODE, inventory(), self.config, self.api, self.api)
+
+    def channel(self, path: Path) -> grpc.Channel:
+        return grpc.insecure_channel(f"unix://{path}")
+
+    def prepare(self, *refs: ClaimRef) -> pb.NodePrepareResourcesResponse:
+        with self.channel(self.node.plugin.dra_socket) as ch:
+            req = pb.NodePrepareResourcesRequest(
+                claims=[pb.Claim(namespace=r.namespace, name=r.name, uid=r.uid) for r in refs]
+            )
+            return pbg.DRAPluginStub(ch).NodePrepareResources(req, timeout=10)
+
+    def unprepare(self, *refs: ClaimRef) -> pb.NodeUnprepareResourcesResponse:
+        with self.channel(self.node.plugin.dra_socket) as ch:
+            req = pb.NodeUnprepareResourcesRequest(
+                claims=[pb.Claim(namespace=r.namespace, name=r.name, uid=r.uid) for r in refs]
+            )
+            return pbg.DRAPluginStub(ch).NodeUnprepareResources(req, timeout=10)
+
+
+@pytest.fixture
+def env() -> Iterator[Env]:
+    root = Path(tempfile.mkdtemp(prefix="dra", dir="/tmp"))  # short: unix socket paths are < 108 bytes
+    e = Env(root)
+    e.node.start()
+    try:
+        yield e
+    finally:
+        e.node.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_registration_socket_names_the_driver_its_dra_socket_and_the_v1_service(env: Env) -> None:
+    sock = env.config.registry_dir / f"{DRIVER}-reg.sock"
+    assert sock.is_socket()
+    with env.channel(sock) as ch:
+        stub = regpbg.RegistrationStub(ch)
+        info = stub.GetInfo(regpb.InfoRequest(), timeout=10)
+        stub.NotifyRegistrationStatus(regpb.RegistrationStatus(plugin_registered=True), timeout=10)
+    assert (info.type, info.name) == ("DRAPlugin", DRIVER)
+    assert info.endpoint == str(env.config.plugins_dir / DRIVER / "dra.sock")
+    assert list(info.supported_versions) == ["v1.DRAPlugin"]
+    assert env.node.plugin.registration.registered.is_set()
+    assert f"{NODE}-{DRIVER}" in env.api.slices  # published at start
+
+
+def test_prepare_writes_the_claims_cdi_spec_and_answers_its_device_ids(env: Env) -> None:
+    (env.dev / "nvidia1").touch()  # a stand-in device node for GPU 1 (and none for the control devices)
+    env.api.claims[("ns1", "c1")] = claim(
+        "uid-1", [result("gpu-1", "gpu"), result("gpu-2-mig-1g10gb-0", "g/mig")]
+    )
+    resp = env.prepare(ClaimRef("ns1", "c1", "uid-1"))
+    got = resp.claims["uid-1"]
+    assert got.error == ""
+    assert [
+        (list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids)) for d in got.devices
+    ] == [
+        (["gpu"], NODE, "gpu-1", ["k8s.gpu.nvidia.com/claim=uid-1-gpu-1"]),
+        (["g"], NODE, "gpu-2-mig-1g10gb-0", ["k8s.gpu.nvidia.com/claim=uid-1-gpu-2-mig-1g10gb-0"]),
+    ]
+    spec = json.loads((env.config.cdi_dir / "k8s.gpu.nvidia.com-claim_uid-1.json").read_text())
+    assert spec == {
+        "cdiVersion": "0.5.0",
+        "kind": "k8s.gpu.nvidia.com/claim",
+        "devices": [
+            {
+                "name": "uid-1-gpu-1",
+                "containerEdits": {
+                    "env": [f"NVIDIA_VISIBLE_DEVICES={UUIDS[1]}", "GPUSCHED_DRA_CLAIM=ns1/c1"],
+                    "deviceNodes": [{"path": "/dev/nvidia1", "hostPath": str(env.dev / "nvidia1")}],
+                },
+            },
+            {
+                "name": "uid-1-gpu-2-mig-1g10gb-0",
+                "containerEdits": {
+                    "env": [f"NVIDIA_VISIBLE_DEVICES={MIG_UUID}", "GPUSCHED_DRA_CLAIM=ns1/c1"]
+                },
+            },
+        ],
+    }
+
+
+def test_devices_of_one_request_are_visible_together_and_other_drivers_results_are_left_alone(
+    env: Env,
+) -> None:
+    env.api.claims[("ns1", "c1")] = claim(
+        "uid-2", [result("gpu-0"), result("gpu-1"), result("other-0", driver="other.example.com", pool="p")]
+    )
+    got = env.prepare(ClaimRef("ns1", "c1", "uid-2")).claims["uid-2"]
+    assert [d.device_name for d in got.devices] == ["gpu-0", "gpu-1"]
+    spec = CdiSpecs(env.config.cdi_dir, DRIVER).read("uid-2")
+    assert spec is not None
+    envs = [d["containerEdits"]["env"][0] for d in spec["devices"]]
+    assert envs == [f"NVIDIA_VISIBLE_DEVICES={UUIDS[0]},{UUIDS[1]}"] * 2
+
+
+def test_a_share_gets_its_consumed_capacity_as_env_and_a_cdi_device_of_its_own(env: Env) -> None:
+    shares = [
+        {**result("gpu-0", "a"), "shareID": "s-1", "consumedCapacity": {"milli": "250", "memory": "10Gi"}},
+        {**result("gpu-0", "b"), "shareID": "s-2", "consumedCapacity": {"gpu.nvidia.com/milli": "1k"}},
+    ]
+    env.api.claims[("ns1", "c1")] = claim("uid-s", shares)
+    got = env.prepare(ClaimRef("ns1", "c1", "uid-s")).claims["uid-s"]
+    assert got.error == ""
+    assert [(d.share_id, list(d.cdi_device_ids)) for d in got.devices] == [
+        ("s-1", ["k8s.gpu.nvidia.com/claim=uid-s-gpu-0-s-1"]),
+        ("s-2", ["k8s.gpu.nvidia.com/claim=uid-s-gpu-0-s-2"]),
+    ]
+    spec = CdiSpecs(env.config.cdi_dir, DRIVER).read("uid-s")
+    assert spec is not None
+    assert [(d["name"], d["containerEdits"]["env"][2:]) for d in spec["devices"]] == [
+        ("uid-s-gpu-0-s-1", ["GPUSCHED_GPU_MILLI=250", "GPUSCHED_GPU_MEMORY_MIB=10240"]),
+        ("uid-s-gpu-0-s-2", ["GPUSCHED_GPU_MILLI=1000"]),
+    ]
+    bad = [{**result("gpu-1"), "shareID": "s-3", "consumedCapacity": {"milli": "lots"}}]
+    env.api.claims[("ns1", "bad")] = claim("uid-bad", bad, name="bad")
+    err = env.prepare(ClaimRef("ns1", "bad", "uid-bad")).claims["uid-bad"].error
+    assert "ns1/bad (uid uid-bad): device gpu-1: consumedCapacity {'milli': 'lots'} is no quantity" in err
+
+
+def test_prepare_is_idempotent_in_one_agent_and_across_a_restart(env: Env) -> None:
+    env.api.claims[("ns1", "c1")] = claim("uid-3", [result("gpu-0")])
+    ref = ClaimRef("ns1", "c1", "uid-3")
+    first = env.prepare(ref)
+    spec = (env.config.cdi_dir / "k8s.gpu.nvidia.com-claim_uid-3.json").read_text()
+    del env.api.claims[("ns1", "c1")]  # answered from memory: the API is not read again
+    assert env.prepare(ref) == first
+    env.api.claims[("ns1", "c1")] = claim("uid-3", [result("gpu-0")])
+    restarted = Preparer(env.api, CdiSpecs(env.config.cdi_dir, DRIVER, env.dev), env.node.current_slice)
+    assert restarted.prepare(ref).response() == first.claims["uid-3"]
+    assert (env.config.cdi_dir / "k8s.gpu.nvidia.com-claim_uid-3.json").read_text() == spec
+
+
+def test_a_claim_that_cannot_be_prepared_gets_an_error_naming_it_and_the_others_are_prepared(
+    env: Env,
+) -> None:
+    env.api.claims[("ns1", "ok")] = claim("uid-ok", [result("gpu-0")], name="ok")
+    env.api.claims[("ns1", "moved")] = claim("uid-new", [result("gpu-0")], name="moved")
+    env.api.claims[("ns1", "bare")] = {"metadata": {"namespace": "ns1", "name": "bare", "uid": "uid-bare"}}
+    env.api.claims[("ns1", "far")] = claim("uid-far", [result("gpu-0", pool="other-node")], name="far")
+    env.api.claims[("ns1", "ghost")] = claim("uid-ghost", [result("gpu-9")], name="ghost")
+    refs = [
+        ClaimRef("ns1", "ok", "uid-ok"),
+        ClaimRef("ns1", "missing", "uid-missing"),
+        ClaimRef("ns1", "moved", "uid-old"),
+        ClaimRef("ns1", "bare", "uid-bare"),
+        ClaimRef("ns1", "far", "uid-far"),
+        ClaimRef("ns1", "ghost", "uid-ghost"),
+    ]
+    resp = env.prepare(*refs)
+    assert resp.claims["uid-ok"].error == "" and len(resp.claims["uid-ok"].devices) == 1
+    assert "ResourceClaim ns1/missing not found" in resp.claims["uid-missing"].error
+    assert "ns1/moved (uid uid-old)" in resp.claims["uid-old"].error
+    assert "uid 'uid-new' now" in resp.claims["uid-old"].error
+    assert "ns1/bare (uid uid-bare) is not allocated" in resp.claims["uid-bare"].error
+    assert "pool 'other-node'" in resp.claims["uid-far"].error
+    assert "device gpu-9 is not published" in resp.claims["uid-ghost"].error
+    written = sorted(p.name for p in env.config.cdi_dir.iterdir())
+    assert written == ["k8s.gpu.nvidia.com-claim_uid-ok.json"]
+
+
+def test_unprepare_removes_the_spec_and_is_idempotent(env: Env) -> None:
+    env.api.claims[("ns1", "c1")] = claim("uid-4", [result("gpu-1")])
+    ref = ClaimRef("ns1", "c1", "uid-4")
+    env.prepare(ref)
+    path = env.config.cdi_dir / "k8s.gpu.nvidia.com-claim_uid-4.json"
+    assert path.exists()
+    for _ in range(2):  # again: no error (never prepared, or already unprepared)
+        resp = env.unprepare(ref, ClaimRef("ns1", "never", "uid-never"))
+        assert set(resp.claims) == {"uid-4", "uid-never"}
+        assert all(c.error == "" for c in resp.claims.values())
+        assert not path.exists()
+    env.api.claims[("ns1", "c1")] = claim("uid-4", [result("gpu-0")])  # prepared again: read again
+    assert env.prepare(ref).claims["uid-4"].devices[0].device_name == "gpu-0"
+
+
+def test_the_sockets_are_served_again_when_removed_and_gone_after_stop() -> None:
+    root = Path(tempfile.mkdtemp(prefix="dra", dir="/tmp"))
+    e = Env(root)
+    try:
+        e.node.plugin.start(watch_interval_s=0.05)
+        e.node.plugin.registration_socket.unlink()
+        assert wait_until(e.node.plugin.registration_socket.is_socket, 10)
+        e.node.plugin.stop()
+        assert not e.node.plugin.registration_socket.exists() and not e.node.plugin.dra_socket.exists()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# ----------------------------------------------------------------- never beside a device plugin
+
+
+def test_dra_beside_a_device_plugin_is_refused_naming_what_serves_the_gpus() -> None:
+    with pytest.raises(DraConfigError, match="--no-nvidia-resources"):
+        refuse_device_plugin_beside(nvidia_resources=False, sharing="none", other_plugins=[])
+    with pytest.raises(DraConfigError, match="--sharing mps"):
+        refuse_device_plugin_beside(nvidia_resources=True, sharing="mps", other_plugins=[])
+    refuse_device_plugin_beside(nvidia_resources=True, sharing="none", other_plugins=[])
+    # a live device plugin listing this node's GPUs (gpusched's own, in device-plugin mode, stands in for
+    # NVIDIA's) in the kubelet's directory: the DRA agent does not start
+    d = Path(tempfile.mkdtemp(prefix="dp", dir="/tmp"))
+    kubelet = FakeKubelet(d).start()
+    pods = MemoryPods()
+    plugin_agent = Agent(
+        AgentConfig(node=NODE, plugin_dir=d),
+        FakeBackend.from_dict(json.loads(json.dumps(DOC)), "t"),
+        pods,
+        pods,
+    )
+    dra_cfg = DraConfig(cdi_dir=d / "cdi", registry_dir=d / "reg", plugins_dir=d / "plugins")
+    dra_agent = Agent(
+        AgentConfig(node=NODE, plugin_dir=d, dra=dra_cfg),
+        FakeBackend.from_dict(json.loads(json.dumps(DOC)), "t"),
+        pods,
+        pods,
+        MemorySlices(),
+    )
+    try:
+        plugin_agent.start(serve_metrics=False)
+        with pytest.raises(
+            DraConfigError, match=r"another device plugin serves this node's GPUs \(gpusched-gpu.sock"
+        ):
+            dra_agent.start(serve_metrics=False)
+        assert not (d / "reg").exists()
+    finally:
+        plugin_agent.stop()
+        kubelet.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_the_run_command_refuses_dra_with_no_nvidia_resources_in_one_error_line(tmp_path: Path) -> None:
+    f = tmp_path / "gpus.json"
+    f.write_text(json.dumps(DOC))
+    base = [sys.executable, "-m", "gpusched.cli", "agent", "run", "--fake", str(f), "--no-api",
+            "--node", NODE, "--plugin-dir", str(tmp_path / "dp"), "--metrics-port", "0", "--dra",
+            "--dra-registry-dir", str(tmp_path / "reg"), "--dra-plugins-dir", str(tmp_path)]  # fmt: skip
+    for extra, says in ((["--no-nvidia-resources"], "--dra with --no-nvidia-resources"),
+                        (["--dra-driver", "Bad_Name"], "--dra-driver 'Bad_Name'")):  # fmt: skip
+        # a run that is not refused serves until stopped: the timeout fails the test
+        r = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=60, check=False)
+        assert r.returncode != 0
+        assert says in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "reg").exists()
+
+
+# ---------------------------------------------------------------------------------- generated stubs
+KUBELET_MOD = Path.home() / "go/pkg/mod/k8s.io/kubelet@v0.37.2"
+
+
+@pytest.mark.skipif(
+    not KUBELET_MOD.exists(), reason=f"{KUBELET_MOD} absent (built with the kubelet by hack/)"
+)
+def test_committed_dra_stubs_are_what_the_generation_script_writes(tmp_path: Path) -> None:
+    pytest.importorskip("grpc_tools")
+    r = subprocess.run(
+        ["bash", str(REPO / "hack/gen-dra.sh"), str(KUBELET_MOD)],
+        env={"OUT": str(tmp_path), "PATH": "/usr/bin:/bin:/usr/local/bin", "PYTHON": sys.executable,
+             "HOME": str(Path.home()), "GOMODCACHE": str(Path.home() / "go/pkg/mod")},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    for pkg in ("v1", "pluginregistration_v1"):
+        for f in ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py"):
+            assert (tmp_path / pkg / f).read_text() == (
+                REPO / "src/gpusched/agent/dra" / pkg / f
+            ).read_text(), f
