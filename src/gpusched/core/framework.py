@@ -1,6 +1,8 @@
 """The plugin framework, after kube-scheduler's: extension points, cycle state, profiles.
 
-Extension points, in the order ``schedule_one`` runs them:
+Extension points, in the order ``schedule_one`` runs them (``feasible`` runs PreFilter and
+Filter, ``pick_host`` Prefer and Score; kube-scheduler's Reserve and Permit are left out: nothing
+here books beside the snapshot, and gangs are decided whole in one cycle, ``core.gang``):
 
 - **PreFilter** — checks the pod alone and precomputes, once per pod and cycle, what its
   Filter needs into the typed cycle state (InterPodAffinity and PodTopologySpread: a verdict
@@ -14,11 +16,6 @@ Extension points, in the order ``schedule_one`` runs them:
   Preferences come first, as in kube-scheduler where they outweigh resource scoring.
 - **Score** — a score per candidate node, with an optional device choice per node (which GPU
   a share would take there); weighted and summed across score plugins: the placement policy.
-- **Reserve/Unreserve** — side bookkeeping once a node is chosen; when a later Reserve or a
-  Permit fails, the plugins already reserved are unreserved in reverse order.
-- **Permit** — allow, reject or make the pod wait (gang scheduling). A WAIT leaves the pod
-  assumed and reserved; the cycle returns a waiting result (``ScheduleResult.waiting``) that the
-  front end holds until it allows the pod (bind it) or rejects it (unreserve, forget).
 - **Bind** — carries a decision out. Bind plugins are supplied by the front ends (the core
   does no I/O): the Kubernetes front ends bind through the API; the simulator needs none.
   ``run_bind`` tries them in order; the first that does not answer ``SKIP`` decides.
@@ -63,7 +60,7 @@ class StateKey(Generic[T]):
 
 class CycleState:
     """Data one scheduling cycle passes between extension points (per pod, per cycle): what
-    PreFilter precomputes for Filter, Prefer and Score, what Reserve books for Unreserve.
+    PreFilter precomputes for Filter, Prefer and Score.
 
     A cycle state belongs to one pod and one snapshot version: a what-if on a changed snapshot
     (preemption) starts a fresh one."""
@@ -129,22 +126,6 @@ class ScorePlugin(Protocol):
     def score(self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64) -> NodeScores: ...
 
 
-@runtime_checkable
-class ReservePlugin(Protocol):
-    name: str
-
-    def reserve(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> Status: ...
-
-    def unreserve(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> None: ...
-
-
-@runtime_checkable
-class PermitPlugin(Protocol):
-    name: str
-
-    def permit(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> Status: ...
-
-
 @dataclass(frozen=True, slots=True)
 class PostFilterResult:
     status: Status
@@ -205,8 +186,6 @@ class Profile:
     post_filters: Sequence[PostFilterPlugin] = ()
     preferences: Sequence[WeightedPreference] = ()
     scores: Sequence[WeightedScore] = ()
-    reserves: Sequence[ReservePlugin] = ()
-    permits: Sequence[PermitPlugin] = ()
     binds: Sequence[BindPlugin] = ()
     workload: TargetWorkload | None = None
     """The target workload its score plugins judge fragmentation against, as they use it (None:

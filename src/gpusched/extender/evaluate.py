@@ -23,7 +23,7 @@ from gpusched.core.caches import LRUCache
 from gpusched.core.cluster import I64, BoolArr, ClusterState
 from gpusched.core.framework import CycleState, Profile
 from gpusched.core.model import NodeSpec, PodSpec
-from gpusched.core.scheduler import filter_nodes, most_preferred, pre_filter, score_nodes, select_host
+from gpusched.core.scheduler import feasible, pick_host, score_nodes
 from gpusched.core.status import Code
 from gpusched.extender.protocol import BadRequest, check_names
 from gpusched.k8s.convert import InvalidRequest, node_from_k8s
@@ -85,13 +85,12 @@ def run_filters(
     """The core's PreFilter and Filter over the snapshot nodes ``idx``: which pass, and (with
     ``explain``) why the others do not, by position in ``idx`` (``core.scheduler.diagnose``'s
     words: the first failing filter names each node)."""
-    state = CycleState()
-    st = pre_filter(state, profile, pod, snap)
+    f = feasible(profile, pod, snap, idx, explain=explain)
+    st = f.status
     if not st.ok:
         fails = [(p, st.message(), st.code) for p in range(len(idx))] if explain else []
-        return np.zeros(len(idx), dtype=bool), fails, state
-    r = filter_nodes(state, profile, pod, snap, idx, explain=explain)
-    return r.passed, [(f.position, f.reason, f.code) for f in r.failures], state
+        return f.passed, fails, f.state
+    return f.passed, [(x.position, x.reason, x.code) for x in f.filtered.failures], f.state
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,13 +200,9 @@ class Evaluator:
             m, _, state = run_filters(self.profile, pod, snap, nl.idx, explain=False)
             if not m.any():
                 return None
-            feasible = np.sort(nl.idx[m])
-            candidates = most_preferred(state, self.profile, pod, snap, feasible)
-            total, choice = score_nodes(state, self.profile, pod, snap, candidates)
-            k = select_host(total, candidates, None)
-            node, hint = int(candidates[k]), int(choice[k]) if choice is not None else -1
-            self._picks.put(pod.key, _Kept(pod, node, int(snap.gen[node]), hint))
-            return Pick(snap.names[node], hint)
+            p = pick_host(state, self.profile, pod, snap, np.sort(nl.idx[m]))
+            self._picks.put(pod.key, _Kept(pod, p.node, int(snap.gen[p.node]), p.gpu_hint))
+            return Pick(p.node_name, p.gpu_hint)
 
     def device_hint(self, snap: ClusterState, pod: PodSpec, node: int) -> int | None:
         """The device choice of ``pod``'s last pick, when it picked ``node`` of ``snap`` and the

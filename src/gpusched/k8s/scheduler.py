@@ -18,9 +18,7 @@ Only the leader decides (``start_leading``/``stop_leading``, driven by ``leader.
 standby keeps its informers warm. Becoming leader rebuilds the books from the API objects
 (bound pods and their assignment annotations) before the first decision.
 
-A pod a Permit plugin makes wait (``ScheduleResult.waiting``) is rejected at once (its booking
-given back) and waits in the unschedulable set: no profile of this scheduler waits. Gangs hold
-nothing while they wait: a PodGroup member is decided with its group's pending pods, all or
+Gangs hold nothing while they wait: a PodGroup member is decided with its group's pending pods, all or
 nothing, in one cycle (``k8s/gangs.py``: within its tenant queue's quota, a preemptor as a unit,
 clear of the rooms nominated pods and defragmentation keep, through ``PreemptionHost``, which this
 class is); a pod with DRA claims is never bound (``k8s/claims.py``).
@@ -322,8 +320,6 @@ class StandaloneScheduler:
                 r = schedule_with_nominated(
                     profile, steered, snap, rooms, tiebreak=self._tiebreak, leaving=noms.leaving()
                 )
-            if r.waiting is not None:
-                r = dataclasses.replace(r, status=r.waiting.reject("waiting on Permit: not held here yet"))
             if r.scheduled:
                 self.cluster.assume(pod, r.node, r.gpus)
             elif r.victims:
