@@ -13,7 +13,8 @@ The two halves of a cycle, side-effect free (nothing is booked in the snapshot):
 
 - ``feasible``: a fresh cycle state, PreFilter, Filter (``Feasibility``); ``fits`` is its
   what-if on one node.
-- ``pick_host``: among the feasible nodes, prefer, score, select, choose devices (``Pick``).
+- ``pick_host``: among the feasible nodes, prefer, score, select (``best_host``), choose devices
+  (``Pick``).
 
 ``schedule_one`` is the two halves, the PostFilter plugins when no node passes (preemption), and
 the assumption of the pick in the snapshot.
@@ -255,6 +256,34 @@ def feasible(
 
 
 @dataclass(frozen=True, slots=True)
+class Best:
+    """The node the pod's preferences and the scores choose, before its devices are chosen."""
+
+    node: int
+    score: float
+    gpu_hint: int
+    """The device choice there of the heaviest score plugin that makes one (-1: none)."""
+
+
+def best_host(
+    state: CycleState,
+    profile: Profile,
+    pod: PodSpec,
+    snap: ClusterState,
+    feasible_nodes: I64,
+    *,
+    tiebreak: I64 | None = None,
+) -> Best:
+    """Prefer, score, select among ``feasible_nodes`` (non-empty): ``pick_host`` without the
+    device choice, for a front end that chooses the devices later (the extender's ``/filter``
+    pick, whose ``/bind`` chooses them)."""
+    candidates = most_preferred(state, profile, pod, snap, feasible_nodes)
+    total, choice = score_nodes(state, profile, pod, snap, candidates)
+    k = select_host(total, candidates, tiebreak)
+    return Best(int(candidates[k]), float(total[k]), int(choice[k]) if choice is not None else -1)
+
+
+@dataclass(frozen=True, slots=True)
 class Pick:
     """The second half's answer: the node chosen, the GPUs the pod takes there, its score."""
 
@@ -264,8 +293,6 @@ class Pick:
     score: float
     feasible: int
     """How many nodes it was chosen among (the feasible nodes passed in)."""
-    gpu_hint: int = -1
-    """The device choice there of the heaviest score plugin that makes one (-1: none)."""
 
 
 def pick_host(
@@ -279,15 +306,11 @@ def pick_host(
 ) -> Pick:
     """The second half of a cycle, side-effect free: among ``feasible_nodes`` (non-empty; the
     snapshot indices ``feasible`` let through, ``state`` its cycle state) prefer, score, select
-    the host and choose its devices. Nothing is booked. Raises ValueError when the pod does not
-    fit the chosen node's GPUs (``choose_devices``)."""
-    candidates = most_preferred(state, profile, pod, snap, feasible_nodes)
-    total, choice = score_nodes(state, profile, pod, snap, candidates)
-    k = select_host(total, candidates, tiebreak)
-    node = int(candidates[k])
-    hint = int(choice[k]) if choice is not None else -1
-    gpus = choose_devices(state, profile, pod, snap, node, hint)
-    return Pick(node, snap.names[node], gpus, float(total[k]), len(feasible_nodes), hint)
+    the host (``best_host``) and choose its devices. Nothing is booked. Raises ValueError when
+    the pod does not fit the chosen node's GPUs (``choose_devices``)."""
+    b = best_host(state, profile, pod, snap, feasible_nodes, tiebreak=tiebreak)
+    gpus = choose_devices(state, profile, pod, snap, b.node, b.gpu_hint)
+    return Pick(b.node, snap.names[b.node], gpus, b.score, len(feasible_nodes))
 
 
 # ------------------------------------------------------------------ the cycle
