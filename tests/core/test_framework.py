@@ -1,6 +1,9 @@
-"""The framework: typed cycle state and caches, PreFilter once per pod, the device choice, profiles."""
+"""The framework: Reserve/Unreserve, typed cycle state and caches, PreFilter once per pod, the device
+choice, profiles."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import pytest
 
@@ -8,14 +11,70 @@ from builders import node, profile, share, whole, with_gpu_free
 from gpusched.core.caches import LRUCache
 from gpusched.core.cluster import ClusterState
 from gpusched.core.fragmentation import TargetWorkload
-from gpusched.core.framework import CycleState, StateKey
+from gpusched.core.framework import CycleState, Profile, StateKey
+from gpusched.core.model import PodSpec
 from gpusched.core.plugins.interpodaffinity import VERDICTS as AFFINITY_VERDICTS
 from gpusched.core.plugins.interpodaffinity import InterPodAffinity
 from gpusched.core.plugins.podtopologyspread import PodTopologySpread
 from gpusched.core.policies import POLICIES, PolicyContext, make_profile
-from gpusched.core.scheduler import ScheduleResult, choose_devices, fits, schedule_one
+from gpusched.core.scheduler import ScheduleResult, choose_devices, fits, reserve, schedule_one, unreserve
 from gpusched.core.selectors import LabelSelector, PodAffinityTerm, SpreadConstraint
+from gpusched.core.status import Code, Status
 from gpusched.core.workload import WorkloadSource, typical_workload
+
+
+# ------------------------------------------------------------------------------ Reserve, Unreserve
+class Recorder:
+    def __init__(self, name: str, log: list[str], reserve_ok: bool = True) -> None:
+        self.name, self.log, self.reserve_ok = name, log, reserve_ok
+
+    def reserve(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> Status:
+        self.log.append(f"reserve {self.name} assumed={pod.key in snap.allocations}")
+        return Status.success() if self.reserve_ok else Status.unschedulable("no", self.name)
+
+    def unreserve(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> None:
+        self.log.append(f"unreserve {self.name}")
+
+
+def _with(reserves: Sequence[Recorder]) -> Profile:
+    base = make_profile("bestfit")
+    return Profile("t", filters=base.filters, scores=base.scores, reserves=reserves)
+
+
+def test_reserve_runs_before_the_assumption() -> None:
+    log: list[str] = []
+    snap = ClusterState([node("n", gpus=1)])
+    r = schedule_one(_with([Recorder("r1", log), Recorder("r2", log)]), share("s", 100), snap)
+    assert r.scheduled and log == ["reserve r1 assumed=False", "reserve r2 assumed=False"]
+    assert "default/s" in snap.allocations
+
+
+def test_reserve_failure_unreserves_the_earlier_ones_and_books_nothing() -> None:
+    log: list[str] = []
+    snap = ClusterState([node("n", gpus=1)])
+    prof = _with([Recorder("r1", log), Recorder("r2", log, reserve_ok=False), Recorder("r3", log)])
+    r = schedule_one(prof, share("s", 100), snap)
+    assert not r.scheduled and r.status.plugin == "r2" and r.feasible_nodes == 1
+    assert log == [
+        "reserve r1 assumed=False",
+        "reserve r2 assumed=False",
+        "unreserve r1",
+    ]  # last in first out
+    assert snap.allocations == {} and snap.node_gpu_free(0) == [1000] and snap.verify() == []
+
+
+def test_reserve_step_rolls_back_in_reverse_and_names_the_plugin() -> None:
+    log: list[str] = []
+    prof = _with([Recorder("r1", log), Recorder("r2", log), Recorder("r3", log, reserve_ok=False)])
+    snap = ClusterState([node("n", gpus=1)])
+    st = reserve(CycleState(), prof, share("s", 100), snap, 0)
+    assert st.code == Code.UNSCHEDULABLE and st.plugin == "r3"
+    assert [x.split(" assumed")[0] for x in log] == [
+        "reserve r1", "reserve r2", "reserve r3", "unreserve r2", "unreserve r1"
+    ]  # fmt: skip
+    log.clear()
+    unreserve(CycleState(), prof, share("s", 100), snap, 0)
+    assert log == ["unreserve r3", "unreserve r2", "unreserve r1"]
 
 
 # ------------------------------------------------------------------------------------ the cycle

@@ -112,3 +112,25 @@ def test_a_pre_filter_refusal_passes_no_node() -> None:
     assert f.diagnosis(snap).pre_filter == f.status
     r = schedule_one(prof, share("s", 100), snap)
     assert not r.scheduled and r.status == f.status and snap.allocations == {}
+
+
+def test_the_halves_run_no_reserve_plugin() -> None:
+    """Reserve is side bookkeeping (DRA's ledger): only ``schedule_one`` runs it, after the pick."""
+    log: list[str] = []
+
+    class Recorder:
+        name = "Recorder"
+
+        def reserve(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> Status:
+            log.append(f"reserve {snap.names[node]}")
+            return Status.success()
+
+        def unreserve(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> None:
+            log.append("unreserve")
+
+    prof = replace(make_profile("bestfit"), reserves=(Recorder(),))
+    snap = ClusterState([node("n0", gpus=1), node("n1", gpus=2)])
+    f = feasible(prof, whole("w", 2), snap)
+    p = pick_host(f.state, prof, whole("w", 2), snap, f.indices())
+    assert p.node_name == "n1" and p.gpus == (0, 1) and log == []
+    assert schedule_one(prof, whole("w", 2), snap).node_name == "n1" and log == ["reserve n1"]

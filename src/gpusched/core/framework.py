@@ -1,8 +1,9 @@
 """The plugin framework, after kube-scheduler's: extension points, cycle state, profiles.
 
 Extension points, in the order ``schedule_one`` runs them (``feasible`` runs PreFilter and
-Filter, ``pick_host`` Prefer and Score; kube-scheduler's Reserve and Permit are left out: nothing
-here books beside the snapshot, and gangs are decided whole in one cycle, ``core.gang``):
+Filter, ``pick_host`` Prefer and Score, both side-effect free; then Reserve, and the pod is
+assumed). kube-scheduler's Permit is left out: no pod waits within a cycle here (a gang is
+decided whole in one cycle, ``core.gang``):
 
 - **PreFilter** — checks the pod alone and precomputes, once per pod and cycle, what its
   Filter needs into the typed cycle state (InterPodAffinity and PodTopologySpread: a verdict
@@ -16,6 +17,9 @@ here books beside the snapshot, and gangs are decided whole in one cycle, ``core
   Preferences come first, as in kube-scheduler where they outweigh resource scoring.
 - **Score** — a score per candidate node, with an optional device choice per node (which GPU
   a share would take there); weighted and summed across score plugins: the placement policy.
+- **Reserve/Unreserve** — side bookkeeping once a node is chosen (DRA: the devices a claim is
+  allocated); when a later Reserve fails, the plugins already reserved are unreserved in reverse
+  order; a front end whose bind fails unreserves them all (``core.scheduler.unreserve``).
 - **Bind** — carries a decision out. Bind plugins are supplied by the front ends (the core
   does no I/O): the Kubernetes front ends bind through the API; the simulator needs none.
   ``run_bind`` tries them in order; the first that does not answer ``SKIP`` decides.
@@ -60,7 +64,7 @@ class StateKey(Generic[T]):
 
 class CycleState:
     """Data one scheduling cycle passes between extension points (per pod, per cycle): what
-    PreFilter precomputes for Filter, Prefer and Score.
+    PreFilter precomputes for Filter, Prefer and Score, what Reserve books for Unreserve.
 
     A cycle state belongs to one pod and one snapshot version: a what-if on a changed snapshot
     (preemption) starts a fresh one."""
@@ -126,6 +130,15 @@ class ScorePlugin(Protocol):
     def score(self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64) -> NodeScores: ...
 
 
+@runtime_checkable
+class ReservePlugin(Protocol):
+    name: str
+
+    def reserve(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> Status: ...
+
+    def unreserve(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class PostFilterResult:
     status: Status
@@ -186,6 +199,7 @@ class Profile:
     post_filters: Sequence[PostFilterPlugin] = ()
     preferences: Sequence[WeightedPreference] = ()
     scores: Sequence[WeightedScore] = ()
+    reserves: Sequence[ReservePlugin] = ()
     binds: Sequence[BindPlugin] = ()
     workload: TargetWorkload | None = None
     """The target workload its score plugins judge fragmentation against, as they use it (None:

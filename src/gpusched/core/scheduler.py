@@ -16,7 +16,8 @@ The two halves of a cycle, side-effect free (nothing is booked in the snapshot):
 - ``pick_host``: among the feasible nodes, prefer, score, select (``best_host``), choose devices
   (``Pick``).
 
-``schedule_one`` is the two halves, the PostFilter plugins when no node passes (preemption), and
+``schedule_one`` is the two halves, the PostFilter plugins when no node passes (preemption), then
+Reserve (``reserve``, rolled back on failure; ``unreserve`` for a front end whose bind failed) and
 the assumption of the pick in the snapshot.
 
 Who runs them: the simulator and the standalone controller call ``schedule_one`` (through
@@ -36,7 +37,7 @@ import numpy as np
 
 from gpusched.core.cluster import I64, BoolArr, ClusterState
 from gpusched.core.devices import pick_gpus
-from gpusched.core.framework import CycleState, Profile
+from gpusched.core.framework import CycleState, Profile, ReservePlugin
 from gpusched.core.model import PodSpec
 from gpusched.core.status import Code, Diagnosis, NodeFailure, Status
 
@@ -313,6 +314,27 @@ def pick_host(
     return Pick(b.node, snap.names[b.node], gpus, b.score, len(feasible_nodes))
 
 
+# ------------------------------------------------------------------ Reserve
+def reserve(state: CycleState, profile: Profile, pod: PodSpec, snap: ClusterState, node: int) -> Status:
+    """Run the Reserve plugins in order. When one fails, the ones before it are unreserved in
+    reverse order and its status is the answer."""
+    done: list[ReservePlugin] = []
+    for rp in profile.reserves:
+        st = rp.reserve(state, pod, snap, node)
+        if not st.ok:
+            for r in reversed(done):
+                r.unreserve(state, pod, snap, node)
+            return st if st.plugin else Status(st.code, st.reasons, rp.name)
+        done.append(rp)
+    return Status.success()
+
+
+def unreserve(state: CycleState, profile: Profile, pod: PodSpec, snap: ClusterState, node: int) -> None:
+    """Roll back every Reserve plugin, newest first (after a failed bind)."""
+    for rp in reversed(profile.reserves):
+        rp.unreserve(state, pod, snap, node)
+
+
 # ------------------------------------------------------------------ the cycle
 def schedule_one(
     profile: Profile,
@@ -324,7 +346,7 @@ def schedule_one(
     assume: bool = True,
 ) -> ScheduleResult:
     """Run one scheduling cycle for ``pod`` against ``snap``: ``feasible``, then ``pick_host``
-    among the nodes that pass, or the PostFilter plugins when none does.
+    among the nodes that pass and Reserve there, or the PostFilter plugins when none does.
 
     On success the pod is assumed in ``snap`` (unless ``assume`` is False) and the result
     names the node and the GPU indices on it. ``tiebreak[n]`` orders nodes of equal score
@@ -337,6 +359,9 @@ def schedule_one(
     if len(nodes) == 0:
         return _post_filter(f.state, profile, pod, snap, diagnose_failures)
     p = pick_host(f.state, profile, pod, snap, nodes, tiebreak=tiebreak)
+    st = reserve(f.state, profile, pod, snap, p.node)
+    if not st.ok:
+        return ScheduleResult(pod, st, feasible_nodes=p.feasible)
     if assume:
         snap.assume(pod, p.node, p.gpus)
     return ScheduleResult(pod, Status.success(), p.node, p.node_name, p.gpus, p.score, p.feasible)

@@ -194,7 +194,8 @@ class Evaluator:
         choose on the live books: the nodes that pass every filter, narrowed by the pod's soft
         constraints, scored, the highest score winning and equal scores going to the node first in
         name order (the snapshot's order, the standalone scheduler's tie-break): the core's
-        ``best_host``; the devices are chosen at ``/bind``. None when no node passes (the caller then explains each failure)."""
+        ``best_host``; the devices are chosen at ``/bind``. None when no node passes (the caller
+        then explains each failure)."""
         with self.cluster.snapshot() as snap:
             nl = self._by_name(snap, names)
             m, _, state = run_filters(self.profile, pod, snap, nl.idx, explain=False)
