@@ -30,7 +30,7 @@ from gpusched.core.errors import InvalidInput
 from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.model import GPU_MILLI, PodSpec
 from gpusched.core.policies import PolicyContext, make_profile
-from gpusched.core.scheduler import feasible, schedule_one
+from gpusched.core.scheduler import schedule_one
 from gpusched.sim.churn import (
     ChurnConfig,
     ChurnReport,
@@ -272,7 +272,9 @@ def planner_cost(
                 gpu_milli=GPU_MILLI,
             )
             k += 1
-            if len(feasible(profile, pod, snap).indices()):
+            if schedule_one(
+                profile, pod, snap, tiebreak=ranks, diagnose_failures=False, assume=False
+            ).scheduled:
                 continue  # fits as it is: nothing to plan
             cases += 1
             answers = {}
