@@ -8,7 +8,7 @@ defaults the reader must look up.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,6 +18,8 @@ from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.framework import Profile
 from gpusched.core.model import GPU_MILLI, Controller, NodeSpec, PodSpec
 from gpusched.core.policies import PolicyContext, make_profile
+from gpusched.core.scheduler import ScheduleResult, schedule_one
+from gpusched.core.statement import holding
 
 NONE: frozenset[str] = frozenset()
 HOST = "kubernetes.io/hostname"
@@ -150,3 +152,17 @@ def k8s_pod(
     if node_name:
         obj["spec"]["nodeName"] = node_name
     return obj
+
+
+def schedule_with_nominated(
+    profile: Profile,
+    pod: PodSpec,
+    snap: ClusterState,
+    nominated: Sequence[tuple[PodSpec, int]],
+    *,
+    leaving: Collection[str] = (),
+) -> ScheduleResult:
+    """One cycle of ``pod`` clear of the rooms of ``nominated`` pods (``core.statement.holding``, the
+    rule the scheduler's ``Rooms`` applies to every unit); nothing stays booked."""
+    with holding(snap, nominated, pod.priority, skip=(pod.key,), leaving=leaving):
+        return schedule_one(profile, pod, snap, assume=False)

@@ -136,7 +136,7 @@ def default_seq42() -> tuple[list[PodSpec], int]:
     """The default trace's paper-protocol stream for seed 42 (tune 1.3), and the cluster's GPUs."""
     if not (TRACE_CSV / "openb_pod_list_default.csv").exists():
         pytest.skip(f"Alibaba trace not found under {TRACE_CSV} (set GPUSCHED_TRACES to the traces folder)")
-    from gpusched.sim.paper import build_sequence
+    from gpusched.core.protocol import build_sequence
     from gpusched.sim.traces import read_nodes, read_pods
 
     pods = [t.spec for t in read_pods(TRACE_CSV / "openb_pod_list_default.csv")]

@@ -10,8 +10,9 @@ import pytest
 
 from gpusched.bench.defrag import churn_comparison, churn_runs, churn_summary, planner_cost, write_churn_plots
 from gpusched.core.errors import InvalidInput
-from gpusched.sim.churn import ChurnConfig, DefragConfig, draw_pods, run_churn, run_paper_consolidated
+from gpusched.sim.churn import ChurnConfig, DefragConfig, draw_pods, run_churn
 from gpusched.sim.paper import run_paper
+from gpusched.sim.paper_consolidate import run_paper_consolidated
 from gpusched.sim.synthetic import SyntheticConfig, synthetic_workload
 from gpusched.sim.traces import TracePod
 from gpusched.sim.workload import load_workload

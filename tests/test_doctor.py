@@ -259,8 +259,9 @@ def test_simulator_snapshot_holds_the_simulated_books(tmp_path: Any) -> None:
     from gpusched.sim.workload import load_workload
 
     wl = load_workload(None, None, SyntheticConfig(nodes=20, pods=120, seed=0))
-    path = save_paper_snapshot(tmp_path / "sim.json", wl.nodes, wl.pods, "fgd", 42)
-    st, failed = paper_books(wl.nodes, [p.spec for p in wl.pods], "fgd", 42)
+    specs = [p.spec for p in wl.pods]
+    path = save_paper_snapshot(tmp_path / "sim.json", wl.nodes, specs, "fgd", 42)
+    st, failed = paper_books(wl.nodes, specs, "fgd", 42)
     b = Books.of(load_snapshot(path))
     assert b.state.gpu_free.tolist() == st.gpu_free.tolist() and not b.conflicts
     assert set(b.pending) == {p.key for p in failed} and b.pending

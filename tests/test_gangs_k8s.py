@@ -4,25 +4,27 @@ group APIs read into one view, all-or-nothing, no deadlock, timeout, bad input, 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future
 from typing import Any, cast
 from unittest import mock
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kubernetes import client
 
-from builders import k8s_node, k8s_pod, profile
+from builders import k8s_node, k8s_pod
 from gpusched.core.gang import GangSpec, partly_bound
 from gpusched.k8s.claims import claims_message
 from gpusched.k8s.convert import pod_from_k8s
 from gpusched.k8s.events import EventRecorder
-from gpusched.k8s.gangs import GangHost, Gangs
+from gpusched.k8s.gangs import Gangs
 from gpusched.k8s.groupref import ANN_VOLCANO, API, LABEL_COSCHEDULING, GroupRef, group_ref_of
 from gpusched.k8s.groupstatus import GroupStatusWriter, status_body
 from gpusched.k8s.podgroups import DEFAULT_TIMEOUT_S, PodGroups, group_from_k8s
-from gpusched.k8s.queue import QueuedPod, SchedulingQueue
-from gpusched.k8s.state import LiveCluster, pod_key
+from gpusched.k8s.queue import QueuedPod
+from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
+from gpusched.k8s.state import pod_key
 
 
 class FakeGroups:
@@ -40,6 +42,8 @@ class FakeGroups:
     def watching(self, api: API) -> bool:
         return self.served
 
+    def stop(self) -> None: ...
+
     def add(self, api: API, name: str, spec: dict[str, Any], ns: str = "ns") -> None:
         g = group_from_k8s(
             api, {"metadata": {"name": name, "namespace": ns, "uid": f"g-{name}"}, "spec": spec}
@@ -52,31 +56,53 @@ class FakeGroups:
         self.on_change(GroupRef(api, ns, name))
 
 
+class SyncPool:
+    """The bind pool, run on the calling thread (decisions, binds and evictions in order)."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        f: Future[Any] = Future()
+        f.set_result(fn(*args))
+        return f
+
+    def shutdown(self, **_: Any) -> None: ...
+
+
+def wire(
+    s: StandaloneScheduler, events: EventRecorder, groups: Callable[..., Any], clock: Callable[[], float]
+) -> None:
+    """Point every part of ``s`` at ``events`` and hand-made groups; the bind pool on the calling thread."""
+    pool = cast(Executor, SyncPool())
+    s.events.stop()  # its own recorder: replaced
+    s._pool = pool  # type: ignore[assignment]
+    s.events = s._preemptor.events = s.tenants.events = s.actuator.events = events
+    s.tenants.pool = s.actuator.pool = pool
+    s.gangs = s.actuator.gangs = Gangs(
+        s.queue, s.cluster, events, cast(Callable[..., PodGroups], groups), clock=clock
+    )
+
+
 class Harness:
+    """The scheduler's gang path with a fake API: no preemption, binds recorded, groups by hand."""
+
     def __init__(self, nodes: int = 2, gpus: int = 4) -> None:
         self.now = 0.0
-        self.cluster = LiveCluster()
+        self.s = StandaloneScheduler(client.ApiClient(), SchedulerConfig(policy="bestfit", preemption=False))
+        self.cluster = self.s.cluster
         for i in range(nodes):
             self.cluster.upsert_node(k8s_node(f"n{i}", gpus))
-        self.queue = SchedulingQueue(clock=lambda: self.now)
+        self.queue = self.s.queue
+        self.queue._clock = lambda: self.now
         self.core = mock.MagicMock()
         self.events = EventRecorder(self.core, workers=1)
         self.bound: dict[str, str] = {}
-        prof = profile("bestfit")
-
-        def spec(qp: QueuedPod) -> Any:
-            if "spec" not in qp.payload:
-                qp.payload["spec"] = pod_from_k8s(qp.obj)
-            return qp.payload["spec"]
+        wire(self.s, self.events, FakeGroups, lambda: self.now)
 
         def bind(_p: Any, qp: QueuedPod, pod: Any, node: str, gpus: tuple[int, ...]) -> None:
             self.bound[pod.key] = node
 
-        host = GangHost(
-            self.queue, self.cluster, self.events, spec, lambda p, s: prof,
-            lambda s: np.arange(len(s), dtype=np.int64), bind,
-        )  # fmt: skip
-        self.gangs = Gangs(host, cast(Callable[..., PodGroups], FakeGroups), clock=lambda: self.now)
+        self.s.actuator.bind = bind  # type: ignore[method-assign]
+        self.s.leading.set()
+        self.gangs = self.s.gangs
         self.groups = cast(FakeGroups, self.gangs.groups)
 
     def pod(self, name: str, gpus: int, group: str = "", api: API = API.COSCHEDULING, **spec: Any) -> None:
@@ -96,7 +122,8 @@ class Harness:
         n = 0
         while (qp := self.queue.pop(timeout=0.0)) is not None:
             n += 1
-            assert self.gangs.schedule(qp), f"{qp.key} is not a gang member"
+            assert self.gangs.group_of(qp) is not None, f"{qp.key} is not a gang member"
+            self.s.schedule(qp)
         return n
 
     def events_of(self, reason: str) -> list[tuple[str, str]]:
@@ -114,7 +141,7 @@ class Harness:
 def h() -> Iterator[Harness]:
     harness = Harness()
     yield harness
-    harness.events.stop()
+    harness.s.stop()  # stops its events (``harness.events``)
 
 
 # ------------------------------------------------------------------ reading the three APIs
@@ -235,7 +262,7 @@ def test_no_gang_is_ever_partly_bound(gangs: list[tuple[int, int, int]]) -> None
             assert int(snap.gpu_free.min()) >= 0
         assert partly_bound(pods_bound, specs) == []
     finally:
-        h.events.stop()
+        h.s.stop()
 
 
 # ------------------------------------------------------------------ waiting, timeout, bad input

@@ -6,9 +6,8 @@ out of rooms held for others, and counts one scheduling attempt per member."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future
-from dataclasses import replace
 from typing import Any, cast
 from unittest import mock
 
@@ -21,13 +20,11 @@ from builders import k8s_node, k8s_pod
 from gpusched.core.gang import GangSpec, partly_bound
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.eviction import Eviction, Outcome
-from gpusched.k8s.gangs import Gangs
 from gpusched.k8s.groupref import API, LABEL_COSCHEDULING
-from gpusched.k8s.podgroups import PodGroups
 from gpusched.k8s.queues import Directory, queue_from_k8s, valid_tree
 from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
 from gpusched.k8s.state import pod_key
-from test_gangs_k8s import FakeGroups
+from test_gangs_k8s import FakeGroups, wire
 
 
 class Queues:
@@ -63,17 +60,6 @@ class Groups(FakeGroups):
     def stop(self) -> None: ...
 
 
-class SyncPool:
-    """The bind pool, run on the calling thread (decisions, binds and evictions in order)."""
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        f: Future[Any] = Future()
-        f.set_result(fn(*args))
-        return f
-
-    def shutdown(self, **_: Any) -> None: ...
-
-
 class FakeEvictor:
     def __init__(self) -> None:
         self.evicted: list[str] = []
@@ -95,18 +81,15 @@ class World:
     ) -> None:  # fmt: skip
         s = self.s = StandaloneScheduler(client.ApiClient(), SchedulerConfig(policy="bestfit"))
         self.bound: dict[str, str] = {}
-        s._pool = SyncPool()  # type: ignore[assignment]
-        s._bind = lambda profile, qp, pod, node, gpus: self._bound(pod, node, gpus)  # type: ignore[method-assign]
         self.api = mock.MagicMock()
         self.events = EventRecorder(self.api, workers=1)
-        s.events = s._preemptor.events = s.tenants.host.events = self.events
-        s.tenants.host.submit = s._pool.submit
+        wire(s, self.events, Groups, time.monotonic)
+        s.actuator.bind = lambda profile, qp, pod, node, gpus: self._bound(pod, node, gpus)  # type: ignore[method-assign]
         self.evictor = FakeEvictor()
         s._preemptor.evictor = s.tenants.evictor = self.evictor  # type: ignore[assignment]
         s._preemptor.core = self.api
         if queues is not None:
             s.tenants.directory = Queues(queues, by_ns or {})  # type: ignore[assignment]
-        s.gangs = Gangs(replace(s.gangs.host, events=self.events), cast(Callable[..., PodGroups], Groups))
         self.groups = cast(Groups, s.gangs.groups)
         for i in range(nodes):
             s.cluster.upsert_node(k8s_node(f"n{i}", gpus=gpus))

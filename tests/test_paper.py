@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpusched.core.model import NodeSpec, PodSpec
-from gpusched.sim.paper import MAX_PCT, PaperRun, build_sequence, run_paper, tie_ranks
+from gpusched.core.protocol import build_sequence, tie_ranks
+from gpusched.sim.paper import MAX_PCT, PaperRun, run_paper
 
 TUNED = "-tuned-"
 
@@ -290,6 +291,29 @@ def test_run_paper_accounting(policy: str) -> None:
     assert run.model_used["T4"][1] == 17_000
     again = run_paper(nodes, pods, policy, 3)
     assert np.array_equal(run.used, again.used) and np.array_equal(run.frag, again.frag)
+
+
+@pytest.mark.parametrize("policy", ["fgd", "random", "default"])
+def test_doctors_simulated_books_are_the_paper_run_of_that_policy_and_seed(policy: str) -> None:
+    """doctor.simsnap does not import the simulator; it runs core.protocol's stream, ranks and seeded
+    profile, so the books it saves end where ``run_paper`` ends for that policy and seed, node by node
+    as the protocol places them (the ranks decide ties: seeds 4 and 5 have some here)."""
+    from gpusched.core.protocol import paper_setup
+    from gpusched.core.scheduler import schedule_one
+    from gpusched.doctor.simsnap import paper_books
+    from gpusched.sim.stranded import free_by_holder
+
+    nodes, pods = tiny_cluster()
+    for seed in (3, 4, 5):
+        run = run_paper(nodes, pods, policy, seed)
+        snap, failed = paper_books(nodes, pods, policy, seed)
+        assert snap.allocated_gpu_milli() == run.used[-1]
+        assert len(failed) == run.failed
+        assert free_by_holder(snap) == run.free_by_holder
+        ref = paper_setup(nodes, pods, policy, seed)
+        for p in ref.sequence:
+            schedule_one(ref.profile, p, ref.snap, tiebreak=ref.ranks, diagnose_failures=False)
+        assert snap.gpu_free.tolist() == ref.snap.gpu_free.tolist()
 
 
 # --- known bugs --------------------------------------------------------------------------------------------

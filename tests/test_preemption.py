@@ -165,8 +165,8 @@ def test_preemption_properties(sc: Scenario, pod: PodSpec, prio: int) -> None:
 def test_nominated_pods_keep_their_room(
     sc: Scenario, pod: PodSpec, prio: int, noms: list[tuple[PodSpec, int, int]], twin: int | None
 ) -> None:
+    from builders import schedule_with_nominated
     from gpusched.core.devices import pick_gpus
-    from gpusched.core.statement import schedule_with_nominated
 
     prof = profile("bestfit", sc.pods, preemption=True)
     snap = play(prof, sc)
@@ -201,7 +201,7 @@ def test_nominated_pods_keep_their_room(
 
 
 def test_only_nominated_pods_of_at_least_equal_priority_hold_room() -> None:
-    from gpusched.core.statement import schedule_with_nominated
+    from builders import schedule_with_nominated
 
     snap = ClusterState([node("n0", gpus=1)])
     prof = profile(preemption=True)

@@ -12,11 +12,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import builders
-from builders import profile
+from builders import profile, schedule_with_nominated
 from gpusched.core.cluster import ClusterState
 from gpusched.core.model import PodSpec
 from gpusched.core.scheduler import schedule_one
-from gpusched.core.statement import holding, room_gpus, schedule_with_nominated
+from gpusched.core.statement import holding, room_gpus
 from test_core_properties import arrays, assert_arrays_equal, bf_fits
 
 PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -78,7 +78,7 @@ def gauges(m: SchedulerMetrics, family: str) -> dict[tuple[str, ...], float]:
 
 def test_the_scheduler_publishes_its_queues_after_admission_pods_ending_and_deletion() -> None:
     sched = StandaloneScheduler(client.ApiClient(), SchedulerConfig())
-    sched._bind = lambda *args: None  # type: ignore[method-assign]  # the decisions stay assumed
+    sched.actuator.bind = lambda *args: None  # type: ignore[method-assign]  # the decisions stay assumed
     # a cohort of 4 GPUs: team-a (2, the pods of namespace ml) and team-b (2) lend to org
     objs = {"org": qobj("org", None), "team-a": qobj("team-a", 2, "org"), "team-b": qobj("team-b", 2, "org")}
     sched.tenants.directory = Queues(objs, {"ml": "team-a"})  # type: ignore[assignment]

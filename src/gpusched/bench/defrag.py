@@ -30,18 +30,11 @@ from gpusched.core.errors import InvalidInput
 from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.model import GPU_MILLI, PodSpec
 from gpusched.core.policies import PolicyContext, make_profile
+from gpusched.core.protocol import tie_ranks
 from gpusched.core.scheduler import schedule_one
-from gpusched.sim.churn import (
-    ChurnConfig,
-    ChurnReport,
-    ChurnResult,
-    DefragConfig,
-    PaperConsolidation,
-    run_churn,
-    run_paper_consolidated,
-)
+from gpusched.sim.churn import ChurnConfig, ChurnReport, ChurnResult, DefragConfig, run_churn
 from gpusched.sim.churn_plots import allocation_over_time_plot, budget_curve_plot
-from gpusched.sim.paper import tie_ranks
+from gpusched.sim.paper_consolidate import PaperConsolidation, run_paper_consolidated
 from gpusched.sim.synthetic import SyntheticConfig, synthetic_workload
 from gpusched.sim.workload import Workload
 

@@ -60,7 +60,8 @@ def simulate(
     if snapshot is not None:
         from gpusched.doctor.simsnap import save_paper_snapshot
 
-        save_paper_snapshot(snapshot, wl.nodes, wl.pods, pols[0], seed_list[0], tune=tune)
+        specs = [tp.spec for tp in wl.pods]
+        save_paper_snapshot(snapshot, wl.nodes, specs, pols[0], seed_list[0], tune=tune)
 
 
 def _paper(

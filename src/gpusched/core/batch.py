@@ -1,13 +1,17 @@
-"""One batch scheduling cycle: gangs as units, tenant queues' quotas, reclaim.
+"""One batch scheduling cycle: the one decider of every pending pod (single pods, gangs, queues).
 
-``run_cycle`` tries pending units (``gang.group_units``) one at a time against a snapshot:
+``run_cycle`` tries pending units (``gang.group_units``; a pod outside any gang is a unit of one,
+``single``) one at a time against a snapshot, each within the rooms ``hold`` keeps for others
+(nominated preemptors', defragmentation's; ``Hold``), which may steer a single pod:
 
 1. **Order**: units that stay within their queue's own quota first, then those that would borrow,
    the queue with the smallest weighted dominant share first (``queues.fairshare``); within that,
    the pending order the units came in (priority, creation, arrival).
 2. **Quota**: the unit's charge (all its pods) must pass ``QueueBook.check``. A pod naming an
    unknown queue, or one with child queues, waits with the error as its reason; nothing is bound.
-3. **Placement**: ``gang.place_gang``: at least the gang's minimum at once, or nothing booked.
+3. **Placement**: a gang through ``gang.place_gang``: at least its minimum at once, or nothing
+   booked; a single pod through one ``schedule_one`` (its reason the per-node diagnosis, its
+   PostFilter's answer with it, a Permit wait rejected: nothing here holds a waiting pod).
    Once placed, each pod is charged to its queue with the GPU model it landed on; if a per-model
    quota then refuses, the unit is undone and waits.
 4. **Reclaim**: a unit refused by quota, or that does not fit, while its queue would stay within
@@ -15,8 +19,9 @@
    ``evict_now`` (the simulator) they are evicted from the snapshot and the book at once and the
    unit is tried again; otherwise the outcome names them for the front end to evict (the unit
    waits until they are gone).
-5. **Preemption** (queues off, the profile has PostFilters): a single pod outside any gang that
-   does not fit gets the profile's PostFilter answer; a gang gets ``preemption_gang``'s plan
+5. **Preemption** (queues off, the profile has PostFilters): a single pod that does not fit gets
+   the profile's PostFilter answer (victims and node; a WAITING single pod names the PostFilter's
+   ``nominated_node``, -1 when no preemption helps); a gang gets ``preemption_gang``'s plan
    (the fewest lower-priority victims, whole gangs, budget-safe first, with which its minimum
    fits at once; ``UnitOutcome.nominated`` says where each member lands once they are gone).
    With ``evict_now`` the victims go at once and the gang is tried again. Otherwise a unit waits
@@ -27,13 +32,17 @@ At the end of a cycle no gang is partly booked by it, and every pod it booked is
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import enum
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Protocol
 
 from gpusched.core.cluster import I64, ClusterState
 from gpusched.core.framework import Profile
-from gpusched.core.gang import Unit, place_gang
+from gpusched.core.gang import Unit, place_gang, without_post_filters
 from gpusched.core.model import PodSpec
 from gpusched.core.preemption_gang import Budgets, plan_gang_preemption
 from gpusched.core.queues.fairshare import surplus_order
@@ -61,10 +70,26 @@ class UnitOutcome:
     victims: tuple[str, ...] = ()
     """Pods to evict (RECLAIM, PREEMPT); with ``evict_now`` those already evicted (PLACED)."""
     nominated_node: int = -1
-    """PREEMPT of a single pod: the node its victims leave."""
+    """PREEMPT of a single pod: the node its victims leave; WAITING of a single pod: the node its
+    PostFilter nominated (-1: no preemption helps it)."""
     nominated: tuple[tuple[PodSpec, int], ...] = ()
     """PREEMPT of a gang: where each member lands (pod, node index) once the victims are gone."""
     budget_violations: int = 0
+    last: ScheduleResult | None = None
+    """A single pod not placed: its cycle's result (diagnosis, PostFilter answer); else None."""
+
+
+class Hold(Protocol):
+    """The rooms a unit must leave alone while it is tried (the front end's nominated preemptors
+    and defragmentation rooms): within the block they are booked in ``snap``; afterwards ``snap``
+    is as it was. Yields the unit to try (``unit``, or a single pod steered by a plan)."""
+
+    def hold(self, snap: ClusterState, unit: Unit) -> AbstractContextManager[Unit]: ...
+
+
+def single(pod: PodSpec) -> Unit:
+    """A pod outside any gang: a unit of one."""
+    return Unit(pod.key, (pod,), 1)
 
 
 def _order(units: Sequence[Unit], book: QueueBook | None) -> list[Unit]:
@@ -115,13 +140,22 @@ def run_cycle(
     evict_now: bool = False,
     reclaim: bool = True,
     diagnose: bool = True,
+    hold: Hold | None = None,
 ) -> list[UnitOutcome]:
     """Try every unit once, in the order of the module's rules; one outcome per unit, in the
     order tried. ``book`` None: no queues (a plain priority queue over gangs). A unit equal to
     one that waited earlier in the cycle (same queue, minimum, pod shapes and priority) waits
-    with its reason without being tried again: the cycle only takes room until it evicts."""
+    with its reason without being tried again: the cycle only takes room until it evicts.
+    ``hold``: the rooms each unit is tried clear of (none: the snapshot as it is)."""
     out: list[UnitOutcome] = []
     failed: dict[tuple[object, ...], UnitOutcome] = {}
+
+    def one(unit: Unit) -> UnitOutcome:
+        held = hold.hold(snap, unit) if hold is not None else contextlib.nullcontext(unit)
+        with held as tried:
+            o = _one(profile, snap, tried, book, budgets, tiebreak, evict_now, reclaim, diagnose)
+        return o if tried is unit else dataclasses.replace(o, unit=unit)
+
     for unit in _order(units, book):
         sig = (unit.queue, unit.need, tuple(p.shape() for p in unit.pods), max(p.priority for p in unit.pods))
         if sig in failed:  # an equal unit found no room in this cycle, and room only shrank since
@@ -129,10 +163,10 @@ def run_cycle(
             out.append(
                 UnitOutcome(unit, same.outcome, reason=same.reason)
                 if same.outcome is Outcome.WAITING
-                else _one(profile, snap, unit, book, budgets, tiebreak, evict_now, reclaim, diagnose)
+                else one(unit)
             )
             continue
-        o = _one(profile, snap, unit, book, budgets, tiebreak, evict_now, reclaim, diagnose)
+        o = one(unit)
         out.append(o)
         if o.victims and evict_now:
             failed.clear()  # evictions made room
@@ -160,15 +194,34 @@ def _one(
             return UnitOutcome(unit, Outcome.WAITING, reason=str(e))
         v = book.check(unit.queue, unit_charge(unit.pods))
         refusal = "" if v.ok else f"quota: {v.reason}"
+    nominated = -1
+    placed: tuple[ScheduleResult, ...] = ()
+    last: ScheduleResult | None = None
     if not refusal:
-        r = place_gang(profile, unit, snap, tiebreak=tiebreak, diagnose=diagnose)
-        if r.scheduled:
-            why = _charge_placed(book, snap, unit, r.placed) if book is not None else ""
-            if not why:
-                return UnitOutcome(unit, Outcome.PLACED, r.placed)
-            refusal = f"quota: {why}"
+        if unit.gang is None and len(unit.pods) == 1:  # a single pod: its PostFilter's answer with it
+            r1 = _single(
+                profile if book is None else without_post_filters(profile), unit, snap, tiebreak, diagnose
+            )
+            if r1.victims:
+                return UnitOutcome(
+                    unit,
+                    Outcome.PREEMPT,
+                    reason=_why(r1),
+                    victims=r1.victims,
+                    nominated_node=r1.nominated_node,
+                    last=r1,
+                )
+            ok, nominated = r1.scheduled, r1.nominated_node
+            placed, last = ((r1,), None) if ok else ((), r1)
+            refusal = "" if ok else _why(r1)
         else:
-            refusal = r.status.message()
+            r = place_gang(profile, unit, snap, tiebreak=tiebreak, diagnose=diagnose)
+            ok, placed, refusal = r.scheduled, r.placed, "" if r.scheduled else r.status.message()
+        if ok:
+            why = _charge_placed(book, snap, unit, placed) if book is not None else ""
+            if not why:
+                return UnitOutcome(unit, Outcome.PLACED, placed)
+            refusal = f"quota: {why}"
     if book is not None and reclaim:
         plan = plan_reclaim(profile, snap, book, unit, budgets=budgets, tiebreak=tiebreak)
         if plan.ok:
@@ -199,15 +252,24 @@ def _one(
             )
     if book is None and unit.gang is not None and profile.post_filters:
         return _preempt_gang(profile, snap, unit, budgets, tiebreak, evict_now, refusal)
-    if book is None and unit.gang is None and profile.post_filters:
-        r1 = schedule_one(
-            profile, unit.pods[0], snap, tiebreak=tiebreak, assume=False, diagnose_failures=diagnose
-        )
-        if r1.victims:
-            return UnitOutcome(
-                unit, Outcome.PREEMPT, reason=refusal, victims=r1.victims, nominated_node=r1.nominated_node
-            )
-    return UnitOutcome(unit, Outcome.WAITING, reason=refusal)
+    return UnitOutcome(unit, Outcome.WAITING, reason=refusal, nominated_node=nominated, last=last)
+
+
+def _why(r: ScheduleResult) -> str:
+    return r.diagnosis.message() if r.diagnosis else r.status.message()
+
+
+def _single(
+    profile: Profile, unit: Unit, snap: ClusterState, tiebreak: I64 | None, diagnose: bool
+) -> ScheduleResult:
+    """One ``schedule_one`` for a unit of one pod, booked in ``snap`` when it fits. A Permit wait
+    is rejected at once (its booking given back): no front end holds a waiting pod."""
+    r = schedule_one(profile, unit.pods[0], snap, tiebreak=tiebreak, diagnose_failures=diagnose, assume=False)
+    if r.waiting is not None:
+        return dataclasses.replace(r, status=r.waiting.reject("waiting on Permit: not held here yet"))
+    if r.scheduled:
+        snap.assume(r.pod, r.node, r.gpus)
+    return r
 
 
 def _preempt_gang(

@@ -197,26 +197,6 @@ def schedule_all(
     return GroupResult(Status.success(), tuple(results))
 
 
-def schedule_with_nominated(
-    profile: Profile,
-    pod: PodSpec,
-    snap: ClusterState,
-    nominated: Sequence[tuple[PodSpec, int]],
-    *,
-    tiebreak: I64 | None = None,
-    diagnose_failures: bool = True,
-    leaving: Collection[str] = (),
-) -> ScheduleResult:
-    """``schedule_one`` clear of the rooms of nominated pods (preemptors waiting for their victims
-    to leave) of at least ``pod``'s priority: ``holding`` books them for the cycle, then the
-    bookings are undone. Nothing stays booked, ``pod`` included (the caller assumes the result);
-    ``snap`` ends as it began."""
-    with holding(snap, nominated, pod.priority, skip=(pod.key,), leaving=leaving):
-        return schedule_one(
-            profile, pod, snap, tiebreak=tiebreak, diagnose_failures=diagnose_failures, assume=False
-        )
-
-
 @contextmanager
 def holding(
     snap: ClusterState,
@@ -226,7 +206,8 @@ def holding(
     skip: Collection[str] = (),
     leaving: Collection[str] = (),
 ) -> Iterator[int]:
-    """The one rule for nominated pods' rooms (single pods, gangs, tenant queues): within the block
+    """The one rule for nominated pods' rooms (every unit ``core.batch.run_cycle`` decides, through
+    the front end's ``Hold``; preemption's what-ifs): within the block
     each nominated pod (pod, node index) of at least ``priority``, not in ``skip`` and not booked
     yet, is booked on its node *whether it fits there yet or not*, as kube-scheduler adds nominated
     pods to a node when it filters pods of lower priority (``RunFilterPluginsWithNominatedPods``).

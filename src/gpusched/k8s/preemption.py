@@ -26,6 +26,7 @@ forced again for it, its victims wait; a victim deleted despite its budget first
 ``Nominations`` is the scheduler's record of those rooms (issue 28, F1): who is nominated
 where, the victims it waits for, the pods terminating, how often each pod preempted on each
 node and the budgets each room broke; rebuilt from ``status.nominatedNodeName`` after a restart.
+``Rooms`` holds them (and defragmentation's) while a unit is decided.
 """
 
 from __future__ import annotations
@@ -34,16 +35,20 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpusched.core.cluster import ClusterState
 from gpusched.core.disruption import DisruptionBudgets
+from gpusched.core.gang import Unit
 from gpusched.core.model import PodSpec
+from gpusched.core.statement import holding
 from gpusched.k8s.binder import describe
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.eviction import Eviction, Evictor, Outcome
+from gpusched.k8s.reservation import Reservations
 
 log = logging.getLogger(__name__)
 
@@ -398,3 +403,24 @@ class Nominations:
                     f"(at most {self.limit}): not again before {self.window_s - (now - times[0]):.0f}s"
                 )
             return ""
+
+
+class Rooms:
+    """The rooms a unit is decided clear of (``core.batch.Hold``): nominated preemptors' of at
+    least its priority, fitting yet or not (``core.statement.holding``, kube-scheduler's rule), and
+    defragmentation's (``Reservations.hold``, which steers a single pod to where a plan put the pod
+    it replaces). The unit's own rooms are left out."""
+
+    def __init__(self, nominations: Nominations, reservations: Reservations) -> None:
+        self.nominations = nominations
+        self.reservations = reservations
+
+    @contextmanager
+    def hold(self, snap: ClusterState, unit: Unit) -> Iterator[Unit]:
+        top = max(unit.pods, key=lambda p: p.priority)
+        keys = {p.key for p in unit.pods}
+        rooms, leaving = self.nominations.rooms(snap, skip=keys), self.nominations.leaving()
+        held = holding(snap, rooms, top.priority, leaving=leaving)
+        with self.reservations.hold(snap, top) as steered, held:
+            alone = unit.gang is None and len(unit.pods) == 1
+            yield replace(unit, pods=(steered,)) if alone and steered is not top else unit

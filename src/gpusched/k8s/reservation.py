@@ -5,7 +5,7 @@ is to land (``status.nominatedNodeName``) and names the GPUs there in the annota
 ``gpusched.io/defrag-room`` (``{"node": "n1", "gpus": [0, 1]}``) before it evicts the first pod.
 Until the pod is bound (or gone, or the annotation removed), the standalone scheduler keeps that
 room from every pod of lower or equal priority (``Reservations.hold``): if the pod fits there now,
-it is booked there for the cycle (as ``core.statement.schedule_with_nominated`` does for a
+it is booked there for the cycle (as ``core.statement.holding`` does for a
 preemptor); while it does not fit yet (the evictions are under way), the free part of each of its
 GPUs there is booked, so that a recreated pod never takes back the room its eviction freed.
 Pods of higher priority are not held back (kube-scheduler's nomination rule).

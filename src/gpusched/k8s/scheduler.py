@@ -1,10 +1,13 @@
 """The standalone scheduler: pods with ``spec.schedulerName: gpusched`` → decisions → bindings.
 
-One scheduling thread pops the pending queue (priority, then creation order), runs
-``schedule_one`` on the live books under the cluster lock (the decision is assumed there),
-releases the lock and hands the binding to a small thread pool, so API latency never blocks
-the next decision (kube-scheduler binds asynchronously too). A failed binding forgets the
-assumption and requeues the pod with backoff. A pod that fits nowhere gets a
+One scheduling thread pops the pending queue (priority, then creation order) and decides the
+popped pod's unit (``schedule``: the pod alone, or its gang's pending members; with its tenant
+queue, from the queue directory) by ``core.batch.run_cycle`` on the live books under the cluster
+lock, clear of the rooms kept for others (``k8s.preemption.Rooms``): the one decider of every
+popped pod. The actuator (``k8s/actuator.py``) carries the outcome out: placed pods are assumed
+there, and after the lock is released their bindings go to a small thread pool, so API latency
+never blocks the next decision (kube-scheduler binds asynchronously too); a failed binding
+forgets the assumption and requeues the pod with backoff. A pod that fits nowhere gets a
 ``FailedScheduling`` event and ``PodScheduled=False`` (once per distinct message) and waits in
 the unschedulable set until the cluster changes or the periodic flush.
 
@@ -18,10 +21,9 @@ Only the leader decides (``start_leading``/``stop_leading``, driven by ``leader.
 standby keeps its informers warm. Becoming leader rebuilds the books from the API objects
 (bound pods and their assignment annotations) before the first decision.
 
-Gangs hold nothing while they wait: a PodGroup member is decided with its group's pending pods, all or
-nothing, in one cycle (``k8s/gangs.py``: within its tenant queue's quota, a preemptor as a unit,
-clear of the rooms nominated pods and defragmentation keep, through ``PreemptionHost``, which this
-class is); a pod with DRA claims is never bound (``k8s/claims.py``).
+Gangs hold nothing while they wait: a PodGroup member is decided with its group's pending pods,
+all or nothing, in one cycle (``k8s/gangs.py``: membership and group status; within its tenant
+queue's quota, a preemptor as a unit); a pod with DRA claims is never bound (``k8s/claims.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -39,31 +40,33 @@ from typing import Any
 import numpy as np
 from kubernetes import client
 
-from gpusched.core.disruption import DisruptionBudgets
+from gpusched.core.batch import Outcome, UnitOutcome, run_cycle, single
+from gpusched.core.cluster import ClusterState
 from gpusched.core.fragmentation import TargetWorkload
-from gpusched.core.framework import Profile, run_bind
+from gpusched.core.framework import Profile
+from gpusched.core.gang import GangSpec, Unit, without_post_filters
 from gpusched.core.model import PodSpec
 from gpusched.core.policies import POLICIES, PolicyContext, make_profile
-from gpusched.core.statement import holding, schedule_with_nominated
 from gpusched.core.workload import WorkloadSource
+from gpusched.k8s.actuator import Actuator, Decision, Popped
 from gpusched.k8s.binder import APIBinder, read_pod
-from gpusched.k8s.binding import Result, Settler, bind_until_settled
+from gpusched.k8s.binding import Settler
 from gpusched.k8s.claims import claims_message
 from gpusched.k8s.convert import InvalidRequest, pod_from_k8s
 from gpusched.k8s.disruption import BudgetReader
 from gpusched.k8s.events import EventRecorder
-from gpusched.k8s.gangs import GangHost, Gangs
+from gpusched.k8s.gangs import Gangs, Refusal
 from gpusched.k8s.informer import Reflector
 from gpusched.k8s.podgroups import PodGroups
-from gpusched.k8s.preemption import Nominations, PreemptionRun, Preemptor
+from gpusched.k8s.preemption import Nominations, Preemptor, Rooms
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
 from gpusched.k8s.queues import QueueDirectory
 from gpusched.k8s.reservation import LeaseRecord, Reservations
 from gpusched.k8s.rest import FastCoreV1
 from gpusched.k8s.state import TERMINAL, LiveCluster, pod_key, start_informers
-from gpusched.k8s.tenants import TenantHost, TenantQueues
+from gpusched.k8s.tenants import TenantQueues
 from gpusched.metrics.cluster import cluster_stats
-from gpusched.metrics.scheduling import SchedulerMetrics, diagnosis_labels
+from gpusched.metrics.scheduling import SchedulerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -129,30 +132,37 @@ class StandaloneScheduler:
         self._last_state: tuple[object, int] | None = None
         self._tiebreak = np.zeros(0, dtype=np.int64)
         self._gauges_at = -1e9
-        self.scheduled = 0
-        self.bind_errors = 0
         # nominated preemptors: their rooms, the victims they wait for (k8s/preemption.py)
         self.nominations = Nominations(
             cfg.scheduler_name, pod_from_k8s, limit=cfg.preemption_limit, window_s=cfg.preemption_window_s
         )
         lease_ns, _, lease_name = cfg.defrag_lease.rpartition("/")  # rooms defragmentation is making
         self.reservations = Reservations(LeaseRecord(client.CoordinationV1Api(api), lease_ns, lease_name))
-        self.tenants = TenantQueues(  # tenant queues: quota, borrowing, reclaim (k8s/tenants.py)
-            TenantHost(
-                self.cluster, self.queue, self.events, self._spec, self._current_profile,
-                self._note_state, lambda: self._tiebreak,
-                lambda *bind: self._pool.submit(self._bind, *bind), self.budgets.budgets, self._pool.submit,
-                self.metrics.set_queue_statuses,  # gpusched_queue_*, each time the statuses are computed
-                self.rooms,  # nominated preemptors' and defragmentation's rooms
-                self.nominations,  # where a reclaim's room is kept for its claimant
-            ),
+        self.tenants = TenantQueues(  # the directory, the book, reclaim, status (k8s/tenants.py)
             QueueDirectory(client.CustomObjectsApi(api), self.core), self.core, client.CustomObjectsApi(api),
+            cluster=self.cluster, queue=self.queue, spec=self._spec, events=self.events, pool=self._pool,
+            nominations=self.nominations,  # where a reclaim's room is kept for its claimant
+            metrics=self.metrics,  # gpusched_queue_*, each time the statuses are computed
         )  # fmt: skip
-        host = GangHost(
-            self.queue, self.cluster, self.events, self._spec, self._current_profile, self._gang_tiebreak,
-            lambda *bind: self._pool.submit(self._bind, *bind), self.tenants, self, self._attempts,
+        self.gangs = Gangs(  # membership and group status (k8s/gangs.py)
+            self.queue, self.cluster, self.events, lambda on_change: PodGroups(api, on_change)
+        )
+        self.rooms = Rooms(self.nominations, self.reservations)  # what each unit is decided clear of
+        self.actuator = Actuator(  # what a decided unit's outcome does in the API (k8s/actuator.py)
+            cluster=self.cluster, queue=self.queue, events=self.events, metrics=self.metrics,
+            pool=self._pool, settler=self._settler, nominations=self.nominations,
+            preemptor=self._preemptor, budgets=self.budgets, reservations=self.reservations,
+            tenants=self.tenants, gangs=self.gangs, running=(self.leading, self._stop),
         )  # fmt: skip
-        self.gangs = Gangs(host, lambda on_change: PodGroups(api, on_change))  # k8s/gangs.py
+
+    @property
+    def scheduled(self) -> int:
+        """Pods bound."""
+        return self.actuator.scheduled
+
+    @property
+    def bind_errors(self) -> int:
+        return self.actuator.bind_errors
 
     # ------------------------------------------------------------ lifecycle
     def start(self, lead: bool = True) -> StandaloneScheduler:
@@ -262,10 +272,6 @@ class StandaloneScheduler:
         with self.cluster.snapshot() as snap:
             self._note_state(snap)
 
-    def _gang_tiebreak(self, snap: Any) -> Any:
-        self._note_state(snap)
-        return self._tiebreak
-
     def _note_state(self, snap: Any) -> None:
         """Called under the cluster lock: when nodes changed since the last cycle (a rebuilt
         snapshot, or a node relabelled in place), unschedulable pods may fit now."""
@@ -284,156 +290,96 @@ class StandaloneScheduler:
         return spec
 
     def schedule(self, qp: QueuedPod) -> None:
-        """One cycle for one popped pod."""
+        """One cycle for one popped pod: its unit (itself, or its gang's pending members) decided
+        by ``core.batch.run_cycle`` and carried out by the actuator."""
+        act = self.actuator
         if not self.leading.is_set():
             self.queue.done(qp.key, requeue=True)
             return
         try:
             pod = self._spec(qp)
         except InvalidRequest as e:
-            self.events.failed(qp.obj, str(e), reason="InvalidGPURequest")
-            self.metrics.observe_attempt("error", 0.0)
-            self.queue.done(qp.key, unschedulable=True)
+            act.refuse(qp, str(e), reason="InvalidGPURequest", attempt="error")
             return
         if self.cluster.is_bound_or_assumed(qp.key):
             self.queue.done(qp.key)
             return
         if claims := claims_message(qp.obj):  # DRA claims: never bound here (k8s/claims.py)
-            self.events.failed(qp.obj, claims)
-            self.queue.done(qp.key, unschedulable=True)
-            return
-        if self.gangs.schedule(qp):  # a gang member: decided with its group, all or nothing
-            return
-        if self.tenants.schedule(qp, pod):  # under a tenant queue: quota, borrowing, reclaim
+            act.refuse(qp, claims)
             return
         t0 = time.perf_counter()
-        victims: list[PodSpec] = []
-        wait = ""
-        given_up = False
-        noms = self.nominations
+        popped = self._popped(qp, pod, t0)
+        if popped is None:
+            return
         with self.cluster.snapshot() as snap:
             self._note_state(snap)
-            profile = self._current_profile(pod, snap)
-            rooms = noms.rooms(snap, skip=(qp.key,))
-            with self.reservations.hold(snap, pod) as steered:  # defragmentation's rooms and moves
-                # clear of the rooms of nominated pods of at least its priority, fitting yet or not
-                r = schedule_with_nominated(
-                    profile, steered, snap, rooms, tiebreak=self._tiebreak, leaving=noms.leaving()
-                )
-            if r.scheduled:
-                self.cluster.assume(pod, r.node, r.gpus)
-            elif r.victims:
-                node_name = snap.names[r.nominated_node]
-                wait = noms.may_preempt(qp.key, node_name, snap)
-                if not wait:
-                    victims = [snap.allocations[k].pod for k in r.victims]
-                    noms.nominate(pod, node_name, r.victims)
-            elif r.nominated_node < 0:  # no preemption helps any more: its room is given up
-                given_up = noms.drop(qp.key) is not None
-        dt = time.perf_counter() - t0
-        if not r.scheduled:
-            self.metrics.observe_attempt("unschedulable", dt)
-            msg = r.diagnosis.message() if r.diagnosis else r.status.message()
-            msg += self.reservations.note(pod)  # the defragmentation rooms that kept it off
-            self.events.failed(qp.obj, f"{msg}; preemption {wait}" if wait else msg)
-            self.metrics.pod_unschedulable(qp.key, *diagnosis_labels(r.diagnosis, r.status))
-            if victims:
-                self.metrics.preempted(len(victims))
-                self._pool.submit(self._preempt, pod, node_name, victims)
-            if given_up:
-                self._pool.submit(self._preemptor.clear, pod)
-            self.queue.done(qp.key, unschedulable=True)
-            return
-        self.metrics.observe_attempt("scheduled", dt)
-        self.metrics.pod_scheduled(qp.key)
-        self.queue.done(qp.key)
-        self._pool.submit(self._bind, profile, qp, pod, r.node_name, r.gpus)
+            decision = self._decide(popped, snap)
+            acts = act.commit(decision, snap)
+        act.act(acts, time.perf_counter() - t0)
 
-    def _bind(self, profile: Profile, qp: QueuedPod, pod: PodSpec, node: str, gpus: tuple[int, ...]) -> None:
-        """Bind the booked decision until the API says what happened (``k8s/binding.py``): the
-        GPUs stay booked while the outcome is unknown, so nothing else is placed on them."""
-        t0 = time.perf_counter()
-        out = bind_until_settled(
-            lambda: run_bind(profile, pod, node, gpus),
-            pod,
-            self._settler,
-            keep_trying=lambda: self.leading.is_set() and not self._stop.is_set(),
-        )
-        if out.result is Result.BOUND and (out.status.ok or out.node == node):
-            self.scheduled += 1
-            self.metrics.binding_duration.labels("ok").observe(time.perf_counter() - t0)
-            self.events.scheduled(qp.obj, node)
-            return
-        self.bind_errors += 1
-        self.metrics.binding_duration.labels("error").observe(time.perf_counter() - t0)
-        log.warning(
-            "binding %s to %s: %s after %d attempt(s): %s",
-            qp.key, node, out.result.value, out.attempts, out.status.message(),
+    def _popped(self, qp: QueuedPod, pod: PodSpec, t0: float) -> Popped | None:
+        """The unit ``qp`` is decided in, with its queue; None when it cannot be decided (told)."""
+        act = self.actuator
+        gang = self.gangs.members(qp, self._spec)
+        if isinstance(gang, Refusal):
+            self.metrics.observe_attempt(gang.attempt, 0.0)
+            if gang.group is None:
+                act.refuse(qp, gang.message)
+            elif gang.reason == "InvalidPodGroup":
+                self.gangs.refused(gang.group, gang.message, gang.reason)
+                act.tell(gang.keys, gang.message)
+            else:
+                act.gang_waits(gang.group, gang.keys, gang.message, gang.reason)
+            return None
+        if gang is None:
+            if pod.gang:  # a group of Kubernetes' basic policy: decided alone, under no queue
+                return Popped(single(pod), {qp.key: qp})
+            queue, problem = self.tenants.queue_of(pod)
+            if problem:
+                act.refuse(qp, problem)
+                return None
+            return Popped(
+                single(dataclasses.replace(pod, queue=queue) if queue else pod), {qp.key: qp}, queue=queue
+            )
+        group = gang.group
+        for m, why in gang.invalid:
+            act.refuse(m, why, attempt="error")
+        if not gang.pending:
+            act.gang_waits(group, gang.keys, f"{group.ref.describe()}: no member can be decided")
+            return None
+        keys = [m.key for m, _ in gang.pending]
+        queue, problem = self.tenants.queue_of(gang.pending[0][1])
+        if problem:
+            for _ in keys:
+                self.metrics.observe_attempt("unschedulable", time.perf_counter() - t0)
+            act.gang_waits(group, keys, f"{group.ref.describe()}: {problem}; nothing is bound")
+            return None
+        spec = GangSpec(group.ref.name, group.ref.namespace, group.min_member, int(group.timeout_s))
+        pods = tuple(dataclasses.replace(p, queue=queue) if queue else p for _, p in gang.pending)
+        unit = Unit(spec.key, pods, max(0, group.min_member - gang.bound), spec)
+        return Popped(unit, {m.key: m for m, _ in gang.pending}, group, gang.bound, queue)
+
+    def _decide(self, popped: Popped, snap: ClusterState) -> Decision:
+        """The one decision (``core.batch.run_cycle``) of ``popped``, under the cluster lock: with its
+        queue's book (a unit waiting for its reclaim's victims is not tried), clear of the rooms
+        kept for others. Placed pods stay booked in ``snap``."""
+        unit, queue = popped.unit, popped.queue
+        profile = self._current_profile(unit.pods[0], snap)
+        book = None
+        if queue:
+            keys = [p.key for p in unit.pods]
+            book = self.tenants.book(snap, self.tenants.directory.current(), leave_out=keys)
+            profile = without_post_filters(profile)  # reclaim, never preemption across queues
+            if waiting := self.tenants.waiting_on(keys, snap):
+                why = f"waiting for {waiting} reclaimed pod(s) to leave"
+                why = why if popped.group is not None else f"queue {queue}: {why}"
+                return Decision(popped, UnitOutcome(unit, Outcome.WAITING, reason=why), profile, tried=False)
+        (o,) = run_cycle(
+            profile, snap, [unit], book=book, budgets=self.budgets.budgets(), tiebreak=self._tiebreak,
+            hold=self.rooms,
         )  # fmt: skip
-        if out.result is Result.REFUSED:  # nothing was written: decide again after backoff
-            self.queue.add_or_update(qp.obj, qp.key, backoff=True)
-
-    # ------------------------------------------------------------ preemption
-    def _preempt(self, pod: PodSpec, node: str, victims: list[PodSpec]) -> None:
-        """Evict the victims through the Eviction API and nominate the node (``k8s/preemption.py``):
-        victims already leaving are not evicted again, and a budget this room broke is not broken
-        again. Victims a budget kept, or that failed, are no longer waited for: the preemptor
-        decides again (after the next cluster change or flush) instead of waiting on them forever."""
-        noms = self.nominations
-        run = self._preemptor.run(
-            pod, node, victims, self.budgets.budgets(),
-            leaving=noms.leaving(skip=(pod.key,)), spent=noms.spent(pod.key, node),
-        )  # fmt: skip
-        noms.broke(pod.key, node, run.broken)
-        self._still_waiting(run, [(pod, node)])
-
-    def _still_waiting(self, run: PreemptionRun, nominated: Sequence[tuple[PodSpec, str]]) -> None:
-        """After a preemption: the preemptors wait only for the victims that are leaving."""
-        if run.blocked or run.failed:
-            for pod, _node in nominated:
-                self.nominations.waiting_for(pod.key, run.leaving)
-
-    # ------------------------------------------------- gangs (PreemptionHost)
-    @contextlib.contextmanager
-    def rooms(self, snap: Any, pods: Sequence[PodSpec]) -> Iterator[None]:
-        top = max(pods, key=lambda p: p.priority)
-        keys = {p.key for p in pods}
-        rooms, leaving = self.nominations.rooms(snap, skip=keys), self.nominations.leaving()
-        with self.reservations.hold(snap, top), holding(snap, rooms, top.priority, leaving=leaving):
-            yield
-
-    def may_preempt(self, placement: Sequence[tuple[str, str]], snap: Any) -> str:
-        for key, node in placement:
-            if wait := self.nominations.may_preempt(key, node, snap):
-                return wait
-        return ""
-
-    def disruption_budgets(self) -> DisruptionBudgets:
-        return self.budgets.budgets()
-
-    def preempt_gang(
-        self, gang: str, placement: Sequence[tuple[PodSpec, str]], victims: Sequence[PodSpec]
-    ) -> None:
-        keys = tuple(v.key for v in victims)
-        for p, node in placement:
-            self.nominations.nominate(p, node, keys)
-        self.metrics.preempted(len(victims))
-        self._pool.submit(self._preempt_gang, gang, list(placement), list(victims))
-
-    def _preempt_gang(self, gang: str, placement: list[tuple[PodSpec, str]], victims: list[PodSpec]) -> None:
-        noms = self.nominations
-        members = tuple(p.key for p, _ in placement)
-        spent = frozenset().union(*(noms.spent(p.key, node) for p, node in placement))
-        run = self._preemptor.run_gang(
-            gang, placement, victims, self.budgets.budgets(), leaving=noms.leaving(skip=members), spent=spent
-        )
-        for p, node in placement:
-            noms.broke(p.key, node, run.broken)
-        self._still_waiting(run, placement)
-
-    def _attempts(self, result: str, seconds: float, pods: int) -> None:
-        for _ in range(pods):  # one attempt per pod, as kube-scheduler counts them
-            self.metrics.observe_attempt(result, seconds)
+        log.debug("%s: %s %s", unit.key, o.outcome.value, o.reason)
+        return Decision(popped, o, profile, self._tiebreak)
 
     # --------------------------------------------------------------- profile
     def _current_profile(self, pod: PodSpec, snap: Any) -> Profile:

@@ -1,59 +1,52 @@
-"""Tenant queues in the standalone scheduler: admission within quota or borrowing, reclaim, status.
+"""Tenant queues in the standalone scheduler: the directory, the book, reclaim and status.
 
 A pod under a queue (``k8s/queues.py``: its annotation, its namespace's label, a Queue's
-``spec.namespaces``) is decided here, one pod at a time (gangs go through ``k8s/gangs.py``):
+``spec.namespaces``; a gang's: its first member's, ``queue_of``) is decided as every pod is
+(``core.batch.run_cycle``, carried out by ``k8s/actuator.py``), with its queue's book:
 
 1. an unknown or invalid queue, or one with child queues: a ``FailedScheduling`` event naming the
    queue and where the pod got it; nothing is bound;
 2. **quota** (``core.queues.QueueBook``: every booked pod under a queue is charged what it asks
    for, with the model of its node; built once and kept while the books change only by this
    scheduler's own decisions, which charge it as they book, ``settled``; rebuilt when a pod
-   or node changed otherwise, or the queues did; each decision works on a copy): the pod is admitted
-   when its queue stays within its quota, or borrows idle quota of its cohort within its
-   borrowing limit (and its lenders' lending limits);
+   or node changed otherwise, or the queues did; each decision works on a copy, ``book``): the
+   unit is admitted when its queue stays within its quota, or borrows idle quota of its cohort
+   within its borrowing limit (and its lenders' lending limits);
 3. **placement**: the profile's cycle without preemption (a queued pod takes back quota by
-   reclaim, never by priority across queues), clear of the rooms kept for others
-   (``TenantHost.rooms``); on success it is booked and bound;
+   reclaim, never by priority across queues), clear of the rooms kept for others;
 4. **reclaim**: refused by quota or not fitting while its queue would stay within its own quota,
-   the pod gets victims among the pods of borrowing queues (``core.queues.reclaim.plan_reclaim``:
+   the unit gets victims among the pods of borrowing queues (``core.queues.reclaim.plan_reclaim``:
    lowest priority first, fewest victims, whole gangs, PodDisruptionBudget-safe choices first).
-   They are evicted through the Eviction API (``k8s/eviction.py``); the pod's charge is
-   *reserved* in its queue meanwhile (so the borrower cannot borrow the room back), and it waits
-   until the victims are gone (reserved at most ``reservation_s``).
-
-Gangs under a queue are admitted, reclaim and wait as units through ``k8s/gangs.py``, with the
-same book (``book``) and reservations (``start_reclaim``, ``waiting_on``, ``admitted``).
+   They are evicted through the Eviction API (``k8s/eviction.py``, ``start_reclaim``); the unit's
+   charge is *reserved* in its queue meanwhile (so the borrower cannot borrow the room back), and
+   it waits until the victims are gone (``waiting_on``; reserved at most ``reservation_s``).
 
 ``TenantQueues.run_status`` computes each Queue's status every ``status_interval_s``, hands them
-all to ``TenantHost.publish`` (the scheduler's metrics: ``gpusched_queue_*``; a deleted Queue is
-left out, so its series go) and writes each Queue's ``status`` (quota, usage, borrowed, admitted
-and pending pods, a ``Valid`` condition) when it changed; an invalid queue also gets a Warning
-event naming ``spec.parent``.
+all to the scheduler's metrics (``gpusched_queue_*``; a deleted Queue is left out, so its series
+go) and writes each Queue's ``status`` (quota, usage, borrowed, admitted and pending pods, a
+``Valid`` condition) when it changed; an invalid queue also gets a Warning event naming
+``spec.parent``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any
 
 from gpusched.core.cluster import I64, ClusterState
-from gpusched.core.disruption import DisruptionBudgets
 from gpusched.core.framework import Profile
-from gpusched.core.gang import Unit, without_post_filters
+from gpusched.core.gang import without_post_filters
 from gpusched.core.model import PodSpec
 from gpusched.core.queues.quota import QueueBook
-from gpusched.core.queues.reclaim import plan_reclaim
 from gpusched.core.queues.spec import ANY_MODEL, ResourceKey
 from gpusched.core.queues.status import QueueStatus, queue_statuses
 from gpusched.core.queues.usage import Usage, charge_of
-from gpusched.core.scheduler import schedule_one
 from gpusched.core.statement import Statement, schedule_all
 from gpusched.k8s.convert import InvalidRequest
 from gpusched.k8s.events import EventRecorder
@@ -62,38 +55,11 @@ from gpusched.k8s.preemption import Nominations
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
 from gpusched.k8s.queues import GROUP, PLURAL, VERSION, Directory, QueueDirectory, charge_booked
 from gpusched.k8s.state import LiveCluster
+from gpusched.metrics.scheduling import SchedulerMetrics
 
 log = logging.getLogger(__name__)
 
 _STATUS_FIELDS = (("gpus", "gpus"), ("gpuMilli", "gpu_milli"), ("gpuMemoryMiB", "gpu_memory_mib"))
-
-
-@dataclass
-class TenantHost:
-    """What the scheduler lends the queues (its books, queue, events and cycle helpers)."""
-
-    cluster: LiveCluster
-    queue: SchedulingQueue
-    events: EventRecorder
-    spec: Callable[[QueuedPod], PodSpec]
-    profile: Callable[[PodSpec, ClusterState], Profile]
-    note_state: Callable[[ClusterState], None]
-    """Tells the scheduler which snapshot it decides on (its node order and tiebreak follow)."""
-    tiebreak: Callable[[], I64]
-    bind: Callable[[Profile, QueuedPod, PodSpec, str, tuple[int, ...]], Any]
-    budgets: Callable[[], DisruptionBudgets]
-    submit: Callable[..., Any]
-    """Runs a function off the scheduling thread (the bind pool)."""
-    publish: Callable[[Sequence[QueueStatus]], None] = lambda statuses: None
-    """Takes every Queue's status each time they are computed (the scheduler's metrics)."""
-    rooms: Callable[[ClusterState, Sequence[PodSpec]], AbstractContextManager[object]] = lambda snap, pods: (
-        contextlib.nullcontext()
-    )
-    """Within the block the snapshot holds the rooms the pods must leave alone (nominated
-    preemptors' and defragmentation's, ``StandaloneScheduler.rooms``)."""
-    nominations: Nominations | None = None
-    """Where a reclaim's room is kept for its claimant while its victims leave (the scheduler's
-    nominated rooms: pods of no higher priority stay out of it); None: kept by quota alone."""
 
 
 def _amounts(usage: Any, get: Callable[[ResourceKey], int | None]) -> dict[str, int]:
@@ -134,15 +100,32 @@ class _Kept:
 class TenantQueues:
     def __init__(
         self,
-        host: TenantHost,
         directory: QueueDirectory,
         core: Any,
         custom: Any,
         *,
+        cluster: LiveCluster,
+        queue: SchedulingQueue,
+        spec: Callable[[QueuedPod], PodSpec],
+        events: EventRecorder,
+        pool: Executor,
+        nominations: Nominations | None = None,
+        metrics: SchedulerMetrics | None = None,
         status_interval_s: float = 2.0,
         reservation_s: float = 300.0,
     ) -> None:
-        self.host = host
+        self.cluster = cluster
+        self.queue = queue
+        self.spec = spec
+        """A queued pod's spec (raises ``InvalidRequest``): to count the pending pods per queue."""
+        self.events = events
+        self.pool = pool
+        """Runs the evictions off the scheduling thread (the bind pool)."""
+        self.nominations = nominations
+        """Where a reclaim's room is kept for its claimant while its victims leave (the scheduler's
+        nominated rooms: pods of no higher priority stay out of it); None: kept by quota alone."""
+        self.metrics = metrics
+        """Takes every Queue's status each time they are computed (``gpusched_queue_*``)."""
         self.directory = directory
         self.core = core
         self.custom = custom
@@ -204,73 +187,14 @@ class TenantQueues:
                 k.book.charge(key, q, charge_of(a.pod, snap.nodes[a.node].gpu_model))
         k.version = snap.version
 
-    # ------------------------------------------------------------ scheduling
-    def schedule(self, qp: QueuedPod, pod: PodSpec) -> bool:
-        """Decide ``pod`` when it is under a queue (True: decided here, done with the queue)."""
-        if pod.gang or not self.directory.installed():
-            return False  # gangs are decided with their group (k8s/gangs.py)
+    def queue_of(self, pod: PodSpec) -> tuple[str, str]:
+        """The tenant queue ``pod`` is admitted by and why it cannot be ("" when it can); ("", "")
+        when it is under none (or the queues are not installed)."""
+        if not self.directory.installed():
+            return "", ""
         d = self.directory.current()
         queue, source = d.queue_of(pod)
-        if not queue:
-            return False
-        h = self.host
-        problem = d.problem(queue, source)
-        if problem:
-            h.events.failed(qp.obj, problem)
-            h.queue.done(qp.key, unschedulable=True)
-            return True
-        pod = replace(pod, queue=queue)
-        decided: tuple[Profile, str, tuple[int, ...]] | None = None
-        victims: list[tuple[PodSpec, str]] = []
-        rooms: list[tuple[PodSpec, str]] = []
-        with h.cluster.snapshot() as snap:
-            h.note_state(snap)
-            tiebreak = h.tiebreak()
-            profile = without_post_filters(h.profile(pod, snap))
-            book = self.book(snap, d, leave_out=(pod.key,))
-            if waiting := self.waiting_on((pod.key,), snap):
-                why = f"queue {queue}: waiting for {waiting} reclaimed pod(s) to leave"
-                h.events.failed(qp.obj, why)
-                h.queue.done(qp.key, unschedulable=True)
-                return True
-            verdict = book.check(queue, charge_of(pod))
-            refusal = "" if verdict.ok else f"quota: {verdict.reason}"
-            if verdict.ok:
-                with h.rooms(snap, (pod,)):  # not into a room kept for another pod
-                    r = schedule_one(
-                        profile, pod, snap, tiebreak=tiebreak, diagnose_failures=True, assume=False
-                    )
-                if r.scheduled:
-                    v2 = book.check(queue, charge_of(pod, snap.nodes[r.node].gpu_model))
-                    if v2.ok:
-                        h.cluster.assume(pod, r.node, r.gpus)
-                        decided = (profile, r.node_name, r.gpus)
-                    else:
-                        refusal = f"quota: {v2.reason}"
-                else:
-                    refusal = r.diagnosis.message() if r.diagnosis else r.status.message()
-            if decided is None:
-                plan = plan_reclaim(
-                    profile, snap, book, Unit(pod.key, (pod,), 1), budgets=h.budgets(), tiebreak=tiebreak
-                )
-                if plan.ok:
-                    held = [snap.allocations[k] for k in plan.victims if k in snap.allocations]
-                    victims = [(a.pod, snap.names[a.node]) for a in held]
-                    rooms = landing(profile, snap, (pod,), plan.victims, tiebreak=tiebreak)
-                elif h.nominations is not None:
-                    h.nominations.drop(pod.key)  # no reclaim helps: no room kept for it
-            self.settled(snap, d, (pod.key,) if decided is not None else ())
-        if decided is not None:
-            self.admitted((pod.key,))
-            h.queue.done(qp.key)
-            h.bind(decided[0], qp, pod, decided[1], decided[2])
-            return True
-        if victims:
-            self.start_reclaim((pod,), queue, victims, by=pod.key, rooms=rooms)
-            refusal = f"{refusal}; reclaiming {len(victims)} pod(s) from borrowing queues"
-        h.events.failed(qp.obj, refusal)
-        h.queue.done(qp.key, unschedulable=True)
-        return True
+        return (queue, d.problem(queue, source)) if queue else ("", "")
 
     # --------------------------------------------------------------- reclaim
     def waiting_on(self, keys: Collection[str], snap: ClusterState) -> int:
@@ -300,22 +224,22 @@ class TenantQueues:
         a nominated preemptor's room is (issue 28: the victims' replacements stay out of it)."""
         until = time.monotonic() + self.reservation_s
         keys = tuple(v.key for v, _ in victims)
-        if self.host.nominations is not None:
+        if self.nominations is not None:
             for p, node in rooms:
-                self.host.nominations.nominate(p, node, keys)
+                self.nominations.nominate(p, node, keys)
         with self._lock:
             for p in pods:
                 self._reserved[p.key] = (queue, charge_of(p), until)
                 self._reclaiming[p.key] = keys
         self.reclaims += 1
-        self.host.submit(self._evict, tuple(p.key for p in pods), by, queue, list(victims))
+        self.pool.submit(self._evict, tuple(p.key for p in pods), by, queue, list(victims))
 
     def _evict(self, keys: tuple[str, ...], by: str, queue: str, victims: list[tuple[PodSpec, str]]) -> None:
         for v, node in victims:
             out = self.evictor.evict(v.namespace, v.name, v.uid)
             if out.done:
                 meta = {"name": v.name, "namespace": v.namespace, "uid": v.uid}
-                self.host.events.preempted(meta, f"{by} (queue {queue} reclaims its quota)", node)
+                self.events.preempted(meta, f"{by} (queue {queue} reclaims its quota)", node)
             else:
                 log.warning("reclaiming %s for %s: %s %s", v.key, by, out.outcome.value, out.message)
                 with self._lock:  # not waited for: the claimant plans again
@@ -325,9 +249,9 @@ class TenantQueues:
     # ----------------------------------------------------------------- status
     def pending_by_queue(self, d: Directory) -> dict[str, int]:
         out: dict[str, int] = {}
-        for qp in self.host.queue.pending():
+        for qp in self.queue.pending():
             try:
-                q, _ = d.queue_of(self.host.spec(qp))
+                q, _ = d.queue_of(self.spec(qp))
             except InvalidRequest:
                 continue
             if q:
@@ -337,7 +261,7 @@ class TenantQueues:
     def statuses(self, d: Directory, names: Iterable[str]) -> dict[str, QueueStatus]:
         """The status of each queue of ``names``, by name (an invalid one: nothing charged, its
         waiting pods)."""
-        with self.host.cluster.snapshot() as snap:
+        with self.cluster.snapshot() as snap:
             book = self.book(snap, d)
         pending = self.pending_by_queue(d)
         valid = {s.name: s for s in queue_statuses(book, pending)}
@@ -346,14 +270,15 @@ class TenantQueues:
         }
 
     def write_status(self) -> int:
-        """Compute every Queue's status, publish them all (``TenantHost.publish``) and write each
+        """Compute every Queue's status, publish them all (the scheduler's metrics) and write each
         one that changed; returns how many were written."""
         if not self.directory.synced():
             return 0
         d = self.directory.current()
         objects = self.directory.objects()
         statuses = self.statuses(d, objects)
-        self.host.publish(list(statuses.values()))
+        if self.metrics is not None:
+            self.metrics.set_queue_statuses(list(statuses.values()))
         for gone in [n for n in self._written if n not in objects]:
             del self._written[gone]
         for gone in [n for n in self._warned if n not in objects]:
@@ -393,9 +318,9 @@ class TenantQueues:
                 "uid": meta.get("uid"), "fieldPath": "spec.parent",
             },
             "type": "Warning", "reason": "InvalidQueue", "message": message[:1024],
-            "source": {"component": self.host.events.component},
-            "reportingComponent": self.host.events.component,
-            "reportingInstance": self.host.events.instance,
+            "source": {"component": self.events.component},
+            "reportingComponent": self.events.component,
+            "reportingInstance": self.events.instance,
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }  # fmt: skip
         try:

@@ -28,7 +28,8 @@ Defragmentation (``DefragConfig``), always within a move budget — moves so far
   carried out at once, and the queue is retried.
 
 A moved pod keeps its departure time plus ``restart_penalty_s`` (work lost to the restart). The
-engine is ``sim.engine``'s event heap; nothing reads a clock.
+run is a use of ``sim.machine``'s machine (its kick and tick are the retries above; the
+consolidation is an event kind of its own); nothing reads a clock.
 
 Measured over the steady window [warmup, horizon]: allocation (time-weighted mean, mean while a
 GPU pod is pending — "under saturation" —, peak, and a sample every ``sample_every_s``); pending
@@ -40,7 +41,6 @@ moves (count, distinct pods, fraction of the pods that arrived).
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
@@ -62,17 +62,17 @@ from gpusched.core.fragmentation import TargetWorkload, cluster_fragmentation
 from gpusched.core.model import NodeSpec, PodSpec
 from gpusched.core.pending import pending_order
 from gpusched.core.policies import PolicyContext, make_profile
+from gpusched.core.protocol import tie_ranks
 from gpusched.core.scheduler import schedule_one
 from gpusched.core.statement import Statement
-from gpusched.sim.engine import EventQueue, Priority
-from gpusched.sim.paper import PaperRun, build_sequence, run_paper, tie_ranks
-from gpusched.sim.replay import CLASS_ORDER, queue_remove, request_class, retry_pass
+from gpusched.sim.engine import Priority
+from gpusched.sim.machine import ARRIVE, DEPART, TIME_OUT, Kind, Machine, retry_pass
+from gpusched.sim.replay import by_class, percentiles
 from gpusched.sim.synthetic import LIFETIME_SIGMA
 from gpusched.sim.traces import TracePod
 
-_KICK = -1
-_TICK = -2
-_CONSOLIDATE = -3
+CONSOLIDATE = Kind("consolidate", Priority.RETRY)
+"""The periodic consolidation (``DefragConfig.mode`` ``periodic``)."""
 MODES = ("off", "triggered", "periodic")
 LIFETIMES = ("trace", "lognormal")
 
@@ -180,12 +180,6 @@ class ChurnResult:
         return d
 
 
-def _percentiles(values: list[int]) -> dict[str, float]:
-    arr = np.asarray(values or [0], dtype=np.float64)
-    p50, p90, p99, mx = (float(v) for v in np.percentile(arr, [50, 90, 99, 100]))
-    return {"p50_s": p50, "p90_s": p90, "p99_s": p99, "max_s": mx}
-
-
 def draw_pods(
     pool: Sequence[TracePod], nodes: Sequence[NodeSpec], cfg: ChurnConfig
 ) -> tuple[list[PodSpec], list[int], list[int]]:
@@ -261,24 +255,23 @@ class Churn:
         self.index = {s.key: i for i, s in enumerate(self.specs)}
         n = len(self.specs)
         self.running = [False] * n
-        self.pending = [False] * n
         self.depart_at = [0] * n
         self.waited: dict[int, int] = {}
         self.gave_up: dict[int, int] = {}
-        self.queue: list[tuple[int, int, int]] = []
-        self.events: EventQueue[int] = EventQueue()
+        self.m = Machine(self._retry_pass, retry_interval_s=cfg.retry_interval_s, after_tick=self._after_tick)
+        self.m.on(ARRIVE, self._arrive)
+        self.m.on(DEPART, self._depart)
+        self.m.on(TIME_OUT, self._time_out)
+        self.m.on(CONSOLIDATE, self._consolidate_every)
+        self.m.meter(self._advance)
         for i in range(n):
-            self.events.push(self.created[i], Priority.ARRIVAL, i)
+            self.m.schedule(ARRIVE, self.created[i], i)
         if defrag.mode == "periodic":
-            self.events.push(defrag.period_s, Priority.RETRY, _CONSOLIDATE)
-        self.now = 0
+            self.m.schedule(CONSOLIDATE, defrag.period_s)
         self.arrived = 0
         self.alloc = 0
         self.peak = 0
         self.cap = self.snap.total_gpu_milli
-        self.dirty = False
-        self.tick_armed = False
-        self.kick_pending = False
         self.gpu_pending = 0  # GPU pods in the queue
         # integrals over the steady window
         self.int_alloc = 0
@@ -305,35 +298,26 @@ class Churn:
             "work": 0,
         }
 
+    @property
+    def now(self) -> int:
+        return self.m.now
+
     # ---------------------------------------------------------------------------- the run
     def run(self, audit: bool = False) -> ChurnResult:
-        horizon = self.cfg.horizon_s
-        while self.events:
-            ev = self.events.peek()
-            assert ev is not None
-            if ev.time >= horizon:
-                break
-            self._advance(ev.time)
-            self.events.pop()
-            if ev.priority == Priority.ARRIVAL:
-                self._arrive(ev.payload)
-            elif ev.priority == Priority.DEPARTURE:
-                self._depart(ev.payload, ev.time)
-            elif ev.priority == Priority.TIMEOUT:
-                self._time_out(ev.payload)
-            else:
-                self._retry(ev.payload)
-            if audit and (errs := self.snap.verify()):
-                raise AssertionError(f"accounting broken at t={self.now}: {errs}")
-        self._advance(horizon)
+        self.m.run(self.cfg.horizon_s, after_event=self._audit if audit else None)
         if errs := self.snap.verify():
             raise AssertionError(f"accounting broken after the churn run: {errs}")
         return self._result()
 
+    def _audit(self) -> None:
+        if errs := self.snap.verify():
+            raise AssertionError(f"accounting broken at t={self.now}: {errs}")
+
     def _advance(self, t: int) -> None:
-        """Integrate from ``now`` to ``t`` (the state is constant in between), sampling on the way."""
+        """The meter: integrate from ``now`` to ``t`` (the state is constant in between), sampling
+        on the way."""
         while self.next_sample <= t and self.next_sample < self.cfg.horizon_s:
-            self.samples.append((self.next_sample, self._pct(), len(self.queue)))
+            self.samples.append((self.next_sample, self._pct(), len(self.m.pending)))
             if self.next_sample >= self.cfg.warmup_s:
                 self.frag_samples.append(cluster_fragmentation(self.snap, self.tw))
             self.next_sample += self.cfg.sample_every_s
@@ -345,7 +329,6 @@ class Churn:
                 self.int_alloc_sat += self.alloc * dt
                 self.sat_time += dt
                 self.int_idle_pending += (self.cap - self.alloc) * dt
-        self.now = max(self.now, t)
 
     def _pct(self) -> float:
         return 100.0 * self.alloc / self.cap if self.cap else 0.0
@@ -358,54 +341,36 @@ class Churn:
         if self.on_progress is not None and self.arrived % 500 == 0:
             self.on_progress(self.arrived, len(self.specs))
 
-    def _depart(self, i: int, t: int) -> None:
-        if not self.running[i] or self.depart_at[i] != t:
-            return  # moved since (its departure was pushed again)
+    def _depart(self, i: int) -> None:
+        if not self.running[i] or self.depart_at[i] != self.now:
+            return  # moved since (its departure was scheduled again)
         self.snap.forget(self.specs[i].key)
         self.running[i] = False
         self.alloc -= self.specs[i].gpu_demand_milli
-        self.dirty = True
-        if self.queue and not self.kick_pending:
-            self.events.push(self.now, Priority.RETRY, _KICK)
-            self.kick_pending = True
+        self.m.wake()
 
     def _time_out(self, i: int) -> None:
-        if self.pending[i]:
+        if i in self.m.pending:
             self._unqueue(i)
             self.gave_up[i] = self.now - self.created[i]
 
-    def _retry(self, kind: int) -> None:
-        if kind == _CONSOLIDATE:
-            self._consolidate()
-            self.events.push(self.now + self.defrag.period_s, Priority.RETRY, _CONSOLIDATE)
-            return
-        if self.dirty and self.queue:
-            self._retry_pass()
-        self.dirty = False
-        if kind == _KICK:
-            self.kick_pending = False
-            return
-        if self.defrag.mode == "triggered" and self.queue:
+    def _consolidate_every(self, _item: int) -> None:
+        self._consolidate()
+        self.m.schedule(CONSOLIDATE, self.now + self.defrag.period_s)
+
+    def _after_tick(self) -> None:
+        if self.defrag.mode == "triggered" and self.m.pending:
             self._triggered()
-        self.tick_armed = bool(self.queue)
-        if self.tick_armed:
-            self.events.push(self.now + self.cfg.retry_interval_s, Priority.RETRY, _TICK)
 
     # ---------------------------------------------------------------------------- helpers
     def _enqueue(self, i: int) -> None:
-        self.pending[i] = True
-        bisect.insort(self.queue, self.keys[i])
         if self.specs[i].num_gpu:
             self.gpu_pending += 1
-        if self.cfg.max_pending_s is not None:
-            self.events.push(self.created[i] + self.cfg.max_pending_s, Priority.TIMEOUT, i)
-        if not self.tick_armed:
-            self.events.push(self.now + self.cfg.retry_interval_s, Priority.RETRY, _TICK)
-            self.tick_armed = True
+        give_up = None if self.cfg.max_pending_s is None else self.created[i] + self.cfg.max_pending_s
+        self.m.enqueue(i, self.keys[i], give_up)
 
     def _unqueue(self, i: int) -> None:
-        queue_remove(self.queue, self.keys[i])
-        self.pending[i] = False
+        self.m.pending.remove(i)
         if self.specs[i].num_gpu:
             self.gpu_pending -= 1
 
@@ -415,7 +380,7 @@ class Churn:
         self.peak = max(self.peak, self.alloc) if self.now >= self.cfg.warmup_s else self.peak
         self.waited[i] = self.now - self.created[i]
         self.depart_at[i] = self.now + self.life[i]
-        self.events.push(self.depart_at[i], Priority.DEPARTURE, i)
+        self.m.schedule(DEPART, self.depart_at[i], i)
 
     def _try_place(self, i: int) -> bool:
         r = schedule_one(self.profile, self.specs[i], self.snap, tiebreak=self.ranks, diagnose_failures=False)
@@ -424,7 +389,7 @@ class Churn:
         return r.scheduled
 
     def _retry_pass(self) -> None:
-        retry_pass(self.queue, self.shapes, self._try_place, self._unqueue)
+        retry_pass(self.m.pending.order(), self.shapes, self._try_place, self._unqueue)
 
     def _budget_left(self) -> int:
         return int(self.defrag.move_budget * self.arrived) - self.moves
@@ -441,11 +406,10 @@ class Churn:
         d = self.defrag
         tried_shapes: set[tuple[object, ...]] = set()
         plans = 0
-        for key in list(self.queue):
+        for i in self.m.pending.order():
             if plans >= d.plans_per_tick:
                 break
-            i = key[2]
-            if not self.pending[i] or self.now - self.created[i] < d.wait_threshold_s:
+            if i not in self.m.pending or self.now - self.created[i] < d.wait_threshold_s:
                 continue
             if self.shapes[i] in tried_shapes:
                 continue
@@ -496,9 +460,9 @@ class Churn:
             j = self.index[mv.pod]
             if self.defrag.restart_penalty_s:
                 self.depart_at[j] += self.defrag.restart_penalty_s
-                self.events.push(self.depart_at[j], Priority.DEPARTURE, j)
+                self.m.schedule(DEPART, self.depart_at[j], j)
         if moves:
-            self.dirty = True
+            self.m.dirty = True
 
     def _consolidate(self) -> None:
         left = self._budget_left()
@@ -517,32 +481,23 @@ class Churn:
                 return
             st.commit()
         self._moved(plan.moves)
-        if self.queue:
+        if self.m.pending:
             self._retry_pass()
-            self.dirty = False
+            self.m.dirty = False
 
     def _result(self) -> ChurnResult:
         cfg = self.cfg
         window = cfg.horizon_s - cfg.warmup_s
         measured = [i for i in range(len(self.specs)) if cfg.warmup_s <= self.created[i] < cfg.horizon_s]
-        groups: dict[str, list[int]] = {}
-        for i in measured:
-            if i in self.waited:
-                w = self.waited[i]
-            elif i in self.gave_up:
-                w = self.gave_up[i]
-            else:
-                w = cfg.horizon_s - self.created[i]  # still pending: censored
-            groups.setdefault(request_class(self.specs[i]), []).append(w)
-        rank = {c: k for k, c in enumerate(CLASS_ORDER)}
         pending: dict[str, dict[str, float]] = {}
-        for cls in sorted(groups, key=lambda c: (rank.get(c, len(rank)), c)):
-            row: dict[str, float] = {"pods": len(groups[cls])}
-            idx = [i for i in measured if request_class(self.specs[i]) == cls]
+        for cls, idx in by_class(self.specs, measured).items():
+            # a pod that gave up or is still pending counts what it waited (censored at the horizon)
+            w = [self.waited.get(i, self.gave_up.get(i, cfg.horizon_s - self.created[i])) for i in idx]
+            row: dict[str, float] = {"pods": len(idx)}
             row["placed"] = sum(1 for i in idx if i in self.waited)
             row["gave_up"] = sum(1 for i in idx if i in self.gave_up)
-            row["still_pending"] = sum(1 for i in idx if self.pending[i])
-            row.update(_percentiles(groups[cls]))
+            row["still_pending"] = sum(1 for i in idx if i in self.m.pending)
+            row.update(zip(("p50_s", "p90_s", "p99_s", "max_s"), percentiles(w), strict=True))
             pending[cls] = row
         frag_hours = float(np.mean(self.frag_samples)) * window / 3600 / 1000 if self.frag_samples else 0.0
         return ChurnResult(
@@ -636,147 +591,3 @@ class ChurnReport:
             "gains": self.gains(),
             "plots": list(self.plots),
         }
-
-
-# ------------------------------------------------------------------------ paper protocol, one-shot
-@dataclass
-class PaperConsolidation:
-    """The paper protocol for one seed with a one-shot consolidation at each checkpoint (arrived
-    GPU demand reaching that % of the cluster), against the same seed without it (``run_paper``)."""
-
-    seed: int
-    policy: str
-    max_moves: int
-    alloc_at_100_without: float
-    alloc_at_130_without: float
-    alloc_at_100: float
-    alloc_at_130: float
-    moves: dict[int, int]
-    """Checkpoint % -> moves made there."""
-    placed_after: dict[int, int]
-    """Checkpoint % -> pods that had failed before it and were placed right after the moves."""
-    frag_drop_milli: dict[int, float]
-    pods: int
-    targeted_placed: dict[int, int] = field(default_factory=dict)
-    """Checkpoint % -> failed pods placed by a plan of moves made for them (``targeted``)."""
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
-
-
-def run_paper_consolidated(
-    nodes: Sequence[NodeSpec],
-    pods: Sequence[PodSpec],
-    seed: int,
-    *,
-    policy: str = "default",
-    tune: float = 1.3,
-    checkpoints: Sequence[int] = (100, 130),
-    max_moves: int = 64,
-    workload: TargetWorkload | None = None,
-    work: WorkBudget | None = None,
-    targeted: bool = False,
-    targeted_attempts: int = 40,
-) -> PaperConsolidation:
-    """``sim.paper``'s protocol (same pod stream, tie-break and profile as ``run_paper``), with,
-    when arrived demand first reaches each checkpoint %, ``core.defrag.consolidate`` (up to
-    ``max_moves`` moves, carried out) and then one retry of every pod that failed so far — what a
-    descheduler buys. With ``targeted``, what is left of ``max_moves`` then goes to the pods that
-    failed, biggest first (at most ``targeted_attempts`` of them): ``plan_for`` finds the fewest
-    moves that let each land. Allocation is binned as ``PaperRun.curve`` does; the retries count at
-    the checkpoint's arrived demand."""
-    tw = workload or TargetWorkload.from_pods(pods)
-    base = run_paper(nodes, pods, policy, seed, tune=tune, workload=tw)
-    snap = ClusterState(nodes)
-    profile = make_profile(policy, PolicyContext(workload=tw, rng=np.random.default_rng([seed, 0xABC])))
-    seq = build_sequence(pods, snap.total_gpu_milli, seed, tune)
-    ranks = tie_ranks(nodes, seed)
-    arrived: list[int] = []
-    used: list[int] = []
-    acc_arrived = acc_used = 0
-    failed: list[PodSpec] = []
-    todo = sorted(checkpoints)
-    moves: dict[int, int] = {}
-    placed_after: dict[int, int] = {}
-    frag_drop: dict[int, float] = {}
-    targeted_placed: dict[int, int] = {}
-    budget = work or WorkBudget(max_work=10_000)
-    for pod in seq:
-        acc_arrived += pod.gpu_demand_milli
-        r = schedule_one(profile, pod, snap, tiebreak=ranks, diagnose_failures=False)
-        if r.scheduled:
-            acc_used += pod.gpu_demand_milli
-        else:
-            failed.append(pod)
-        arrived.append(acc_arrived)
-        used.append(acc_used)
-        last = pod is seq[-1]
-        while todo and (acc_arrived * 100 >= todo[0] * snap.total_gpu_milli or last):
-            c = todo.pop(0)  # the last checkpoint (130 %) is where the stream ends
-            plan = consolidate(profile, snap, tw, max_moves, Rules(max_moves=max_moves), budget)
-            with Statement(snap) as st:
-                if apply_plan(st, profile, plan) is None:
-                    st.commit()
-                    moves[c] = plan.move_count
-                    frag_drop[c] = float((plan.frag_before or 0.0) - (plan.frag_after or 0.0))
-                else:
-                    moves[c] = 0
-                    frag_drop[c] = 0.0
-            if targeted:  # the pods that failed, biggest first, each with the fewest moves
-                left = max_moves - moves[c]
-                for p in sorted(failed, key=lambda p: -p.gpu_demand_milli)[:targeted_attempts]:
-                    if left <= 0:
-                        break
-                    tp = plan_for(profile, snap, p, Rules(max_moves=left), budget, tiebreak=ranks)
-                    if not tp.feasible or not tp.moves:
-                        continue
-                    with Statement(snap) as st:
-                        if apply_plan(st, profile, tp, {p.key: p}) is not None:
-                            continue
-                        st.commit()
-                    left -= tp.move_count
-                    moves[c] += tp.move_count
-                    acc_used += p.gpu_demand_milli
-                    arrived.append(acc_arrived)
-                    used.append(acc_used)
-                    targeted_placed[c] = targeted_placed.get(c, 0) + 1
-                failed = [p for p in failed if p.key not in snap.allocations]
-            still: list[PodSpec] = []
-            n_placed = 0
-            for p in failed:
-                rr = schedule_one(profile, p, snap, tiebreak=ranks, diagnose_failures=False)
-                if rr.scheduled:
-                    acc_used += p.gpu_demand_milli
-                    n_placed += 1
-                    arrived.append(acc_arrived)
-                    used.append(acc_used)
-                else:
-                    still.append(p)
-            failed = still
-            placed_after[c] = n_placed
-    if errs := snap.verify():
-        raise AssertionError(f"accounting broken after the consolidated paper run: {errs}")
-    run = PaperRun(
-        policy=policy,
-        seed=seed,
-        total_gpu_milli=snap.total_gpu_milli,
-        arrived=np.asarray(arrived, dtype=np.int64),
-        used=np.asarray(used, dtype=np.int64),
-        frag=np.zeros(len(arrived)),
-        failed=len(failed),
-        pods=len(seq),
-    )
-    return PaperConsolidation(
-        seed=seed,
-        policy=policy,
-        max_moves=max_moves,
-        alloc_at_100_without=base.alloc_at(100),
-        alloc_at_130_without=base.alloc_at(130),
-        alloc_at_100=run.alloc_at(100),
-        alloc_at_130=run.alloc_at(130),
-        moves=moves,
-        placed_after=placed_after,
-        frag_drop_milli=frag_drop,
-        pods=len(seq),
-        targeted_placed=targeted_placed,
-    )

@@ -16,8 +16,9 @@ import numpy as np
 from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.model import GPU_MILLI, NodeSpec, PodSpec
 from gpusched.core.policies.pairing import PairingPlan
+from gpusched.core.protocol import build_sequence
 from gpusched.sim.bound import arrival_bound, arrived_prefix, bound_at, online_best_fit
-from gpusched.sim.paper import build_sequence, run_paper
+from gpusched.sim.paper import run_paper
 
 
 @dataclass(frozen=True)

@@ -4,23 +4,21 @@ Per seed: sort the pods by name and shuffle them; append pods sampled with repla
 from the name-sorted pool until the GPU demand reaches ``tune`` × the cluster's GPUs;
 submit one at a time, no queue, no retry, no departures; a pod that fits nowhere is
 dropped but still counts as arrived. After every pod, log allocated and arrived GPU milli;
-bin by arrived % exactly as the authors' analysis script does.
+bin by arrived % exactly as the authors' analysis script does. The stream, the nodes' tie-break
+ranks and the seeded profile are ``core.protocol``'s (the doctor's simulated snapshot uses them too).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpusched.core.cluster import ClusterState
-from gpusched.core.errors import InvalidInput
 from gpusched.core.fragmentation import TargetWorkload, node_fragmentation
 from gpusched.core.framework import Profile
 from gpusched.core.model import NodeSpec, PodSpec
-from gpusched.core.policies import PolicyContext, make_profile
+from gpusched.core.protocol import paper_setup
 from gpusched.core.scheduler import schedule_one
 from gpusched.sim.stranded import free_by_holder
 
@@ -63,42 +61,6 @@ class PaperRun:
         return float(self.curve()[pct])
 
 
-def build_sequence(pods: Sequence[PodSpec], total_gpu_milli: int, seed: int, tune: float) -> list[PodSpec]:
-    """The pod stream of one seed: shuffled originals, then samples up to ``tune`` × capacity."""
-    rng = np.random.default_rng(seed)
-    pool = sorted(pods, key=lambda p: p.name)
-    seq = [pool[i] for i in rng.permutation(len(pool))]
-    target = tune * total_gpu_milli
-    demand = sum(p.gpu_demand_milli for p in pool)
-    if not any(p.num_gpu for p in pool):
-        raise InvalidInput("the paper protocol inflates arrivals by GPU demand, but no pod asks for a GPU")
-    if tune <= 0:
-        raise InvalidInput(f"tune must be positive, got {tune}")
-    if demand < target:
-        i = 0
-        while True:
-            p = pool[int(rng.integers(len(pool)))]
-            if demand + p.gpu_milli > target:  # the simulator's stop test reads per-GPU milli
-                break
-            demand += p.gpu_demand_milli
-            seq.append(dataclasses.replace(p, name=f"{p.name}-tuned-{i}"))
-            i += 1
-    elif demand > target:
-        while demand > target and seq:
-            demand -= seq.pop(int(rng.integers(len(seq)))).gpu_demand_milli
-    return seq
-
-
-def tie_ranks(nodes: Sequence[NodeSpec], seed: int) -> np.ndarray:
-    """A seeded rank per node (lower wins ties): a permutation over the name-sorted nodes."""
-    rng = np.random.default_rng([seed, 0x7E1E])
-    order = sorted(range(len(nodes)), key=lambda i: nodes[i].name)
-    perm = rng.permutation(len(nodes))
-    ranks = np.empty(len(nodes), dtype=np.int64)
-    ranks[order] = perm
-    return ranks
-
-
 def run_paper(
     nodes: Sequence[NodeSpec],
     pods: Sequence[PodSpec],
@@ -111,12 +73,8 @@ def run_paper(
     on_pod: Callable[[int, int], None] | None = None,
     clock: Callable[[], float] | None = None,
 ) -> PaperRun:
-    snap = ClusterState(nodes)
-    tw = workload or TargetWorkload.from_pods(pods)
-    if profile is None:
-        profile = make_profile(policy, PolicyContext(workload=tw, rng=np.random.default_rng([seed, 0xABC])))
-    seq = build_sequence(pods, snap.total_gpu_milli, seed, tune)
-    ranks = tie_ranks(nodes, seed)
+    setup = paper_setup(nodes, pods, policy, seed, tune=tune, workload=workload, profile=profile)
+    snap, tw, profile, seq, ranks = setup.snap, setup.workload, setup.profile, setup.sequence, setup.ranks
     t0 = clock() if clock else 0.0
     n = len(seq)
     arrived = np.zeros(n, dtype=np.int64)

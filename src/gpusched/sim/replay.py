@@ -13,13 +13,12 @@ no-op (feasibility does not depend on any random state).
 A running pod is forgotten at ``deleted``; a pod still pending then leaves the queue as
 *expired*. With ``max_pending_s`` a pod still pending that long after ``created`` is dropped
 as *timed out* (a pod scheduled exactly at the limit counts as scheduled). A pod without a
-``deleted`` time never departs. Time jumps from event to event (``engine.EventQueue``).
+``deleted`` time never departs. Time jumps from event to event (``sim.machine.Machine``).
 """
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -30,13 +29,10 @@ from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.model import NodeSpec, PodSpec
 from gpusched.core.pending import pending_order
 from gpusched.core.policies import PolicyContext, make_profile
+from gpusched.core.protocol import tie_ranks
 from gpusched.core.scheduler import schedule_one
-from gpusched.sim.engine import Event, EventQueue, Priority
-from gpusched.sim.paper import tie_ranks
+from gpusched.sim.machine import ARRIVE, DEPART, TIME_OUT, Machine, retry_pass
 from gpusched.sim.traces import TracePod
-
-_KICK = -1  # payload of the retry right after departures
-_TICK = -2  # payload of the periodic retry
 
 QueueKey = tuple[int, int, int]  # core.pending.pending_order(priority, created, pod index)
 
@@ -76,13 +72,6 @@ class ReplayResult:
         return d
 
 
-def queue_remove(queue: list[QueueKey], key: QueueKey) -> None:
-    """Remove ``key`` from the sorted ``queue`` (the pending queue in retry order)."""
-    i = bisect.bisect_left(queue, key)
-    assert queue[i] == key, f"pod {key[2]} is not in the pending queue"
-    del queue[i]
-
-
 def _validate(pods: Sequence[TracePod]) -> None:
     seen: set[str] = set()
     for tp in pods:
@@ -108,16 +97,27 @@ def request_class(spec: PodSpec) -> str:
     return "1 GPU" if spec.num_gpu == 1 else f"{spec.num_gpu} GPUs"
 
 
+def by_class(specs: Sequence[PodSpec], indices: Iterable[int]) -> dict[str, list[int]]:
+    """``indices`` grouped by their pod's request class (``request_class``), in ``CLASS_ORDER``."""
+    groups: dict[str, list[int]] = {}
+    for i in indices:
+        groups.setdefault(request_class(specs[i]), []).append(i)
+    rank = {c: k for k, c in enumerate(CLASS_ORDER)}
+    return {c: groups[c] for c in sorted(groups, key=lambda c: (rank.get(c, len(rank)), c))}
+
+
+def percentiles(values: Sequence[int]) -> tuple[float, float, float, float]:
+    """p50, p90, p99 and max of ``values`` (numpy's linear percentile); zeros when empty."""
+    arr = np.asarray(values or [0], dtype=np.float64)
+    p50, p90, p99, mx = (float(v) for v in np.percentile(arr, [50, 90, 99, 100]))
+    return p50, p90, p99, mx
+
+
 def _class_stats(
     specs: Sequence[PodSpec], waited: dict[int, int], outcome: dict[int, str]
 ) -> dict[str, dict[str, float]]:
-    groups: dict[str, list[int]] = {}
-    for i, sp in enumerate(specs):
-        groups.setdefault(request_class(sp), []).append(i)
-    rank = {c: k for k, c in enumerate(CLASS_ORDER)}
     out: dict[str, dict[str, float]] = {}
-    for cls in sorted(groups, key=lambda c: (rank.get(c, len(rank)), c)):
-        idx = groups[cls]
+    for cls, idx in by_class(specs, range(len(specs))).items():
         w = [waited[i] for i in idx if i in waited]
         row: dict[str, float] = {"pods": len(idx), "scheduled": len(w)}
         for kind in ("expired", "timed_out", "never_scheduled"):
@@ -128,36 +128,14 @@ def _class_stats(
 
 
 def _waits(values: list[int]) -> dict[str, float]:
-    """p50/p90/p99/max of the pending times (numpy's linear percentile); zeros when empty."""
-    arr = np.asarray(values or [0], dtype=np.float64)
-    p50, p90, p99, mx = (float(v) for v in np.percentile(arr, [50, 90, 99, 100]))
-    return {"pending_p50_s": p50, "pending_p90_s": p90, "pending_p99_s": p99, "pending_max_s": mx}
-
-
-def retry_pass(
-    queue: Sequence[QueueKey],
-    shapes: Sequence[tuple[object, ...]],
-    try_place: Callable[[int], bool],
-    unqueue: Callable[[int], None],
-) -> None:
-    """One pass over the pending queue in order (``QueueKey``s): each pod placed is
-    taken off it; once a shape fails, its other pods are skipped (room only shrinks during a pass).
-    The replay's and the churn protocol's retries."""
-    failed: set[tuple[object, ...]] = set()
-    for key in list(queue):
-        i = key[2]
-        if shapes[i] in failed:
-            continue
-        if try_place(i):
-            unqueue(i)
-        else:
-            failed.add(shapes[i])
+    names = ("pending_p50_s", "pending_p90_s", "pending_p99_s", "pending_max_s")
+    return dict(zip(names, percentiles(values), strict=True))
 
 
 class Replay:
-    """One replay of a trace under one policy: the books, the pending queue, the event heap and
-    the tallies, with one handler per event kind (``Priority``): ``arrive``, ``depart``,
-    ``time_out`` and ``retry``. ``run`` pops events until nothing can change any more."""
+    """One replay of a trace under one policy on a ``Machine``: the books and the tallies, with one
+    handler per event kind: ``arrive``, ``depart`` and ``time_out`` (the machine's kick and tick
+    run ``retry_pass``). ``run`` pops events until nothing can change any more."""
 
     def __init__(
         self,
@@ -178,7 +156,7 @@ class Replay:
             raise InvalidInput(f"max_pending_s must be non-negative, got {max_pending_s}")
         _validate(pods)
         self.policy, self.seed, self.pods = policy, seed, pods
-        self.retry_interval_s, self.max_pending_s = retry_interval_s, max_pending_s
+        self.max_pending_s = max_pending_s
         self.sample_every_s, self.on_event = sample_every_s, on_event
         self.specs = [tp.spec for tp in pods]
         self.snap = ClusterState(nodes)
@@ -191,13 +169,15 @@ class Replay:
             pending_order(s.priority, self.created[i], i) for i, s in enumerate(self.specs)
         ]
         self.running = [False] * len(pods)
-        self.pending = [False] * len(pods)
-        self.queue: list[QueueKey] = []  # sorted: the retry order
-        self.events: EventQueue[int] = EventQueue()
-        for i in range(len(pods)):  # equal times pop in push order: input order
-            self.events.push(self.created[i], Priority.ARRIVAL, i)
         self.start = min(self.created, default=0)
-        self.now = self.end = self.last_arrival = self.start
+        self.m = Machine(self._retry_pass, retry_interval_s=retry_interval_s, start=self.start)
+        self.m.on(ARRIVE, self.arrive)
+        self.m.on(DEPART, self.depart)
+        self.m.on(TIME_OUT, self.time_out)
+        self.m.meter(self._advance)
+        for i in range(len(pods)):  # equal times pop in push order: input order
+            self.m.schedule(ARRIVE, self.created[i], i)
+        self.end = self.last_arrival = self.start
         self.arrived = 0
         self.alloc = 0  # GPU milli held by running pods
         self.integral = 0  # GPU milli x seconds
@@ -206,35 +186,19 @@ class Replay:
         self.waited: dict[int, int] = {}  # pod index -> seconds pending before it was placed
         self.outcome: dict[int, str] = {}  # pod index -> expired / timed_out / never_scheduled
         self.expired = self.timed_out = 0
-        self.dirty = False  # resources freed since the last retry pass
-        self.tick_armed = False
-        self.kick_pending = False  # a retry right after departures is already in the heap
         self.samples: list[tuple[int, float, int]] = []
         self.next_sample = self.start
         self.cap = self.snap.total_gpu_milli
-        self.handlers: dict[Priority, Callable[[int], None]] = {
-            Priority.ARRIVAL: self.arrive,
-            Priority.DEPARTURE: self.depart,
-            Priority.TIMEOUT: self.time_out,
-            Priority.RETRY: self.retry,
-        }
+
+    @property
+    def now(self) -> int:
+        return self.m.now
 
     # ------------------------------------------------------------------- the run
     def run(self, audit: bool = False) -> ReplayResult:
         """Pop events until only the periodic retry is left. ``audit`` checks the books after
         every event."""
-        while self.events:
-            ev = self.events.peek()
-            assert ev is not None
-            if self._only_tick_left(ev):
-                break  # only this tick is left: nothing can change any more
-            self._sample_until(ev.time, inclusive=False)
-            self.events.pop()
-            self.integral += self.alloc * (ev.time - self.now)
-            self.now = ev.time
-            self.handlers[ev.priority](ev.payload)
-            if audit and ((errs := self.snap.verify()) or self.alloc != self.snap.allocated_gpu_milli()):
-                raise AssertionError(f"accounting broken at t={self.now}: {errs or 'alloc drift'}")
+        self.m.run(after_event=self._audit if audit else None)
         # time past the last arrival/departure/timeout does not count
         self.integral -= self.alloc * (self.now - self.end)
         self._sample_until(self.end, inclusive=True)
@@ -242,12 +206,18 @@ class Replay:
             raise AssertionError(f"accounting broken after replay: {errs}")
         return self._result()
 
-    def _only_tick_left(self, ev: Event[int]) -> bool:
-        return ev.priority == Priority.RETRY and ev.payload == _TICK and len(self.events) == 1
+    def _audit(self) -> None:
+        if (errs := self.snap.verify()) or self.alloc != self.snap.allocated_gpu_milli():
+            raise AssertionError(f"accounting broken at t={self.now}: {errs or 'alloc drift'}")
+
+    def _advance(self, t: int) -> None:
+        """The meter: samples before ``t``, and the allocation integrated up to it."""
+        self._sample_until(t, inclusive=False)
+        self.integral += self.alloc * (t - self.now)
 
     def _sample_until(self, t: int, inclusive: bool) -> None:
         while self.next_sample < t or (inclusive and self.next_sample == t):
-            self.samples.append((self.next_sample, self._pct(), len(self.queue)))
+            self.samples.append((self.next_sample, self._pct(), len(self.m.pending)))
             self.next_sample += self.sample_every_s
 
     def _pct(self) -> float:
@@ -262,15 +232,10 @@ class Replay:
         self.arrived += 1
         dl = self.pods[i].deleted
         if dl is not None:
-            self.events.push(dl, Priority.DEPARTURE, i)
+            self.m.schedule(DEPART, dl, i)
         if not self._try_place(i):
-            self.pending[i] = True
-            bisect.insort(self.queue, self.keys[i])
-            if self.max_pending_s is not None:
-                self.events.push(self.created[i] + self.max_pending_s, Priority.TIMEOUT, i)
-            if not self.tick_armed:
-                self.events.push(self.now + self.retry_interval_s, Priority.RETRY, _TICK)
-                self.tick_armed = True
+            give_up = None if self.max_pending_s is None else self.created[i] + self.max_pending_s
+            self.m.enqueue(i, self.keys[i], give_up)
         if self.on_event is not None:
             self.on_event(self.arrived, len(self.pods))
 
@@ -282,35 +247,19 @@ class Replay:
             self.snap.forget(self.specs[i].key)
             self.running[i] = False
             self.alloc -= self.specs[i].gpu_demand_milli
-            self.dirty = True
-            if self.queue and not self.kick_pending:
-                self.events.push(self.now, Priority.RETRY, _KICK)
-                self.kick_pending = True
-        elif self.pending[i]:
-            self._unqueue(i)
+            self.m.wake()
+        elif i in self.m.pending:
+            self.m.pending.remove(i)
             self.expired += 1
             self.outcome[i] = "expired"
 
     def time_out(self, i: int) -> None:
         """Pod ``i`` has waited ``max_pending_s``: dropped if still pending."""
-        if self.pending[i]:
+        if i in self.m.pending:
             self.end = self.now
-            self._unqueue(i)
+            self.m.pending.remove(i)
             self.timed_out += 1
             self.outcome[i] = "timed_out"
-
-    def retry(self, kind: int) -> None:
-        """A retry pass (``_KICK``: right after departures; ``_TICK``: the periodic one, re-armed
-        while the queue is not empty), skipped when nothing was freed since the last pass."""
-        if self.dirty and self.queue:
-            self._retry_pass()
-        self.dirty = False
-        if kind == _KICK:
-            self.kick_pending = False
-        else:
-            self.tick_armed = bool(self.queue)
-            if self.tick_armed:
-                self.events.push(self.now + self.retry_interval_s, Priority.RETRY, _TICK)
 
     # ----------------------------------------------------------------- helpers
     def _try_place(self, i: int) -> bool:
@@ -322,18 +271,14 @@ class Replay:
             self.waited[i] = self.now - self.created[i]
         return r.scheduled
 
-    def _unqueue(self, i: int) -> None:
-        queue_remove(self.queue, self.keys[i])
-        self.pending[i] = False
-
     def _retry_pass(self) -> None:
-        retry_pass(self.queue, self.shapes, self._try_place, self._unqueue)
+        retry_pass(self.m.pending.order(), self.shapes, self._try_place, self.m.pending.remove)
 
     def _result(self) -> ReplayResult:
         cap, start = self.cap, self.start
         horizon = self.end - start
-        for key in self.queue:
-            self.outcome[key[2]] = "never_scheduled"
+        for i in self.m.pending:
+            self.outcome[i] = "never_scheduled"
         return ReplayResult(
             policy=self.policy,
             seed=self.seed,
@@ -341,7 +286,7 @@ class Replay:
             scheduled=len(self.waited),
             expired=self.expired,
             timed_out=self.timed_out,
-            never_scheduled=len(self.queue),
+            never_scheduled=len(self.m.pending),
             **_waits(list(self.waited.values())),
             mean_alloc_pct=100.0 * self.integral / (cap * horizon) if cap and horizon else 0.0,
             busy_alloc_pct=(

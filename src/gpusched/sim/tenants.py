@@ -21,6 +21,9 @@ Two schedulers replay the same jobs on the same cluster:
   order, no quotas, no gangs: a gang's job starts when its last pod binds and its earlier pods
   hold GPUs idle meanwhile.
 
+Both run on ``sim.machine``'s machine: arrivals, departures and reclaimed jobs' returns are event
+kinds; each wakes the machine, whose kick runs one cycle per instant while a job waits.
+
 Per tenant: pending time p50/p99 (arrival to bind), GPU-hours used against the fair share (the
 weighted max-min division of the cluster by demand at every moment, ``fairshare.water_fill``),
 reclaims suffered and made, quota violations (a tenant over its quota plus borrowing limit after a
@@ -46,11 +49,14 @@ from gpusched.core.policies import PolicyContext, make_profile
 from gpusched.core.queues import QueueBook, QueueSpec, QueueTree, Quota
 from gpusched.core.queues.fairshare import water_fill
 from gpusched.core.queues.usage import charge_of
-from gpusched.sim.engine import EventQueue, Priority
+from gpusched.sim.engine import Priority
+from gpusched.sim.machine import ARRIVE, DEPART, Kind, Machine
 from gpusched.sim.traces import TracePod
 from gpusched.sim.workload import compress_arrivals
 
 MODES = ("queues", "plain")
+REQUEUE = Kind("requeue", Priority.RETRY)
+"""A reclaimed job back in the queue, at the instant it was reclaimed (after its arrivals)."""
 
 
 @dataclass(frozen=True)
@@ -261,13 +267,24 @@ class TenantReplay:
         self.tree = cfg.tree(self.snap.total_gpu_milli)
         self.book = QueueBook(self.tree)  # enforced (queues) or a shadow that only counts (plain)
         self.stats = {t: TenantStats() for t in cfg.tenants}
-        self.events: EventQueue[tuple[str, int, int]] = EventQueue()
-        self.pending: dict[int, int] = {}  # job index -> pending since
+        # pending jobs in arrival order (then key); a cycle at every instant something happened
+        self.m = Machine(self._cycle)
+        self.m.on(ARRIVE, self._arrive)
+        self.m.on(REQUEUE, self._arrive)
+        self.m.on(DEPART, self._depart)
+        self.m.meter(self._account)
         self.running: dict[int, int] = {}  # job index -> epoch (a requeued job gets a new one)
+        self.runs: list[tuple[int, int]] = []  # (job index, epoch) of each start: a departure's item
         self.bound_at: dict[int, dict[str, int]] = {}  # plain: pods bound so far, bind time
         self.epoch: dict[int, int] = {}
         self.cycles = 0
         self.last_t = 0
+        self.done = 0
+        self.on_progress: Callable[[int, int], None] | None = None
+
+    @property
+    def now(self) -> int:
+        return self.m.now
 
     # ------------------------------------------------------------------ time
     def _account(self, now: int) -> None:
@@ -279,7 +296,7 @@ class TenantReplay:
         used = dict.fromkeys(self.cfg.tenants, 0)
         for i in self.running:
             used[self.jobs[i].tenant] += self.jobs[i].milli
-        for i in self.pending:
+        for i in self.m.pending:
             demand[self.jobs[i].tenant] += self.jobs[i].milli
         for i, bound in self.bound_at.items():  # plain: partly bound gangs hold GPUs idle
             if i not in self.running and bound:
@@ -297,27 +314,30 @@ class TenantReplay:
 
     # ------------------------------------------------------------------ run
     def run(self, on_progress: Callable[[int, int], None] | None = None) -> TenantResult:
+        self.on_progress = on_progress
         for i, j in enumerate(self.jobs):
-            self.events.push(j.arrival, Priority.ARRIVAL, ("arrive", i, 0))
-        done = 0
-        while self.events:
-            now = self.events.peek().time  # type: ignore[union-attr]
-            self._account(now)
-            while self.events and self.events.peek().time == now:  # type: ignore[union-attr]
-                _, (kind, i, epoch) = (ev := self.events.pop()), ev.payload
-                if kind == "arrive":
-                    self.pending[i] = now
-                    self.epoch[i] = self.epoch.get(i, 0) + 1
-                elif kind == "depart" and self.running.get(i) == epoch:
-                    self._finish(i)
-                    done += 1
-                    if on_progress:
-                        on_progress(done, len(self.jobs))
-            self._cycle(now)
-        for i in self.pending:
+            self.m.schedule(ARRIVE, j.arrival, i)
+        self.m.run()
+        for i in self.m.pending:
             self.stats[self.jobs[i].tenant].unfinished += len(self.jobs[i].pods)
         rows = [self.stats[t].to_row(t) for t in self.cfg.tenants]
         return TenantResult(self.mode, rows, self.cycles, self.last_t)
+
+    def _arrive(self, i: int) -> None:
+        """Job ``i`` arrives (or comes back, reclaimed): it waits for the instant's cycle."""
+        self.epoch[i] = self.epoch.get(i, 0) + 1
+        self.m.enqueue(i, (self.now, self.jobs[i].key, i))
+        self.m.wake()
+
+    def _depart(self, r: int) -> None:
+        """Start ``r`` ends: its job finishes unless it was reclaimed (and restarted) since."""
+        i, epoch = self.runs[r]
+        if self.running.get(i) == epoch:
+            self._finish(i)
+            self.done += 1
+            if self.on_progress:
+                self.on_progress(self.done, len(self.jobs))
+        self.m.wake()
 
     def _finish(self, i: int) -> None:
         del self.running[i]
@@ -329,11 +349,12 @@ class TenantReplay:
 
     def _start(self, i: int, now: int) -> None:
         self.running[i] = self.epoch[i]
-        self.events.push(now + self.jobs[i].duration, Priority.DEPARTURE, ("depart", i, self.epoch[i]))
+        self.runs.append((i, self.epoch[i]))
+        self.m.schedule(DEPART, now + self.jobs[i].duration, len(self.runs) - 1)
 
-    def _cycle(self, now: int) -> None:
-        if not self.pending:
-            return
+    def _cycle(self) -> None:
+        """The machine's retry: one scheduling cycle over the pending jobs."""
+        now = self.now
         self.cycles += 1
         if self.mode == "queues":
             self._queues_cycle(now)
@@ -344,9 +365,9 @@ class TenantReplay:
             self.stats[t].violations += 1
 
     def _queues_cycle(self, now: int) -> None:
-        by_key = {self.jobs[i].key: i for i in self.pending}
+        by_key = {self.jobs[i].key: i for i in self.m.pending}
         units = []
-        for i in sorted(self.pending, key=lambda i: (self.pending[i], self.jobs[i].key)):
+        for i in self.m.pending.order():
             j = self.jobs[i]
             g = GangSpec(j.pods[0].gang, j.tenant, len(j.pods)) if len(j.pods) > 1 else None
             units.append(Unit(j.key, j.pods, len(j.pods), g))
@@ -363,7 +384,7 @@ class TenantReplay:
             if out.outcome is not Outcome.PLACED:
                 continue
             i = by_key[out.unit.key]
-            self.stats[self.jobs[i].tenant].waits.extend([now - self.pending.pop(i)] * len(out.placed))
+            self.stats[self.jobs[i].tenant].waits.extend([now - self.m.pending.remove(i)] * len(out.placed))
             if out.victims:
                 self.stats[self.jobs[i].tenant].reclaims_made += 1
                 for v in sorted({owner[k] for k in out.victims if k in owner}):
@@ -381,17 +402,17 @@ class TenantReplay:
             if p.key in self.snap.allocations:  # a gang member run_cycle did not name cannot be
                 self.snap.forget(p.key)
                 self.book.release(p.key)
-        self.events.push(now, Priority.RETRY, ("arrive", i, 0))
+        self.m.schedule(REQUEUE, now, i)
 
     def _plain_cycle(self, now: int) -> None:
         order = sorted(
             (
                 (i, p)
-                for i in self.pending
+                for i in self.m.pending
                 for p in self.jobs[i].pods
                 if p.key not in self.bound_at.get(i, {})
             ),
-            key=lambda ip: (-ip[1].priority, self.pending[ip[0]], ip[1].key),
+            key=lambda ip: (-ip[1].priority, self.m.pending.since(ip[0]), ip[1].key),
         )
         failed: set[tuple[object, ...]] = set()
         for i, p in order:
@@ -409,9 +430,8 @@ class TenantReplay:
             bound[p.key] = now
             j = self.jobs[i]
             if len(bound) == len(j.pods):
-                waits = [now - self.pending[i]] * len(j.pods)  # the job starts with its last pod
+                waits = [now - self.m.pending.remove(i)] * len(j.pods)  # the job starts with its last pod
                 self.stats[j.tenant].waits.extend(waits)
-                del self.pending[i]
                 self._start(i, now)
 
 

@@ -30,7 +30,7 @@ from gpusched.core.errors import InvalidInput
 from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.model import GPU_MILLI, NodeSpec, PodSpec
 from gpusched.core.plugins.gputopology import GpuTopologyPreference
-from gpusched.core.policies import PolicyContext, make_profile
+from gpusched.core.protocol import paper_profile
 from gpusched.core.scheduler import schedule_one
 from gpusched.core.topology import GpuTopology
 
@@ -123,7 +123,7 @@ def run_one(
     snap = ClusterState(specs)
     pods = stream(arrivals, load, nodes * topo.gpu_count, seed)
     tw = TargetWorkload.from_pods([p for _, _, p in pods])
-    profile = make_profile(policy, PolicyContext(workload=tw, rng=np.random.default_rng([seed, 0xABC])))
+    profile = paper_profile(policy, tw, seed)
     if choice == SET_ONLY:
         prefs = tuple(p for p in profile.preferences if not isinstance(p.plugin, GpuTopologyPreference))
         profile = replace(profile, preferences=prefs)

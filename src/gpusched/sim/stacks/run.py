@@ -89,9 +89,9 @@ class StackChurn(Churn):
         a = self.snap.allocations[self.specs[i].key]
         self.meter.start(i, a.node, self.asked[i].num_gpu, self.asked[i].gpu_milli)
 
-    def _depart(self, i: int, t: int) -> None:
-        ends = self.running[i] and self.depart_at[i] == t
-        super()._depart(i, t)
+    def _depart(self, i: int) -> None:
+        ends = self.running[i] and self.depart_at[i] == self.now
+        super()._depart(i)
         if ends:
             self.meter.stop(i, completed=True)
 
@@ -104,12 +104,11 @@ class StackChurn(Churn):
         self.meter.queued(-self._work(i))
 
     def _retry_pass(self) -> None:
-        """``replay.retry_pass`` with a stronger skip, same placements: feasibility only grows
+        """``machine.retry_pass`` with a stronger skip, same placements: feasibility only grows
         with a pod's CPU and memory requests, so once a pod fails, a later pod in the pass that
         asks the same in everything else and at least as much CPU and memory fails too."""
         failed: dict[tuple[object, ...], list[tuple[int, int]]] = {}
-        for key in list(self.queue):
-            i = key[2]
+        for i in self.m.pending.order():
             sp = self.specs[i]
             rest = self.rest[i]
             if any(c <= sp.cpu_milli and m <= sp.memory_mib for c, m in failed.get(rest, ())):
@@ -127,7 +126,7 @@ class StackChurn(Churn):
         cfg, m = self.cfg, self.meter
         window = cfg.horizon_s - cfg.warmup_s
         measured = [i for i in range(len(self.specs)) if cfg.warmup_s <= self.created[i] < cfg.horizon_s]
-        never = sum(1 for i in measured if self.pending[i])
+        never = sum(1 for i in measured if i in self.m.pending)
         return StackResult(
             stack=self.stack.name,
             load=cfg.load,
