@@ -536,3 +536,34 @@ def test_fuzz_every_verb_answers_200_400_or_413_in_json(kind: str) -> None:
             await c.close()
 
     asyncio.run(main())
+
+
+def test_the_middlewares_act_on_the_verbs_only(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug in a verb is logged and answered 500 in JSON, and timed; the other routes keep
+    aiohttp's own answers (404, 405 in text) and are neither timed nor gated."""
+    ext = make([node("n1")])
+
+    def broken(args: Any) -> Any:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(ext, "filter", broken)
+
+    async def test(c: TestClient[Any, Any]) -> None:
+        status, body = await post(c, "/filter", {"Pod": pod("p"), "NodeNames": ["n1"]})
+        assert status == 500 and body == {"Error": "internal error: RuntimeError: boom"}
+        for method, path, code in (("GET", "/filter", 405), ("POST", "/nope", 404), ("GET", "/healthz", 200)):
+            r = await c.request(method, path)
+            assert r.status == code and r.content_type == "text/plain", path
+        metrics = await (await c.get("/metrics")).text()
+        timed = [
+            ln
+            for ln in metrics.splitlines()
+            if ln.startswith("gpusched_extender_request_duration_seconds_count")
+        ]
+        assert timed == ['gpusched_extender_request_duration_seconds_count{verb="filter"} 1.0']
+
+    with caplog.at_level(logging.ERROR, logger="gpusched.extender.app"):
+        run(ext, test)
+    assert any("extender filter failed" in r.getMessage() for r in caplog.records)

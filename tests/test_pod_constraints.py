@@ -57,11 +57,9 @@ def run(snap: ClusterState, p: PodSpec) -> Any:
 
 
 def feasible(snap: ClusterState, p: PodSpec) -> set[str]:
-    from gpusched.core.framework import CycleState
-    from gpusched.core.scheduler import find_feasible
+    from gpusched.core.scheduler import feasible as first_half
 
-    prof = make_profile("bestfit")
-    return {snap.names[i] for i in find_feasible(CycleState(), prof, p, snap)}
+    return {snap.names[i] for i in first_half(make_profile("bestfit"), p, snap).indices()}
 
 
 WEB_SPREAD = SpreadConstraint(ZONE, max_skew=1, selector=app("web"))

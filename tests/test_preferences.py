@@ -12,10 +12,9 @@ from hypothesis import strategies as st
 import builders
 from builders import HOST, ZONE
 from gpusched.core.cluster import ClusterState
-from gpusched.core.framework import CycleState
 from gpusched.core.model import NodeSpec, PodSpec, Taint, Toleration
 from gpusched.core.policies import make_profile
-from gpusched.core.scheduler import find_feasible, schedule_one
+from gpusched.core.scheduler import feasible, schedule_one
 from gpusched.core.selectors import (
     LabelSelector,
     NodeSelectorTerm,
@@ -125,19 +124,19 @@ def test_preferences_pick_among_feasible_nodes_only(case: tuple[list[NodeSpec], 
     snap = ClusterState(nodes)
     prof = make_profile("bestfit")
     for p in pods:
-        feasible = [int(n) for n in find_feasible(CycleState(), prof, p, snap)]
+        fits = feasible(prof, p, snap).indices().tolist()
         gain = {
             n: sum(
                 t.weight
                 for t in p.preferred_node_affinity
                 if t.term.matches(snap.names[n], snap.nodes[n].labels)
             )
-            for n in feasible
+            for n in fits
         }
         r = schedule_one(prof, p, snap)
-        assert r.scheduled == bool(feasible)  # a preference never makes a pod unschedulable
+        assert r.scheduled == bool(fits)  # a preference never makes a pod unschedulable
         if r.scheduled:
-            assert r.node in feasible and gain[r.node] == max(gain.values())
+            assert r.node in fits and gain[r.node] == max(gain.values())
 
 
 def k8s_pod(affinity: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The framework's extension points: Reserve/Unreserve, Permit (reject, wait), typed caches."""
+"""The framework: Reserve/Unreserve, typed cycle state and caches, PreFilter once per pod, the device
+choice, profiles."""
 
 from __future__ import annotations
 
@@ -16,71 +17,70 @@ from gpusched.core.plugins.interpodaffinity import VERDICTS as AFFINITY_VERDICTS
 from gpusched.core.plugins.interpodaffinity import InterPodAffinity
 from gpusched.core.plugins.podtopologyspread import PodTopologySpread
 from gpusched.core.policies import POLICIES, PolicyContext, make_profile
-from gpusched.core.scheduler import (
-    ScheduleResult,
-    choose_devices,
-    fits,
-    permit,
-    reserve,
-    schedule_one,
-    unreserve,
-)
+from gpusched.core.scheduler import ScheduleResult, choose_devices, fits, reserve, schedule_one, unreserve
 from gpusched.core.selectors import LabelSelector, PodAffinityTerm, SpreadConstraint
-from gpusched.core.statement import Statement
 from gpusched.core.status import Code, Status
 from gpusched.core.workload import WorkloadSource, typical_workload
 
 
-# ------------------------------------------------------------------------ framework extension points
+# ------------------------------------------------------------------------------ Reserve, Unreserve
 class Recorder:
-    def __init__(
-        self, name: str, log: list[str], reserve_ok: bool = True, permit: Code = Code.SUCCESS
-    ) -> None:
-        self.name, self.log, self.reserve_ok, self.permit_code = name, log, reserve_ok, permit
+    def __init__(self, name: str, log: list[str], reserve_ok: bool = True) -> None:
+        self.name, self.log, self.reserve_ok = name, log, reserve_ok
 
     def reserve(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> Status:
-        self.log.append(f"reserve {self.name}")
+        self.log.append(f"reserve {self.name} assumed={pod.key in snap.allocations}")
         return Status.success() if self.reserve_ok else Status.unschedulable("no", self.name)
 
     def unreserve(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> None:
         self.log.append(f"unreserve {self.name}")
 
-    def permit(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> Status:
-        self.log.append(f"permit {self.name} assumed={pod.key in snap.allocations}")
-        return Status(self.permit_code, ("denied",), self.name)
 
-
-def _with(reserves: Sequence[Recorder], permits: Sequence[Recorder]) -> Profile:
+def _with(reserves: Sequence[Recorder]) -> Profile:
     base = make_profile("bestfit")
-    return Profile("t", filters=base.filters, scores=base.scores, reserves=reserves, permits=permits)
+    return Profile("t", filters=base.filters, scores=base.scores, reserves=reserves)
 
 
-def test_permit_rejection_forgets_and_unreserves_in_reverse() -> None:
+def test_reserve_runs_before_the_assumption() -> None:
     log: list[str] = []
     snap = ClusterState([node("n", gpus=1)])
-    prof = _with([Recorder("r1", log), Recorder("r2", log)], [Recorder("p", log, permit=Code.UNSCHEDULABLE)])
+    r = schedule_one(_with([Recorder("r1", log), Recorder("r2", log)]), share("s", 100), snap)
+    assert r.scheduled and log == ["reserve r1 assumed=False", "reserve r2 assumed=False"]
+    assert "default/s" in snap.allocations
+
+
+def test_reserve_failure_unreserves_the_earlier_ones_and_books_nothing() -> None:
+    log: list[str] = []
+    snap = ClusterState([node("n", gpus=1)])
+    prof = _with([Recorder("r1", log), Recorder("r2", log, reserve_ok=False), Recorder("r3", log)])
     r = schedule_one(prof, share("s", 100), snap)
-    assert not r.scheduled and r.status.plugin == "p" and r.feasible_nodes == 1
-    assert log == ["reserve r1", "reserve r2", "permit p assumed=True", "unreserve r2", "unreserve r1"]
+    assert not r.scheduled and r.status.plugin == "r2" and r.feasible_nodes == 1
+    assert log == [
+        "reserve r1 assumed=False",
+        "reserve r2 assumed=False",
+        "unreserve r1",
+    ]  # last in first out
     assert snap.allocations == {} and snap.node_gpu_free(0) == [1000] and snap.verify() == []
 
 
-def test_reserve_failure_unreserves_the_earlier_ones() -> None:
+def test_reserve_step_rolls_back_in_reverse_and_names_the_plugin() -> None:
     log: list[str] = []
+    prof = _with([Recorder("r1", log), Recorder("r2", log), Recorder("r3", log, reserve_ok=False)])
     snap = ClusterState([node("n", gpus=1)])
-    prof = _with([Recorder("r1", log), Recorder("r2", log, reserve_ok=False), Recorder("r3", log)], [])
-    r = schedule_one(prof, share("s", 100), snap)
-    assert not r.scheduled and r.status.plugin == "r2"
-    assert log[:2] == ["reserve r1", "reserve r2"] and "reserve r3" not in log
-    assert log[-1] == "unreserve r1"  # rolled back, last in first out
-    assert snap.allocations == {}
+    st = reserve(CycleState(), prof, share("s", 100), snap, 0)
+    assert st.code == Code.UNSCHEDULABLE and st.plugin == "r3"
+    assert [x.split(" assumed")[0] for x in log] == [
+        "reserve r1", "reserve r2", "reserve r3", "unreserve r2", "unreserve r1"
+    ]  # fmt: skip
+    log.clear()
+    unreserve(CycleState(), prof, share("s", 100), snap, 0)
+    assert log == ["unreserve r3", "unreserve r2", "unreserve r1"]
 
 
-def test_permit_wait_keeps_the_pod_assumed_and_assume_false_books_nothing() -> None:
-    log: list[str] = []
+# ------------------------------------------------------------------------------------ the cycle
+def test_assume_false_books_nothing() -> None:
     snap = ClusterState([node("n", gpus=1)])
-    r = schedule_one(_with([], [Recorder("p", log, permit=Code.WAIT)]), share("s", 100), snap)
-    assert not r.scheduled and r.status.code == Code.WAIT and r.waiting is not None
+    schedule_one(make_profile("bestfit"), share("s", 100), snap)
     assert snap.node_gpu_free(0) == [900]
     r2 = schedule_one(make_profile("bestfit"), share("t", 100), snap, assume=False)
     assert isinstance(r2, ScheduleResult) and r2.scheduled and r2.gpus == (0,)
@@ -170,63 +170,6 @@ def test_preemption_what_if_sees_the_changed_snapshot() -> None:
     r = schedule_one(profile("bestfit", preemption=True), prio, snap)
     assert not r.scheduled and r.nominated_node >= 0 and len(r.victims) == 1
     assert fits(profile("bestfit"), prio, snap, r.nominated_node) is False
-
-
-# ------------------------------------------------------------------------- Reserve, Permit
-def test_reserve_step_rolls_back_in_reverse_and_names_the_plugin() -> None:
-    log: list[str] = []
-    prof = _with([Recorder("r1", log), Recorder("r2", log), Recorder("r3", log, reserve_ok=False)], [])
-    snap = ClusterState([node("n", gpus=1)])
-    st = reserve(CycleState(), prof, share("s", 100), snap, 0)
-    assert st.code == Code.UNSCHEDULABLE and st.plugin == "r3"
-    assert log == ["reserve r1", "reserve r2", "reserve r3", "unreserve r2", "unreserve r1"]
-    log.clear()
-    unreserve(CycleState(), prof, share("s", 100), snap, 0)
-    assert log == ["unreserve r3", "unreserve r2", "unreserve r1"]
-
-
-def test_permit_reject_wins_over_wait_and_waits_are_named() -> None:
-    log: list[str] = []
-    snap = ClusterState([node("n", gpus=1)])
-    both = _with([], [Recorder("w1", log, permit=Code.WAIT), Recorder("w2", log, permit=Code.WAIT)])
-    st = permit(CycleState(), both, share("s", 100), snap, 0)
-    assert st.code == Code.WAIT and st.plugin == "w1,w2"
-    mixed = _with([], [Recorder("w", log, permit=Code.WAIT), Recorder("no", log, permit=Code.UNSCHEDULABLE)])
-    assert permit(CycleState(), mixed, share("s", 100), snap, 0).plugin == "no"
-
-
-def test_a_waiting_pod_is_held_then_allowed() -> None:
-    log: list[str] = []
-    snap = ClusterState([node("n", gpus=1)])
-    r = schedule_one(
-        _with([Recorder("r", log)], [Recorder("gang", log, permit=Code.WAIT)]), share("s", 100), snap
-    )
-    assert r.status.code == Code.WAIT and not r.scheduled and r.waiting is not None
-    assert r.node_name == "n" and r.gpus == (0,) and "default/s" in snap.allocations  # held: booked
-    assert r.waiting.allow().ok and "default/s" in snap.allocations  # the front end binds it now
-    assert log == ["reserve r", "permit gang assumed=True"]
-    with pytest.raises(RuntimeError, match="already"):
-        r.waiting.reject()
-
-
-def test_a_waiting_pod_rejected_gives_its_booking_back() -> None:
-    log: list[str] = []
-    snap = ClusterState([node("n", gpus=1)])
-    prof = _with([Recorder("r1", log), Recorder("r2", log)], [Recorder("gang", log, permit=Code.WAIT)])
-    r = schedule_one(prof, share("s", 100), snap)
-    assert r.waiting is not None
-    st = r.waiting.reject("gang timed out")
-    assert st.code == Code.UNSCHEDULABLE and st.reasons == ("gang timed out",)
-    assert log[-2:] == ["unreserve r2", "unreserve r1"]
-    assert snap.allocations == {} and snap.node_gpu_free(0) == [1000] and snap.verify() == []
-
-
-def test_a_statement_undoes_a_waiting_pod() -> None:
-    snap = ClusterState([node("n", gpus=1)])
-    with Statement(snap) as st:
-        r = st.schedule(_with([], [Recorder("gang", [], permit=Code.WAIT)]), share("s", 100))
-        assert r.waiting is not None and "default/s" in snap.allocations
-    assert snap.allocations == {} and snap.verify() == []
 
 
 # ------------------------------------------------------------------------------- device choice

@@ -16,10 +16,9 @@ import numpy as np
 import pytest
 
 from gpusched.core.cluster import ClusterState
-from gpusched.core.framework import CycleState
 from gpusched.core.model import NodeSpec, PodSpec
 from gpusched.core.policies import PolicyContext
-from gpusched.core.scheduler import find_feasible, most_preferred, score_nodes
+from gpusched.core.scheduler import feasible, most_preferred, score_nodes
 from gpusched.sim.churn import ChurnConfig, draw_pods
 from gpusched.sim.stacks.catalog import Stack, stacks_named
 from gpusched.sim.synthetic import SyntheticConfig, synthetic_workload
@@ -35,12 +34,12 @@ NS = "default"
 def best_nodes(stack: Stack, snap: ClusterState, pod: PodSpec) -> set[str]:
     """The nodes the simulated stack rates best for ``pod`` (empty: it fits nowhere)."""
     profile = stack.profile(PolicyContext())
-    state = CycleState()
-    feasible = find_feasible(state, profile, pod, snap)
-    if not len(feasible):
+    f = feasible(profile, pod, snap)
+    fits = f.indices()
+    if not len(fits):
         return set()
-    cand = most_preferred(state, profile, pod, snap, feasible)
-    total, _ = score_nodes(state, profile, pod, snap, cand)
+    cand = most_preferred(f.state, profile, pod, snap, fits)
+    total, _ = score_nodes(f.state, profile, pod, snap, cand)
     return {snap.names[int(n)] for n in cand[total >= total.max() - 1e-9]}
 
 

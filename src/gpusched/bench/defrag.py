@@ -31,7 +31,7 @@ from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.model import GPU_MILLI, PodSpec
 from gpusched.core.policies import PolicyContext, make_profile
 from gpusched.core.protocol import tie_ranks
-from gpusched.core.scheduler import schedule_one
+from gpusched.core.scheduler import feasible, schedule_one
 from gpusched.sim.churn import ChurnConfig, ChurnReport, ChurnResult, DefragConfig, run_churn
 from gpusched.sim.churn_plots import allocation_over_time_plot, budget_curve_plot
 from gpusched.sim.paper_consolidate import PaperConsolidation, run_paper_consolidated
@@ -265,9 +265,7 @@ def planner_cost(
                 gpu_milli=GPU_MILLI,
             )
             k += 1
-            if schedule_one(
-                profile, pod, snap, tiebreak=ranks, diagnose_failures=False, assume=False
-            ).scheduled:
+            if len(feasible(profile, pod, snap).indices()):
                 continue  # fits as it is: nothing to plan
             cases += 1
             answers = {}

@@ -1,6 +1,9 @@
 """The plugin framework, after kube-scheduler's: extension points, cycle state, profiles.
 
-Extension points, in the order ``schedule_one`` runs them:
+Extension points, in the order ``schedule_one`` runs them (``feasible`` runs PreFilter and
+Filter, ``pick_host`` Prefer and Score, both side-effect free; then Reserve, and the pod is
+assumed). kube-scheduler's Permit is left out: no pod waits within a cycle here (a gang is
+decided whole in one cycle, ``core.gang``):
 
 - **PreFilter** — checks the pod alone and precomputes, once per pod and cycle, what its
   Filter needs into the typed cycle state (InterPodAffinity and PodTopologySpread: a verdict
@@ -14,11 +17,9 @@ Extension points, in the order ``schedule_one`` runs them:
   Preferences come first, as in kube-scheduler where they outweigh resource scoring.
 - **Score** — a score per candidate node, with an optional device choice per node (which GPU
   a share would take there); weighted and summed across score plugins: the placement policy.
-- **Reserve/Unreserve** — side bookkeeping once a node is chosen; when a later Reserve or a
-  Permit fails, the plugins already reserved are unreserved in reverse order.
-- **Permit** — allow, reject or make the pod wait (gang scheduling). A WAIT leaves the pod
-  assumed and reserved; the cycle returns a waiting result (``ScheduleResult.waiting``) that the
-  front end holds until it allows the pod (bind it) or rejects it (unreserve, forget).
+- **Reserve/Unreserve** — side bookkeeping once a node is chosen (DRA: the devices a claim is
+  allocated); when a later Reserve fails, the plugins already reserved are unreserved in reverse
+  order; a front end whose bind fails unreserves them all (``core.scheduler.unreserve``).
 - **Bind** — carries a decision out. Bind plugins are supplied by the front ends (the core
   does no I/O): the Kubernetes front ends bind through the API; the simulator needs none.
   ``run_bind`` tries them in order; the first that does not answer ``SKIP`` decides.
@@ -138,13 +139,6 @@ class ReservePlugin(Protocol):
     def unreserve(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> None: ...
 
 
-@runtime_checkable
-class PermitPlugin(Protocol):
-    name: str
-
-    def permit(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> Status: ...
-
-
 @dataclass(frozen=True, slots=True)
 class PostFilterResult:
     status: Status
@@ -206,7 +200,6 @@ class Profile:
     preferences: Sequence[WeightedPreference] = ()
     scores: Sequence[WeightedScore] = ()
     reserves: Sequence[ReservePlugin] = ()
-    permits: Sequence[PermitPlugin] = ()
     binds: Sequence[BindPlugin] = ()
     workload: TargetWorkload | None = None
     """The target workload its score plugins judge fragmentation against, as they use it (None:

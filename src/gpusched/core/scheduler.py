@@ -1,28 +1,37 @@
-"""One scheduling cycle, as steps every front end shares, and ``schedule_one`` that runs them.
+"""One scheduling cycle, as steps every front end shares, its two halves, and ``schedule_one``.
 
 The steps, in the order of a cycle (``core.framework`` describes the extension points):
 
 - ``pre_filter``: the pod alone; PreFilter plugins precompute into the typed cycle state.
 - ``filter_nodes``: a mask over the nodes (all, or the ones asked about) and, when explained,
-  the first failing filter's reason per failed node. ``find_feasible`` and ``diagnose`` are
-  its two readings; ``fits`` is the what-if on one node (PreFilter and Filter on a fresh state).
+  the first failing filter's reason per failed node; ``diagnose`` reads it as a ``Diagnosis``.
 - ``most_preferred``, ``score_nodes``, ``select_host``: prefer, score, pick the node.
 - ``choose_devices``: which GPUs of the node the pod takes (the heaviest score plugin's device
   choice there, else best fit).
-- ``reserve``, ``permit``, ``unreserve``: Reserve (rolled back on failure), Permit (allow,
-  reject or wait), and the rollback; ``WaitingPod`` holds a pod a Permit plugin made wait.
+
+The two halves of a cycle, side-effect free (nothing is booked in the snapshot):
+
+- ``feasible``: a fresh cycle state, PreFilter, Filter (``Feasibility``); ``fits`` is its
+  what-if on one node.
+- ``pick_host``: among the feasible nodes, prefer, score, select (``best_host``), choose devices
+  (``Pick``).
+
+``schedule_one`` is the two halves, the PostFilter plugins when no node passes (preemption), then
+Reserve (``reserve``, rolled back on failure; ``unreserve`` for a front end whose bind failed) and
+the assumption of the pick in the snapshot.
 
 Who runs them: the simulator and the standalone controller call ``schedule_one`` (through
-``core.statement`` for nominated pods and gangs); preemption's what-if calls ``fits``; the
-extender calls ``pre_filter`` and ``filter_nodes`` for ``/filter``, ``score_nodes`` for
-``/prioritize`` and ``choose_devices`` for ``/bind`` (kube-scheduler has chosen the node). The
-front ends differ only in the snapshot they pass, the tie-break order and what they do with the
-result (bind or not).
+``core.statement`` for nominated pods and gangs); preemption's what-if and defragmentation's
+checks call ``fits``; the extender calls ``feasible`` for ``/filter`` (and ``pick_host`` when it
+picks in ``/filter``), ``score_nodes`` for ``/prioritize`` and ``choose_devices`` for ``/bind``
+(kube-scheduler has chosen the node); doctor, the defragmentation planner and consolidation call
+the halves for their what-ifs. The front ends differ only in the snapshot they pass, the
+tie-break order and what they do with the result (bind or not).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,7 +42,6 @@ from gpusched.core.model import PodSpec
 from gpusched.core.status import Code, Diagnosis, NodeFailure, Status
 
 _SCORE_EPS = 1e-9
-_REJECT = (Code.UNSCHEDULABLE, Code.UNSCHEDULABLE_AND_UNRESOLVABLE, Code.ERROR)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,42 +63,6 @@ class Filtered:
     """With ``explain``: one per failed node, in filter order, then node order."""
 
 
-@dataclass(eq=False, slots=True)
-class WaitingPod:
-    """A pod a Permit plugin made wait (a gang member before its gang is complete): reserved,
-    and assumed in ``snap`` when the cycle assumed it. The front end holds it until it calls
-    ``allow`` (then binds it) or ``reject`` (which unreserves and forgets it). Both run under
-    whatever lock the front end holds ``snap`` with."""
-
-    profile: Profile
-    pod: PodSpec
-    snap: ClusterState
-    node: int
-    gpus: tuple[int, ...]
-    state: CycleState
-    assumed: bool
-    status: Status
-    """The Permit WAIT status (which plugins wait, and why)."""
-    done: bool = field(default=False)
-
-    def allow(self) -> Status:
-        """The wait is over: the pod keeps its booking; the front end binds it."""
-        if self.done:
-            raise RuntimeError(f"waiting pod {self.pod.key} was already allowed or rejected")
-        self.done = True
-        return Status.success()
-
-    def reject(self, reason: str = "rejected while waiting on Permit") -> Status:
-        """Give the booking back: forget the assumption, unreserve (reverse order)."""
-        if self.done:
-            raise RuntimeError(f"waiting pod {self.pod.key} was already allowed or rejected")
-        self.done = True
-        if self.assumed:
-            self.snap.forget(self.pod.key)
-        unreserve(self.state, self.profile, self.pod, self.snap, self.node)
-        return Status(Code.UNSCHEDULABLE, (reason,), "Permit")
-
-
 @dataclass(frozen=True, slots=True)
 class ScheduleResult:
     pod: PodSpec
@@ -103,13 +75,16 @@ class ScheduleResult:
     diagnosis: Diagnosis | None = None
     nominated_node: int = -1
     victims: tuple[str, ...] = ()
-    waiting: WaitingPod | None = None
-    """Set when a Permit plugin answered WAIT (``status.code`` is WAIT): the pod is reserved
-    (and assumed) on ``node`` but not scheduled until the front end allows it."""
 
     @property
     def scheduled(self) -> bool:
         return self.status.ok and self.node >= 0
+
+    @property
+    def waiting(self) -> None:
+        """Always None: no pod waits on Permit any more (Permit left the framework). Kept only
+        for ``core.statement.Statement.schedule``'s check, until that module drops it."""
+        return None
 
 
 # ------------------------------------------------------------------ PreFilter, Filter
@@ -158,11 +133,6 @@ def filter_nodes(
     return Filtered(mask)
 
 
-def find_feasible(state: CycleState, profile: Profile, pod: PodSpec, snap: ClusterState) -> I64:
-    """Indices of nodes that pass every Filter plugin."""
-    return np.flatnonzero(filter_nodes(state, profile, pod, snap).passed).astype(np.int64)
-
-
 def diagnose(state: CycleState, profile: Profile, pod: PodSpec, snap: ClusterState) -> Diagnosis:
     """Per-node reasons for a pod that fits nowhere: the first failing filter names each node."""
     failures = filter_nodes(state, profile, pod, snap, explain=True).failures
@@ -173,12 +143,9 @@ def diagnose(state: CycleState, profile: Profile, pod: PodSpec, snap: ClusterSta
 
 def fits(profile: Profile, pod: PodSpec, snap: ClusterState, node: int) -> bool:
     """The what-if of preemption: would ``pod`` pass PreFilter and every Filter on ``node`` of
-    ``snap`` as it is now? A fresh cycle state: the snapshot may have changed since the cycle's
-    PreFilter ran (victims evicted), so the precomputed state is computed again."""
-    state = CycleState()
-    if not pre_filter(state, profile, pod, snap).ok:
-        return False
-    return bool(filter_nodes(state, profile, pod, snap, np.array([node], dtype=np.int64)).passed[0])
+    ``snap`` as it is now? A fresh cycle state (``feasible``): the snapshot may have changed since
+    the cycle's PreFilter ran (victims evicted), so the precomputed state is computed again."""
+    return bool(feasible(profile, pod, snap, np.array([node], dtype=np.int64)).passed[0])
 
 
 # ------------------------------------------------------------------ Prefer, Score
@@ -236,7 +203,118 @@ def choose_devices(
     return pick_gpus(snap, pod, node, hint)
 
 
-# ------------------------------------------------------------ Reserve, Permit
+# ------------------------------------------------------------------ the two halves
+@dataclass(frozen=True, slots=True)
+class Feasibility:
+    """The first half of a cycle (``feasible``): PreFilter's answer and, when it let the pod
+    through, the Filter step's over the nodes asked about; ``state`` is the cycle state they
+    filled, which the second half (``pick_host``) and the device choice read."""
+
+    state: CycleState
+    status: Status
+    """PreFilter's answer; when it is not success, no node passes and ``filtered`` explains none."""
+    filtered: Filtered
+    nodes: I64 | None = None
+    """The snapshot indices asked about, in the order of ``filtered`` (None: every node)."""
+
+    @property
+    def passed(self) -> BoolArr:
+        """Per node asked about: passes PreFilter and every Filter."""
+        return self.filtered.passed
+
+    def indices(self) -> I64:
+        """The snapshot indices of the nodes that pass (in the order asked; ascending for all)."""
+        if self.nodes is None:
+            return np.flatnonzero(self.filtered.passed).astype(np.int64)
+        return self.nodes[self.filtered.passed]
+
+    def diagnosis(self, snap: ClusterState) -> Diagnosis:
+        """The failures as a ``Diagnosis`` over the nodes asked about (``explain`` must have been
+        set for Filter's reasons): PreFilter's refusal, or the first failing filter per node."""
+        total = len(snap) if self.nodes is None else len(self.nodes)
+        if not self.status.ok:
+            return Diagnosis(total, (), pre_filter=self.status)
+        where = range(len(snap)) if self.nodes is None else self.nodes.tolist()
+        failures = self.filtered.failures
+        return Diagnosis(
+            total,
+            tuple(NodeFailure(snap.names[where[f.position]], f.reason, f.code, f.plugin) for f in failures),
+        )
+
+
+def feasible(
+    profile: Profile, pod: PodSpec, snap: ClusterState, nodes: I64 | None = None, *, explain: bool = False
+) -> Feasibility:
+    """The first half of a cycle, side-effect free: a fresh cycle state, PreFilter, then Filter
+    over every node of ``snap`` or over ``nodes`` (``filter_nodes``; ``explain`` as there)."""
+    state = CycleState()
+    st = pre_filter(state, profile, pod, snap)
+    if not st.ok:
+        return Feasibility(
+            state, st, Filtered(np.zeros(len(snap) if nodes is None else len(nodes), dtype=bool)), nodes
+        )
+    return Feasibility(state, st, filter_nodes(state, profile, pod, snap, nodes, explain=explain), nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class Best:
+    """The node the pod's preferences and the scores choose, before its devices are chosen."""
+
+    node: int
+    score: float
+    gpu_hint: int
+    """The device choice there of the heaviest score plugin that makes one (-1: none)."""
+
+
+def best_host(
+    state: CycleState,
+    profile: Profile,
+    pod: PodSpec,
+    snap: ClusterState,
+    feasible_nodes: I64,
+    *,
+    tiebreak: I64 | None = None,
+) -> Best:
+    """Prefer, score, select among ``feasible_nodes`` (non-empty): ``pick_host`` without the
+    device choice, for a front end that chooses the devices later (the extender's ``/filter``
+    pick, whose ``/bind`` chooses them)."""
+    candidates = most_preferred(state, profile, pod, snap, feasible_nodes)
+    total, choice = score_nodes(state, profile, pod, snap, candidates)
+    k = select_host(total, candidates, tiebreak)
+    return Best(int(candidates[k]), float(total[k]), int(choice[k]) if choice is not None else -1)
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    """The second half's answer: the node chosen, the GPUs the pod takes there, its score."""
+
+    node: int
+    node_name: str
+    gpus: tuple[int, ...]
+    score: float
+    feasible: int
+    """How many nodes it was chosen among (the feasible nodes passed in)."""
+
+
+def pick_host(
+    state: CycleState,
+    profile: Profile,
+    pod: PodSpec,
+    snap: ClusterState,
+    feasible_nodes: I64,
+    *,
+    tiebreak: I64 | None = None,
+) -> Pick:
+    """The second half of a cycle, side-effect free: among ``feasible_nodes`` (non-empty; the
+    snapshot indices ``feasible`` let through, ``state`` its cycle state) prefer, score, select
+    the host (``best_host``) and choose its devices. Nothing is booked. Raises ValueError when
+    the pod does not fit the chosen node's GPUs (``choose_devices``)."""
+    b = best_host(state, profile, pod, snap, feasible_nodes, tiebreak=tiebreak)
+    gpus = choose_devices(state, profile, pod, snap, b.node, b.gpu_hint)
+    return Pick(b.node, snap.names[b.node], gpus, b.score, len(feasible_nodes))
+
+
+# ------------------------------------------------------------------ Reserve
 def reserve(state: CycleState, profile: Profile, pod: PodSpec, snap: ClusterState, node: int) -> Status:
     """Run the Reserve plugins in order. When one fails, the ones before it are unreserved in
     reverse order and its status is the answer."""
@@ -252,25 +330,9 @@ def reserve(state: CycleState, profile: Profile, pod: PodSpec, snap: ClusterStat
 
 
 def unreserve(state: CycleState, profile: Profile, pod: PodSpec, snap: ClusterState, node: int) -> None:
-    """Roll back every Reserve plugin, newest first (after a Permit rejection or a failed bind)."""
+    """Roll back every Reserve plugin, newest first (after a failed bind)."""
     for rp in reversed(profile.reserves):
         rp.unreserve(state, pod, snap, node)
-
-
-def permit(state: CycleState, profile: Profile, pod: PodSpec, snap: ClusterState, node: int) -> Status:
-    """Run the Permit plugins: the first rejection (UNSCHEDULABLE*, ERROR) is the answer; else
-    WAIT when any plugin waits (the plugins named, their reasons joined); else success."""
-    waiting: list[Status] = []
-    for pm in profile.permits:
-        st = pm.permit(state, pod, snap, node)
-        if st.code in _REJECT:
-            return st if st.plugin else Status(st.code, st.reasons, pm.name)
-        if st.code == Code.WAIT:
-            waiting.append(st if st.plugin else Status(st.code, st.reasons, pm.name))
-    if waiting:
-        reasons = tuple(r for w in waiting for r in w.reasons)
-        return Status(Code.WAIT, reasons, ",".join(w.plugin for w in waiting))
-    return Status.success()
 
 
 # ------------------------------------------------------------------ the cycle
@@ -283,51 +345,43 @@ def schedule_one(
     diagnose_failures: bool = True,
     assume: bool = True,
 ) -> ScheduleResult:
-    """Run one scheduling cycle for ``pod`` against ``snap``.
+    """Run one scheduling cycle for ``pod`` against ``snap``: ``feasible``, then ``pick_host``
+    among the nodes that pass and Reserve there, or the PostFilter plugins when none does.
 
     On success the pod is assumed in ``snap`` (unless ``assume`` is False) and the result
     names the node and the GPU indices on it. ``tiebreak[n]`` orders nodes of equal score
     (the simulator passes a seeded permutation; Kubernetes front ends pass name order).
-    When a Permit plugin waits, the result's status is WAIT and ``waiting`` holds the pod,
-    reserved and (with ``assume``) assumed, for the front end to allow or reject.
     """
-    state = CycleState()
-    st = pre_filter(state, profile, pod, snap)
+    f = feasible(profile, pod, snap)
+    if not f.status.ok:
+        return ScheduleResult(pod, f.status, diagnosis=Diagnosis(len(snap), (), pre_filter=f.status))
+    nodes = f.indices()
+    if len(nodes) == 0:
+        return _post_filter(f.state, profile, pod, snap, diagnose_failures)
+    p = pick_host(f.state, profile, pod, snap, nodes, tiebreak=tiebreak)
+    st = reserve(f.state, profile, pod, snap, p.node)
     if not st.ok:
-        return ScheduleResult(pod, st, diagnosis=Diagnosis(len(snap), (), pre_filter=st))
-    feasible = find_feasible(state, profile, pod, snap)
-    if len(feasible) == 0:
-        diag = diagnose(state, profile, pod, snap) if diagnose_failures else None
-        msg = diag.message() if diag else f"0/{len(snap)} nodes are available"
-        code = Code.UNSCHEDULABLE
-        if diag is not None and len(diag.unresolvable_nodes()) == len(snap):
-            code = Code.UNSCHEDULABLE_AND_UNRESOLVABLE
-        status = Status(code, (msg,), "Filter")
-        for pfp in profile.post_filters:
-            r = pfp.post_filter(state, pod, snap, diag)
-            if r.status.ok:
-                return ScheduleResult(
-                    pod, status, diagnosis=diag, nominated_node=r.nominated_node, victims=r.victims
-                )
-        return ScheduleResult(pod, status, diagnosis=diag)
-    candidates = most_preferred(state, profile, pod, snap, feasible)
-    total, choice = score_nodes(state, profile, pod, snap, candidates)
-    k = select_host(total, candidates, tiebreak)
-    node = int(candidates[k])
-    gpus = choose_devices(state, profile, pod, snap, node, int(choice[k]) if choice is not None else -1)
-    st = reserve(state, profile, pod, snap, node)
-    if not st.ok:
-        return ScheduleResult(pod, st, feasible_nodes=len(feasible))
+        return ScheduleResult(pod, st, feasible_nodes=p.feasible)
     if assume:
-        snap.assume(pod, node, gpus)
-    st = permit(state, profile, pod, snap, node)
-    if st.code in _REJECT:
-        if assume:
-            snap.forget(pod.key)
-        unreserve(state, profile, pod, snap, node)
-        return ScheduleResult(pod, st, feasible_nodes=len(feasible))
-    name, score = snap.names[node], float(total[k])
-    if st.code == Code.WAIT:
-        held = WaitingPod(profile, pod, snap, node, gpus, state, assume, st)
-        return ScheduleResult(pod, st, node, name, gpus, score, len(feasible), waiting=held)
-    return ScheduleResult(pod, Status.success(), node, name, gpus, score, len(feasible))
+        snap.assume(pod, p.node, p.gpus)
+    return ScheduleResult(pod, Status.success(), p.node, p.node_name, p.gpus, p.score, p.feasible)
+
+
+def _post_filter(
+    state: CycleState, profile: Profile, pod: PodSpec, snap: ClusterState, diagnose_failures: bool
+) -> ScheduleResult:
+    """No node passes: the diagnosis (when asked for), then the PostFilter plugins in order; the
+    first that succeeds names the nominated node and the victims."""
+    diag = diagnose(state, profile, pod, snap) if diagnose_failures else None
+    msg = diag.message() if diag else f"0/{len(snap)} nodes are available"
+    code = Code.UNSCHEDULABLE
+    if diag is not None and len(diag.unresolvable_nodes()) == len(snap):
+        code = Code.UNSCHEDULABLE_AND_UNRESOLVABLE
+    status = Status(code, (msg,), "Filter")
+    for pfp in profile.post_filters:
+        r = pfp.post_filter(state, pod, snap, diag)
+        if r.status.ok:
+            return ScheduleResult(
+                pod, status, diagnosis=diag, nominated_node=r.nominated_node, victims=r.victims
+            )
+    return ScheduleResult(pod, status, diagnosis=diag)

@@ -15,7 +15,6 @@ class Code(enum.IntEnum):
     """The pod does not fit now; evicting pods (preemption) might make room."""
     UNSCHEDULABLE_AND_UNRESOLVABLE = 3
     """The pod cannot fit on this node whatever is evicted (wrong model, too few GPUs, taint)."""
-    WAIT = 4
     SKIP = 5
 
 

@@ -9,9 +9,8 @@ from typing import Any
 import numpy as np
 
 from gpusched.core.fragmentation import node_fragmentation
-from gpusched.core.framework import CycleState
 from gpusched.core.model import GPU_MILLI, PodSpec
-from gpusched.core.scheduler import diagnose, pre_filter
+from gpusched.core.scheduler import feasible
 from gpusched.core.status import Code, Diagnosis, NodeFailure
 from gpusched.doctor.books import Books
 from gpusched.doctor.checks import drift_findings
@@ -41,11 +40,7 @@ def _close(name: str, names: list[str]) -> str:
 
 def diagnosis(books: Books, pod: PodSpec) -> Diagnosis:
     """Per-node reasons (the first failing filter of each node), as the scheduler's cycle gives them."""
-    state = CycleState()
-    st = pre_filter(state, books.profile, pod, books.state)
-    if not st.ok:
-        return Diagnosis(len(books.state), (), pre_filter=st)
-    return diagnose(state, books.profile, pod, books.state)
+    return feasible(books.profile, pod, books.state, explain=True).diagnosis(books.state)
 
 
 def _resolvable_gpu(f: NodeFailure) -> bool:

@@ -24,9 +24,9 @@ import numpy as np
 
 from gpusched.core.cluster import ClusterState
 from gpusched.core.defrag import REFUSAL_TEXT, Refusal, Rules, WorkBudget, plan_for
-from gpusched.core.framework import CycleState, Profile
+from gpusched.core.framework import Profile
 from gpusched.core.model import GPU_MILLI, PodSpec, Taint, Toleration
-from gpusched.core.scheduler import filter_nodes, pre_filter
+from gpusched.core.scheduler import feasible
 from gpusched.core.status import Code, Diagnosis
 from gpusched.doctor.findings import Counterfactual
 
@@ -35,11 +35,9 @@ TOLERATED_EFFECTS = ("NoSchedule", "NoExecute")
 
 
 def feasible_nodes(profile: Profile, pod: PodSpec, snap: ClusterState) -> list[int]:
-    """The nodes where ``pod`` passes PreFilter and every Filter now (the core's cycle)."""
-    state = CycleState()
-    if not pre_filter(state, profile, pod, snap).ok:
-        return []
-    return [int(i) for i in np.flatnonzero(filter_nodes(state, profile, pod, snap).passed)]
+    """The nodes where ``pod`` passes PreFilter and every Filter now (the core's ``feasible``)."""
+    out: list[int] = feasible(profile, pod, snap).indices().tolist()
+    return out
 
 
 def _gib(mib: int) -> str:

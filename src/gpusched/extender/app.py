@@ -38,6 +38,13 @@ that stops coming, or a malformed chunk once the handler reads (aiohttp then lea
 unfinished), is answered HTTP 408 here after ``body_timeout_s``; a client gone mid-body gets
 nothing (logged as nothing: nobody reads the answer).
 
+The shape: four aiohttp middlewares around the verbs, outside in (``MIDDLEWARES``):
+``observe_duration`` (the request-duration histogram), ``answer_errors`` (errors as JSON),
+``admit`` (the declared-size limit, then the wait for the books) and ``hold_large_bodies``; they
+act on the four verb routes only (named by verb), and read what they hold (``Admission``,
+``LargeBodies``) from the app. The verbs' handlers are ``Verbs``' methods; health, readiness,
+metrics and state are plain functions.
+
 Answers are JSON (orjson). A body that is not a JSON object gets HTTP 400 ``{"Error": ...}``;
 see ``gpusched.extender.protocol`` for the other error answers. An unexpected exception is
 logged here and answered with HTTP 500 ``{"Error": "internal error: ..."}``, never a traceback.
@@ -162,6 +169,325 @@ def limit_heap_growth(threshold: int = LARGE_BODY_BYTES) -> bool:
     return bool(mallopt(-3, threshold))  # M_MMAP_THRESHOLD
 
 
+# ------------------------------------------------------------------- what the middlewares hold
+class Admission:
+    """Which verb requests are let in: a declared body over ``max_body_bytes`` is refused
+    (``LimitExceeded``, 413), and a verb waits up to ``sync_wait_s`` for the books to be whole
+    (``ready``), then is refused with ``refusal``."""
+
+    def __init__(
+        self, ready: Callable[[], bool], sync_wait_s: float, max_body_bytes: int, metrics: GuardMetrics
+    ) -> None:
+        self.ready = ready
+        self.sync_wait_s = sync_wait_s
+        self.max_body_bytes = max_body_bytes
+        self.metrics = metrics
+
+    def too_large(self, n: int | None) -> LimitExceeded:
+        size, limit = (f"{n} bytes" if n is not None else "more bytes"), self.max_body_bytes
+        msg = (
+            f"request body of {size} is over the limit of {limit} bytes (--max-body-bytes); with "
+            "nodeCacheCapable: false every node object is sent: raise the limit or set nodeCacheCapable: true"
+        )
+        return LimitExceeded(msg, 413)
+
+    async def synced(self, verb: str) -> bool:
+        """Whether the books are whole, waiting up to ``sync_wait_s`` for them (polling: the
+        informers are threads, ``ready`` reads their events)."""
+        if self.ready():
+            return True
+        wait, t0 = self.sync_wait_s, time.monotonic()
+        while time.monotonic() - t0 < wait:
+            await asyncio.sleep(min(_POLL_S, max(0.0, wait - (time.monotonic() - t0))))
+            if self.ready():
+                self.metrics.sync_waits.labels(verb, "served").inc()
+                log.info("extender %s waited %.2f s for the informers to sync", verb, time.monotonic() - t0)
+                return True
+        self.metrics.sync_waits.labels(verb, "refused").inc()
+        log.warning("extender %s refused: the informers have not synced after %.1f s", verb, wait)
+        return False
+
+    def refusal(self, verb: str) -> web.Response:
+        wait = self.sync_wait_s
+        msg = (
+            f"gpusched extender: the node and pod informers have not synced yet (waited {wait:g} s): "
+            "its GPU books are not whole, so it decides nothing; kube-scheduler retries the pod"
+        )
+        if verb == "filter":
+            answer: dict[str, Any] = {"Nodes": None, "NodeNames": None, "FailedNodes": {},
+                                      "FailedAndUnresolvableNodes": {}, "Error": msg}  # fmt: skip
+        else:
+            answer = {"Error": msg}
+        return _json(answer, _VERB_ERRORS[verb])
+
+
+class LargeBodies:
+    """The ``LARGE_BODIES`` slots a large body is read, answered and written in (module doc)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._slots = asyncio.Semaphore(LARGE_BODIES)
+        self._in_flight = 0
+        self._trim = _malloc_trim()
+
+    @contextlib.asynccontextmanager
+    async def slot(self, request: web.Request) -> AsyncIterator[bool]:
+        """A slot when the body is large (yields whether it is); trims the heap after the last."""
+        n = request.content_length
+        if not request.body_exists or (n is not None and n <= LARGE_BODY_BYTES):
+            yield False
+            return
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise BadRequest(f"no slot for a large request body within {self.timeout_s:g} s", 503) from None
+        self._in_flight += 1
+        try:
+            yield True
+        finally:
+            self._in_flight -= 1
+            self._slots.release()
+            if self._in_flight == 0:
+                self._trim()
+
+    async def write(self, request: web.Request, resp: web.StreamResponse) -> None:
+        """Write the answer within the timeout (its body is as large as the request's), else
+        close the connection."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await resp.prepare(request)
+                await resp.write_eof()
+        except TimeoutError:
+            if request.transport is not None:
+                request.transport.close()
+
+
+ADMISSION_KEY: web.AppKey[Admission] = web.AppKey("admission", Admission)
+LARGE_BODIES_KEY: web.AppKey[LargeBodies] = web.AppKey("large_bodies", LargeBodies)
+
+
+def _verb(request: web.Request) -> str | None:
+    """The extender verb a request is for (its route's name), None for the other routes."""
+    name = request.match_info.route.name
+    return name if name in _VERB_ERRORS else None
+
+
+# ------------------------------------------------------------------ the middlewares, outside in
+@web.middleware
+async def observe_duration(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """``gpusched_extender_request_duration_seconds{verb}``: the whole answer, refusals included."""
+    verb = _verb(request)
+    if verb is None:
+        return await handler(request)
+    t0 = time.perf_counter()
+    try:
+        return await handler(request)
+    finally:
+        request.app[METRICS_KEY].extender_duration.labels(verb).observe(time.perf_counter() - t0)
+
+
+@web.middleware
+async def answer_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Errors as JSON ``{"Error": ...}``: a ``BadRequest`` with its status (counted as rejected
+    when a limit or a timeout refused it), an aiohttp HTTP error with its own, anything else
+    logged here and answered 500, never with a traceback."""
+    verb = _verb(request)
+    if verb is None:
+        return await handler(request)
+    try:
+        return await handler(request)
+    except BadRequest as e:
+        if isinstance(e, LimitExceeded) or e.status != 400:
+            reason = {413: "body_too_large", 408: "body_timeout", 503: "busy"}.get(e.status, "invalid")
+            rejected = request.app[ADMISSION_KEY].metrics.rejected
+            rejected.labels(verb, reason if e.status != 400 else "limit").inc()
+        return _json({"Error": str(e)}, e.status)
+    except web.HTTPException as e:
+        return _json({"Error": e.reason}, e.status)
+    except Exception as e:  # a bug: log it here, answer without a traceback
+        log.exception("extender %s failed", verb)
+        return _json({"Error": f"internal error: {type(e).__name__}: {e}"}, 500)
+
+
+@web.middleware
+async def admit(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A declared body over the limit: 413 before anything is read; then the wait for the books."""
+    verb = _verb(request)
+    if verb is None:
+        return await handler(request)
+    adm = request.app[ADMISSION_KEY]
+    n = request.content_length
+    if n is not None and n > adm.max_body_bytes:
+        raise adm.too_large(n)
+    if not await adm.synced(verb):
+        return adm.refusal(verb)
+    return await handler(request)
+
+
+@web.middleware
+async def hold_large_bodies(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A large body is read, answered and written holding a slot."""
+    if _verb(request) is None:
+        return await handler(request)
+    large = request.app[LARGE_BODIES_KEY]
+    async with large.slot(request) as big:
+        resp = await handler(request)
+        if big:
+            await large.write(request, resp)
+        return resp
+
+
+MIDDLEWARES = (observe_duration, answer_errors, admit, hold_large_bodies)
+
+
+# ------------------------------------------------------------------------------------ the verbs
+async def read_body(request: web.Request, adm: Admission) -> bytearray:
+    """The body, in one buffer of its declared length (chunked: grown up to the limit)."""
+    n = request.content_length
+    if n is not None:
+        buf = bytearray(n)
+        view, pos = memoryview(buf), 0
+        while pos < n:
+            chunk = await request.content.readany()
+            if not chunk:
+                raise BadRequest(f"request body ended after {pos} of {n} bytes")
+            view[pos : pos + len(chunk)] = chunk
+            pos += len(chunk)
+        view.release()
+        return buf
+    out = bytearray()
+    while chunk := await request.content.readany():
+        out += chunk
+        if len(out) > adm.max_body_bytes:
+            raise adm.too_large(None)
+    return out
+
+
+async def read_json(request: web.Request, adm: Admission, timeout_s: float) -> dict[str, Any]:
+    """The body as a JSON object, read within ``timeout_s`` unless all of it has arrived."""
+    try:
+        if request.content.is_eof():  # all of it has arrived (most bodies): no wait, no timer
+            data = await read_body(request, adm)
+        else:
+            async with asyncio.timeout(timeout_s):
+                data = await read_body(request, adm)
+    except TimeoutError:
+        raise BadRequest(f"request body not received within {timeout_s:g} s", 408) from None
+    except HttpProcessingError as e:  # a malformed chunk, a body cut short
+        raise BadRequest(f"request body is malformed: {e.message}") from None
+    except ConnectionError:  # the client went away: nobody reads the answer
+        raise BadRequest("connection lost while reading the request body") from None
+    return parse_json(data)
+
+
+class Verbs:
+    """The four verbs' handlers: read the body, call ``Extender``, answer JSON. Binding API calls
+    run in ``pool`` (shut down with the app when ``own_pool``); with ``first_binder`` the first
+    attempt runs on the loop."""
+
+    def __init__(
+        self,
+        extender: Extender,
+        metrics: SchedulerMetrics,
+        admission: Admission,
+        body_timeout_s: float,
+        pool: ThreadPoolExecutor,
+        first_binder: AsyncBinder | None,
+        *,
+        own_pool: bool,
+    ) -> None:
+        self.extender = extender
+        self.metrics = metrics
+        self.admission = admission
+        self.body_timeout_s = body_timeout_s
+        self.pool = pool
+        self.first_binder = first_binder
+        self.own_pool = own_pool
+
+    async def close(self, app: web.Application) -> None:
+        """On the app's shutdown: close the first binder, and the pool when it is ours."""
+        if self.first_binder is not None:
+            await self.first_binder.close()
+        if self.own_pool:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _args(self, request: web.Request) -> dict[str, Any]:
+        return await read_json(request, self.admission, self.body_timeout_s)
+
+    async def filter(self, request: web.Request) -> web.Response:
+        return _json(self.extender.filter(await self._args(request)))
+
+    async def prioritize(self, request: web.Request) -> web.Response:
+        answer = self.extender.prioritize_json(await self._args(request))
+        return web.Response(body=answer, content_type="application/json")
+
+    async def preempt(self, request: web.Request) -> web.Response:
+        return _json(self.extender.preempt(await self._args(request)))
+
+    async def bind(self, request: web.Request) -> web.Response:
+        ext = self.extender
+        deadline = time.monotonic() + ext.bind_budget_s  # under kube-scheduler's httpTimeout
+        args = await self._args(request)
+        loop = asyncio.get_running_loop()
+        try:
+            ns, name, uid, node, spec = ext.bind_target(args)
+            if spec is None:
+                spec = await loop.run_in_executor(self.pool, ext.fetch_pod, ns, name, uid)
+            plan = ext.reserve(spec, uid, node)
+        except BadRequest as e:
+            return _json({"Error": str(e)})
+        t0 = time.perf_counter()
+        first = None
+        if self.first_binder is not None:  # the first attempt on the loop; anything but success: the threads
+            try:
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    first = await self.first_binder.bind(ext.bound_pod(plan), plan.node, plan.gpus)
+            except TimeoutError:  # no answer within the budget: the outcome is unknown
+                first = Status(Code.ERROR, (f"no answer within {ext.bind_budget_s:g} s",), "APIBinder")
+        if first is not None and first.ok:
+            error = None
+        else:
+            error = await loop.run_in_executor(self.pool, ext.call_binder, plan, first, deadline)
+        self.metrics.binding_duration.labels("error" if error else "bound").observe(time.perf_counter() - t0)
+        return _json(ext.complete(plan, error))
+
+
+# ------------------------------------------------------------------- health, readiness, the books
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    if request.app[ADMISSION_KEY].ready():
+        return web.Response(text="ok")
+    return web.Response(text="informers not synced", status=503)
+
+
+async def state(request: web.Request) -> web.Response:
+    """A JSON summary of the books."""
+    with request.app[EXTENDER_KEY].cluster.snapshot() as snap:
+        summary = {
+            "nodes": len(snap),
+            "gpus": int(snap.gpu_count.sum()),
+            "pods": len(snap.allocations),
+            "allocated_gpu_milli": snap.allocated_gpu_milli(),
+            "gpu_allocation_ratio": snap.gpu_allocation_ratio(),
+        }
+    return _json(summary)
+
+
+async def metrics_page(request: web.Request) -> web.Response:
+    ext, m = request.app[EXTENDER_KEY], request.app[METRICS_KEY]
+
+    def stats() -> ClusterStats:
+        with ext.cluster.snapshot() as snap:
+            return cluster_stats(snap, ext.profile.workload)
+
+    m.refresh_cluster(stats)
+    return web.Response(body=m.exposition(), headers={"Content-Type": CONTENT_TYPE})
+
+
 def make_app(
     extender: Extender,
     *,
@@ -173,231 +499,30 @@ def make_app(
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     first_binder: AsyncBinder | None = None,
 ) -> web.Application:
-    """The aiohttp application serving ``extender``. ``ready`` answers ``/readyz`` and gates the
-    verbs (each waits up to ``sync_wait_s`` for it); binding API calls run in ``executor``
-    (default: a pool of 32 threads, shut down with the app); with ``first_binder``
-    (``apibind.AsyncAPIBinder``) the first attempt of each binding is made on the loop, and only
-    what it does not bind goes to the threads. Bodies over ``max_body_bytes`` get HTTP 413; large
-    ones share ``LARGE_BODIES`` slots (see the module doc)."""
+    """The aiohttp application serving ``extender``: the middlewares (``MIDDLEWARES``) around the
+    verbs' handlers (``Verbs``), and health, readiness, metrics and state. ``ready`` answers
+    ``/readyz`` and gates the verbs (each waits up to ``sync_wait_s`` for it); binding API calls
+    run in ``executor`` (default: a pool of 32 threads, shut down with the app); with
+    ``first_binder`` (``apibind.AsyncAPIBinder``) the first attempt of each binding is made on
+    the loop, and only what it does not bind goes to the threads. Bodies over ``max_body_bytes``
+    get HTTP 413; large ones share ``LARGE_BODIES`` slots (see the module doc)."""
     if sync_wait_s < 0 or body_timeout_s <= 0 or max_body_bytes <= 0:
         raise ValueError("sync_wait_s must be >= 0, body_timeout_s and max_body_bytes > 0")
     m = metrics or SchedulerMetrics()
-    g = _guard_metrics(m)
+    admission = Admission(ready, sync_wait_s, max_body_bytes, _guard_metrics(m))
     pool = executor or ThreadPoolExecutor(max_workers=32, thread_name_prefix="gpusched-bind")
-    large = asyncio.Semaphore(LARGE_BODIES)
-    trim = _malloc_trim()
-    in_flight = 0  # large bodies
+    verbs = Verbs(extender, m, admission, body_timeout_s, pool, first_binder, own_pool=executor is None)
 
-    async def synced(verb: str) -> bool:
-        """Whether the books are whole, waiting up to ``sync_wait_s`` for them (polling: the
-        informers are threads, ``ready`` reads their events)."""
-        if ready():
-            return True
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < sync_wait_s:
-            await asyncio.sleep(min(_POLL_S, max(0.0, sync_wait_s - (time.monotonic() - t0))))
-            if ready():
-                g.sync_waits.labels(verb, "served").inc()
-                log.info("extender %s waited %.2f s for the informers to sync", verb, time.monotonic() - t0)
-                return True
-        g.sync_waits.labels(verb, "refused").inc()
-        log.warning("extender %s refused: the informers have not synced after %.1f s", verb, sync_wait_s)
-        return False
-
-    def refusal(verb: str) -> web.Response:
-        msg = (
-            f"gpusched extender: the node and pod informers have not synced yet (waited {sync_wait_s:g} s): "
-            "its GPU books are not whole, so it decides nothing; kube-scheduler retries the pod"
-        )
-        if verb == "filter":
-            answer: dict[str, Any] = {"Nodes": None, "NodeNames": None, "FailedNodes": {},
-                                      "FailedAndUnresolvableNodes": {}, "Error": msg}  # fmt: skip
-        else:
-            answer = {"Error": msg}
-        return _json(answer, _VERB_ERRORS[verb])
-
-    @contextlib.asynccontextmanager
-    async def slot(request: web.Request) -> AsyncIterator[bool]:
-        """A large-body slot when the body is large (yields whether it is); trims after the last."""
-        nonlocal in_flight
-        n = request.content_length
-        if not request.body_exists or (n is not None and n <= LARGE_BODY_BYTES):
-            yield False
-            return
-        try:
-            async with asyncio.timeout(body_timeout_s):
-                await large.acquire()
-        except TimeoutError:
-            raise BadRequest(f"no slot for a large request body within {body_timeout_s:g} s", 503) from None
-        in_flight += 1
-        try:
-            yield True
-        finally:
-            in_flight -= 1
-            large.release()
-            if in_flight == 0:
-                trim()
-
-    def timed(verb: str, fn: Callable[[web.Request], Awaitable[web.Response]]) -> Handler:
-        hist = m.extender_duration.labels(verb)
-
-        async def handle(request: web.Request) -> web.StreamResponse:
-            t0 = time.perf_counter()
-            try:
-                n = request.content_length
-                if n is not None and n > max_body_bytes:
-                    raise LimitExceeded(too_large(n), 413)
-                if not await synced(verb):
-                    return refusal(verb)
-                async with slot(request) as big:
-                    resp = await fn(request)
-                    if big:  # write it holding the slot: its body is as large as the request's
-                        try:
-                            async with asyncio.timeout(body_timeout_s):
-                                await resp.prepare(request)
-                                await resp.write_eof()
-                        except TimeoutError:
-                            if request.transport is not None:
-                                request.transport.close()
-                    return resp
-            except BadRequest as e:
-                reason = {413: "body_too_large", 408: "body_timeout", 503: "busy"}.get(e.status, "invalid")
-                if isinstance(e, LimitExceeded) or e.status != 400:
-                    g.rejected.labels(verb, reason if e.status != 400 else "limit").inc()
-                return _json({"Error": str(e)}, e.status)
-            except web.HTTPException as e:
-                return _json({"Error": e.reason}, e.status)
-            except Exception as e:  # a bug: log it here, answer without a traceback
-                log.exception("extender %s failed", verb)
-                return _json({"Error": f"internal error: {type(e).__name__}: {e}"}, 500)
-            finally:
-                hist.observe(time.perf_counter() - t0)
-
-        return handle
-
-    def too_large(n: int | None) -> str:
-        size = f"{n} bytes" if n is not None else "more bytes"
-        return (
-            f"request body of {size} is over the limit of {max_body_bytes} bytes (--max-body-bytes); with "
-            "nodeCacheCapable: false every node object is sent: raise the limit or set nodeCacheCapable: true"
-        )
-
-    async def read_body(request: web.Request) -> bytearray:
-        """The body, in one buffer of its declared length (chunked: grown up to the limit)."""
-        n = request.content_length
-        if n is not None:
-            buf = bytearray(n)
-            view, pos = memoryview(buf), 0
-            while pos < n:
-                chunk = await request.content.readany()
-                if not chunk:
-                    raise BadRequest(f"request body ended after {pos} of {n} bytes")
-                view[pos : pos + len(chunk)] = chunk
-                pos += len(chunk)
-            view.release()
-            return buf
-        out = bytearray()
-        while chunk := await request.content.readany():
-            out += chunk
-            if len(out) > max_body_bytes:
-                raise LimitExceeded(too_large(None), 413)
-        return out
-
-    async def body(request: web.Request) -> dict[str, Any]:
-        try:
-            if request.content.is_eof():  # all of it has arrived (most bodies): no wait, no timer
-                data = await read_body(request)
-            else:
-                async with asyncio.timeout(body_timeout_s):
-                    data = await read_body(request)
-        except TimeoutError:
-            raise BadRequest(f"request body not received within {body_timeout_s:g} s", 408) from None
-        except HttpProcessingError as e:  # a malformed chunk, a body cut short
-            raise BadRequest(f"request body is malformed: {e.message}") from None
-        except ConnectionError:  # the client went away: nobody reads the answer
-            raise BadRequest("connection lost while reading the request body") from None
-        return parse_json(data)
-
-    async def filter_(request: web.Request) -> web.Response:
-        return _json(extender.filter(await body(request)))
-
-    async def prioritize(request: web.Request) -> web.Response:
-        return web.Response(
-            body=extender.prioritize_json(await body(request)), content_type="application/json"
-        )
-
-    async def preempt(request: web.Request) -> web.Response:
-        return _json(extender.preempt(await body(request)))
-
-    async def bind(request: web.Request) -> web.Response:
-        deadline = time.monotonic() + extender.bind_budget_s  # under kube-scheduler's httpTimeout
-        args = await body(request)
-        loop = asyncio.get_running_loop()
-        try:
-            ns, name, uid, node, spec = extender.bind_target(args)
-            if spec is None:
-                spec = await loop.run_in_executor(pool, extender.fetch_pod, ns, name, uid)
-            plan = extender.reserve(spec, uid, node)
-        except BadRequest as e:
-            return _json({"Error": str(e)})
-        t0 = time.perf_counter()
-        first = None
-        if first_binder is not None:  # the first attempt on the loop; anything but success: the threads
-            try:
-                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                    first = await first_binder.bind(extender.bound_pod(plan), plan.node, plan.gpus)
-            except TimeoutError:  # no answer within the budget: the outcome is unknown
-                first = Status(Code.ERROR, (f"no answer within {extender.bind_budget_s:g} s",), "APIBinder")
-        if first is not None and first.ok:
-            error = None
-        else:
-            error = await loop.run_in_executor(pool, extender.call_binder, plan, first, deadline)
-        m.binding_duration.labels("error" if error else "bound").observe(time.perf_counter() - t0)
-        return _json(extender.complete(plan, error))
-
-    async def healthz(request: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    async def readyz(request: web.Request) -> web.Response:
-        return web.Response(text="ok") if ready() else web.Response(text="informers not synced", status=503)
-
-    def summary() -> dict[str, Any]:
-        with extender.cluster.snapshot() as snap:
-            return {
-                "nodes": len(snap),
-                "gpus": int(snap.gpu_count.sum()),
-                "pods": len(snap.allocations),
-                "allocated_gpu_milli": snap.allocated_gpu_milli(),
-                "gpu_allocation_ratio": snap.gpu_allocation_ratio(),
-            }
-
-    async def state(request: web.Request) -> web.Response:
-        return _json(summary())
-
-    def stats() -> ClusterStats:
-        with extender.cluster.snapshot() as snap:
-            return cluster_stats(snap, extender.profile.workload)
-
-    async def metrics_(request: web.Request) -> web.Response:
-        m.refresh_cluster(stats)
-        return web.Response(body=m.exposition(), headers={"Content-Type": CONTENT_TYPE})
-
-    async def shutdown(app: web.Application) -> None:
-        if first_binder is not None:
-            await first_binder.close()
-        if executor is None:
-            pool.shutdown(wait=False, cancel_futures=True)
-
-    app = web.Application(client_max_size=max_body_bytes)
+    app = web.Application(client_max_size=max_body_bytes, middlewares=MIDDLEWARES)
     app[EXTENDER_KEY] = extender
     app[METRICS_KEY] = m
-    app.router.add_post("/filter", timed("filter", filter_))
-    app.router.add_post("/prioritize", timed("prioritize", prioritize))
-    app.router.add_post("/bind", timed("bind", bind))
-    app.router.add_post("/preempt", timed("preempt", preempt))
+    app[ADMISSION_KEY] = admission
+    app[LARGE_BODIES_KEY] = LargeBodies(body_timeout_s)
+    for verb in _VERB_ERRORS:
+        app.router.add_post(f"/{verb}", getattr(verbs, verb), name=verb)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics_)
+    app.router.add_get("/metrics", metrics_page)
     app.router.add_get("/state", state)
-    app.on_shutdown.append(shutdown)
+    app.on_shutdown.append(verbs.close)
     return app

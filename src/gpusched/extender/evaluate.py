@@ -1,7 +1,7 @@
 """Filters and scores over the nodes of one extender request, vectorised over the live books.
 
-The cycle's steps are the core's (``core.scheduler``: ``pre_filter``, ``filter_nodes``,
-``score_nodes``), over the request's nodes; this module only translates between the request
+The cycle's steps are the core's (``core.scheduler``: ``feasible``, ``score_nodes``, and
+``best_host`` for a pick), over the request's nodes; this module only translates between the request
 (node names, or node objects the books do not know) and snapshot indices, and the failures
 into the wire's positions. Only the reasons of failed nodes and the answer lists are built
 node by node. A request's name list maps to snapshot indices once
@@ -23,7 +23,7 @@ from gpusched.core.caches import LRUCache
 from gpusched.core.cluster import I64, BoolArr, ClusterState
 from gpusched.core.framework import CycleState, Profile
 from gpusched.core.model import NodeSpec, PodSpec
-from gpusched.core.scheduler import filter_nodes, most_preferred, pre_filter, score_nodes, select_host
+from gpusched.core.scheduler import best_host, feasible, score_nodes
 from gpusched.core.status import Code
 from gpusched.extender.protocol import BadRequest, check_names
 from gpusched.k8s.convert import InvalidRequest, node_from_k8s
@@ -85,13 +85,12 @@ def run_filters(
     """The core's PreFilter and Filter over the snapshot nodes ``idx``: which pass, and (with
     ``explain``) why the others do not, by position in ``idx`` (``core.scheduler.diagnose``'s
     words: the first failing filter names each node)."""
-    state = CycleState()
-    st = pre_filter(state, profile, pod, snap)
+    f = feasible(profile, pod, snap, idx, explain=explain)
+    st = f.status
     if not st.ok:
         fails = [(p, st.message(), st.code) for p in range(len(idx))] if explain else []
-        return np.zeros(len(idx), dtype=bool), fails, state
-    r = filter_nodes(state, profile, pod, snap, idx, explain=explain)
-    return r.passed, [(f.position, f.reason, f.code) for f in r.failures], state
+        return f.passed, fails, f.state
+    return f.passed, [(x.position, x.reason, x.code) for x in f.filtered.failures], f.state
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,21 +192,18 @@ class Evaluator:
     def pick(self, pod: PodSpec, names: list[str]) -> Pick | None:
         """The node among ``names`` (sent by name) that ``core.scheduler.schedule_one`` would
         choose on the live books: the nodes that pass every filter, narrowed by the pod's soft
-        constraints (``most_preferred``), scored, the highest score winning and equal scores going
-        to the node first in name order (the snapshot's order, the standalone scheduler's
-        tie-break). None when no node passes (the caller then explains each failure)."""
+        constraints, scored, the highest score winning and equal scores going to the node first in
+        name order (the snapshot's order, the standalone scheduler's tie-break): the core's
+        ``best_host``; the devices are chosen at ``/bind``. None when no node passes (the caller
+        then explains each failure)."""
         with self.cluster.snapshot() as snap:
             nl = self._by_name(snap, names)
             m, _, state = run_filters(self.profile, pod, snap, nl.idx, explain=False)
             if not m.any():
                 return None
-            feasible = np.sort(nl.idx[m])
-            candidates = most_preferred(state, self.profile, pod, snap, feasible)
-            total, choice = score_nodes(state, self.profile, pod, snap, candidates)
-            k = select_host(total, candidates, None)
-            node, hint = int(candidates[k]), int(choice[k]) if choice is not None else -1
-            self._picks.put(pod.key, _Kept(pod, node, int(snap.gen[node]), hint))
-            return Pick(snap.names[node], hint)
+            b = best_host(state, self.profile, pod, snap, np.sort(nl.idx[m]))  # devices: at /bind
+            self._picks.put(pod.key, _Kept(pod, b.node, int(snap.gen[b.node]), b.gpu_hint))
+            return Pick(snap.names[b.node], b.gpu_hint)
 
     def device_hint(self, snap: ClusterState, pod: PodSpec, node: int) -> int | None:
         """The device choice of ``pod``'s last pick, when it picked ``node`` of ``snap`` and the

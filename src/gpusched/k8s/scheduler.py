@@ -21,11 +21,9 @@ Only the leader decides (``start_leading``/``stop_leading``, driven by ``leader.
 standby keeps its informers warm. Becoming leader rebuilds the books from the API objects
 (bound pods and their assignment annotations) before the first decision.
 
-A pod a Permit plugin makes wait is rejected at once (``core.batch``; its booking given back)
-and waits in the unschedulable set: no profile of this scheduler waits. Gangs hold nothing
-while they wait: a PodGroup member is decided with its group's pending pods, all or nothing, in
-one cycle (``k8s/gangs.py``: membership and group status; within its tenant queue's quota, a
-preemptor as a unit); a pod with DRA claims is never bound (``k8s/claims.py``).
+Gangs hold nothing while they wait: a PodGroup member is decided with its group's pending pods,
+all or nothing, in one cycle (``k8s/gangs.py``: membership and group status; within its tenant
+queue's quota, a preemptor as a unit); a pod with DRA claims is never bound (``k8s/claims.py``).
 """
 
 from __future__ import annotations

@@ -22,9 +22,9 @@ from gpusched.core.defrag.types import Method, Move, Plan, PlanError, Rules, Wor
 from gpusched.core.defrag.units import BudgetTally, eligibility
 from gpusched.core.devices import pick_gpus
 from gpusched.core.fragmentation import TargetWorkload, node_fragmentation, placement_frag
-from gpusched.core.framework import CycleState, Profile
+from gpusched.core.framework import Profile
 from gpusched.core.model import PodSpec
-from gpusched.core.scheduler import filter_nodes, pre_filter
+from gpusched.core.scheduler import feasible
 from gpusched.core.statement import Statement
 
 
@@ -74,11 +74,7 @@ def consolidate(
                 work += 1
                 a = st.evict(k)
                 src_after = float(node_fragmentation(snap, workload, np.array([a.node]))[0])
-                state = CycleState()
-                if pre_filter(state, profile, a.pod, snap).ok:
-                    passed = np.flatnonzero(filter_nodes(state, profile, a.pod, snap).passed).astype(np.int64)
-                else:
-                    passed = np.zeros(0, dtype=np.int64)
+                passed = feasible(profile, a.pod, snap).indices()
                 if len(passed):
                     b, aft = placement_frag(snap, a.pod, passed, workload)
                     frag_now = frag[passed].copy()

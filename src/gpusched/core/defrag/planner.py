@@ -50,18 +50,9 @@ from gpusched.core.defrag.types import (
     WorkBudget,
 )
 from gpusched.core.defrag.units import BudgetTally, Eligibility, eligibility
-from gpusched.core.framework import CycleState, Profile
+from gpusched.core.framework import Profile
 from gpusched.core.model import GPU_MILLI, Allocation, PodSpec
-from gpusched.core.scheduler import (
-    choose_devices,
-    filter_nodes,
-    fits,
-    most_preferred,
-    pre_filter,
-    schedule_one,
-    score_nodes,
-    select_host,
-)
+from gpusched.core.scheduler import choose_devices, feasible, fits, pick_host, score_nodes
 from gpusched.core.statement import Statement
 
 RESOURCE_FILTERS = frozenset({"NodeResourcesFit", "GPUFit"})
@@ -105,11 +96,8 @@ class _Ctx:
 
 def _static_mask(profile: Profile, pod: PodSpec, snap: ClusterState) -> BoolArr:
     """Nodes where ``pod`` passes the filters other than the resource ones."""
-    state = CycleState()
-    if not pre_filter(state, profile, pod, snap).ok:
-        return np.zeros(len(snap), dtype=bool)
     rest = replace(profile, filters=tuple(f for f in profile.filters if f.name not in RESOURCE_FILTERS))
-    return np.asarray(filter_nodes(state, rest, pod, snap).passed, dtype=bool).copy()
+    return np.array(feasible(rest, pod, snap).passed, dtype=bool)
 
 
 def _largest_first(amounts: Sequence[int], deficit: int) -> int:
@@ -234,29 +222,21 @@ def _destination(
     """Where the profile would place ``pod`` now, never on ``exclude``, nor back where it ``was``
     (its node and GPUs: its own node on other GPUs is a move within the node)."""
     snap, profile = ctx.snap, ctx.profile
-    state = CycleState()
     ctx.work.spend()
-    if not pre_filter(state, profile, pod, snap).ok:
-        return None
-    passed = np.array(filter_nodes(state, profile, pod, snap).passed, dtype=bool)
+    f = feasible(profile, pod, snap)
+    passed = np.array(f.passed, dtype=bool)  # a copy: nodes are struck off below
     passed[list(exclude)] = False
     for _ in range(2):
-        feasible = np.flatnonzero(passed).astype(np.int64)
-        if len(feasible) == 0:
+        nodes = np.flatnonzero(passed).astype(np.int64)
+        if len(nodes) == 0:
             return None
-        cand = most_preferred(state, profile, pod, snap, feasible)
-        total, choice = score_nodes(state, profile, pod, snap, cand)
-        k = select_host(total, cand, ctx.tiebreak)
-        node = int(cand[k])
         try:
-            gpus = choose_devices(
-                state, profile, pod, snap, node, int(choice[k]) if choice is not None else -1
-            )
+            p = pick_host(f.state, profile, pod, snap, nodes, tiebreak=ctx.tiebreak)
         except ValueError:
             return None
-        if was is None or (node, tuple(sorted(gpus))) != (was[0], tuple(sorted(was[1]))):
-            return node, gpus
-        passed[node] = False  # it would land where it is: not a move; the next best node
+        if was is None or (p.node, tuple(sorted(p.gpus))) != (was[0], tuple(sorted(was[1]))):
+            return p.node, p.gpus
+        passed[p.node] = False  # it would land where it is: not a move; the next best node
     return None
 
 
@@ -282,12 +262,11 @@ def _greedy_try(ctx: _Ctx, el: Eligibility, pod: PodSpec, cand: _Candidate) -> P
         for key in order:
             trial.evict(key)
         ctx.work.spend()
-        if not fits(ctx.profile, pod, snap, n):
+        here = feasible(ctx.profile, pod, snap, np.array([n], dtype=np.int64))
+        if not here.passed[0]:
             return None
-        state = CycleState()
-        pre_filter(state, ctx.profile, pod, snap)
         try:
-            gpus = choose_devices(state, ctx.profile, pod, snap, n)
+            gpus = choose_devices(here.state, ctx.profile, pod, snap, n)
         except ValueError:
             return None
     moves: list[Move] = []
@@ -369,10 +348,14 @@ def _verified(ctx: _Ctx, plan: Plan, pod: PodSpec) -> bool:
 
 def _plan_one(ctx: _Ctx, pod: PodSpec, exclude: set[str]) -> Plan:
     snap, budget = ctx.snap, ctx.budget
-    r = schedule_one(ctx.profile, pod, snap, tiebreak=ctx.tiebreak, diagnose_failures=False, assume=False)
+    f = feasible(ctx.profile, pod, snap)
+    nodes = f.indices()
     ctx.work.spend()
-    if r.scheduled:
-        return Plan((pod.key,), True, Method.FITS_NOW, (), (Placement(pod.key, r.node_name, r.gpus),), True)
+    if len(nodes):
+        here = pick_host(f.state, ctx.profile, pod, snap, nodes, tiebreak=ctx.tiebreak)
+        return Plan(
+            (pod.key,), True, Method.FITS_NOW, (), (Placement(pod.key, here.node_name, here.gpus),), True
+        )
     el = eligibility(snap, ctx.rules, pod.priority, exclude)
     mask = _static_mask(ctx.profile, pod, snap)
     if pod.num_gpu:
@@ -499,22 +482,19 @@ def _ranked_destinations(ctx: _Ctx, a: Allocation, truncated: list[bool]) -> lis
     scored first, at most ``exact_dests`` of them (``truncated[0]`` set when there were more)."""
     snap, profile = ctx.snap, ctx.profile
     pod = a.pod
-    state = CycleState()
     ctx.work.spend()
-    if not pre_filter(state, profile, pod, snap).ok:
+    f = feasible(profile, pod, snap)
+    nodes = f.indices()
+    nodes = nodes[nodes != a.node]
+    if len(nodes) == 0:
         return []
-    passed = np.array(filter_nodes(state, profile, pod, snap).passed, dtype=bool)
-    passed[a.node] = False
-    feasible = np.flatnonzero(passed).astype(np.int64)
-    if len(feasible) == 0:
-        return []
-    total, _ = score_nodes(state, profile, pod, snap, feasible)
+    total, _ = score_nodes(f.state, profile, pod, snap, nodes)
     rank = ctx.tiebreak if ctx.tiebreak is not None else np.arange(len(snap))
-    order = np.lexsort((rank[feasible], -total))
+    order = np.lexsort((rank[nodes], -total))
     k = ctx.budget.exact_dests
     if len(order) > k:
         truncated[0] = True
-    return [int(feasible[i]) for i in order[:k]]
+    return [int(nodes[i]) for i in order[:k]]
 
 
 def plan_for(
