@@ -20,9 +20,10 @@ from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.gangs import GangHost, Gangs
 from gpusched.k8s.groupref import ANN_VOLCANO, API, LABEL_COSCHEDULING, GroupRef, group_ref_of
 from gpusched.k8s.groupstatus import GroupStatusWriter, status_body
+from gpusched.k8s.podevents import Kind, parse_pod_event
 from gpusched.k8s.podgroups import DEFAULT_TIMEOUT_S, PodGroups, group_from_k8s
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
-from gpusched.k8s.state import LiveCluster, pod_key
+from gpusched.k8s.state import LiveCluster
 
 
 class FakeGroups:
@@ -65,9 +66,7 @@ class Harness:
         prof = profile("bestfit")
 
         def spec(qp: QueuedPod) -> Any:
-            if "spec" not in qp.payload:
-                qp.payload["spec"] = pod_from_k8s(qp.obj)
-            return qp.payload["spec"]
+            return qp.spec()
 
         def bind(_p: Any, qp: QueuedPod, pod: Any, node: str, gpus: tuple[int, ...]) -> None:
             self.bound[pod.key] = node
@@ -88,8 +87,9 @@ class Harness:
             obj["metadata"]["annotations"][ANN_VOLCANO] = group
         elif group:
             obj["spec"]["schedulingGroup"] = {"podGroupName": group}
-        self.gangs.on_pod(obj, False)
-        self.queue.add_or_update(obj, pod_key(obj))
+        ev = parse_pod_event(obj)
+        self.gangs.on_pod_event(ev)
+        self.queue.add_or_update(ev)
 
     def drain(self) -> int:
         """Pop every active pod once through the gang path; returns how many were popped."""
@@ -383,7 +383,7 @@ def test_a_group_deleted_and_created_again_under_its_name_gets_its_own_status(h:
     first = run("a")
     assert first >= 1 and sorted(h.bound) == ["ns/train-a-0", "ns/train-a-1"]
     for key in list(h.bound):  # the Job is deleted: its pods, then its group
-        h.gangs.on_pod(k8s_pod(key.split("/")[1], ns="ns"), True)
+        h.gangs.on_pod_event(parse_pod_event(k8s_pod(key.split("/")[1], ns="ns"), Kind.DELETE))
         h.cluster.delete_pod(key)
     h.groups.remove(api, "train")
     assert run("b") == 2 * first

@@ -23,6 +23,7 @@ from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.eviction import Eviction, Outcome
 from gpusched.k8s.gangs import Gangs
 from gpusched.k8s.groupref import API, LABEL_COSCHEDULING
+from gpusched.k8s.podevents import PodFeed
 from gpusched.k8s.podgroups import PodGroups
 from gpusched.k8s.queues import Directory, queue_from_k8s, valid_tree
 from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
@@ -107,6 +108,7 @@ class World:
         if queues is not None:
             s.tenants.directory = Queues(queues, by_ns or {})  # type: ignore[assignment]
         s.gangs = Gangs(replace(s.gangs.host, events=self.events), cast(Callable[..., PodGroups], Groups))
+        s.pods = PodFeed([s.cluster, s.gangs, s.reservations, s])  # the same fan-out, with these gangs
         self.groups = cast(Groups, s.gangs.groups)
         for i in range(nodes):
             s.cluster.upsert_node(k8s_node(f"n{i}", gpus=gpus))
@@ -128,7 +130,7 @@ class World:
         if gang:
             obj["metadata"]["labels"] = {LABEL_COSCHEDULING: gang}
         self.objs[pod_key(obj)] = obj
-        self.s._on_pod(obj, False)
+        self.s.pods.upsert(obj)
         return pod_key(obj)
 
     def gang(
@@ -144,7 +146,7 @@ class World:
 
     def gone(self, key: str) -> None:
         """The pod ``key`` finished (or its eviction completed)."""
-        self.s._on_pod(self.objs[key], True)
+        self.s.pods.delete(self.objs[key])
         self.s.cluster.delete_pod(key)
         self.bound.pop(key, None)
 

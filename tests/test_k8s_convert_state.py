@@ -19,6 +19,7 @@ from gpusched.k8s.convert import (
     parse_assignment,
     pod_from_k8s,
 )
+from gpusched.k8s.podevents import parse_pod_event
 from gpusched.k8s.queue import SchedulingQueue
 from gpusched.k8s.state import LiveCluster
 
@@ -314,7 +315,7 @@ def test_queue_orders_by_priority_then_creation() -> None:
     objs[1]["metadata"]["creationTimestamp"] = "2025-01-01T00:00:03Z"
     objs[2]["metadata"]["creationTimestamp"] = "2025-01-01T00:00:01Z"
     for o in objs:
-        q.add_or_update(o, f"default/{o['metadata']['name']}")
+        q.add_or_update(parse_pod_event(o))
     got = []
     while (qp := q.pop(timeout=0.01)) is not None:
         got.append(qp.key)
@@ -328,7 +329,7 @@ def test_queue_orders_by_priority_then_creation() -> None:
 def test_queue_backoff_and_flush() -> None:
     now = [0.0]
     q = SchedulingQueue(flush_s=30.0, clock=lambda: now[0])
-    q.add_or_update(pod("p", {}), "default/p")
+    q.add_or_update(parse_pod_event(pod("p", {})))
     qp = q.pop(timeout=0)
     assert qp is not None
     q.done(qp.key, unschedulable=True)
@@ -457,7 +458,7 @@ def _assumed(lc: LiveCluster, name: str, gpus: tuple[int, ...], **spec: Any) -> 
 
 
 def test_our_decision_seen_bound_as_decided_is_not_converted_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    import gpusched.k8s.state as state
+    import gpusched.k8s.podevents as state  # where the conversion is made
 
     lc = LiveCluster()
     lc.upsert_node(node("n1"))
@@ -491,7 +492,7 @@ def test_our_decision_seen_bound_as_decided_is_not_converted_again(monkeypatch: 
 def test_a_bound_pod_that_is_not_our_decision_as_decided_is_converted(
     seen: dict[str, Any], why: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import gpusched.k8s.state as state
+    import gpusched.k8s.podevents as state  # where the conversion is made
 
     lc = LiveCluster()
     lc.upsert_node(node("n1"))

@@ -40,10 +40,10 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Protocol
 
 from gpusched.core.batch import Outcome, UnitOutcome, run_cycle
 from gpusched.core.cluster import I64, ClusterState
@@ -57,9 +57,10 @@ from gpusched.k8s.convert import InvalidRequest
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.groupref import API, GroupRef, group_ref_of
 from gpusched.k8s.groupstatus import GroupStatusWriter
+from gpusched.k8s.podevents import PodEvent
 from gpusched.k8s.podgroups import DEFAULT_TIMEOUT_S, GroupSpec, PodGroups
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
-from gpusched.k8s.state import TERMINAL, LiveCluster, pod_key
+from gpusched.k8s.state import LiveCluster
 from gpusched.k8s.tenants import TenantQueues, landing
 
 log = logging.getLogger(__name__)
@@ -134,12 +135,9 @@ class Gangs:
         self._waiting_since: dict[GroupRef, float] = {}
 
     # ------------------------------------------------------------ membership
-    def on_pod(self, obj: Mapping[str, Any], deleted: bool) -> None:
+    def on_pod_event(self, ev: PodEvent) -> None:
         """Every pod event: keep the members of each group (live pods, pending or bound)."""
-        key = pod_key(obj)
-        ref = group_ref_of(obj)
-        gone = deleted or (obj.get("metadata") or {}).get("deletionTimestamp") is not None
-        gone = gone or (obj.get("status") or {}).get("phase") in TERMINAL
+        key, ref, gone = ev.key, ev.group, not ev.live
         with self._lock:
             old = self._ref_of.get(key)
             if old is not None and (gone or old != ref):

@@ -56,13 +56,14 @@ from gpusched.k8s.disruption import BudgetReader
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.gangs import GangHost, Gangs
 from gpusched.k8s.informer import Reflector
+from gpusched.k8s.podevents import PodEvent, PodFeed, parse_pod_event
 from gpusched.k8s.podgroups import PodGroups
 from gpusched.k8s.preemption import Nominations, PreemptionRun, Preemptor
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
 from gpusched.k8s.queues import QueueDirectory
 from gpusched.k8s.reservation import LeaseRecord, Reservations
 from gpusched.k8s.rest import FastCoreV1
-from gpusched.k8s.state import TERMINAL, LiveCluster, pod_key, start_informers
+from gpusched.k8s.state import LiveCluster, start_informers
 from gpusched.k8s.tenants import TenantHost, TenantQueues
 from gpusched.metrics.cluster import cluster_stats
 from gpusched.metrics.scheduling import SchedulerMetrics, diagnosis_labels
@@ -110,7 +111,7 @@ class StandaloneScheduler:
         self._settler = Settler(
             self.cluster,
             lambda ns, name: read_pod(self.fast, ns, name),
-            on_released=lambda obj: self.queue.add_or_update(obj, pod_key(obj), backoff=True),
+            on_released=lambda obj: self.queue.add_or_update(parse_pod_event(obj), backoff=True),
         )
         self.queue = SchedulingQueue(flush_s=cfg.flush_s)
         self.events = EventRecorder(self.fast, cfg.scheduler_name, cfg.identity)
@@ -155,10 +156,12 @@ class StandaloneScheduler:
             lambda *bind: self._pool.submit(self._bind, *bind), self.tenants, self, self._attempts,
         )  # fmt: skip
         self.gangs = Gangs(host, lambda on_change: PodGroups(api, on_change))  # k8s/gangs.py
+        # each pod event parsed once (k8s/podevents.py), for the books, gangs, rooms, then the queue
+        self.pods = PodFeed([self.cluster, self.gangs, self.reservations, self])
 
     # ------------------------------------------------------------ lifecycle
     def start(self, lead: bool = True) -> StandaloneScheduler:
-        self._reflectors = start_informers(self.core, self.cluster, self._on_pod)
+        self._reflectors = start_informers(self.core, self.cluster, self.pods)
         self.gangs.groups.discover()
         self.budgets.start()
         self.tenants.start()
@@ -216,33 +219,32 @@ class StandaloneScheduler:
         self.events.stop()
 
     # -------------------------------------------------------------- informer
-    def _on_pod(self, obj: dict[str, Any], deleted: bool) -> None:
-        key = pod_key(obj)
-        self.gangs.on_pod(obj, deleted)
-        self.reservations.observe(obj, deleted)
-        if ready := self.nominations.observe(obj, deleted):  # their last victim gone: try them now
+    def on_pod_event(self, ev: PodEvent) -> None:
+        """The queue's part of a pod event (after the books, the gangs and the rooms): a pending
+        pod of ours waits in it; a bound, finished or deleted one leaves it (freeing resources:
+        the unschedulable may fit now); nominated preemptors whose last victim left are tried."""
+        key = ev.key
+        if ready := self.nominations.observe(ev.obj, ev.deleted):  # their last victim gone: try them now
             self.queue.activate(ready)
-        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
-        phase = (obj.get("status") or {}).get("phase")
-        if deleted:
+        if ev.deleted:
             self.queue.remove(key)
-            self.events.forget(str(meta.get("uid", "")))
-            if spec.get("nodeName"):
+            self.events.forget(ev.uid)
+            if ev.bound:
                 self.queue.cluster_changed()
             return
-        if spec.get("nodeName") or meta.get("deletionTimestamp") or phase in TERMINAL:
+        if not ev.pending:  # bound, being deleted, or finished
             self.queue.remove(key)
-            if spec.get("nodeName") and (phase in TERMINAL or meta.get("deletionTimestamp")):
+            if ev.bound and (ev.finished or ev.deleting):
                 self.queue.cluster_changed()
             return
-        if spec.get("schedulingGates"):  # gated (e.g. by Kueue): not ours to place until the gates go
-            if spec.get("schedulerName") == self.config.scheduler_name:
+        if ev.gated:  # gated (e.g. by Kueue): not ours to place until the gates go
+            if ev.scheduler_name == self.config.scheduler_name:
                 self.queue.gate(key)  # counted as gated
             else:
                 self.queue.remove(key)
             return
-        if spec.get("schedulerName") == self.config.scheduler_name:
-            self.queue.add_or_update(obj, key)
+        if ev.scheduler_name == self.config.scheduler_name:
+            self.queue.add_or_update(ev)
 
     # ------------------------------------------------------------ scheduling
     def _loop(self) -> None:
@@ -279,11 +281,7 @@ class StandaloneScheduler:
             self._tiebreak = np.arange(len(snap), dtype=np.int64)  # nodes are in name order
 
     def _spec(self, qp: QueuedPod) -> PodSpec:
-        spec = qp.payload.get("spec")
-        if spec is None:
-            spec = qp.payload["spec"] = pod_from_k8s(qp.obj)
-        assert isinstance(spec, PodSpec)
-        return spec
+        return qp.spec()
 
     def schedule(self, qp: QueuedPod) -> None:
         """One cycle for one popped pod."""
@@ -375,7 +373,7 @@ class StandaloneScheduler:
             qp.key, node, out.result.value, out.attempts, out.status.message(),
         )  # fmt: skip
         if out.result is Result.REFUSED:  # nothing was written: decide again after backoff
-            self.queue.add_or_update(qp.obj, qp.key, backoff=True)
+            self.queue.add_or_update(qp.event, backoff=True)
 
     # ------------------------------------------------------------ preemption
     def _preempt(self, pod: PodSpec, node: str, victims: list[PodSpec]) -> None:
