@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 from kubernetes import client
 
+from gpusched.core.cluster import I64, ClusterState
 from gpusched.core.disruption import DisruptionBudgets
 from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.framework import Profile, run_bind
@@ -266,11 +267,11 @@ class StandaloneScheduler:
         with self.cluster.snapshot() as snap:
             self._note_state(snap)
 
-    def _gang_tiebreak(self, snap: Any) -> Any:
+    def _gang_tiebreak(self, snap: ClusterState) -> I64:
         self._note_state(snap)
         return self._tiebreak
 
-    def _note_state(self, snap: Any) -> None:
+    def _note_state(self, snap: ClusterState) -> None:
         """Called under the cluster lock: when nodes changed since the last cycle (a rebuilt
         snapshot, or a node relabelled in place), unschedulable pods may fit now."""
         seen = (snap, self.cluster.node_version)
@@ -397,14 +398,14 @@ class StandaloneScheduler:
 
     # ------------------------------------------------- gangs (PreemptionHost)
     @contextlib.contextmanager
-    def rooms(self, snap: Any, pods: Sequence[PodSpec]) -> Iterator[None]:
+    def rooms(self, snap: ClusterState, pods: Sequence[PodSpec]) -> Iterator[None]:
         top = max(pods, key=lambda p: p.priority)
         keys = {p.key for p in pods}
         rooms, leaving = self.nominations.rooms(snap, skip=keys), self.nominations.leaving()
         with self.reservations.hold(snap, top), holding(snap, rooms, top.priority, leaving=leaving):
             yield
 
-    def may_preempt(self, placement: Sequence[tuple[str, str]], snap: Any) -> str:
+    def may_preempt(self, placement: Sequence[tuple[str, str]], snap: ClusterState) -> str:
         for key, node in placement:
             if wait := self.nominations.may_preempt(key, node, snap):
                 return wait
@@ -438,7 +439,7 @@ class StandaloneScheduler:
             self.metrics.observe_attempt(result, seconds)
 
     # --------------------------------------------------------------- profile
-    def _current_profile(self, pod: PodSpec, snap: Any) -> Profile:
+    def _current_profile(self, pod: PodSpec, snap: ClusterState) -> Profile:
         now = time.monotonic()
         seen = len(self.queue) + len(snap.allocations)
         stale = self._profile is None or now - self._profile_at >= self.config.profile_refresh_s
