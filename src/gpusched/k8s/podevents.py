@@ -157,6 +157,10 @@ class PodEvent:
     phase: str
     node: str
     """``spec.nodeName`` ("" when not bound)."""
+    bound: bool
+    """It has a node (``spec.nodeName``)."""
+    finished: bool
+    """Its phase is ``Succeeded`` or ``Failed`` (``TERMINAL``): it holds nothing any more."""
     deleting: bool
     """``metadata.deletionTimestamp`` is set: the pod is terminating (a bound one still runs)."""
     scheduler_name: str
@@ -186,14 +190,6 @@ class PodEvent:
         return self.kind is Kind.DELETE
 
     @property
-    def bound(self) -> bool:
-        return bool(self.node)
-
-    @property
-    def finished(self) -> bool:
-        return self.phase in TERMINAL
-
-    @property
     def live(self) -> bool:
         """Neither deleted, being deleted, nor finished: it still counts as a pod of its group."""
         return not (self.deleted or self.deleting or self.finished)
@@ -218,6 +214,7 @@ def parse_pod_event(obj: Mapping[str, Any], kind: Kind = Kind.UPSERT) -> PodEven
     """The one parse of a pod's API object (a dict: the informer's JSON)."""
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     node = str(spec.get("nodeName") or "")
+    phase = str(status.get("phase") or "")
     room: Room | None = None
     room_error = assignment_error = None
     assignment: Assignment | None = None
@@ -230,25 +227,27 @@ def parse_pod_event(obj: Mapping[str, Any], kind: Kind = Kind.UPSERT) -> PodEven
             assignment = Assignment(*a)
     except InvalidRequest as e:
         assignment_error = e
-    return PodEvent(
-        kind=kind,
-        key=pod_key(obj),
-        uid=str(meta.get("uid") or ""),
-        phase=str(status.get("phase") or ""),
-        node=node,
-        deleting=bool(meta.get("deletionTimestamp")),
-        scheduler_name=str(spec.get("schedulerName") or ""),
-        gated=bool(spec.get("schedulingGates")),
-        priority=int(spec.get("priority") or 0),
-        created=str(meta.get("creationTimestamp") or ""),
-        nominated_node=str(status.get("nominatedNodeName") or ""),
-        group=group_ref_of(obj),
-        room=room,
-        room_error=room_error,
-        assignment=assignment,
-        assignment_error=assignment_error,
-        obj=obj,
-        conversion=Conversion(obj, "lenient" if node else "enforce"),
+    return PodEvent(  # positionally, in the order of the fields (keywords cost a third of the parse)
+        kind,
+        pod_key(obj),
+        str(meta.get("uid") or ""),
+        phase,
+        node,
+        bool(node),
+        phase in TERMINAL,
+        bool(meta.get("deletionTimestamp")),
+        str(spec.get("schedulerName") or ""),
+        bool(spec.get("schedulingGates")),
+        int(spec.get("priority") or 0),
+        str(meta.get("creationTimestamp") or ""),
+        str(status.get("nominatedNodeName") or ""),
+        group_ref_of(obj),
+        room,
+        room_error,
+        assignment,
+        assignment_error,
+        obj,
+        Conversion(obj, "lenient" if node else "enforce"),
     )
 
 
