@@ -150,6 +150,8 @@ class PodEvent:
     """One informer event of one pod, read once (``parse_pod_event``)."""
 
     kind: Kind
+    deleted: bool
+    """``kind`` is ``DELETE``."""
     key: str
     """``namespace/name``."""
     uid: str
@@ -163,6 +165,13 @@ class PodEvent:
     """Its phase is ``Succeeded`` or ``Failed`` (``TERMINAL``): it holds nothing any more."""
     deleting: bool
     """``metadata.deletionTimestamp`` is set: the pod is terminating (a bound one still runs)."""
+    live: bool
+    """Neither deleted, being deleted, nor finished: it still counts as a pod of its group."""
+    pending: bool
+    """Waiting for a node: live and not bound."""
+    holds_resources: bool
+    """Bound, not finished, not deleted (being deleted, it runs until its grace period ends and
+    keeps what it holds until the API deletes it, as in kube-scheduler's cache)."""
     scheduler_name: str
     gated: bool
     """``spec.schedulingGates`` is not empty (e.g. Kueue holds it)."""
@@ -185,26 +194,6 @@ class PodEvent:
     conversion: Conversion = field(repr=False, compare=False)
     """Its ``PodSpec``, converted on first use (``spec``)."""
 
-    @property
-    def deleted(self) -> bool:
-        return self.kind is Kind.DELETE
-
-    @property
-    def live(self) -> bool:
-        """Neither deleted, being deleted, nor finished: it still counts as a pod of its group."""
-        return not (self.deleted or self.deleting or self.finished)
-
-    @property
-    def pending(self) -> bool:
-        """Waiting for a node: live and not bound."""
-        return self.live and not self.bound
-
-    @property
-    def holds_resources(self) -> bool:
-        """Bound and not finished (being deleted, it runs until its grace period ends and keeps
-        what it holds until the API deletes it, as in kube-scheduler's cache)."""
-        return self.bound and not self.finished and not self.deleted
-
     def spec(self) -> PodSpec:
         """The pod as the core sees it, converted once; raises its ``InvalidRequest``."""
         return self.conversion.get()
@@ -215,6 +204,8 @@ def parse_pod_event(obj: Mapping[str, Any], kind: Kind = Kind.UPSERT) -> PodEven
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     node = str(spec.get("nodeName") or "")
     phase = str(status.get("phase") or "")
+    deleted, deleting, finished = kind is Kind.DELETE, bool(meta.get("deletionTimestamp")), phase in TERMINAL
+    live = not (deleted or deleting or finished)
     room: Room | None = None
     room_error = assignment_error = None
     assignment: Assignment | None = None
@@ -229,13 +220,17 @@ def parse_pod_event(obj: Mapping[str, Any], kind: Kind = Kind.UPSERT) -> PodEven
         assignment_error = e
     return PodEvent(  # positionally, in the order of the fields (keywords cost a third of the parse)
         kind,
+        deleted,
         pod_key(obj),
         str(meta.get("uid") or ""),
         phase,
         node,
         bool(node),
-        phase in TERMINAL,
-        bool(meta.get("deletionTimestamp")),
+        finished,
+        deleting,
+        live,
+        live and not node,
+        bool(node) and not finished and not deleted,
         str(spec.get("schedulerName") or ""),
         bool(spec.get("schedulingGates")),
         int(spec.get("priority") or 0),
