@@ -278,6 +278,7 @@ steps = st.lists(
     st.tuples(st.integers(0, len(NAMES) - 1), st.sampled_from(_ADDED), st.integers(0, 5)).map(
         lambda t: (t[0], None if t[2] == 0 else frozenset({t[1]} - {""}))  # one step in six a deletion
     ),
+    min_size=8,
     max_size=40,
 )
 
