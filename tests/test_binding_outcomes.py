@@ -168,7 +168,7 @@ class BindingOutcomes(RuleBasedStateMachine):
         if self.cluster.is_bound_or_assumed(key) or key in self.in_flight:
             return
         pod = pod_from_k8s(self.seen[key])
-        with self.cluster.snapshot() as snap:
+        with self.cluster.live_books() as snap:
             r = schedule_one(self.profile, pod, snap)
             if r.scheduled:
                 self.cluster.assume(pod, r.node, r.gpus)
@@ -202,7 +202,7 @@ class BindingOutcomes(RuleBasedStateMachine):
     # ------------------------------------------------------------------ invariants
     @invariant()
     def the_books_hold_every_binding_the_api_committed(self) -> None:
-        with self.cluster.snapshot() as snap:
+        with self.cluster.live_books() as snap:
             for key, obj in self.api.pods.items():
                 node = obj["spec"].get("nodeName")
                 if not node:
@@ -215,7 +215,7 @@ class BindingOutcomes(RuleBasedStateMachine):
 
     @invariant()
     def no_gpu_is_booked_over_its_capacity(self) -> None:
-        with self.cluster.snapshot() as snap:
+        with self.cluster.live_books() as snap:
             assert (snap.gpu_free >= 0).all() and (snap.gpu_mem_free >= 0).all()
         assert not self.cluster.conflicts
 
@@ -243,7 +243,7 @@ def test_a_held_booking_is_released_only_after_the_grace_period_and_handed_back(
         cluster, api.read, grace_s=GRACE_S, interval_s=0, clock=lambda: now[0],
         on_released=lambda obj: released.append(pod_key(obj)),
     )  # fmt: skip
-    with cluster.snapshot() as snap:
+    with cluster.live_books() as snap:
         cluster.assume(pod, snap.index["n0"], (0,))
     settler.hold(pod)
     api.read_fails = True
@@ -258,7 +258,7 @@ def test_a_held_booking_is_released_only_after_the_grace_period_and_handed_back(
     now[0] = GRACE_S
     settler.run_once()
     assert cluster.assumed() == [] and settler.held() == [] and released == ["default/p"]
-    with cluster.snapshot() as snap:
+    with cluster.live_books() as snap:
         assert snap.node_gpu_free(0) == [1000, 1000]
 
 
@@ -273,7 +273,7 @@ def test_a_binding_event_arriving_after_the_api_said_gone_books_nothing() -> Non
     api.create("p", {"gpusched.io/gpu-milli": "500"})
     cluster.upsert_pod(api.events.pop(0)[0])
     pod = pod_from_k8s(api.pods["default/p"])
-    with cluster.snapshot() as snap:
+    with cluster.live_books() as snap:
         cluster.assume(pod, snap.index["n0"], (1,))
     settler = Settler(cluster, api.read, grace_s=GRACE_S, interval_s=0, clock=lambda: 0.0)
     api.read_fails = True  # committed, the answer lost, and nobody can read it back now
@@ -287,12 +287,12 @@ def test_a_binding_event_arriving_after_the_api_said_gone_books_nothing() -> Non
     assert cluster.assumed() == [] and settler.held() == []
     api.create("q", {"nvidia.com/gpu": "2"})  # takes both GPUs, the released one included
     other = pod_from_k8s(api.pods["default/q"])
-    with cluster.snapshot() as snap:
+    with cluster.live_books() as snap:
         cluster.assume(other, snap.index["n0"], (0, 1))
     late_bound, deleted, _q_added = api.events
     assert late_bound[0]["spec"]["nodeName"] == "n0" and deleted[1]
     cluster.upsert_pod(late_bound[0])
-    with cluster.snapshot() as snap:
+    with cluster.live_books() as snap:
         assert (snap.gpu_free >= 0).all() and "default/p" not in snap.allocations
     assert not cluster.conflicts
     cluster.delete_pod(pod_key(deleted[0]), deleted[0]["metadata"]["uid"])
@@ -301,6 +301,6 @@ def test_a_binding_event_arriving_after_the_api_said_gone_books_nothing() -> Non
     again = pod_from_k8s(api.pods["default/p"])
     assert api.bind(again, "n1", (0,), "ok").ok
     cluster.upsert_pod(api.events[-1][0])
-    with cluster.snapshot() as snap:
+    with cluster.live_books() as snap:
         a = snap.allocations["default/p"]
         assert (snap.names[a.node], a.gpus) == ("n1", (0,)) and (snap.gpu_free >= 0).all()

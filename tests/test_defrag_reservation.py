@@ -9,6 +9,7 @@ from builders import k8s_pod, node, profile, share, whole
 from gpusched.core.cluster import ClusterState
 from gpusched.core.scheduler import schedule_one
 from gpusched.doctor import Books, doctor_pod, snapshot_of_state
+from gpusched.k8s.podevents import Kind, parse_pod_event
 from gpusched.k8s.reservation import (
     ANN_PLAN,
     ANN_ROOM,
@@ -68,7 +69,7 @@ def place(st: ClusterState, res: Reservations, pod: Any) -> str:
 def test_a_room_not_yet_free_keeps_its_free_part_from_pods_of_equal_priority() -> None:
     st = cluster()
     res = backed()
-    res.observe(pending_big())
+    res.on_pod_event(parse_pod_event(pending_big()))
     before = st.gpu_free.copy()
     assert place(st, backed(), share("recreated", 400)) == "n1"  # without the room
     assert place(st, res, share("recreated", 400)) == "n2"
@@ -79,7 +80,7 @@ def test_a_room_not_yet_free_keeps_its_free_part_from_pods_of_equal_priority() -
 def test_pods_of_higher_priority_are_not_held_back() -> None:
     st = cluster()
     res = backed()
-    res.observe(pending_big(prio=0))
+    res.on_pod_event(parse_pod_event(pending_big(prio=0)))
     assert place(st, res, share("urgent", 400, priority=10)) == "n1"
 
 
@@ -87,7 +88,7 @@ def test_a_room_that_fits_now_is_held_whole_and_the_pod_itself_takes_it() -> Non
     st = ClusterState([node("n1", 2), node("n2", 2)])
     st.assume(share("x", 500), 1, [0])
     res = backed()
-    res.observe(pending_big())
+    res.on_pod_event(parse_pod_event(pending_big()))
     assert place(st, res, share("s", 400)) == "n2"
     big = whole("big", 2)
     assert place(st, res, big) == "n1"
@@ -95,19 +96,19 @@ def test_a_room_that_fits_now_is_held_whole_and_the_pod_itself_takes_it() -> Non
 
 def test_the_room_goes_when_the_pod_binds_is_deleted_or_loses_its_nomination() -> None:
     res = backed()
-    res.observe(pending_big())
+    res.on_pod_event(parse_pod_event(pending_big()))
     assert len(res) == 1
     bound = pending_big()
     bound["spec"]["nodeName"] = "n1"
-    res.observe(bound)
+    res.on_pod_event(parse_pod_event(bound))
     assert len(res) == 0
-    res.observe(pending_big())
-    res.observe(pending_big(), deleted=True)
+    res.on_pod_event(parse_pod_event(pending_big()))
+    res.on_pod_event(parse_pod_event(pending_big(), Kind.DELETE))
     assert len(res) == 0
-    res.observe(pending_big())
+    res.on_pod_event(parse_pod_event(pending_big()))
     moved = pending_big()
     moved["status"] = {"nominatedNodeName": "n2"}  # nominated elsewhere by someone else: not our room
-    res.observe(moved)
+    res.on_pod_event(parse_pod_event(moved))
     assert len(res) == 0
 
 
@@ -115,7 +116,7 @@ def test_an_unreadable_room_holds_nothing() -> None:
     res = backed()
     obj = pending_big()
     obj["metadata"]["annotations"][ANN_ROOM] = "{not json"
-    res.observe(obj)
+    res.on_pod_event(parse_pod_event(obj))
     assert len(res) == 0
 
 
@@ -129,7 +130,7 @@ def test_a_recreated_pod_is_steered_to_where_the_plan_put_the_pod_it_replaces() 
         "n1", (0, 1), steer, plan=PLAN, expires=NOW + 60
     )
     res = backed()
-    res.observe(obj)
+    res.on_pod_event(parse_pod_event(obj))
     assert place(st, res, share("web-2", 400, labels={"app": "web"})) == "n3"
     assert place(st, res, share("api-1", 400, labels={"app": "api"})) == "n2"  # other labels: not steered
     full = ClusterState([node("n1", 2), node("n2", 2), node("n3", 1)])
@@ -149,7 +150,7 @@ def test_a_hand_written_room_holds_nothing() -> None:
         (pending_big(), Reservations(lambda wanted: None, wall=lambda: NOW)),  # the Lease records none
         (pending_big(), backed(record(pods=("default/other",)))),  # the plan is for another pod
     ):
-        res.observe(obj)
+        res.on_pod_event(parse_pod_event(obj))
         assert len(res) == 1  # seen, not held
         assert place(st, res, share("recreated", 400)) == "n1"
         assert res.note(share("recreated", 400)) == ""
@@ -158,19 +159,19 @@ def test_a_hand_written_room_holds_nothing() -> None:
 def test_a_stale_room_expires() -> None:
     st = cluster()
     res = backed(now=NOW + 59)
-    res.observe(pending_big(expires=NOW + 60))
+    res.on_pod_event(parse_pod_event(pending_big(expires=NOW + 60)))
     assert place(st, res, share("recreated", 400)) == "n2"  # held until it lapses
     later = backed(now=NOW + 61)
-    later.observe(pending_big(expires=NOW + 60))
+    later.on_pod_event(parse_pod_event(pending_big(expires=NOW + 60)))
     assert place(st, later, share("recreated", 400)) == "n1"  # lapsed: the node is open again
     gone = backed(record(expires=NOW + 10), now=NOW + 30)  # the Lease's plan lapsed first
-    gone.observe(pending_big(expires=NOW + 60))
+    gone.on_pod_event(parse_pod_event(pending_big(expires=NOW + 60)))
     assert place(st, gone, share("recreated", 400)) == "n1"
 
 
 def test_the_blocked_pods_message_names_the_room() -> None:
     res = backed(now=NOW + 20)
-    res.observe(pending_big())
+    res.on_pod_event(parse_pod_event(pending_big()))
     note = res.note(share("recreated", 400))
     held = "node n1 GPUs [0, 1] for default/big (plan p1, until 2027-01-15T08:01:00Z)"
     assert note == f" Defragmentation holds: {held}."

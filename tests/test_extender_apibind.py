@@ -161,7 +161,7 @@ def post_bind(first: FirstBinder, threaded: FakeBinder, api_pod: dict[str, Any] 
         loop.run_until_complete(c.close())
         loop.close()
     assert first.closed
-    with e.cluster.snapshot() as snap:
+    with e.cluster.live_books() as snap:
         return answer, snap.allocations.get("default/p")
 
 
@@ -277,7 +277,7 @@ def test_a_stalled_first_attempt_ends_within_the_budget_and_keeps_the_gpus() -> 
         loop.close()
     assert "no answer within 0.5 s" in answer["Error"] and took < 3.0
     assert e.settler.held() == ["default/p"]  # the settler reads it back later
-    with e.cluster.snapshot() as snap:
+    with e.cluster.live_books() as snap:
         held = snap.allocations.get("default/p")
         assert held is not None and snap.names[held.node] == "n2"  # kept: the binding may still land
     # kube-scheduler retries the pod: the same node again, not a second booking elsewhere

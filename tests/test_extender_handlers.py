@@ -206,7 +206,7 @@ def test_bind_picks_gpu_and_annotates(ext: Extender) -> None:
     ((ns, name, uid, nd, ann),) = binder.calls
     assert (ns, name, uid, nd) == ("default", "p", "uid-p", "n1")
     assert json.loads(ann) == {"node": "n1", "gpus": [0], "milli": 400, "memoryMiB": 4096}  # best fit: GPU 0
-    with ext.cluster.snapshot() as snap:
+    with ext.cluster.live_books() as snap:
         assert snap.allocations["default/p"].gpus == (0,)
         assert snap.node_gpu_free(snap.index["n1"]) == [100, 1000]
 
@@ -237,7 +237,7 @@ def test_bind_failure_keeps_the_booking_until_the_api_settles_it(
     e.filter({"Pod": pod("p", gpus=1), "NodeNames": ["n1"]})
     r = e.bind(BIND_ARGS)
     assert (error in r["Error"]) if error else r["Error"] == ""
-    with e.cluster.snapshot() as snap:
+    with e.cluster.live_books() as snap:
         assert ("default/p" in snap.allocations) is held
         assert snap.node_gpu_free(0) == ([0] if held else [1000])
     assert e.settler.held() == (["default/p"] if held and error else [])
@@ -299,7 +299,7 @@ def test_concurrent_binds_never_double_book() -> None:
         for g in json.loads(ann)["gpus"]:
             per_gpu[g] = per_gpu.get(g, 0) + 8192
     assert all(v <= 16384 for v in per_gpu.values())
-    with e.cluster.snapshot() as snap:
+    with e.cluster.live_books() as snap:
         assert not snap.verify()
 
 
@@ -312,7 +312,7 @@ def test_preempt_keeps_nodes_where_victims_make_room() -> None:
         pod("cpu", node_name="n2", cpu="1"),
     ]
     e = make([node("n1"), node("n2", gpus=1)], bound)
-    with e.cluster.snapshot() as snap:
+    with e.cluster.live_books() as snap:
         before = (dict(snap.allocations), snap.gpu_free.copy(), snap.cpu_free.copy())
     args = {
         "Pod": pod("p", gpus=1),
@@ -329,7 +329,7 @@ def test_preempt_keeps_nodes_where_victims_make_room() -> None:
     assert e.preempt(full) == {
         "NodeNameToMetaVictims": {"n2": {"Pods": [{"UID": "uid-c"}], "NumPDBViolations": 0}}
     }
-    with e.cluster.snapshot() as snap:  # victims were evicted on the live books and put back exactly
+    with e.cluster.live_books() as snap:  # victims were evicted on the live books and put back exactly
         assert snap.allocations == before[0] and len(snap.allocations) == 4
         assert (snap.gpu_free == before[1]).all() and (snap.cpu_free == before[2]).all()
         assert snap.verify() == []
@@ -421,7 +421,7 @@ def test_http_binds_run_in_parallel_without_double_booking() -> None:
     assert spread == [""] * 4
     assert wall < 4 * 0.3  # the API calls overlapped
     assert sum(not err for err in crowd) == 1 and all("no longer fits" in err for err in crowd if err)
-    with e.cluster.snapshot() as snap:
+    with e.cluster.live_books() as snap:
         assert not snap.verify() and snap.node_gpu_free(snap.index["n0"]) == [1000]
         assert int(snap.gpu_mem_free[snap.index["n0"], 0]) == 0
 

@@ -74,7 +74,7 @@ def test_node_gpu_count_is_capped_where_nodes_are_converted() -> None:
     live = LiveCluster()  # the informer path: the node is ignored, the books stay narrow
     live.upsert_node(with_alloc("big", **{"nvidia.com/gpu": "10000"}))
     live.upsert_node(node("n1"))
-    with live.snapshot() as snap:
+    with live.live_books() as snap:
         assert list(snap.index) == ["n1"] and snap.max_gpus == 2
 
 

@@ -34,7 +34,7 @@ names = st.lists(st.sampled_from([*NAMES, "ghost", "n99"]), max_size=14)
 def test_every_list_maps_as_a_fresh_lookup_and_repeats_are_found(steps: list[list[str] | int]) -> None:
     ev = evaluator()
     sent: list[list[str]] = []
-    with ev.cluster.snapshot() as snap:
+    with ev.cluster.live_books() as snap:
         for step in steps:
             # an int sends again (as a new list, as a new request's JSON would) an earlier list
             lst = list(sent[step % len(sent)]) if isinstance(step, int) and sent else step
@@ -53,7 +53,7 @@ def test_every_list_maps_as_a_fresh_lookup_and_repeats_are_found(steps: list[lis
 def test_the_kept_names_are_bounded_by_count(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(evaluate, "CACHED_NAMES", 5)
     ev = evaluator()
-    with ev.cluster.snapshot() as snap:
+    with ev.cluster.live_books() as snap:
         for k in range(1, 5):
             ev._by_name(snap, NAMES[:k])
         assert ev._cached <= 5 and [len(sl) for sl, _ in ev._lists] == [4]
@@ -75,7 +75,7 @@ def test_malformed_lists_are_refused_even_after_a_good_one(
     sent: list[object], error: type[Exception]
 ) -> None:
     ev = evaluator()
-    with ev.cluster.snapshot() as snap:
+    with ev.cluster.live_books() as snap:
         ev._by_name(snap, ["n1", "n2"])
         with pytest.raises(error):
             ev._by_name(snap, sent)  # type: ignore[arg-type]
@@ -83,10 +83,10 @@ def test_malformed_lists_are_refused_even_after_a_good_one(
 
 def test_a_new_snapshot_drops_the_kept_lists() -> None:
     ev = evaluator()
-    with ev.cluster.snapshot() as snap:
+    with ev.cluster.live_books() as snap:
         first = ev._by_name(snap, ["n3", "n1"])
     ev.cluster.upsert_node(node("n0b", gpus=1))  # a new node: the next snapshot is rebuilt
-    with ev.cluster.snapshot() as snap2:
+    with ev.cluster.live_books() as snap2:
         assert snap2 is not snap
         again = ev._by_name(snap2, ["n3", "n1"])
         assert again is not first
@@ -97,7 +97,7 @@ def test_a_new_snapshot_drops_the_kept_lists() -> None:
 def test_the_latest_lists_are_kept_and_a_hit_moves_to_the_front() -> None:
     ev = evaluator()
     lists = [[NAMES[i % 12], NAMES[(i + 1) % 12], f"x{i}"] for i in range(KEPT_LISTS + 4)]
-    with ev.cluster.snapshot() as snap:
+    with ev.cluster.live_books() as snap:
         hits = [ev._by_name(snap, lst) for lst in lists]
         assert [sl for sl, _ in ev._lists] == lists[::-1][:KEPT_LISTS]
         oldest_kept = lists[-KEPT_LISTS]
@@ -108,7 +108,7 @@ def test_the_latest_lists_are_kept_and_a_hit_moves_to_the_front() -> None:
 
 def test_a_list_changed_by_its_sender_after_the_lookup_is_not_found_as_it_was() -> None:
     ev = evaluator()
-    with ev.cluster.snapshot() as snap:
+    with ev.cluster.live_books() as snap:
         sent = ["n1", "n2"]
         first = ev._by_name(snap, sent)
         sent[1] = "n3"  # the same list object, changed

@@ -51,7 +51,7 @@ def test_pick_is_schedule_ones_choice(cl: Any, p: dict[str, Any], policy: str, o
     names = [n["metadata"]["name"] for n in nodes]
     order.shuffle(names)  # kube-scheduler's order is not name order
     answer = ext.filter({"Pod": p, "NodeNames": names})
-    with ext.cluster.snapshot() as snap:
+    with ext.cluster.live_books() as snap:
         spec = ext._pod({"Pod": p})
         r = schedule_one(
             build_profile(policy), spec, snap, tiebreak=np.arange(len(snap), dtype=np.int64), assume=False
@@ -115,16 +115,16 @@ def test_bind_reuses_the_picks_device_choice_only_while_the_node_is_unchanged() 
     request["metadata"]["resourceVersion"] = "7"  # the spec is converted once, kept for /bind
     assert ext.filter({"Pod": request, "NodeNames": ["n1", "n2"]})["NodeNames"] == ["n1"]
     spec = ext._pod({"Pod": request})
-    with ext.cluster.snapshot() as snap:
+    with ext.cluster.live_books() as snap:
         n1 = snap.index["n1"]
         assert ext.evaluator.device_hint(snap, spec, snap.index["n2"]) is None  # another node: no hint
     ext.filter({"Pod": request, "NodeNames": ["n1", "n2"]})
-    with ext.cluster.snapshot() as snap:
+    with ext.cluster.live_books() as snap:
         assert ext.evaluator.device_hint(snap, spec, n1) == 1  # the half-used GPU
         assert ext.evaluator.device_hint(snap, spec, n1) is None  # used once
     ext.filter({"Pod": request, "NodeNames": ["n1", "n2"]})
     other = ext._pod({"Pod": pod("q", milli=250, uid="u-q")})
     ext.cluster.assume(other, n1, (0,))  # n1 changes between the pick and the binding
-    with ext.cluster.snapshot() as snap:
+    with ext.cluster.live_books() as snap:
         assert ext.evaluator.device_hint(snap, spec, n1) is None
     assert ext.reserve(spec, "u-p", "n1").gpus == (1,)  # scored again: still the tightest fit

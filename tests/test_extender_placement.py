@@ -47,7 +47,7 @@ def test_extender_places_as_schedule_one(
     nodes, bound, want = cluster
     binder = FakeBinder()
     e = make(nodes, bound, policy=policy, binder=binder)
-    with e.cluster.snapshot() as snap:
+    with e.cluster.live_books() as snap:
         if snap.verify():
             return  # the drawn bound pods overbook a GPU: not a state the books can be in
         mirror = snap.copy()

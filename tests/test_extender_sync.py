@@ -95,7 +95,7 @@ def test_verbs_before_sync_are_refused_not_answered_from_empty_books() -> None:
     asyncio.run(main())
     (binder,) = ext.profile.binds
     assert isinstance(binder, FakeBinder) and binder.calls == []  # nothing was bound
-    with ext.cluster.snapshot() as snap:
+    with ext.cluster.live_books() as snap:
         assert not snap.allocations
 
 

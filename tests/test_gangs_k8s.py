@@ -21,10 +21,10 @@ from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.gangs import Gangs
 from gpusched.k8s.groupref import ANN_VOLCANO, API, LABEL_COSCHEDULING, GroupRef, group_ref_of
 from gpusched.k8s.groupstatus import GroupStatusWriter, status_body
+from gpusched.k8s.podevents import Kind, PodFeed, parse_pod_event
 from gpusched.k8s.podgroups import DEFAULT_TIMEOUT_S, PodGroups, group_from_k8s
 from gpusched.k8s.queue import QueuedPod
 from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
-from gpusched.k8s.state import pod_key
 
 
 class FakeGroups:
@@ -79,6 +79,7 @@ def wire(
     s.gangs = s.actuator.gangs = Gangs(
         s.queue, s.cluster, events, cast(Callable[..., PodGroups], groups), clock=clock
     )
+    s.pods = PodFeed([s.cluster, s.gangs, s.reservations, s])  # the same fan-out, with these gangs
 
 
 class Harness:
@@ -114,8 +115,9 @@ class Harness:
             obj["metadata"]["annotations"][ANN_VOLCANO] = group
         elif group:
             obj["spec"]["schedulingGroup"] = {"podGroupName": group}
-        self.gangs.on_pod(obj, False)
-        self.queue.add_or_update(obj, pod_key(obj))
+        ev = parse_pod_event(obj)
+        self.gangs.on_pod_event(ev)
+        self.queue.add_or_update(ev)
 
     def drain(self) -> int:
         """Pop every active pod once through the gang path; returns how many were popped."""
@@ -212,7 +214,7 @@ def test_a_gang_lands_whole_or_not_at_all(h: Harness, api: API) -> None:
     assert sorted(h.bound) == ["ns/fits-0", "ns/fits-1"]
     waiting = [m for name, m in h.events_of("GangWaiting") if name == "big"]
     assert waiting and "waits as a unit (minMember 3)" in waiting[0]
-    with h.cluster.snapshot() as snap:
+    with h.cluster.live_books() as snap:
         assert set(snap.allocations) == {"ns/fits-0", "ns/fits-1"}  # nothing of 'big' held
 
 
@@ -256,7 +258,7 @@ def test_no_gang_is_ever_partly_bound(gangs: list[tuple[int, int, int]]) -> None
             for i in range(pods):
                 h.pod(f"g{gi}-{i}", gpus, f"g{gi}")
         h.drain()
-        with h.cluster.snapshot() as snap:
+        with h.cluster.live_books() as snap:
             pods_bound = [snap.allocations[k].pod for k in h.bound]
             assert all(k in snap.allocations for k in h.bound)
             assert int(snap.gpu_free.min()) >= 0
@@ -410,7 +412,7 @@ def test_a_group_deleted_and_created_again_under_its_name_gets_its_own_status(h:
     first = run("a")
     assert first >= 1 and sorted(h.bound) == ["ns/train-a-0", "ns/train-a-1"]
     for key in list(h.bound):  # the Job is deleted: its pods, then its group
-        h.gangs.on_pod(k8s_pod(key.split("/")[1], ns="ns"), True)
+        h.gangs.on_pod_event(parse_pod_event(k8s_pod(key.split("/")[1], ns="ns"), Kind.DELETE))
         h.cluster.delete_pod(key)
     h.groups.remove(api, "train")
     assert run("b") == 2 * first

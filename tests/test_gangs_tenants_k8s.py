@@ -111,7 +111,7 @@ class World:
         if gang:
             obj["metadata"]["labels"] = {LABEL_COSCHEDULING: gang}
         self.objs[pod_key(obj)] = obj
-        self.s._on_pod(obj, False)
+        self.s.pods.upsert(obj)
         return pod_key(obj)
 
     def gang(
@@ -127,7 +127,7 @@ class World:
 
     def gone(self, key: str) -> None:
         """The pod ``key`` finished (or its eviction completed)."""
-        self.s._on_pod(self.objs[key], True)
+        self.s.pods.delete(self.objs[key])
         self.s.cluster.delete_pod(key)
         self.bound.pop(key, None)
 
@@ -182,7 +182,7 @@ def test_a_gang_over_its_queues_quota_waits_as_a_unit_naming_the_queue(world: Ca
     w.gang("big", 4, 1)  # 4 GPUs: over team-a's 2 + borrowing 1
     w.drain()
     assert w.bound == {}
-    with w.s.cluster.snapshot() as snap:
+    with w.s.cluster.live_books() as snap:
         assert not snap.allocations  # nothing of the gang held
     msg = [m for m in w.messages("GangWaiting") if "big" in m]
     assert msg and "queue team-a" in msg[0] and "borrowingLimit" in msg[0], msg
@@ -228,7 +228,7 @@ def _stream(w: World, jobs: list[tuple[bool, int, int, bool]], a: int, b: int, b
         else:
             w.pod(f"j{i}", g, ns=ns)
         w.drain()
-        with w.s.cluster.snapshot() as snap:
+        with w.s.cluster.live_books() as snap:
             used = {q: 0 for q in ("ns-a", "ns-b")}
             for al in snap.allocations.values():
                 used[al.pod.namespace] += al.pod.num_gpu
@@ -326,7 +326,7 @@ def test_the_queue_book_is_built_once_and_follows_the_bookings(world: Callable[.
     t = w.s.tenants
 
     def same_as_fresh() -> None:
-        with w.s.cluster.snapshot() as snap:
+        with w.s.cluster.live_books() as snap:
             d = t.directory.current()
             kept = t.book(snap, d)
             t.keep_book = False
@@ -348,7 +348,7 @@ def test_the_queue_book_is_built_once_and_follows_the_bookings(world: Callable[.
     same_as_fresh()
     w.gone("ns-a/a0")  # a change the scheduler did not make: the book is built anew
     before = t.books_built
-    with w.s.cluster.snapshot() as snap:
+    with w.s.cluster.live_books() as snap:
         t.book(snap, t.directory.current())
     assert t.books_built == before + 1
     same_as_fresh()

@@ -170,7 +170,7 @@ def test_live_cluster_books_a_bound_whole_gpu_with_memory_whole() -> None:
         ]
     )
     assert ann["milli"] == 1000
-    with lc.snapshot() as st:
+    with lc.live_books() as st:
         assert st.gpu_free[0].tolist() == [0, 1000] and st.gpu_mem_free[0].tolist() == [0, T4_MIB]
         mem_share = spec("g", memory="4096")
         assert schedule_one(profile("default", [mem_share]), mem_share, st).gpus == (1,)

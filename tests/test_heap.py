@@ -89,7 +89,7 @@ def test_the_books_leave_no_cyclic_garbage_behind() -> None:
             chosen = ext.filter({"Pod": request, "NodeNames": names})["NodeNames"][0]
             bind = {"PodName": f"p{i}", "PodNamespace": "default", "PodUID": f"u-{i}", "Node": chosen}
             assert ext.bind(bind) == {"Error": ""}
-            with ext.cluster.snapshot() as snap:
+            with ext.cluster.live_books() as snap:
                 gpu = snap.allocations[f"default/p{i}"].gpus[0]
             ann = _assignment(chosen, gpu, 250)
             seen = pod(f"p{i}", milli=250, uid=f"u-{i}", node_name=chosen, annotations=ann)

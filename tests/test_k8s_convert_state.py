@@ -19,6 +19,7 @@ from gpusched.k8s.convert import (
     parse_assignment,
     pod_from_k8s,
 )
+from gpusched.k8s.podevents import parse_pod_event
 from gpusched.k8s.queue import SchedulingQueue
 from gpusched.k8s.state import LiveCluster
 
@@ -199,7 +200,7 @@ def test_assignment_roundtrip_and_invalid() -> None:
 
 # --------------------------------------------------------------- LiveCluster
 def books(lc: LiveCluster) -> dict[str, tuple[str, tuple[int, ...]]]:
-    with lc.snapshot() as st:
+    with lc.live_books() as st:
         assert st.verify() == []
         return {k: (st.names[a.node], a.gpus) for k, a in st.allocations.items()}
 
@@ -250,14 +251,14 @@ def test_assume_forget_and_bound_event() -> None:
     lc = LiveCluster()
     lc.upsert_node(node("n1"))
     spec = pod_from_k8s(pod("p", {"nvidia.com/gpu": "1"}))
-    with lc.snapshot() as st:
+    with lc.live_books() as st:
         lc.assume(spec, st.index["n1"], (2,))
     assert lc.is_bound_or_assumed("default/p")
     lc.upsert_pod(pod("p", {"nvidia.com/gpu": "1"}))  # a pending update (e.g. a status patch) keeps it
     assert books(lc) == {"default/p": ("n1", (2,))}
     lc.forget("default/p")
     assert books(lc) == {} and not lc.is_bound_or_assumed("default/p")
-    with lc.snapshot() as st:
+    with lc.live_books() as st:
         lc.assume(spec, st.index["n1"], (2,))
     lc.upsert_pod(pod("p", {"nvidia.com/gpu": "1"}, node_name="n1", gpus=(2,)))  # the informer: bound
     lc.forget("default/p")  # too late to forget: it is bound
@@ -314,7 +315,7 @@ def test_queue_orders_by_priority_then_creation() -> None:
     objs[1]["metadata"]["creationTimestamp"] = "2025-01-01T00:00:03Z"
     objs[2]["metadata"]["creationTimestamp"] = "2025-01-01T00:00:01Z"
     for o in objs:
-        q.add_or_update(o, f"default/{o['metadata']['name']}")
+        q.add_or_update(parse_pod_event(o))
     got = []
     while (qp := q.pop(timeout=0.01)) is not None:
         got.append(qp.key)
@@ -328,7 +329,7 @@ def test_queue_orders_by_priority_then_creation() -> None:
 def test_queue_backoff_and_flush() -> None:
     now = [0.0]
     q = SchedulingQueue(flush_s=30.0, clock=lambda: now[0])
-    q.add_or_update(pod("p", {}), "default/p")
+    q.add_or_update(parse_pod_event(pod("p", {})))
     qp = q.pop(timeout=0)
     assert qp is not None
     q.done(qp.key, unschedulable=True)
@@ -353,7 +354,7 @@ def test_bound_pods_that_overcommit_are_booked_anyway() -> None:
     lc.upsert_pod(pod("a", {"cpu": "1", "nvidia.com/gpu": "1", "rdma/hca": "1"}, node_name="n1", gpus=(0,)))
     lc.upsert_pod(pod("b", {"cpu": "2", "nvidia.com/gpu": "1", "rdma/hca": "1"}, node_name="n1"))
     lc.upsert_pod(pod("c", {"cpu": "4", "example.com/gone": "1"}, node_name="n1"))
-    with lc.snapshot() as st:
+    with lc.live_books() as st:
         assert sorted(st.allocations) == ["default/a", "default/b", "default/c"]
         assert int(st.gpu_free[0, 0]) == -1000  # both on the one GPU: overcommitted, not free
         assert st.ext_free[0, st.ext_index["rdma/hca"]] == -1
@@ -363,7 +364,7 @@ def test_bound_pods_that_overcommit_are_booked_anyway() -> None:
     assert len(lc.conflicts) == 2 and lc.conflicts[0].startswith("default/b: ")
     lc.delete_pod("default/b")
     lc.delete_pod("default/c")
-    with lc.snapshot() as st:
+    with lc.live_books() as st:
         assert int(st.gpu_free[0, 0]) == 0 and st.ext_free[0, st.ext_index["rdma/hca"]] == 0
         assert st.verify() == []
 
@@ -433,7 +434,7 @@ def test_a_rebuild_keeps_our_decisions_before_pods_bound_without_an_assignment()
     lc = LiveCluster()
     lc.upsert_node(node("n1", gpus=2))
     lc.upsert_pod(pod("c", {"nvidia.com/gpu": "1"}, node_name="n1", gpus=(1,)))
-    with lc.snapshot() as st:
+    with lc.live_books() as st:
         lc.assume(pod_from_k8s(pod("a", {"gpusched.io/gpu-milli": "500"})), st.index["n1"], (0,))
     lc.upsert_pod(pod("b", {"cpu": "1"}, node_name="n1"))  # no GPU: books in place
     lc.upsert_pod(pod("theirs", {"nvidia.com/gpu": "1"}, node_name="n1"))  # bound elsewhere's way
@@ -444,20 +445,20 @@ def test_a_rebuild_keeps_our_decisions_before_pods_bound_without_an_assignment()
 
 
 def books_unchecked(lc: LiveCluster) -> dict[str, tuple[str, tuple[int, ...]]]:
-    with lc.snapshot() as st:
+    with lc.live_books() as st:
         return {k: (st.names[a.node], a.gpus) for k, a in st.allocations.items()}
 
 
 def _assumed(lc: LiveCluster, name: str, gpus: tuple[int, ...], **spec: Any) -> PodSpec:
     """Our decision: pod ``name`` (one GPU) assumed on n1 with ``gpus``."""
     decided = pod_from_k8s(pod(name, {"nvidia.com/gpu": "1"}, **spec))
-    with lc.snapshot() as st:
+    with lc.live_books() as st:
         lc.assume(decided, st.index["n1"], gpus)
     return decided
 
 
 def test_our_decision_seen_bound_as_decided_is_not_converted_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    import gpusched.k8s.state as state
+    import gpusched.k8s.podevents as state  # where the conversion is made
 
     lc = LiveCluster()
     lc.upsert_node(node("n1"))
@@ -472,7 +473,7 @@ def test_our_decision_seen_bound_as_decided_is_not_converted_again(monkeypatch: 
     assert books(lc) == {"default/p": ("n1", (2,))}
     lc.rebuild()  # the books rebuilt from what was seen bound: the decision's spec and GPUs
     assert books(lc) == {"default/p": ("n1", (2,))}
-    with lc.snapshot() as st:
+    with lc.live_books() as st:
         assert st.allocations["default/p"].pod is decided
     # bound without an assignment annotation (e.g. by hand): ours stands until a rebuild
     _assumed(lc, "q", (3,))
@@ -491,7 +492,7 @@ def test_our_decision_seen_bound_as_decided_is_not_converted_again(monkeypatch: 
 def test_a_bound_pod_that_is_not_our_decision_as_decided_is_converted(
     seen: dict[str, Any], why: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import gpusched.k8s.state as state
+    import gpusched.k8s.podevents as state  # where the conversion is made
 
     lc = LiveCluster()
     lc.upsert_node(node("n1"))
@@ -508,5 +509,5 @@ def test_a_bound_pod_that_is_not_our_decision_as_decided_is_converted(
     assert converted == ["p"], why
     assert books(lc) == {"default/p": (seen["node_name"], seen["gpus"])}, why
     lc.rebuild()  # what was seen bound is this pod as the API has it
-    with lc.snapshot() as st:
+    with lc.live_books() as st:
         assert st.allocations["default/p"].pod.uid == obj["metadata"]["uid"], why

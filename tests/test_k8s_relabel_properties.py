@@ -35,7 +35,7 @@ def bound(name: str, node_name: str, gpu: int, milli: int) -> dict[str, Any]:
 
 
 def books(lc: LiveCluster) -> tuple[Any, ...]:
-    with lc.snapshot() as s:
+    with lc.live_books() as s:
         assert s.verify() == []
         return (
             {k: (s.names[a.node], a.gpus) for k, a in s.allocations.items()},
@@ -71,7 +71,7 @@ def test_relabelling_in_place_keeps_the_books_a_rebuild_gives(events: list[tuple
         if ev[0] == "node":
             _, name, tainted, zone, gpus = ev
             obj = node(name, tainted, zone, gpus)
-            with lc.snapshot() as s:
+            with lc.live_books() as s:
                 changed = s.nodes[s.index[name]] != _spec(obj)
             lc.upsert_node(obj)
             assert (lc.node_version > version) == changed
@@ -86,7 +86,7 @@ def test_relabelling_in_place_keeps_the_books_a_rebuild_gives(events: list[tuple
         live = books(lc)
         fresh = LiveCluster()
         for n in NODES:
-            with lc.snapshot() as s:
+            with lc.live_books() as s:
                 fresh.upsert_node(_obj_of(s.nodes[s.index[n]]))
         for o in objs.values():
             fresh.upsert_pod(o)
@@ -108,12 +108,12 @@ def test_a_lifted_taint_is_seen_by_the_next_decision_without_a_rebuild() -> None
     lc.upsert_node(node("n0", True, "a"))
     profile = make_profile("bestfit", PolicyContext(None, np.random.default_rng(0)))
     pod = PodSpec("p", 100, 100, 1, 300)
-    with lc.snapshot() as s:
+    with lc.live_books() as s:
         first = s
         assert not schedule_one(profile, pod, s).scheduled  # tainted, not tolerated
     version = lc.node_version
     lc.upsert_node(node("n0", False, "a"))
     assert lc.node_version == version + 1
-    with lc.snapshot() as s:
+    with lc.live_books() as s:
         assert s is first  # relabelled in place
         assert schedule_one(profile, pod, s).scheduled

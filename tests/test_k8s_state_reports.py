@@ -58,7 +58,7 @@ def bound(
 
 
 def booked(lc: LiveCluster) -> dict[str, tuple[int, ...]]:
-    with lc.snapshot() as st:
+    with lc.live_books() as st:
         return {k: a.gpus for k, a in st.allocations.items()}
 
 

@@ -95,11 +95,11 @@ def test_a_topology_that_arrives_later_reaches_the_books_and_the_bookings_stay()
 
     lc = LiveCluster()
     lc.upsert_node(k8s_node("n1", 8))
-    with lc.snapshot() as st:
+    with lc.live_books() as st:
         assert st.nodes[0].gpu_topology is None
     lc.assume(whole("a"), 0, (0,))
     lc.upsert_node(annotated(labels.topology_annotation(two_islands())))  # the agent annotates it
-    with lc.snapshot() as st:
+    with lc.live_books() as st:
         assert st.nodes[0].gpu_topology is not None
         assert "default/a" in st.allocations
         assert pick_gpus(st, whole("p", 4), 0) == (4, 5, 6, 7)  # blind: 1, 2, 3, 4

@@ -8,6 +8,7 @@ from typing import Any
 from kubernetes import client
 
 from builders import k8s_pod
+from gpusched.k8s.podevents import parse_pod_event
 from gpusched.k8s.queue import SchedulingQueue
 from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
 from gpusched.metrics.scheduling import SchedulerMetrics
@@ -28,7 +29,7 @@ def test_unschedulable_pods_move_to_backoff_on_a_cluster_change_then_to_active()
     now = [0.0]
     q = SchedulingQueue(clock=lambda: now[0])
     for name in ("a", "b", "c"):
-        q.add_or_update(pod(name), f"default/{name}")
+        q.add_or_update(parse_pod_event(pod(name)))
     for _ in range(3):
         qp = q.pop(timeout=0)
         assert qp is not None
@@ -46,18 +47,18 @@ def test_unschedulable_pods_move_to_backoff_on_a_cluster_change_then_to_active()
 
 def test_a_pod_back_from_a_failed_binding_is_in_backoff() -> None:
     q = SchedulingQueue()
-    q.add_or_update(pod("p"), "default/p", backoff=True)
+    q.add_or_update(parse_pod_event(pod("p")), backoff=True)
     c = q.counts()
     assert (c["active"], c["backoff"], c["unschedulable"]) == (0, 1, 0)
 
 
 def test_gated_pods_are_counted_until_their_gates_go() -> None:
     q = SchedulingQueue()
-    q.add_or_update(pod("p"), "default/p")
+    q.add_or_update(parse_pod_event(pod("p")))
     q.gate("default/p")
     c = q.counts()
     assert (c["active"], c["gated"], len(q)) == (0, 1, 0)
-    q.add_or_update(pod("p"), "default/p")  # gates removed
+    q.add_or_update(parse_pod_event(pod("p")))  # gates removed
     c = q.counts()
     assert (c["active"], c["gated"]) == (1, 0)
     q.gate("default/p")
@@ -70,10 +71,10 @@ def test_the_scheduler_reports_each_queue() -> None:
     try:
         name = sched.config.scheduler_name
         gates = [{"name": "example.com/wait"}]
-        sched._on_pod(pod("gated", schedulerName=name, schedulingGates=gates), False)
-        sched._on_pod(pod("other", schedulerName="default-scheduler", schedulingGates=gates), False)
-        sched._on_pod(pod("ready", schedulerName=name), False)
-        sched._on_pod(pod("failed", schedulerName=name), False)
+        sched.pods.upsert(pod("gated", schedulerName=name, schedulingGates=gates))
+        sched.pods.upsert(pod("other", schedulerName="default-scheduler", schedulingGates=gates))
+        sched.pods.upsert(pod("ready", schedulerName=name))
+        sched.pods.upsert(pod("failed", schedulerName=name))
         qp = sched.queue.pop(timeout=0)
         assert qp is not None
         sched.queue.done(qp.key, unschedulable=True)

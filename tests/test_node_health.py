@@ -157,14 +157,14 @@ def test_new_pods_avoid_the_unhealthy_gpu_then_recovery_brings_it_back(policy: s
     placed = []
     for i in range(4):  # four 300-milli shares: 3 fit on GPU 0, the 4th finds no healthy room
         p = replace_name(SHARE, f"s{i}")
-        with cluster.snapshot() as snap:
+        with cluster.live_books() as snap:
             r = schedule_one(prof, p, snap)
             if r.scheduled:
                 cluster.assume(p, r.node, r.gpus)  # as the front ends do: kept until seen bound
                 placed.append(r.gpus)
     assert placed == [(0,), (0,), (0,)]
     cluster.upsert_node(node("n0", gpus=2))  # the agent removed the annotation: recovered
-    with cluster.snapshot() as snap:
+    with cluster.live_books() as snap:
         assert snap.nodes[0].unhealthy_gpus == frozenset()
         r = schedule_one(prof, replace_name(WHOLE, "w"), snap, assume=False)
         assert r.scheduled and r.gpus == (1,)
@@ -184,7 +184,7 @@ def test_running_pods_on_a_failed_gpu_are_booked_without_conflict() -> None:
     cluster.upsert_pod(pod("on-1", {"gpusched.io/gpu-milli": "500"}, "n0", (1,)))
     cluster.upsert_pod(pod("whole-0", {"nvidia.com/gpu": "1"}, "n0", (0,)))
     cluster.upsert_node(node("n0", gpus=2, unhealthy="1"))
-    with cluster.snapshot() as snap:
+    with cluster.live_books() as snap:
         assert snap.verify() == [] and snap.node_gpu_free(0) == [0, 500]
         assert set(snap.allocations) == {"default/on-1", "default/whole-0"}
         assert not fitting_gpus(snap, SHARE, 0).any()  # GPU 0 taken whole, GPU 1 unhealthy
@@ -205,13 +205,13 @@ def test_a_known_node_that_turns_unreadable_is_withheld_until_it_reads_again() -
     cluster.upsert_pod(pod("on-0", {"gpusched.io/gpu-milli": "500"}, "n0", (0,)))
     cluster.upsert_node(node("n0", gpus=2))
     cluster.upsert_node(node("n0", gpus=2, unhealthy="1,x"))  # malformed: GPU 1 failed, and more
-    with cluster.snapshot() as snap:
+    with cluster.live_books() as snap:
         assert snap.verify() == [] and set(snap.allocations) == {"default/on-0"}  # still booked
         assert not fitting_gpus(snap, SHARE, 0).any() and not fitting_gpus(snap, WHOLE, 0).any()
         cpu_only = PodSpec("cpu-only", cpu_milli=100)
         assert not schedule_one(profile("default"), cpu_only, snap, assume=False).scheduled
     cluster.upsert_node(node("n0", gpus=2, unhealthy="1"))  # readable again
-    with cluster.snapshot() as snap:
+    with cluster.live_books() as snap:
         assert fitting_gpus(snap, SHARE, 0).tolist() == [True, False]
         assert snap.nodes[0].taints == ()
 

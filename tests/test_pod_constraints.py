@@ -433,7 +433,7 @@ def test_running_pods_are_booked_whatever_their_constraints() -> None:
         {"metadata": {"name": "n1", "labels": {}}, "status": {"allocatable": {"cpu": "4", "memory": "1Gi"}}}
     )
     lc.upsert_pod({**obj, "status": {"phase": "Running"}})
-    with lc.snapshot() as st:
+    with lc.live_books() as st:
         assert list(st.allocations) == ["ml/p"] and int(st.cpu_free[0]) == 3000
 
 

@@ -41,8 +41,7 @@ def terminating(w: World, key: str) -> None:
     obj = w.objs[key]
     meta = {**obj["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}
     obj = w.objs[key] = {**obj, "metadata": meta, "spec": {**obj["spec"], "nodeName": w.bound[key]}}
-    w.s.cluster.upsert_pod(obj)
-    w.s._on_pod(obj, False)
+    w.s.pods.upsert(obj)
 
 
 def issue_28(w: World) -> list[str]:
@@ -113,9 +112,8 @@ def test_a_restarted_scheduler_keeps_the_room_of_the_nominated_pod(world: Callab
         if key in w.bound:
             w2.bound[key] = w.bound[key]
             obj = {**obj, "spec": {**obj["spec"], "nodeName": w.bound[key]}}
-            w2.s.cluster.upsert_pod(obj)
         w2.objs[key] = obj
-        w2.s._on_pod(obj, False)
+        w2.s.pods.upsert(obj)
     held = w2.s.nominations.get(big)
     assert held is not None and held.node == "n0"
     w2.drain()

@@ -91,7 +91,7 @@ def test_the_scheduler_publishes_its_queues_after_admission_pods_ending_and_dele
             for i in range(5)
         ]
         for p in pods:
-            sched._on_pod(p, False)
+            sched.pods.upsert(p)
         sched.leading.set()
         for _ in pods:
             qp = sched.queue.pop(timeout=0)

@@ -166,7 +166,7 @@ def test_resource_quota_on_gpu_resources_refuses_pods_and_gpusched_stays_consist
         env.create_pods([env.pod("w3", whole)])
         wait_until(lambda: bound() == 3, timeout=60, what="w3 bound")
         assert check_no_overcommit(env.list_nodes(), env.list_pods()) == 2000 + 600
-        with sched.cluster.snapshot() as snap:
+        with sched.cluster.live_books() as snap:
             assert sorted(k.split("/")[1] for k in snap.allocations) == ["s0", "w1", "w3"]
     finally:
         sched.stop()

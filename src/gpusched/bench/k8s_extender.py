@@ -88,7 +88,7 @@ def live_books(nodes: int, seed: int = 0, rng: np.random.Generator | None = None
         live.upsert_node(o)
     for p in _bound_pods(objs, rng if rng is not None else np.random.default_rng(seed)):
         live.upsert_pod(p)
-    with live.snapshot():
+    with live.live_books():
         pass  # build the books before serving
     return live, [o["metadata"]["name"] for o in objs]
 

@@ -11,7 +11,7 @@
    unknown queue, or one with child queues, waits with the error as its reason; nothing is bound.
 3. **Placement**: a gang through ``gang.place_gang``: at least its minimum at once, or nothing
    booked; a single pod through one ``schedule_one`` (its reason the per-node diagnosis, its
-   PostFilter's answer with it, a Permit wait rejected: nothing here holds a waiting pod).
+   PostFilter's answer with it).
    Once placed, each pod is charged to its queue with the GPU model it landed on; if a per-model
    quota then refuses, the unit is undone and waits.
 4. **Reclaim**: a unit refused by quota, or that does not fit, while its queue would stay within
@@ -262,11 +262,8 @@ def _why(r: ScheduleResult) -> str:
 def _single(
     profile: Profile, unit: Unit, snap: ClusterState, tiebreak: I64 | None, diagnose: bool
 ) -> ScheduleResult:
-    """One ``schedule_one`` for a unit of one pod, booked in ``snap`` when it fits. A Permit wait
-    is rejected at once (its booking given back): no front end holds a waiting pod."""
+    """One ``schedule_one`` for a unit of one pod, booked in ``snap`` when it fits."""
     r = schedule_one(profile, unit.pods[0], snap, tiebreak=tiebreak, diagnose_failures=diagnose, assume=False)
-    if r.waiting is not None:
-        return dataclasses.replace(r, status=r.waiting.reject("waiting on Permit: not held here yet"))
     if r.scheduled:
         snap.assume(r.pod, r.node, r.gpus)
     return r

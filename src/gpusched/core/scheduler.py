@@ -80,12 +80,6 @@ class ScheduleResult:
     def scheduled(self) -> bool:
         return self.status.ok and self.node >= 0
 
-    @property
-    def waiting(self) -> None:
-        """Always None: no pod waits on Permit any more (Permit left the framework). Kept only
-        for ``core.statement.Statement.schedule``'s check, until that module drops it."""
-        return None
-
 
 # ------------------------------------------------------------------ PreFilter, Filter
 def pre_filter(state: CycleState, profile: Profile, pod: PodSpec, snap: ClusterState) -> Status:

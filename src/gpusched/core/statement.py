@@ -74,7 +74,7 @@ class Statement:
         """One ``schedule_one`` cycle whose booking belongs to this statement."""
         self._check_open()
         r = schedule_one(profile, pod, self.snap, tiebreak=tiebreak, diagnose_failures=diagnose_failures)
-        if r.scheduled or r.waiting is not None:  # schedule_one assumed it (before Permit)
+        if r.scheduled:  # schedule_one assumed it
             self._ops.append(Operation(OpKind.ASSUME, self.snap.allocations[pod.key]))
         return r
 

@@ -19,15 +19,9 @@ from gpusched.doctor.checks import node_findings
 from gpusched.doctor.findings import Finding
 from gpusched.doctor.queues import QueueBooks
 from gpusched.doctor.snapshot import Snapshot
-from gpusched.k8s.convert import InvalidRequest, node_from_k8s, pod_from_k8s
-from gpusched.k8s.state import TERMINAL, LiveCluster, pod_key
-
-
-def is_pending(obj: Mapping[str, Any]) -> bool:
-    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
-    return (
-        not spec.get("nodeName") and status.get("phase") not in TERMINAL and not meta.get("deletionTimestamp")
-    )
+from gpusched.k8s.convert import InvalidRequest, node_from_k8s
+from gpusched.k8s.podevents import parse_pod_event
+from gpusched.k8s.state import LiveCluster, pod_key
 
 
 @dataclass
@@ -66,17 +60,17 @@ class Books:
         pod_objs: dict[str, Mapping[str, Any]] = {}
         pending: dict[str, PodSpec] = {}
         for p in snap.pods:
-            key = pod_key(p)
-            pod_objs[key] = p
-            if is_pending(p):
+            ev = parse_pod_event(p)  # as the scheduler reads it (k8s/podevents.py)
+            pod_objs[ev.key] = p
+            if ev.pending:
                 try:
-                    pending[key] = pod_from_k8s(p)
+                    pending[ev.key] = ev.spec()
                 except InvalidRequest as e:
-                    invalid[f"pod/{key}"] = str(e)
+                    invalid[f"pod/{ev.key}"] = str(e)
                 continue
-            live.upsert_pod(p)
-        with live.snapshot() as st:
-            state = st
+            live.on_pod_event(ev)
+        with live.live_books() as st:
+            state = st  # these books are doctor's own: no scheduler shares them
         queues = None
         if snap.queues is not None:
             queues = QueueBooks.of(snap.queues, snap.namespaces, state, pending.values())

@@ -466,7 +466,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 async def state(request: web.Request) -> web.Response:
     """A JSON summary of the books."""
-    with request.app[EXTENDER_KEY].cluster.snapshot() as snap:
+    with request.app[EXTENDER_KEY].cluster.live_books() as snap:
         summary = {
             "nodes": len(snap),
             "gpus": int(snap.gpu_count.sum()),
@@ -481,7 +481,7 @@ async def metrics_page(request: web.Request) -> web.Response:
     ext, m = request.app[EXTENDER_KEY], request.app[METRICS_KEY]
 
     def stats() -> ClusterStats:
-        with ext.cluster.snapshot() as snap:
+        with ext.cluster.live_books() as snap:
             return cluster_stats(snap, ext.profile.workload)
 
     m.refresh_cluster(stats)

@@ -142,7 +142,7 @@ class Evaluator:
         """Over the requested nodes (by name, or as objects when ``objs`` is given)."""
         ok = np.zeros(len(names), dtype=bool)
         raw = np.full(len(names), np.nan)
-        with self.cluster.snapshot() as snap:
+        with self.cluster.live_books() as snap:
             nl = self._by_name(snap, names) if objs is None else index_names(snap, names)
             m, fails, state = run_filters(self.profile, pod, snap, nl.idx, explain)
             if score and m.any():
@@ -196,7 +196,7 @@ class Evaluator:
         name order (the snapshot's order, the standalone scheduler's tie-break): the core's
         ``best_host``; the devices are chosen at ``/bind``. None when no node passes (the caller
         then explains each failure)."""
-        with self.cluster.snapshot() as snap:
+        with self.cluster.live_books() as snap:
             nl = self._by_name(snap, names)
             m, _, state = run_filters(self.profile, pod, snap, nl.idx, explain=False)
             if not m.any():

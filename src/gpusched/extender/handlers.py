@@ -223,7 +223,7 @@ class Extender:
     def _held_node(self, pod: PodSpec) -> str | None:
         """The node where the books hold ``pod`` (same UID): an earlier ``/bind`` whose outcome
         is not known yet, which kube-scheduler retries after its own timeout."""
-        with self.cluster.snapshot() as snap:
+        with self.cluster.live_books() as snap:
             a = snap.allocations.get(pod.key)
             if a is None or (pod.uid and a.pod.uid and a.pod.uid != pod.uid):
                 return None
@@ -287,7 +287,7 @@ class Extender:
                 keys.update({u: self._uids[u] for u in uids if u not in keys and u in self._uids})
         # Evict the victims tentatively on the live books, ask the filters, undo: no copy of
         # the cluster, and the books are exactly as before when the lock is released.
-        with self.cluster.snapshot() as snap, Statement(snap) as what_if:
+        with self.cluster.live_books() as snap, Statement(snap) as what_if:
             nodes = [n for n in victims if n in snap.index]
             idx = np.array([snap.index[n] for n in nodes], dtype=np.int64)
             for n, i in zip(nodes, idx.tolist(), strict=True):
@@ -339,7 +339,7 @@ class Extender:
 
     def reserve(self, pod: PodSpec, uid: str, node: str) -> BindPlan:
         """Choose the GPUs on ``node`` and book them, under the lock. Raises BadRequest."""
-        with self.cluster.snapshot() as snap:
+        with self.cluster.live_books() as snap:
             if node not in snap.index:
                 raise BadRequest(f"{UNKNOWN_NODE}: {node}")
             n = snap.index[node]

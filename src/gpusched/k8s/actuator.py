@@ -288,7 +288,7 @@ class Actuator:
             qp.key, node, out.result.value, out.attempts, out.status.message(),
         )  # fmt: skip
         if out.result is Result.REFUSED:  # nothing was written: decide again after backoff
-            self.queue.add_or_update(qp.obj, qp.key, backoff=True)
+            self.queue.add_or_update(qp.event, backoff=True)
 
     # ------------------------------------------------------------- preemption
     def _preempt(self, pod: PodSpec, node: str, victims: list[PodSpec]) -> None:

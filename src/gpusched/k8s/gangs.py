@@ -41,19 +41,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from gpusched.core.model import PodSpec
 from gpusched.k8s.claims import claims_message
 from gpusched.k8s.convert import InvalidRequest
 from gpusched.k8s.events import EventRecorder
-from gpusched.k8s.groupref import API, GroupRef, group_ref_of
+from gpusched.k8s.groupref import API, GroupRef
 from gpusched.k8s.groupstatus import GroupStatusWriter
+from gpusched.k8s.podevents import PodEvent
 from gpusched.k8s.podgroups import DEFAULT_TIMEOUT_S, GroupSpec, PodGroups
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
-from gpusched.k8s.state import TERMINAL, LiveCluster, pod_key
+from gpusched.k8s.state import LiveCluster
 
 log = logging.getLogger(__name__)
 
@@ -109,12 +109,9 @@ class Gangs:
         self._waiting_since: dict[GroupRef, float] = {}
 
     # ------------------------------------------------------------ membership
-    def on_pod(self, obj: Mapping[str, Any], deleted: bool) -> None:
+    def on_pod_event(self, ev: PodEvent) -> None:
         """Every pod event: keep the members of each group (live pods, pending or bound)."""
-        key = pod_key(obj)
-        ref = group_ref_of(obj)
-        gone = deleted or (obj.get("metadata") or {}).get("deletionTimestamp") is not None
-        gone = gone or (obj.get("status") or {}).get("phase") in TERMINAL
+        key, ref, gone = ev.key, ev.group, not ev.live
         with self._lock:
             old = self._ref_of.get(key)
             if old is not None and (gone or old != ref):
@@ -148,7 +145,7 @@ class Gangs:
         """The group ``qp`` belongs to, with its pending members (``spec``: a queued pod's spec,
         raising ``InvalidRequest``); a ``Refusal`` when the group cannot be decided; None when
         ``qp`` is no gang member (decided alone)."""
-        ref = self.group_of(qp) or group_ref_of(qp.obj)
+        ref = self.group_of(qp) or qp.event.group
         if ref is None:
             return None
         group = self.groups.get(ref)

@@ -14,8 +14,9 @@
 cluster change (or a failed binding) released them and they wait out their backoff, else
 **unschedulable** (waiting for a change).
 
-An update of a pending pod replaces its object; an update that changes what scheduling
-reads (spec, annotations other than our own) moves an unschedulable pod back to active.
+An update of a pending pod replaces its event (``k8s/podevents.py``); an update that changes what
+scheduling reads (spec, annotations other than our own) moves an unschedulable pod back to active
+and brings the spec converted from it (``QueuedPod.spec``); any other keeps the spec it has.
 """
 
 from __future__ import annotations
@@ -25,13 +26,15 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from gpusched.core.model import PodSpec
 from gpusched.core.pending import pending_order
 from gpusched.k8s.convert import ANN_ASSIGNMENT
+from gpusched.k8s.podevents import Conversion, PodEvent
 
 Order = tuple[int, str, int]  # pending_order(priority, creationTimestamp, arrival)
 
@@ -39,18 +42,29 @@ Order = tuple[int, str, int]  # pending_order(priority, creationTimestamp, arriv
 @dataclass
 class QueuedPod:
     key: str
-    obj: Mapping[str, Any]
+    event: PodEvent
+    """Its latest event (``k8s/podevents.py``)."""
     order: Order
     fingerprint: bytes
+    conversion: Conversion
+    """Its ``PodSpec`` (or the ``InvalidRequest`` its conversion raised), converted once: from the
+    event that last changed what scheduling reads (``fingerprint``); kept across status updates."""
     attempts: int = 0
     since: float = 0.0  # when it became unschedulable
     event_seq: int = 0  # cluster-change counter at that time
-    payload: dict[str, Any] = field(default_factory=dict)
-    """Whatever the scheduler caches with the pod (its converted spec)."""
+
+    @property
+    def obj(self) -> Mapping[str, Any]:
+        """The API object of its latest event (for events and status written about it)."""
+        return self.event.obj
 
     @property
     def uid(self) -> str:
-        return str((self.obj.get("metadata") or {}).get("uid", ""))
+        return self.event.uid
+
+    def spec(self) -> PodSpec:
+        """The pod as the core sees it; raises ``InvalidRequest`` when it cannot be read."""
+        return self.conversion.get()
 
 
 def fingerprint(obj: Mapping[str, Any]) -> bytes:
@@ -86,26 +100,25 @@ class SchedulingQueue:
         self.closed = False
 
     # ----------------------------------------------------------- feeding
-    def add_or_update(self, obj: Mapping[str, Any], key: str, *, backoff: bool = False) -> None:
+    def add_or_update(self, ev: PodEvent, *, backoff: bool = False) -> None:
         """A pending pod appeared or changed. ``backoff``: it comes back from a failed
         binding, so it waits its backoff before the next attempt."""
-        fp = fingerprint(obj)
+        fp = fingerprint(ev.obj)
+        key = ev.key
         with self._cond:
             self._gated.discard(key)
             qp = self._pods.get(key)
-            if qp is not None and qp.uid == str((obj.get("metadata") or {}).get("uid", "")):
+            if qp is not None and qp.uid == ev.uid:
                 changed = qp.fingerprint != fp
-                qp.obj, qp.fingerprint = obj, fp
+                qp.event, qp.fingerprint = ev, fp
                 if changed:
-                    qp.payload.clear()
+                    qp.conversion = ev.conversion
                     if key in self._unschedulable:
                         self._unschedulable.discard(key)
                         self._push(qp)
                 return
-            meta = obj.get("metadata") or {}
-            prio = int((obj.get("spec") or {}).get("priority") or 0)
-            order = pending_order(prio, str(meta.get("creationTimestamp") or ""), next(self._seq))
-            qp = QueuedPod(key, obj, order, fp)
+            order = pending_order(ev.priority, ev.created, next(self._seq))
+            qp = QueuedPod(key, ev, order, fp, ev.conversion)
             self._pods[key] = qp
             self._unschedulable.discard(key)
             if backoff:

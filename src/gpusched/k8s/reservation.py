@@ -32,7 +32,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -44,22 +44,16 @@ from gpusched.core.names import ANN_PLAN as ANN_PLAN
 from gpusched.core.names import ANN_ROOM as ANN_ROOM
 from gpusched.core.selectors import NODE_NAME_FIELD, NodeSelectorTerm, PreferredNodeTerm, SelectorRequirement
 from gpusched.core.statement import Statement
-from gpusched.k8s.convert import InvalidRequest, pod_from_k8s
-from gpusched.k8s.state import TERMINAL, pod_key
+from gpusched.k8s.convert import InvalidRequest
+from gpusched.k8s.podevents import PodEvent
+from gpusched.k8s.podevents import Room as Room
+from gpusched.k8s.podevents import Steer as Steer
+from gpusched.k8s.podevents import parse_room as parse_room
 
 log = logging.getLogger(__name__)
 
 ROOM_SUFFIX = "#room"
 """Names the placeholder bookings of held GPUs (``<pod key>#room<gpu>``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Steer:
-    """A pod of ``namespace`` with exactly ``labels`` is preferred onto ``node``."""
-
-    namespace: str
-    labels: tuple[tuple[str, str], ...]
-    node: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,44 +91,6 @@ def room_annotation(
     if steer:
         data["steer"] = [{"namespace": s.namespace, "labels": dict(s.labels), "node": s.node} for s in steer]
     return json.dumps(data, separators=(",", ":"))
-
-
-@dataclass(frozen=True, slots=True)
-class Room:
-    """A pod's room annotation, read."""
-
-    node: str
-    gpus: tuple[int, ...]
-    steer: tuple[Steer, ...] = ()
-    plan: str = ""
-    expires: float = 0.0
-
-
-def _steer(s: Mapping[str, Any]) -> Steer:
-    labels = tuple(sorted((str(k), str(v)) for k, v in s["labels"].items()))
-    return Steer(str(s["namespace"]), labels, str(s["node"]))
-
-
-def parse_room(obj: Mapping[str, Any]) -> Room | None:
-    """The room a pod's annotation names when its ``status.nominatedNodeName`` is that node; None
-    when either is absent. Raises InvalidRequest for an annotation that cannot be read."""
-    meta = obj.get("metadata") or {}
-    raw = (meta.get("annotations") or {}).get(ANN_ROOM)
-    nominated = (obj.get("status") or {}).get("nominatedNodeName")
-    if raw is None or not nominated:
-        return None
-    try:
-        data = json.loads(raw)
-        room = Room(
-            str(data["node"]),
-            tuple(int(g) for g in data["gpus"]),
-            tuple(_steer(s) for s in data.get("steer") or ()),
-            str(data.get("plan") or ""),
-            float(data.get("expires") or 0.0),
-        )
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise InvalidRequest(f"pod {pod_key(obj)}: annotation {ANN_ROOM} is not valid: {raw!r}") from None
-    return room if room.node == nominated else None
 
 
 def unbacked(key: str, room: Room, record: PlanRecord | None, now: float) -> str:
@@ -224,7 +180,7 @@ class Reservation:
 
 
 class Reservations:
-    """The rooms named now, fed by the scheduler's pod informer (``observe``); those that the
+    """The rooms named now, fed by the scheduler's pod events (``on_pod_event``); those that the
     defragmentation controller's record (``backing``: ``LeaseRecord``) backs are held. Thread-safe."""
 
     def __init__(
@@ -238,28 +194,23 @@ class Reservations:
         self.wall = wall
         self._said: set[tuple[str, str]] = set()  # (pod key, plan) whose room was said to hold nothing
 
-    def observe(self, obj: Mapping[str, Any], deleted: bool = False) -> None:
-        key = pod_key(obj)
-        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
-        done = (
-            deleted
-            or bool(spec.get("nodeName"))
-            or bool(meta.get("deletionTimestamp"))
-            or (obj.get("status") or {}).get("phase") in TERMINAL
-        )
+    def on_pod_event(self, ev: PodEvent) -> None:
+        """A pending pod nominated into a room holds it; bound, deleted, being deleted or
+        finished, it holds none. An unreadable room or pod is logged and holds none."""
         res: Reservation | None = None
-        if not done:
+        if ev.pending:
             try:
-                room = parse_room(obj)
-                if room is not None:
-                    res = Reservation(pod_from_k8s(obj), room)
+                if ev.room_error is not None:
+                    raise ev.room_error
+                if ev.room is not None:
+                    res = Reservation(ev.spec(), ev.room)
             except InvalidRequest as e:
                 log.warning("%s", e)
         with self._lock:
             if res is None:
-                self._held.pop(key, None)
+                self._held.pop(ev.key, None)
             else:
-                self._held[key] = res
+                self._held[ev.key] = res
 
     def __len__(self) -> int:
         with self._lock:

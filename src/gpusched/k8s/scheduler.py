@@ -57,13 +57,14 @@ from gpusched.k8s.disruption import BudgetReader
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.gangs import Gangs, Refusal
 from gpusched.k8s.informer import Reflector
+from gpusched.k8s.podevents import PodEvent, PodFeed, parse_pod_event
 from gpusched.k8s.podgroups import PodGroups
 from gpusched.k8s.preemption import Nominations, Preemptor, Rooms
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
 from gpusched.k8s.queues import QueueDirectory
 from gpusched.k8s.reservation import LeaseRecord, Reservations
 from gpusched.k8s.rest import FastCoreV1
-from gpusched.k8s.state import TERMINAL, LiveCluster, pod_key, start_informers
+from gpusched.k8s.state import LiveCluster, start_informers
 from gpusched.k8s.tenants import TenantQueues
 from gpusched.metrics.cluster import cluster_stats
 from gpusched.metrics.scheduling import SchedulerMetrics
@@ -111,7 +112,7 @@ class StandaloneScheduler:
         self._settler = Settler(
             self.cluster,
             lambda ns, name: read_pod(self.fast, ns, name),
-            on_released=lambda obj: self.queue.add_or_update(obj, pod_key(obj), backoff=True),
+            on_released=lambda obj: self.queue.add_or_update(parse_pod_event(obj), backoff=True),
         )
         self.queue = SchedulingQueue(flush_s=cfg.flush_s)
         self.events = EventRecorder(self.fast, cfg.scheduler_name, cfg.identity)
@@ -154,6 +155,8 @@ class StandaloneScheduler:
             preemptor=self._preemptor, budgets=self.budgets, reservations=self.reservations,
             tenants=self.tenants, gangs=self.gangs, running=(self.leading, self._stop),
         )  # fmt: skip
+        # each pod event parsed once (k8s/podevents.py), for the books, gangs, rooms, then the queue
+        self.pods = PodFeed([self.cluster, self.gangs, self.reservations, self])
 
     @property
     def scheduled(self) -> int:
@@ -166,7 +169,7 @@ class StandaloneScheduler:
 
     # ------------------------------------------------------------ lifecycle
     def start(self, lead: bool = True) -> StandaloneScheduler:
-        self._reflectors = start_informers(self.core, self.cluster, self._on_pod)
+        self._reflectors = start_informers(self.core, self.cluster, self.pods)
         self.gangs.groups.discover()
         self.budgets.start()
         self.tenants.start()
@@ -224,33 +227,32 @@ class StandaloneScheduler:
         self.events.stop()
 
     # -------------------------------------------------------------- informer
-    def _on_pod(self, obj: dict[str, Any], deleted: bool) -> None:
-        key = pod_key(obj)
-        self.gangs.on_pod(obj, deleted)
-        self.reservations.observe(obj, deleted)
-        if ready := self.nominations.observe(obj, deleted):  # their last victim gone: try them now
+    def on_pod_event(self, ev: PodEvent) -> None:
+        """The queue's part of a pod event (after the books, the gangs and the rooms): a pending
+        pod of ours waits in it; a bound, finished or deleted one leaves it (freeing resources:
+        the unschedulable may fit now); nominated preemptors whose last victim left are tried."""
+        key = ev.key
+        if ready := self.nominations.observe(ev.obj, ev.deleted):  # their last victim gone: try them now
             self.queue.activate(ready)
-        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
-        phase = (obj.get("status") or {}).get("phase")
-        if deleted:
+        if ev.deleted:
             self.queue.remove(key)
-            self.events.forget(str(meta.get("uid", "")))
-            if spec.get("nodeName"):
+            self.events.forget(ev.uid)
+            if ev.bound:
                 self.queue.cluster_changed()
             return
-        if spec.get("nodeName") or meta.get("deletionTimestamp") or phase in TERMINAL:
+        if not ev.pending:  # bound, being deleted, or finished
             self.queue.remove(key)
-            if spec.get("nodeName") and (phase in TERMINAL or meta.get("deletionTimestamp")):
+            if ev.bound and (ev.finished or ev.deleting):
                 self.queue.cluster_changed()
             return
-        if spec.get("schedulingGates"):  # gated (e.g. by Kueue): not ours to place until the gates go
-            if spec.get("schedulerName") == self.config.scheduler_name:
+        if ev.gated:  # gated (e.g. by Kueue): not ours to place until the gates go
+            if ev.scheduler_name == self.config.scheduler_name:
                 self.queue.gate(key)  # counted as gated
             else:
                 self.queue.remove(key)
             return
-        if spec.get("schedulerName") == self.config.scheduler_name:
-            self.queue.add_or_update(obj, key)
+        if ev.scheduler_name == self.config.scheduler_name:
+            self.queue.add_or_update(ev)
 
     # ------------------------------------------------------------ scheduling
     def _loop(self) -> None:
@@ -269,10 +271,10 @@ class StandaloneScheduler:
                 self.queue.done(qp.key, unschedulable=True)
 
     def _check_cluster_changed(self) -> None:
-        with self.cluster.snapshot() as snap:
+        with self.cluster.live_books() as snap:
             self._note_state(snap)
 
-    def _note_state(self, snap: Any) -> None:
+    def _note_state(self, snap: ClusterState) -> None:
         """Called under the cluster lock: when nodes changed since the last cycle (a rebuilt
         snapshot, or a node relabelled in place), unschedulable pods may fit now."""
         seen = (snap, self.cluster.node_version)
@@ -283,11 +285,7 @@ class StandaloneScheduler:
             self._tiebreak = np.arange(len(snap), dtype=np.int64)  # nodes are in name order
 
     def _spec(self, qp: QueuedPod) -> PodSpec:
-        spec = qp.payload.get("spec")
-        if spec is None:
-            spec = qp.payload["spec"] = pod_from_k8s(qp.obj)
-        assert isinstance(spec, PodSpec)
-        return spec
+        return qp.spec()
 
     def schedule(self, qp: QueuedPod) -> None:
         """One cycle for one popped pod: its unit (itself, or its gang's pending members) decided
@@ -311,7 +309,7 @@ class StandaloneScheduler:
         popped = self._popped(qp, pod, t0)
         if popped is None:
             return
-        with self.cluster.snapshot() as snap:
+        with self.cluster.live_books() as snap:
             self._note_state(snap)
             decision = self._decide(popped, snap)
             acts = act.commit(decision, snap)
@@ -382,7 +380,7 @@ class StandaloneScheduler:
         return Decision(popped, o, profile, self._tiebreak)
 
     # --------------------------------------------------------------- profile
-    def _current_profile(self, pod: PodSpec, snap: Any) -> Profile:
+    def _current_profile(self, pod: PodSpec, snap: ClusterState) -> Profile:
         now = time.monotonic()
         seen = len(self.queue) + len(snap.allocations)
         stale = self._profile is None or now - self._profile_at >= self.config.profile_refresh_s
@@ -401,7 +399,7 @@ class StandaloneScheduler:
         """The target workload: the fixed one, else learnt from the pods seen."""
         if not self.workloads.learns:
             return self.workloads.fixed
-        with self.cluster.snapshot() as snap:
+        with self.cluster.live_books() as snap:
             pods = [a.pod for a in snap.allocations.values()]
         for qp in self.queue.pending():
             with contextlib.suppress(InvalidRequest):
@@ -419,5 +417,5 @@ class StandaloneScheduler:
             return
         self._gauges_at = now
         tw = (self._profile.workload if self._profile is not None else None) or self.workload()
-        with self.cluster.snapshot() as snap:
+        with self.cluster.live_books() as snap:
             self.metrics.set_cluster(cluster_stats(snap, tw))

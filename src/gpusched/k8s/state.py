@@ -1,13 +1,14 @@
 """The scheduler cache for the Kubernetes front ends: nodes and bound pods → ``ClusterState``.
 
-Fed by the informer (node and pod events as API dicts) and by the front end's own decisions
-(``assume`` before binding, ``forget`` when a binding fails). The books are rebuilt from what
-the API says: a bound pod's GPUs come from its ``gpusched.io/assignment`` annotation, so a
-restarted scheduler double-books nothing; pods bound by someone else that ask for GPUs take
-the tightest free GPUs in the books. Two bound pods whose assignments overlap (never written
-by gpusched: a forged annotation, or a pod bound around it) are booked in the order they were
-bound (the ``PodScheduled`` condition's time, else creation): the earlier one keeps its GPUs
-and the newcomer is named, in the log and in a Warning event on it (``GPUAssignmentConflict``).
+Fed by the informer (node events as API dicts; pod events parsed once, as ``PodEvent``s) and by
+the front end's own decisions (``assume`` before binding, ``forget`` when a binding fails). The
+books are rebuilt from what the API says: a bound pod's GPUs come from its
+``gpusched.io/assignment`` annotation, so a restarted scheduler double-books nothing; pods bound
+by someone else that ask for GPUs take the tightest free GPUs in the books. Two bound pods whose
+assignments overlap (never written by gpusched: a forged annotation, or a pod bound around it)
+are booked in the order they were bound (the ``PodScheduled`` condition's time, else creation):
+the earlier one keeps its GPUs and the newcomer is named, in the log and in a Warning event on
+it (``GPUAssignmentConflict``).
 
 With a ``Reporter`` (the front end's event recorder, ``report_to``): a Node that cannot be read
 gets one Warning event (``NodeUnreadable``) per distinct reason, and one when it reads again;
@@ -15,7 +16,8 @@ a bound GPU share without its ``gpusched.io/gpu-share`` slot on a node whose dev
 offers slots gets a Warning event (``GPUShareWithoutSlot``): it runs with no GPU isolation.
 
 One lock guards the state; front ends hold it only for the in-memory decision (about a
-millisecond), never across API calls.
+millisecond), never across API calls: ``live_books`` hands out the books themselves under it.
+Pod events come parsed (``k8s/podevents.py``): ``on_pod_event`` is this class as a subscriber.
 """
 
 from __future__ import annotations
@@ -41,24 +43,19 @@ from gpusched.k8s.convert import (
     RES_SHARE,
     InvalidRequest,
     node_from_k8s,
-    parse_assignment,
-    pod_from_k8s,
 )
+from gpusched.k8s.podevents import TERMINAL as TERMINAL
+from gpusched.k8s.podevents import PodEvent, PodFeed, PodSubscriber, parse_pod_event
+from gpusched.k8s.podevents import pod_key as pod_key
 
 log = logging.getLogger(__name__)
 
 UNREADABLE_TAINT = Taint(TAINT_NODE_UNREADABLE, "true", "NoSchedule")
 """Put (in the books only) on a known node whose Node object stopped converting."""
 
-TERMINAL = ("Succeeded", "Failed")
 GONE_KEPT = 10_000
 """UIDs of pods the API said are gone, kept so that their late watch events book nothing
 (the oldest are dropped first)."""
-
-
-def pod_key(obj: Mapping[str, Any]) -> str:
-    meta = obj.get("metadata") or {}
-    return f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
 
 
 class Reporter(Protocol):
@@ -108,12 +105,6 @@ def _involved(obj: Mapping[str, Any], kind: str) -> dict[str, Any]:
     if kind == "Pod":
         out["namespace"] = meta.get("namespace", "default")
     return out
-
-
-def holds_resources(obj: Mapping[str, Any]) -> bool:
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
-    return bool(spec.get("nodeName")) and status.get("phase") not in TERMINAL
 
 
 class Verdict(enum.Enum):
@@ -244,42 +235,50 @@ class LiveCluster:
 
     # ------------------------------------------------------------- pods
     def upsert_pod(self, obj: Mapping[str, Any]) -> None:
-        key = pod_key(obj)
-        meta, status = obj.get("metadata") or {}, obj.get("status") or {}
-        pending = not (obj.get("spec") or {}).get("nodeName") and status.get("phase") not in TERMINAL
-        if pending and not meta.get("deletionTimestamp"):
+        """A pod as the API shows it now (a read-back, a test): parsed, then ``on_pod_event``."""
+        self.on_pod_event(parse_pod_event(obj))
+
+    def on_pod_event(self, ev: PodEvent) -> None:
+        """A pod event (``k8s/podevents.py``): a bound pod is booked where the API says, a
+        deleted or finished one released; a pending one holds nothing but a decision of ours."""
+        if ev.deleted:
+            self.delete_pod(ev.key, ev.uid)
+            return
+        key = ev.key
+        if ev.pending:
             return  # holds nothing but a decision of ours (kept until bound or forgotten)
-        if not holds_resources(obj):
+        if not ev.holds_resources:
             self.delete_pod(key)
             return
         # A bound pod being deleted (deletionTimestamp set) still runs until its grace period
         # ends and keeps its GPUs until the API deletes it: it stays booked, as in
         # kube-scheduler's cache. Otherwise a preemptor could land on a GPU still in use.
-        node = (obj.get("spec") or {})["nodeName"]
-        uid = meta.get("uid")
+        node, uid = ev.node, ev.uid
         with self.lock:
             if key in self._bound and self._bound[key][1] == node:
                 return  # already booked (a status update): skip the conversion
             if uid and uid in self._gone:
                 return  # an event from before the API said the pod is gone
-            if self._confirm(key, uid, node, obj):
-                self._bound_at[key] = bound_at(obj)
+            if self._confirm(key, ev):
+                self._bound_at[key] = bound_at(ev.obj)
                 return  # our own decision, bound as decided: the books hold it already
         try:
-            spec = pod_from_k8s(obj, constraints="lenient")
-            assignment = parse_assignment(obj)
+            spec = ev.spec()  # lenient: a running pod is booked whatever its constraints say
+            if ev.assignment_error is not None:
+                raise ev.assignment_error
         except InvalidRequest as e:
             if self._on_invalid:
-                self._on_invalid(obj, str(e))
+                self._on_invalid(ev.obj, str(e))
             return
-        gpus = assignment[1] if assignment and assignment[0] == node else ()
+        a = ev.assignment
+        gpus = a.gpus if a is not None and a.node == node else ()
         with self.lock:
             if (key in self._bound and self._bound[key][1] == node) or (uid and uid in self._gone):
                 return  # booked, or found gone, while it was converted
             self._bound[key] = (spec, node, gpus)
-            self._bound_at[key] = bound_at(obj)
-            if node in self._share_nodes and share_without_slot(obj):
-                self._warn_share_without_slot(obj, node, gpus)
+            self._bound_at[key] = bound_at(ev.obj)
+            if node in self._share_nodes and share_without_slot(ev.obj):
+                self._warn_share_without_slot(ev.obj, node, gpus)
             assumed = self._assumed.pop(key, None)
             st = self._state
             if st is None:
@@ -304,22 +303,21 @@ class LiveCluster:
         if self._reporter is not None:
             self._reporter.about(_involved(obj, "Pod"), "Warning", SHARE_WITHOUT_SLOT, msg)
 
-    def _confirm(self, key: str, uid: str | None, node: str, obj: Mapping[str, Any]) -> bool:
-        """When the bound pod ``obj`` is a decision of ours (same UID) bound where it was decided,
+    def _confirm(self, key: str, ev: PodEvent) -> bool:
+        """When the bound pod of ``ev`` is a decision of ours (same UID) bound where it was decided,
         with the GPUs decided (or no assignment annotation): record it as bound with the spec the
         decision was made with, without converting the pod again (the books already hold that
         spec; a rebuild then books the same). False (nothing changed) otherwise. Holds the lock."""
         assumed = self._assumed.get(key)
-        if assumed is None or assumed[1] != node or not uid or assumed[0].uid != uid:
+        if assumed is None or assumed[1] != ev.node or not ev.uid or assumed[0].uid != ev.uid:
             return False
-        try:
-            recorded = parse_assignment(obj)
-        except InvalidRequest:
+        if ev.assignment_error is not None:
             return False  # the conversion path reports it
-        gpus = recorded[1] if recorded and recorded[0] == node else ()
+        a = ev.assignment
+        gpus = a.gpus if a is not None and a.node == ev.node else ()
         if gpus and gpus != assumed[2]:
             return False
-        self._bound[key] = (assumed[0], node, gpus)
+        self._bound[key] = (assumed[0], ev.node, gpus)
         del self._assumed[key]
         return True
 
@@ -350,10 +348,15 @@ class LiveCluster:
 
     # -------------------------------------------------------- decisions
     @contextmanager
-    def snapshot(self) -> Iterator[ClusterState]:
-        """The live state, under the lock. Decisions made inside (``assume``) are booked."""
+    def live_books(self) -> Iterator[ClusterState]:
+        """The live books themselves (no copy), with the lock held for the block: use them only
+        inside it. What is booked inside (``assume``, a ``Statement`` committed) stays booked; a
+        decision is made here in place (a copy of the books would cost a decision its speed)."""
         with self.lock:
             yield self._current()
+
+    snapshot = live_books
+    """The former name of ``live_books``: it is no snapshot (callers move over to ``live_books``)."""
 
     def assume(self, pod: PodSpec, node: int, gpus: tuple[int, ...]) -> Allocation:
         """Book a decision (unless ``schedule_one`` already did) until the API shows it bound."""
@@ -387,14 +390,14 @@ class LiveCluster:
         the API (None: it does not exist), after a binding whose outcome was unknown. Bound:
         booked where the API says (as the informer would); gone or recreated: the decision's
         booking is released; still pending: the booking is kept."""
-        meta = (obj or {}).get("metadata") or {}
-        if obj is None or (uid and meta.get("uid") and meta["uid"] != uid):
+        ev = parse_pod_event(obj) if obj is not None else None
+        if ev is None or (uid and ev.uid and ev.uid != uid):
             self.gone(key, uid)
             return Verdict.GONE
-        if (obj.get("spec") or {}).get("nodeName"):
-            self.upsert_pod(obj)
+        if ev.bound:
+            self.on_pod_event(ev)
             return Verdict.BOUND
-        if meta.get("deletionTimestamp") or (obj.get("status") or {}).get("phase") in TERMINAL:
+        if ev.deleting or ev.finished:
             self.forget(key)
             return Verdict.GONE
         return Verdict.PENDING
@@ -508,21 +511,33 @@ class LiveCluster:
             self._reporter.about({**involved, "uid": spec.uid}, "Warning", ASSIGNMENT_CONFLICT, msg)
 
 
-def start_informers(core_api: Any, cluster: LiveCluster, pod_handler: Any = None) -> list[Any]:
-    """Reflectors for nodes and pods feeding ``cluster``; ``pod_handler(obj, deleted)`` also
-    sees every pod event (the standalone scheduler's queue)."""
+class _RawHook:
+    """A pod event handed on as the raw object: ``handler(obj, deleted)`` (the extender's hook)."""
+
+    def __init__(self, handler: Callable[[Mapping[str, Any], bool], None]) -> None:
+        self.handler = handler
+
+    def on_pod_event(self, ev: PodEvent) -> None:
+        self.handler(ev.obj, ev.deleted)
+
+
+def start_informers(
+    core_api: Any,
+    cluster: LiveCluster,
+    pods: PodFeed | None = None,
+    *,
+    pod_handler: Callable[[Mapping[str, Any], bool], None] | None = None,
+) -> list[Any]:
+    """Reflectors for nodes and pods feeding ``cluster``. ``pods``: the fan-out every pod event
+    goes through (``k8s/podevents.py``; the standalone scheduler's holds ``cluster`` first);
+    without it, ``cluster`` alone, then ``pod_handler(obj, deleted)`` (the extender's hook)."""
     from gpusched.k8s.informer import Handlers, Reflector
 
-    def pod_upsert(obj: Mapping[str, Any]) -> None:
-        cluster.upsert_pod(obj)
-        if pod_handler:
-            pod_handler(obj, False)
-
-    def pod_delete(obj: Mapping[str, Any]) -> None:
-        cluster.delete_pod(pod_key(obj), str((obj.get("metadata") or {}).get("uid") or ""))
-        if pod_handler:
-            pod_handler(obj, True)
-
+    if pods is None:
+        subscribers: list[PodSubscriber] = [cluster]
+        if pod_handler is not None:
+            subscribers.append(_RawHook(pod_handler))
+        pods = PodFeed(subscribers)
     nodes = Reflector(
         "nodes",
         core_api.list_node,
@@ -532,7 +547,7 @@ def start_informers(core_api: Any, cluster: LiveCluster, pod_handler: Any = None
             cluster.sync_nodes,
         ),
     )
-    pods = Reflector(
-        "pods", core_api.list_pod_for_all_namespaces, Handlers(pod_upsert, pod_delete, cluster.sync_pods)
+    pods_reflector = Reflector(
+        "pods", core_api.list_pod_for_all_namespaces, Handlers(pods.upsert, pods.delete, cluster.sync_pods)
     )
-    return [nodes.start(), pods.start()]
+    return [nodes.start(), pods_reflector.start()]

@@ -261,7 +261,7 @@ class TenantQueues:
     def statuses(self, d: Directory, names: Iterable[str]) -> dict[str, QueueStatus]:
         """The status of each queue of ``names``, by name (an invalid one: nothing charged, its
         waiting pods)."""
-        with self.cluster.snapshot() as snap:
+        with self.cluster.live_books() as snap:
             book = self.book(snap, d)
         pending = self.pending_by_queue(d)
         valid = {s.name: s for s in queue_statuses(book, pending)}
