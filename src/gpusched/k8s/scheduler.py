@@ -23,7 +23,8 @@ given back) and waits in the unschedulable set: no profile of this scheduler wai
 nothing while they wait: a PodGroup member is decided with its group's pending pods, all or
 nothing, in one cycle (``k8s/gangs.py``: within its tenant queue's quota, a preemptor as a unit,
 clear of the rooms nominated pods and defragmentation keep, through ``PreemptionHost``, which this
-class is); a pod with DRA claims is never bound (``k8s/claims.py``).
+class is). A pod with DRA claims has them resolved before it is decided and written before it is
+bound (``k8s/claims.py``, ``DraClaims``); a gang member with claims is never bound.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from gpusched.core.statement import holding, schedule_with_nominated
 from gpusched.core.workload import WorkloadSource
 from gpusched.k8s.binder import APIBinder, read_pod
 from gpusched.k8s.binding import Result, Settler, bind_until_settled
-from gpusched.k8s.claims import claims_message
+from gpusched.k8s.claims import ClaimsRefusal, DraClaims
 from gpusched.k8s.convert import InvalidRequest, pod_from_k8s
 from gpusched.k8s.disruption import BudgetReader
 from gpusched.k8s.events import EventRecorder
@@ -155,6 +156,8 @@ class StandaloneScheduler:
             lambda *bind: self._pool.submit(self._bind, *bind), self.tenants, self, self._attempts,
         )  # fmt: skip
         self.gangs = Gangs(host, lambda on_change: PodGroups(api, on_change))  # k8s/gangs.py
+        # DRA: claims resolved before deciding, written before binding; a DRA object changed: retry
+        self.claims = DraClaims(api, on_change=self.queue.cluster_changed)
 
     # ------------------------------------------------------------ lifecycle
     def start(self, lead: bool = True) -> StandaloneScheduler:
@@ -162,6 +165,7 @@ class StandaloneScheduler:
         self.gangs.groups.discover()
         self.budgets.start()
         self.tenants.start()
+        self.claims.start()
         self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
         self._thread.start()
         if lead:
@@ -208,6 +212,7 @@ class StandaloneScheduler:
         self.gangs.groups.stop()
         self.budgets.stop()
         self.tenants.stop()
+        self.claims.stop()
         if self._thread is not None:
             self._thread.join(timeout)
         self._pool.shutdown(wait=True, cancel_futures=False)
@@ -300,10 +305,12 @@ class StandaloneScheduler:
         if self.cluster.is_bound_or_assumed(qp.key):
             self.queue.done(qp.key)
             return
-        if claims := claims_message(qp.obj):  # DRA claims: never bound here (k8s/claims.py)
-            self.events.failed(qp.obj, claims)
+        prepared = self.claims.prepare(qp.obj, pod)  # DRA claims resolved and attached (k8s/claims.py)
+        if isinstance(prepared, ClaimsRefusal):
+            self.events.failed(qp.obj, prepared.message, reason=prepared.reason)
             self.queue.done(qp.key, unschedulable=True)
             return
+        pod = prepared
         if self.gangs.schedule(qp):  # a gang member: decided with its group, all or nothing
             return
         if self.tenants.schedule(qp, pod):  # under a tenant queue: quota, borrowing, reclaim
@@ -357,13 +364,23 @@ class StandaloneScheduler:
         """Bind the booked decision until the API says what happened (``k8s/binding.py``): the
         GPUs stay booked while the outcome is unknown, so nothing else is placed on them."""
         t0 = time.perf_counter()
+        keep_trying = lambda: self.leading.is_set() and not self._stop.is_set()  # noqa: E731
+        claims = self.claims.write(qp.obj, pod, keep_trying=keep_trying)  # DRA: status.allocation first
+        if not claims.ok:
+            self.cluster.forget(pod.key)
+            self.bind_errors += 1
+            log.warning("writing the claims of %s: %s: %s", qp.key, claims.result.value, claims.message)
+            self.events.failed(qp.obj, f"writing its ResourceClaims: {claims.message}")
+            self.queue.add_or_update(qp.obj, qp.key, backoff=True)
+            return
         out = bind_until_settled(
             lambda: run_bind(profile, pod, node, gpus),
             pod,
             self._settler,
-            keep_trying=lambda: self.leading.is_set() and not self._stop.is_set(),
+            keep_trying=keep_trying,
         )
         if out.result is Result.BOUND and (out.status.ok or out.node == node):
+            self.claims.bound(pod)
             self.scheduled += 1
             self.metrics.binding_duration.labels("ok").observe(time.perf_counter() - t0)
             self.events.scheduled(qp.obj, node)
@@ -374,6 +391,8 @@ class StandaloneScheduler:
             "binding %s to %s: %s after %d attempt(s): %s",
             qp.key, node, out.result.value, out.attempts, out.status.message(),
         )  # fmt: skip
+        if out.result in (Result.REFUSED, Result.GONE):
+            self.claims.release(qp.obj, pod)  # out of its claims' reservedFor (k8s/claims.py)
         if out.result is Result.REFUSED:  # nothing was written: decide again after backoff
             self.queue.add_or_update(qp.obj, qp.key, backoff=True)
 
