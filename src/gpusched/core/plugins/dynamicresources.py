@@ -89,8 +89,9 @@ class DynamicResources:
         out = self._outcomes(state, pod, snap).at(snap, node)
         if isinstance(out, DraError):
             return f"cannot allocate the pod's claims: {out}", Code.UNSCHEDULABLE_AND_UNRESOLVABLE
-        if isinstance(out, DoesNotFit):
-            return f"cannot allocate all claims ({out.reason})", Code.UNSCHEDULABLE
+        if isinstance(out, DoesNotFit):  # no node name: nodes failing alike count as one reason
+            reason = out.reason.replace(f" on node {snap.names[node]}", "")
+            return f"cannot allocate all claims ({reason})", Code.UNSCHEDULABLE
         return "", Code.SUCCESS
 
     def reserve(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> Status:
