@@ -71,6 +71,7 @@ def test_an_unknown_class_is_refused_at_pre_filter() -> None:
     snap, pod = setup(RecordingLedger(), class_name="nope")
     r = schedule_one(make_profile("bestfit"), pod, snap)
     assert r.status.code is Code.UNSCHEDULABLE_AND_UNRESOLVABLE
+    assert r.diagnosis is not None and r.diagnosis.pre_filter is not None  # before any node is tried
     assert "claim ns/c, request gpu: unknown device class nope" in r.status.message()
 
 
