@@ -104,6 +104,26 @@ def test_a_slice_that_cannot_be_read_is_kept_out_and_named() -> None:
     assert "spec.devices[0].capacity.memory.value" in books.problem("ResourceSlice node-b-gpu")
 
 
+def test_capacity_consumed_by_shares_in_the_api_is_booked() -> None:
+    books = DraBooks(CelCompiler())
+    books.upsert_class(device_class("gpu"))
+    shareable = gpu_device(0, allowMultipleAllocations=True)
+    books.upsert_slice(gpu_slice(NODE, [shareable]))
+    held = allocation(NODE, "gpu-0")
+    held["devices"]["results"][0].update(shareID="s1", consumedCapacity={"memory": "30Gi"})
+    books.upsert_claim(claim("other", [whole()], allocation=held))
+    ten = {"name": "gpu", "exactly": {"deviceClassName": "gpu", "capacity": {"requests": {"memory": "10Gi"}}}}
+    fifteen = {
+        "name": "gpu",
+        "exactly": {"deviceClassName": "gpu", "capacity": {"requests": {"memory": "15Gi"}}},
+    }
+    for name, req, fits in (("ten", ten, True), ("fifteen", fifteen, False)):
+        books.upsert_claim(claim(name, [req]))
+        r = resolve(pod(name, [{"name": "gpu", "resourceClaimName": name}]), books)
+        assert isinstance(r, Ready)
+        assert isinstance(r.claims.allocate(Node(NODE), books.allocated()), Fits) is fits, name
+
+
 # ------------------------------------------------------------------------------------ property
 OPS = st.lists(
     st.tuples(

@@ -147,7 +147,7 @@ def test_a_class_a_taint_rule_and_an_allocation() -> None:
         DeviceId("gpu.nvidia.com", "node-a", "gpu-0"),
         DeviceId("d", "p", "x"),
     ]
-    assert held[1].shared and held[1].consumed == {"memory": GI}
+    assert held[1].shared and held[1].consumed == {"d/memory": GI}  # qualified, as the allocator books it
     assert allocation_from_k8s(claim("c", [whole()])) is None
 
 

@@ -34,6 +34,7 @@ from gpusched.core.dra.model import (
     TaintEffect,
     Toleration,
     Version,
+    qualify,
 )
 from gpusched.core.dra.quantity import parse_quantity
 from gpusched.core.errors import InvalidSpec
@@ -476,8 +477,8 @@ def allocation_from_k8s(obj: Obj) -> tuple[HeldDevice, ...] | None:
             _str(rm.get("pool"), rat / "pool"),
             _str(rm.get("device"), rat / "device"),
         )
-        consumed = {
-            k: _quantity(v, rat / "consumedCapacity" / k)
+        consumed = {  # qualified, as the allocator books capacity
+            qualify(did.driver, k): _quantity(v, rat / "consumedCapacity" / k)
             for k, v in _map(rm.get("consumedCapacity"), rat / "consumedCapacity").items()
         }
         out.append(HeldDevice(did, bool(rm.get("shareID")), consumed or None, bool(rm.get("adminAccess"))))
