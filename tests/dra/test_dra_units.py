@@ -8,7 +8,7 @@ from dra_builders import GI, NODE1, claim, cls, dev, ex, first, req, slc
 from gpusched.core.dra.allocator import Allocator, DoesNotFit, Fits
 from gpusched.core.dra.celexpr import CelCompiler
 from gpusched.core.dra.model import DeviceClass, Version
-from gpusched.core.dra.quantity import parse_quantity
+from gpusched.core.dra.quantity import format_quantity, parse_quantity
 from gpusched.core.dra.selector import DraError, device_view
 from gpusched.core.errors import GpuschedError
 
@@ -137,3 +137,10 @@ def test_a_selector_is_evaluated_only_on_devices_the_search_reaches_as_upstream_
         Allocator({"any": anyone}, reordered, CelCompiler()).allocate(
             NODE1, [claim("c", req("r", "any", 1, profile))]
         )
+
+
+@pytest.mark.parametrize(
+    ("value", "text"), [(15 * GI, "15Gi"), (1536 * 2**20, "1536Mi"), (50, "50"), (0, "0"), (1000, "1000")]
+)
+def test_quantities_are_written_in_canonical_form(value: int, text: str) -> None:
+    assert format_quantity(value) == text and parse_quantity(text) == value

@@ -122,7 +122,7 @@ def test_a_share_gets_a_share_id_and_its_consumed_capacity() -> None:
     books.reserve("ns/p", NODE, (ClaimAllocation("ns/c", (share,), NODE),))
     assert writer.write(POD, (REF,), keep_trying=always).ok
     (result,) = api.claims[("ns", "c")]["status"]["allocation"]["devices"]["results"]
-    assert result["shareID"] == "share-1" and result["consumedCapacity"] == {"memory": str(2**30)}
+    assert result["shareID"] == "share-1" and result["consumedCapacity"] == {"memory": "1Gi"}
 
 
 def test_a_claim_already_allocated_only_gains_the_pod_in_reserved_for() -> None:

@@ -69,6 +69,7 @@ class DraEnv:
             "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'",
         )
         self.nodes: list[str] = []
+        self.counter_slices: list[str] = []
         self.cluster_objects: list[tuple[str, str]] = []
         self.sched = StandaloneScheduler(
             self.api, SchedulerConfig(scheduler_name=self.scheduler_name)
@@ -80,7 +81,13 @@ class DraEnv:
             {"metadata": {"name": name}, "spec": {"selectors": [{"cel": {"expression": expression}}]}}
         )
 
-    def node_with_gpus(self, group: str, name: str, gpus: list[dict[str, Any]]) -> str:
+    def node_with_gpus(
+        self,
+        group: str,
+        name: str,
+        gpus: list[dict[str, Any]],
+        counters: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    ) -> str:
         node = f"dra-{self.tag}-{name}"
         res = {"cpu": "32", "memory": "128Gi", "pods": "110"}
         self.v1.create_node(
@@ -95,17 +102,15 @@ class DraEnv:
             _preload_content=False,
         )
         self.nodes.append(node)
+        pool = {"name": node, "generation": 1, "resourceSliceCount": 1 + len(counters)}
+        spec = {"driver": DRIVER, "nodeName": node, "pool": pool}
         self.res.create_resource_slice(
-            {
-                "metadata": {"name": f"{node}-{DRIVER}"},
-                "spec": {
-                    "driver": DRIVER,
-                    "nodeName": node,
-                    "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                    "devices": gpus,
-                },
-            }
+            {"metadata": {"name": f"{node}-{DRIVER}"}, "spec": {**spec, "devices": gpus}}
         )
+        if counters:  # a slice of its own, as the API wants sharedCounters
+            body = {"metadata": {"name": f"{node}-counters"}, "spec": {**spec, "sharedCounters": counters}}
+            self.res.create_resource_slice(body)
+            self.counter_slices.append(f"{node}-counters")
 
         def ready() -> bool:
             n = json.loads(self.v1.read_node(node, _preload_content=False).data)
@@ -225,6 +230,8 @@ class DraEnv:
             for n in self.nodes:
                 ex.submit(self.v1.delete_node, n, _preload_content=False)
                 ex.submit(self.res.delete_resource_slice, f"{n}-{DRIVER}", _preload_content=False)
+            for name in self.counter_slices:
+                ex.submit(self.res.delete_resource_slice, name, _preload_content=False)
             for c in (self.gpu_class, self.mig_class):
                 ex.submit(self.res.delete_device_class, c, _preload_content=False)
             for _, name in self.cluster_objects:
@@ -357,3 +364,81 @@ def test_bad_claims_are_named_in_an_event_and_nothing_is_bound(
     assert (f"{dra.ns}/bad-{case}" in msg and "request gpu" in msg) or case == "big", msg
     assert not dra.read_pod(f"bad-{case}")["spec"].get("nodeName")
     assert not (dra.read_claim(f"bad-{case}").get("status") or {}).get("allocation")
+
+
+def _counters(start: int, size: int, sm: int) -> dict[str, Any]:
+    out: dict[str, Any] = {f"memory-slice-{k}": {"value": "1"} for k in range(start, start + size)}
+    out["multiprocessors"] = {"value": str(sm)}
+    return out
+
+
+def test_dynamic_mig_placements_share_a_gpu_through_its_counters(dra: DraEnv) -> None:
+    """NVIDIA's dynamic-MIG shape: a counter set per GPU, the full GPU and every placement consuming
+    it. Two 3g.20gb and a 1g.5gb fit one A100 together; then the full GPU does not."""
+    group = f"mig-{dra.tag}"
+    cset = "gpu-0-counter-set"
+    devices = [
+        {
+            "name": "gpu-0",
+            "attributes": {"type": {"string": "gpu"}, "index": {"int": 0}},
+            "consumesCounters": [{"counterSet": cset, "counters": _counters(0, 8, 98)}],
+        }
+    ]
+    for profile, size, starts in (("1g.5gb", 1, range(7)), ("3g.20gb", 3, (0, 4))):
+        for start in starts:
+            devices.append(
+                {
+                    "name": f"gpu-0-mig-{profile.replace('.', '')}-{start}",
+                    "attributes": {
+                        "type": {"string": "mig"},
+                        "profile": {"string": profile},
+                        "index": {"int": 0},
+                    },
+                    "consumesCounters": [{"counterSet": cset, "counters": _counters(start, size, 14 * size)}],
+                }
+            )
+    node = dra.node_with_gpus(
+        group, "mig", devices, counters=[{"name": cset, "counters": _counters(0, 8, 98)}]
+    )
+
+    def mig(profile: str) -> list[dict[str, Any]]:
+        sel = f"device.attributes['gpu.nvidia.com'].profile == '{profile}'"
+        return [{"name": "gpu", "exactly": exactly(dra.mig_class, selectors=[sel])}]
+
+    got = []
+    for name, requests in (("big-a", mig("3g.20gb")), ("big-b", mig("3g.20gb")), ("small", mig("1g.5gb"))):
+        dra.claim(f"mig-{name}", requests)
+        dra.pod(f"mig-{name}", group, [{"name": "gpu", "resourceClaimName": f"mig-{name}"}])
+        assert dra.bound(f"mig-{name}") == node  # one after the other: each sees the last one's counters
+        (result,) = dra.read_claim(f"mig-{name}")["status"]["allocation"]["devices"]["results"]
+        got.append(result["device"])
+    assert got == ["gpu-0-mig-3g20gb-0", "gpu-0-mig-3g20gb-4", "gpu-0-mig-1g5gb-3"]
+    dra.claim("mig-full", [{"name": "gpu", "exactly": exactly(dra.gpu_class)}])
+    dra.pod("mig-full", group, [{"name": "gpu", "resourceClaimName": "mig-full"}])
+    dra.failure("mig-full", contains="cannot allocate all claims")
+    assert not dra.read_pod("mig-full")["spec"].get("nodeName")
+
+
+def test_consumable_capacity_shares_never_exceed_the_device(dra: DraEnv) -> None:
+    """HAMi's shape: one GPU that allows multiple allocations, memory as consumable capacity. Two 15Gi
+    shares fit a 40Gi GPU, each with a shareID and its consumedCapacity; a third does not."""
+    group = f"share-{dra.tag}"
+    policy = {"default": "1Gi", "validRange": {"min": "1Gi", "step": "1Gi"}}
+    shareable = gpu(0, A100)
+    shareable["allowMultipleAllocations"] = True
+    shareable["capacity"]["memory"]["requestPolicy"] = policy
+    node = dra.node_with_gpus(group, "share", [shareable])
+    request = [{"name": "gpu", "exactly": exactly(dra.gpu_class, capacity={"requests": {"memory": "15Gi"}})}]
+    shares = set()
+    for name in ("share-a", "share-b"):
+        dra.claim(name, request)
+        dra.pod(name, group, [{"name": "gpu", "resourceClaimName": name}])
+        assert dra.bound(name) == node
+        (result,) = dra.read_claim(name)["status"]["allocation"]["devices"]["results"]
+        assert result["device"] == "gpu-0" and result["consumedCapacity"] == {"memory": "15Gi"}
+        shares.add(result["shareID"])
+    assert len(shares) == 2
+    dra.claim("share-c", request)
+    dra.pod("share-c", group, [{"name": "gpu", "resourceClaimName": "share-c"}])
+    dra.failure("share-c", contains="cannot allocate all claims")
+    assert not dra.read_pod("share-c")["spec"].get("nodeName")

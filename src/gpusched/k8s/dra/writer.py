@@ -35,6 +35,7 @@ from typing import Any
 import orjson
 
 from gpusched.core.dra.model import ClaimAllocation
+from gpusched.core.dra.quantity import format_quantity
 from gpusched.core.errors import GpuschedError
 from gpusched.k8s.dra.books import DraBooks
 from gpusched.k8s.dra.podclaims import ClaimRef
@@ -171,7 +172,7 @@ class ClaimWriter:
                 out["shareID"] = self._share_id()
             if r.consumed_capacity:
                 out["consumedCapacity"] = {
-                    k.rpartition("/")[2] if k.startswith(r.driver + "/") else k: str(v)
+                    k.rpartition("/")[2] if k.startswith(r.driver + "/") else k: format_quantity(v)
                     for k, v in r.consumed_capacity.items()
                 }
             if r.binding_conditions:
