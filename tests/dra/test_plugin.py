@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 from dra_builders import claim, cls, dev, req, slc
 
 from gpusched.core.cluster import ClusterState
@@ -79,3 +80,23 @@ def test_a_pod_without_claims_is_not_constrained() -> None:
     snap, pod = setup(RecordingLedger())
     r = schedule_one(make_profile("bestfit"), dataclasses.replace(pod, claims=None), snap)
     assert r.scheduled and r.node_name == "node-1"
+
+
+def test_claims_pack_onto_the_node_whose_devices_are_already_in_use() -> None:
+    """Prefer: with one GPU of node-2 held, a one-GPU claim goes to node-2 (its other GPU), although
+    the tie-break ranks the empty node-3 first; with nothing held there is no preference."""
+    ledger = RecordingLedger(frozenset({DeviceId(DRIVER, "node-2", "gpu-1")}))
+    nodes = [NodeSpec(n, 8000, 16384) for n in ("node-2", "node-3")]
+    slices = [
+        slc("node-2", "node-2", "node-2", DRIVER, dev("gpu-0"), dev("gpu-1")),
+        slc("node-3", "node-3", "node-3", DRIVER, dev("gpu-0"), dev("gpu-1")),
+    ]
+    inventory = DraInventory({"gpu": cls("gpu", DRIVER)}, tuple(slices), ledger, CelCompiler())
+    one = claim("ns/c", req("gpu", "gpu", 1))
+    pod = PodSpec("p", cpu_milli=100, namespace="ns", claims=PodClaims((one,), (), inventory))
+    node3_first = np.array([1, 0])
+    r = schedule_one(make_profile("bestfit"), pod, ClusterState(nodes), tiebreak=node3_first)
+    assert r.scheduled and r.node_name == "node-2"
+    ledger.state = AllocatedState()
+    r = schedule_one(make_profile("bestfit"), pod, ClusterState(nodes), tiebreak=node3_first)
+    assert r.scheduled and r.node_name == "node-3"

@@ -9,6 +9,13 @@ outcome in the cycle state; ``explain`` reads it back. Reserve hands the chosen 
 the front end's ``ClaimLedger`` (its devices are held from then on; the front end writes
 ``status.allocation`` before binding), Unreserve takes it back. A pod without claims passes
 everywhere.
+
+Prefer (better choices than first-fit, issue 32 item 2, the node level): among the nodes where the
+claims fit, the ones whose DRA devices are the most used once the claims are placed there rate
+highest (0-100): claims pack onto partly used nodes and GPUs (a MIG placement onto a GPU whose counter
+set is partly consumed, a share onto a device already shared), keeping whole nodes and whole GPUs free
+for the claims that need them. kube-scheduler scores no devices (KEP-4970 is open). On the chosen node
+the devices are still kube-scheduler's first solution.
 """
 
 from __future__ import annotations
@@ -18,9 +25,10 @@ import numpy as np
 from gpusched.core.cluster import I64, BoolArr, ClusterState
 from gpusched.core.dra.allocator import DoesNotFit, Fits, Outcome
 from gpusched.core.dra.inventory import PodClaims
-from gpusched.core.dra.model import Node
+from gpusched.core.dra.model import AllocatedState, DeviceId, Node, qualify
+from gpusched.core.dra.pools import gather_pools
 from gpusched.core.dra.selector import DraError
-from gpusched.core.framework import CycleState, StateKey
+from gpusched.core.framework import F64, CycleState, StateKey
 from gpusched.core.model import PodSpec
 from gpusched.core.status import Code, Status
 
@@ -106,3 +114,68 @@ class DynamicResources:
     def unreserve(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> None:
         if pod.claims is not None and pod.claims.to_allocate:
             pod.claims.inventory.ledger.unreserve(pod.key)
+
+    def prefer(self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64) -> F64 | None:
+        if pod.claims is None or not pod.claims.to_allocate or len(nodes) < 2:
+            return None
+        outcomes = self._outcomes(state, pod, snap)
+        raw = np.array([_packing(outcomes, snap, n) for n in nodes.tolist()], dtype=np.float64)
+        if raw.max() - raw.min() < 1e-9:
+            return None  # no node packs better: no preference
+        return raw * 100.0
+
+
+def _packing(outcomes: _Outcomes, snap: ClusterState, n: int) -> float:
+    """How used the DRA devices that reach node ``n`` are once the pod's claims are placed there (0-1):
+    the mean over its counter sets (the share of each counter consumed) and its devices that consume
+    no counters (1 when held whole, the share of capacity consumed when shared)."""
+    out = outcomes.at(snap, n)
+    if not isinstance(out, Fits):
+        return 0.0
+    held = outcomes.allocated
+    taken = {r.device_id for a in out.allocations for r in a.results if not r.admin_access}
+    extra: dict[DeviceId, dict[str, int]] = {}
+    for a in out.allocations:
+        for r in a.results:
+            if r.shared:
+                book = extra.setdefault(r.device_id, {})
+                for name, v in r.consumed_capacity.items():
+                    book[name] = book.get(name, 0) + v
+    spec = snap.nodes[n]
+    units: list[float] = []
+    for pool in gather_pools(outcomes.claims.inventory.slices_for(spec.name), Node(spec.name, spec.labels)):
+        used: dict[str, dict[str, int]] = {}
+        for cand in pool.every_device:
+            did = DeviceId(cand.driver, cand.pool, cand.device.name)
+            if _in_use(did, held, taken):
+                for use in cand.device.consumes_counters:
+                    book = used.setdefault(use.counter_set, {})
+                    for name, v in use.counters.items():
+                        book[name] = book.get(name, 0) + v
+        for cset in pool.counter_sets.values():
+            fracs = [
+                min(1.0, used.get(cset.name, {}).get(c, 0) / v) for c, v in cset.counters.items() if v > 0
+            ]
+            if fracs:
+                units.append(sum(fracs) / len(fracs))
+        for cand in pool.devices:
+            if cand.device.consumes_counters:
+                continue
+            did = DeviceId(cand.driver, cand.pool, cand.device.name)
+            if did in held.devices or (did in taken and did not in extra):
+                units.append(1.0)
+            elif did in held.consumed or did in extra:
+                caps = {qualify(cand.driver, k): c.value for k, c in cand.device.capacity.items()}
+                fracs = [
+                    min(1.0, (held.consumed.get(did, {}).get(k, 0) + extra.get(did, {}).get(k, 0)) / v)
+                    for k, v in caps.items()
+                    if v > 0
+                ]
+                units.append(sum(fracs) / len(fracs) if fracs else 1.0)
+            else:
+                units.append(0.0)
+    return sum(units) / len(units) if units else 0.0
+
+
+def _in_use(did: DeviceId, held: AllocatedState, taken: set[DeviceId]) -> bool:
+    return did in held.devices or did in held.consumed or did in taken

@@ -89,6 +89,7 @@ def standard_preferences() -> tuple[WeightedPreference, ...]:
         WeightedPreference(PodTopologySpread(), 2.0),
         WeightedPreference(InterPodAffinity(), 2.0),
         WeightedPreference(GpuTopologyPreference(), 1.0),
+        WeightedPreference(DynamicResources(), 1.0),  # DRA claims pack onto used nodes and GPUs
     )
 
 
