@@ -186,3 +186,92 @@ def test_books_hold_exactly_what_claims_hold_and_never_a_device_twice(ops: list[
         held = truth()
         assert len(held) == len(set(held)), "a device held by two claims"
         assert books.allocated().devices == {DeviceId(DRIVER, NODE, d) for d in held}
+
+
+SHARE_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["decide", "land", "refuse", "foreign", "dealloc", "delete"]), st.integers(1, 4)
+    ),
+    max_size=30,
+)
+CAPACITY = 40 * 2**30
+MEM = f"{DRIVER}/memory"
+
+
+@settings(max_examples=200, deadline=None)
+@given(SHARE_OPS)
+def test_books_sum_the_capacity_shares_consume_and_never_exceed_a_device(ops: list[tuple[str, int]]) -> None:
+    """The same for shares of devices that allow multiple allocations: the ledger's consumed capacity
+    per device is the sum over the claims that hold a share (in the API, or reserved), and a decision
+    never takes a device past its capacity nor refuses one with room."""
+    books = DraBooks(CelCompiler())
+    books.upsert_class(device_class("gpu"))
+    devices = [gpu_device(i, allowMultipleAllocations=True) for i in range(2)]
+    books.upsert_slice(gpu_slice(NODE, devices))
+    pending: dict[str, tuple[str, str, int]] = {}  # claim -> (pod, device, bytes), not seen written
+    in_api: dict[str, tuple[str, int]] = {}  # claim -> (device, bytes)
+
+    def used() -> dict[str, int]:
+        out: dict[str, int] = {}
+        for dev, amount in [*in_api.values(), *((d, a) for _, d, a in pending.values())]:
+            out[dev] = out.get(dev, 0) + amount
+        return out
+
+    def api_claim(name: str, gib: int, held: tuple[str, int] | None = None) -> dict[str, Any]:
+        request = {
+            "name": "gpu",
+            "exactly": {"deviceClassName": "gpu", "capacity": {"requests": {"memory": f"{gib}Gi"}}},
+        }
+        if held is None:
+            return claim(name, [request])
+        alloc = allocation(NODE, held[0])
+        alloc["devices"]["results"][0].update(
+            shareID=f"s-{name}", consumedCapacity={"memory": f"{held[1] // 2**30}Gi"}
+        )
+        return claim(name, [request], allocation=alloc)
+
+    for n, (op, k) in enumerate(ops):
+        gib = 5 * k
+        if op == "decide":
+            name = f"c{n}"
+            books.upsert_claim(api_claim(name, gib))
+            r = resolve(pod(f"p{n}", [{"name": "gpu", "resourceClaimName": name}]), books)
+            assert isinstance(r, Ready)
+            out = r.claims.allocate(Node(NODE), books.allocated())
+            room = [d for d in ("gpu-0", "gpu-1") if used().get(d, 0) + gib * 2**30 <= CAPACITY]
+            if isinstance(out, Fits):
+                (res,) = out.allocations[0].results
+                assert res.shared and res.device in room, "a share taken past the device's capacity"
+                assert res.consumed_capacity == {MEM: gib * 2**30}
+                books.reserve(f"ns/p{n}", NODE, out.allocations)
+                pending[name] = (f"ns/p{n}", res.device, gib * 2**30)
+            else:
+                assert not room, "a share that fits was refused"
+        elif op == "land" and pending:
+            name = sorted(pending)[k % len(pending)]
+            _, dev, amount = pending.pop(name)
+            books.upsert_claim(api_claim(name, amount // 2**30, (dev, amount)))
+            in_api[name] = (dev, amount)
+        elif op == "refuse" and pending:
+            name = sorted(pending)[k % len(pending)]
+            pod_key, _, _ = pending.pop(name)
+            books.unreserve(pod_key)
+        elif op == "foreign":
+            room = [d for d in ("gpu-0", "gpu-1") if used().get(d, 0) + gib * 2**30 <= CAPACITY]
+            if room:
+                name = f"f{n}"
+                books.upsert_claim(api_claim(name, gib, (room[0], gib * 2**30)))
+                in_api[name] = (room[0], gib * 2**30)
+        elif op in ("dealloc", "delete") and in_api:
+            name = sorted(in_api)[k % len(in_api)]
+            del in_api[name]
+            if op == "dealloc":
+                books.upsert_claim(api_claim(name, 5))
+            else:
+                books.delete_claim(api_claim(name, 5))
+        truth = used()
+        assert all(v <= CAPACITY for v in truth.values())
+        state = books.allocated()
+        assert not state.devices
+        booked = {did.device: c.get(MEM, 0) for did, c in state.consumed.items() if c.get(MEM, 0)}
+        assert booked == {d: v for d, v in truth.items() if v}
