@@ -199,8 +199,10 @@ def test_an_unknown_outcome_when_retrying_stops_holds_the_devices_until_the_api_
     gpu0 = DeviceId(DRIVER, NODE, "gpu-0")
     now[0] = 59.0
     assert gpu0 in books.allocated().devices  # held: the write may have landed
+    assert books.reservation("ns/p") is not None
     now[0] = 61.0
-    assert gpu0 not in books.allocated().devices  # past the grace, still unallocated in the API: given up
+    assert books.reservation("ns/p") is None  # past the grace, still unallocated in the API: given up
+    assert gpu0 not in books.allocated().devices
 
 
 def test_a_held_write_seen_landed_is_counted_once_from_the_api() -> None:

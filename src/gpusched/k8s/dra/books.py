@@ -248,6 +248,7 @@ class DraBooks:
 
     def reservation(self, pod: str) -> Reservation | None:
         with self.lock:
+            self._expire()  # a held write past its grace is given up here too (its pod asks first)
             return self._reserved.get(pod)
 
     def reserving(self, claim: str) -> str:
