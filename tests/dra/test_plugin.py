@@ -100,3 +100,24 @@ def test_claims_pack_onto_the_node_whose_devices_are_already_in_use() -> None:
     ledger.state = AllocatedState()
     r = schedule_one(make_profile("bestfit"), pod, ClusterState(nodes), tiebreak=node3_first)
     assert r.scheduled and r.node_name == "node-3"
+
+
+def test_a_node_that_also_serves_gpus_through_the_device_plugin_gets_no_gpu_claim() -> None:
+    ledger = RecordingLedger()
+    nodes = [NodeSpec("node-2", 8000, 16384, gpu_count=2, gpu_model="A100"), NodeSpec("node-3", 8000, 16384)]
+    slices = [
+        slc("node-2", "node-2", "node-2", "gpu.nvidia.com", dev("gpu-0")),
+        slc("node-3", "node-3", "node-3", "gpu.nvidia.com", dev("gpu-0")),
+    ]
+    inventory = DraInventory({"gpu": cls("gpu", "gpu.nvidia.com")}, tuple(slices), ledger, CelCompiler())
+    pod = PodSpec(
+        "p",
+        cpu_milli=100,
+        namespace="ns",
+        claims=PodClaims((claim("ns/c", req("gpu", "gpu", 1)),), (), inventory),
+    )
+    r = schedule_one(make_profile("bestfit"), pod, ClusterState(nodes))
+    assert r.scheduled and r.node_name == "node-3"
+    r = schedule_one(make_profile("bestfit"), pod, ClusterState(nodes[:1]))
+    assert not r.scheduled and r.diagnosis is not None
+    assert "serves GPUs through the device plugin" in r.diagnosis.message()

@@ -8,7 +8,9 @@ asked about, against the devices other claims hold (``PodClaims.inventory``), an
 outcome in the cycle state; ``explain`` reads it back. Reserve hands the chosen node's allocation to
 the front end's ``ClaimLedger`` (its devices are held from then on; the front end writes
 ``status.allocation`` before binding), Unreserve takes it back. A pod without claims passes
-everywhere.
+everywhere. A node that also serves GPUs through the device plugin (``NodeSpec.gpu_count``, booked by
+the GPU books) gets no claim for a GPU driver's devices: the two books are separate, and a GPU would
+be given twice (issue 32 item 4).
 
 Prefer (better choices than first-fit, issue 32 item 2, the node level): among the nodes where the
 claims fit, the ones whose DRA devices are the most used once the claims are placed there rate
@@ -55,11 +57,24 @@ class _Outcomes:
                     hit = self.claims.allocate(node, self.allocated)
                 except DraError as e:
                     hit = e
+                if isinstance(hit, Fits) and spec.gpu_count and _takes_gpus(hit):
+                    hit = DoesNotFit(MIXED)
             self.by_node[n] = hit
         return hit
 
 
 OUTCOMES: StateKey[_Outcomes] = StateKey(NAME)
+
+GPU_DRIVERS = frozenset({"gpu.nvidia.com"})
+"""DRA drivers whose devices are the GPUs a device plugin may also serve (NVIDIA's)."""
+MIXED = (
+    "the node also serves GPUs through the device plugin (nvidia.com/gpu), booked apart from DRA:"
+    " GPU claims are not allocated there, so no GPU is given twice (docs/dra.md)"
+)
+
+
+def _takes_gpus(fits: Fits) -> bool:
+    return any(r.driver in GPU_DRIVERS for a in fits.allocations for r in a.results)
 
 
 class DynamicResources:
