@@ -8,7 +8,7 @@ from dra_builders import GI, NODE1, claim, cls, dev, ex, first, req, slc
 from gpusched.core.dra.allocator import Allocator, DoesNotFit, Fits
 from gpusched.core.dra.celexpr import CelCompiler
 from gpusched.core.dra.model import DeviceClass, Version
-from gpusched.core.dra.quantity import parse_quantity
+from gpusched.core.dra.quantity import format_quantity, parse_quantity
 from gpusched.core.dra.selector import DraError, device_view
 from gpusched.core.errors import GpuschedError
 
@@ -111,3 +111,36 @@ def test_does_not_fit_names_the_request_without_devices_or_says_they_do_not_fit_
     two = alloc.allocate(NODE1, [claim("a", req("gpu", NV)), claim("b", req("gpu", NV))])
     assert isinstance(two, DoesNotFit)
     assert two.reason.startswith("claims a, b: devices match every request on node node-1, but not together")
+
+
+def test_a_selector_is_evaluated_only_on_devices_the_search_reaches_as_upstream_does() -> None:
+    """kube-scheduler checks "in use" before the selectors and walks devices in order: a selector that
+    fails on a device it never tries is no error (the differential test found the difference)."""
+    anyone = DeviceClass("any", (f'device.driver == "{NV}"',))
+    mig = dev("gpu-0-mig-1g5gb-0", {}, {"type": "mig", "profile": "1g.5gb"})
+    full = dev("gpu-0", {}, {"type": "gpu"})  # no "profile": the selector fails to evaluate on it
+    slices = [slc("s", "node-1", "node-1", NV, mig, full)]
+    profile = f'device.attributes["{NV}"].profile == "1g.5gb"'
+    fits = Allocator({"any": anyone}, slices, CelCompiler()).allocate(
+        NODE1, [claim("c", req("r", "any", 1, profile))]
+    )
+    assert isinstance(fits, Fits) and fits.allocations[0].results[0].device == "gpu-0-mig-1g5gb-0"
+    # the full GPU taken by an earlier request is in use: the selector is not evaluated on it either
+    first_full = claim(
+        "c", req("a", "any", 1, f'device.attributes["{NV}"].type == "gpu"'), req("b", "any", 1, profile)
+    )
+    reordered = [slc("s", "node-1", "node-1", NV, full, mig)]
+    fits = Allocator({"any": anyone}, reordered, CelCompiler()).allocate(NODE1, [first_full])
+    assert isinstance(fits, Fits)
+    # reached while free, it is an error naming the device
+    with pytest.raises(DraError, match=r"on device gpu\.nvidia\.com/node-1/gpu-0: CEL runtime error"):
+        Allocator({"any": anyone}, reordered, CelCompiler()).allocate(
+            NODE1, [claim("c", req("r", "any", 1, profile))]
+        )
+
+
+@pytest.mark.parametrize(
+    ("value", "text"), [(15 * GI, "15Gi"), (1536 * 2**20, "1536Mi"), (50, "50"), (0, "0"), (1000, "1000")]
+)
+def test_quantities_are_written_in_canonical_form(value: int, text: str) -> None:
+    assert format_quantity(value) == text and parse_quantity(text) == value

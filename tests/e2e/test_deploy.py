@@ -356,8 +356,16 @@ def test_rbac_is_least_privilege(rbac: ControlPlane) -> None:
             ("create", "leases.coordination.k8s.io", NAMESPACE),
             ("update", "leases.coordination.k8s.io", NAMESPACE, "gpusched-scheduler"),
             ("get", "leases.coordination.k8s.io", NAMESPACE, "gpusched-scheduler"),
+            ("watch", "resourceslices.resource.k8s.io"),  # DRA: classes, slices, claims, taint rules
+            ("watch", "devicetaintrules.resource.k8s.io"),
+            ("update", "resourceclaims.resource.k8s.io/status"),  # status.allocation and reservedFor
         ],
-        [*common_denied, ("update", "leases.coordination.k8s.io", NAMESPACE, "gpusched-kube-scheduler")],
+        [
+            *common_denied,
+            ("update", "leases.coordination.k8s.io", NAMESPACE, "gpusched-kube-scheduler"),
+            ("create", "resourceclaims.resource.k8s.io"),
+            ("update", "resourceslices.resource.k8s.io"),
+        ],
     )
     check(
         "gpusched-extender",

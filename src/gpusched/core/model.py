@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from gpusched.core.errors import InvalidSpec
 from gpusched.core.gpumodel import canonical_gpu_model, canonical_gpu_models
@@ -32,6 +33,9 @@ from gpusched.core.selectors import (
     SpreadConstraint,
 )
 from gpusched.core.topology import GpuTopology
+
+if TYPE_CHECKING:
+    from gpusched.core.dra.inventory import PodClaims
 
 __all__ = [
     "GPU_MILLI",
@@ -194,6 +198,9 @@ class PodSpec:
     controller: Controller | None = None
     """What recreates this pod when it is evicted (None: nothing, a bare pod). Defragmentation moves
     only pods whose controller recreates them (``core.defrag.units``). Not part of the shape."""
+    claims: PodClaims | None = None
+    """Its DRA ResourceClaims and the inventory they are allocated against (``core.dra.inventory``),
+    for the DynamicResources plugin; None: no claims. Part of the shape by identity."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -294,6 +301,7 @@ class PodSpec:
             self.preferred_node_affinity,
             self.preferred_pod_affinity,
             self.preferred_pod_anti_affinity,
+            self.claims,
         )
 
 

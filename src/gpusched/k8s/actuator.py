@@ -44,6 +44,7 @@ from gpusched.core.framework import Profile, run_bind
 from gpusched.core.gang import Unit
 from gpusched.core.model import PodSpec
 from gpusched.k8s.binding import Result, Settler, bind_until_settled
+from gpusched.k8s.claims import DraClaims
 from gpusched.k8s.disruption import BudgetReader
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.gangs import Gangs
@@ -117,6 +118,7 @@ class Actuator:
         reservations: Reservations,
         tenants: TenantQueues,
         gangs: Gangs,
+        claims: DraClaims,
         running: tuple[threading.Event, threading.Event],
     ) -> None:
         self.cluster = cluster
@@ -131,6 +133,7 @@ class Actuator:
         self.reservations = reservations
         self.tenants = tenants
         self.gangs = gangs
+        self.claims = claims
         self._leading, self._stop = running
         """Bindings keep trying while the first is set and the second is not."""
         self.scheduled = 0
@@ -270,13 +273,20 @@ class Actuator:
         """Bind the booked decision until the API says what happened (``k8s/binding.py``): the
         GPUs stay booked while the outcome is unknown, so nothing else is placed on them."""
         t0 = time.perf_counter()
+        keep_trying = lambda: self._leading.is_set() and not self._stop.is_set()  # noqa: E731
+        claims = self.claims.write(qp.obj, pod, keep_trying=keep_trying)  # DRA: status.allocation first
+        if not claims.ok:
+            self.cluster.forget(pod.key)
+            self.bind_errors += 1
+            log.warning("writing the claims of %s: %s: %s", qp.key, claims.result.value, claims.message)
+            self.events.failed(qp.obj, f"writing its ResourceClaims: {claims.message}")
+            self.queue.add_or_update(qp.event, backoff=True)
+            return
         out = bind_until_settled(
-            lambda: run_bind(profile, pod, node, gpus),
-            pod,
-            self.settler,
-            keep_trying=lambda: self._leading.is_set() and not self._stop.is_set(),
+            lambda: run_bind(profile, pod, node, gpus), pod, self.settler, keep_trying=keep_trying
         )
         if out.result is Result.BOUND and (out.status.ok or out.node == node):
+            self.claims.bound(pod)
             self.scheduled += 1
             self.metrics.binding_duration.labels("ok").observe(time.perf_counter() - t0)
             self.events.scheduled(qp.obj, node)
@@ -287,6 +297,8 @@ class Actuator:
             "binding %s to %s: %s after %d attempt(s): %s",
             qp.key, node, out.result.value, out.attempts, out.status.message(),
         )  # fmt: skip
+        if out.result in (Result.REFUSED, Result.GONE):
+            self.claims.release(qp.obj, pod)  # out of its claims' reservedFor (k8s/claims.py)
         if out.result is Result.REFUSED:  # nothing was written: decide again after backoff
             self.queue.add_or_update(qp.event, backoff=True)
 

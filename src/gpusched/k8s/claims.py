@@ -1,24 +1,175 @@
-"""Pods with Dynamic Resource Allocation claims (``spec.resourceClaims``).
+"""Pods with Dynamic Resource Allocation claims (``spec.resourceClaims``) in the standalone scheduler.
 
-The standalone scheduler does not allocate ResourceClaims (kube-scheduler's DynamicResources
-plugin does, with the DRA drivers' ResourceSlices): binding such a pod would start it without the
-devices it claims. So it is never bound here: it gets a clear ``FailedScheduling`` event and waits
-(as unschedulable; a change to the pod, e.g. another scheduler name, moves it on).
+``DraClaims`` is the scheduler's one hook into DRA (``k8s/dra/``):
+
+- ``start``: informers for DeviceClasses, ResourceSlices, ResourceClaims and DeviceTaintRules into
+  the ``DraBooks``. They do not hold up the scheduler: until they have listed, a claim pod waits.
+- ``prepare(obj, pod)`` before deciding: the pod's claims resolved (``k8s/dra/podclaims.py``) and
+  attached to its ``PodSpec`` (``claims``: the claims to allocate, the inventory), for the core's
+  DynamicResources plugin, which allocates them per node and reserves the chosen node's devices in
+  the books. Or a ``ClaimsRefusal``: why the pod waits (a claim not created yet) or cannot be
+  allocated as written (the message names the object and field).
+- ``write(obj, pod)`` before binding: ``status.allocation`` and ``status.reservedFor`` written as
+  kube-scheduler does (``k8s/dra/writer.py``); an unknown outcome keeps the devices held.
+- ``release(obj)`` when the binding did not happen: the pod leaves ``reservedFor``.
+
+Gang members with claims still wait unbound (``claims_message``): their joint allocation is not
+built yet (issue 32 item 3).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from gpusched.core.dra.celexpr import CelCompiler
+from gpusched.core.model import PodSpec
+from gpusched.k8s.dra.books import DraBooks
+from gpusched.k8s.dra.podclaims import ClaimRef, Invalid, Waiting, has_claims, resolve
+from gpusched.k8s.dra.writer import ClaimWriter, WriteOutcome, Written
+from gpusched.k8s.informer import Handlers, Reflector
 
 
 def claims_message(pod: Mapping[str, Any]) -> str:
-    """Why ``pod`` cannot be scheduled here ("" when it claims nothing)."""
+    """Why a gang member with claims cannot be scheduled here ("" when it claims nothing)."""
     claims = (pod.get("spec") or {}).get("resourceClaims") or []
     if not claims:
         return ""
     names = ", ".join(str(c.get("name", "?")) for c in claims if isinstance(c, Mapping)) or "?"
     return (
         f"spec.resourceClaims ({names}): gpusched's standalone scheduler cannot allocate DRA "
-        "ResourceClaims; the pod waits unbound (schedule it with kube-scheduler, which allocates them)"
+        "ResourceClaims for the members of a gang yet (joint allocation); the pod waits unbound"
     )
+
+
+@dataclass(frozen=True)
+class ClaimsRefusal:
+    """Why a claim pod is not decided now: ``reason`` is the event's (FailedScheduling while it
+    waits for something to change, InvalidResourceClaim for input that must be fixed)."""
+
+    message: str
+    reason: str = "FailedScheduling"
+
+
+WAITING_FOR_INFORMERS = (
+    "waiting for the DRA informers (ResourceSlices, DeviceClasses, ResourceClaims) to list"
+)
+
+
+class DraClaims:
+    def __init__(
+        self,
+        api: Any,
+        *,
+        on_change: Callable[[], None] = lambda: None,
+        books: DraBooks | None = None,
+        writer: ClaimWriter | None = None,
+    ) -> None:
+        """``on_change``: called after every DRA object the informers deliver (a claim created or
+        deallocated, a slice published): claim pods that waited may be decided now."""
+        from kubernetes import client
+
+        self._on_change = on_change
+        self.resource = client.ResourceV1Api(api) if api is not None else None
+        self.books = books or DraBooks(CelCompiler())
+        self.writer = writer or ClaimWriter(self.resource, self.books)
+        self._refs: dict[str, tuple[ClaimRef, ...]] = {}  # pod key -> its claims at its last prepare
+        self._lock = threading.Lock()
+        self._reflectors: list[Reflector] = []
+
+    # ------------------------------------------------------------------ informers
+    def start(self) -> None:
+        b, r = self.books, self.resource
+        assert r is not None
+
+        def handlers(kind: str, up: Callable[[Any], None], down: Callable[[Any], None]) -> Handlers:
+            def then(fn: Callable[[Any], None]) -> Callable[[Any], None]:
+                def call(arg: Any) -> None:
+                    fn(arg)
+                    self._on_change()
+
+                return call
+
+            return Handlers(then(up), then(down), then(lambda items: b.sync(kind, items)))
+
+        self._reflectors = [
+            Reflector(
+                "deviceclasses", r.list_device_class, handlers("DeviceClass", b.upsert_class, b.delete_class)
+            ),
+            Reflector(
+                "resourceslices",
+                r.list_resource_slice,
+                handlers("ResourceSlice", b.upsert_slice, b.delete_slice),
+            ),
+            Reflector(
+                "devicetaintrules",
+                r.list_device_taint_rule,
+                handlers("DeviceTaintRule", b.upsert_rule, b.delete_rule),
+            ),
+            Reflector(
+                "resourceclaims",
+                r.list_resource_claim_for_all_namespaces,
+                handlers("ResourceClaim", b.upsert_claim, b.delete_claim),
+            ),
+        ]
+        for refl in self._reflectors:
+            refl.start()
+
+    def synced(self) -> bool:
+        return bool(self._reflectors) and all(r.synced.is_set() for r in self._reflectors)
+
+    def stop(self) -> None:
+        for r in self._reflectors:
+            r.stop()
+
+    # ------------------------------------------------------------------ the cycle
+    def prepare(self, obj: Mapping[str, Any], pod: PodSpec) -> PodSpec | ClaimsRefusal:
+        """``pod`` with its claims attached (unchanged when it has none), or why it is not decided."""
+        if not has_claims(obj):
+            return pod
+        if pod.gang:
+            return ClaimsRefusal(claims_message(obj))
+        if not self.synced():
+            return ClaimsRefusal(WAITING_FOR_INFORMERS)
+        held = self.books.reservation(pod.key)
+        if held is not None and held.held_since is not None:
+            return ClaimsRefusal(
+                f"the write of its claims to node {held.node} is being settled (outcome unknown)"
+            )
+        self.books.unreserve(pod.key)  # an earlier decision not carried out: decided again now
+        r = resolve(obj, self.books)
+        if isinstance(r, Waiting):
+            return ClaimsRefusal(r.reason)
+        if isinstance(r, Invalid):
+            return ClaimsRefusal(r.reason, "InvalidResourceClaim")
+        with self._lock:
+            self._refs[pod.key] = r.refs
+        return dataclasses.replace(pod, claims=r.claims)
+
+    def write(self, obj: Mapping[str, Any], pod: PodSpec, *, keep_trying: Callable[[], bool]) -> WriteOutcome:
+        """Write the decision's claims before the binding (WRITTEN at once for a pod without)."""
+        if pod.claims is None:
+            return WriteOutcome(Written.WRITTEN, attempts=0)
+        with self._lock:
+            refs = self._refs.pop(pod.key, ())
+        if not refs:
+            return WriteOutcome(Written.WRITTEN, attempts=0)
+        out = self.writer.write(obj, refs, keep_trying=keep_trying)
+        if out.ok:
+            with self._lock:
+                self._refs[pod.key] = refs  # for ``release``
+        return out
+
+    def release(self, obj: Mapping[str, Any], pod: PodSpec) -> None:
+        """The binding did not happen: the pod leaves its claims' ``reservedFor``."""
+        with self._lock:
+            refs = self._refs.pop(pod.key, ())
+        if refs:
+            self.writer.release(obj, refs)
+
+    def bound(self, pod: PodSpec) -> None:
+        with self._lock:
+            self._refs.pop(pod.key, None)

@@ -23,7 +23,9 @@ standby keeps its informers warm. Becoming leader rebuilds the books from the AP
 
 Gangs hold nothing while they wait: a PodGroup member is decided with its group's pending pods,
 all or nothing, in one cycle (``k8s/gangs.py``: membership and group status; within its tenant
-queue's quota, a preemptor as a unit); a pod with DRA claims is never bound (``k8s/claims.py``).
+queue's quota, a preemptor as a unit). A pod with DRA claims has them resolved before it is decided
+and written before it is bound (``k8s/claims.py``, ``DraClaims``; the actuator writes them); a gang
+member with claims is never bound.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from gpusched.core.workload import WorkloadSource
 from gpusched.k8s.actuator import Actuator, Decision, Popped
 from gpusched.k8s.binder import APIBinder, read_pod
 from gpusched.k8s.binding import Settler
-from gpusched.k8s.claims import claims_message
+from gpusched.k8s.claims import ClaimsRefusal, DraClaims
 from gpusched.k8s.convert import InvalidRequest, pod_from_k8s
 from gpusched.k8s.disruption import BudgetReader
 from gpusched.k8s.events import EventRecorder
@@ -149,11 +151,13 @@ class StandaloneScheduler:
             self.queue, self.cluster, self.events, lambda on_change: PodGroups(api, on_change)
         )
         self.rooms = Rooms(self.nominations, self.reservations)  # what each unit is decided clear of
+        # DRA: claims resolved before deciding, written before binding; a DRA object changed: retry
+        self.claims = DraClaims(api, on_change=self.queue.cluster_changed)
         self.actuator = Actuator(  # what a decided unit's outcome does in the API (k8s/actuator.py)
             cluster=self.cluster, queue=self.queue, events=self.events, metrics=self.metrics,
             pool=self._pool, settler=self._settler, nominations=self.nominations,
             preemptor=self._preemptor, budgets=self.budgets, reservations=self.reservations,
-            tenants=self.tenants, gangs=self.gangs, running=(self.leading, self._stop),
+            tenants=self.tenants, gangs=self.gangs, claims=self.claims, running=(self.leading, self._stop),
         )  # fmt: skip
         # each pod event parsed once (k8s/podevents.py), for the books, gangs, rooms, then the queue
         self.pods = PodFeed([self.cluster, self.gangs, self.reservations, self])
@@ -173,6 +177,7 @@ class StandaloneScheduler:
         self.gangs.groups.discover()
         self.budgets.start()
         self.tenants.start()
+        self.claims.start()
         self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
         self._thread.start()
         if lead:
@@ -219,6 +224,7 @@ class StandaloneScheduler:
         self.gangs.groups.stop()
         self.budgets.stop()
         self.tenants.stop()
+        self.claims.stop()
         if self._thread is not None:
             self._thread.join(timeout)
         self._pool.shutdown(wait=True, cancel_futures=False)
@@ -302,9 +308,11 @@ class StandaloneScheduler:
         if self.cluster.is_bound_or_assumed(qp.key):
             self.queue.done(qp.key)
             return
-        if claims := claims_message(qp.obj):  # DRA claims: never bound here (k8s/claims.py)
-            act.refuse(qp, claims)
+        prepared = self.claims.prepare(qp.obj, pod)  # DRA claims resolved and attached (k8s/claims.py)
+        if isinstance(prepared, ClaimsRefusal):
+            act.refuse(qp, prepared.message, reason=prepared.reason)
             return
+        pod = prepared
         t0 = time.perf_counter()
         popped = self._popped(qp, pod, t0)
         if popped is None:

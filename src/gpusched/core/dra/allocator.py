@@ -58,11 +58,19 @@ Outcome = Fits | DoesNotFit
 
 @dataclass(frozen=True)
 class _Choice:
-    """One alternative for a request: the exact request, its result name, its static candidates."""
+    """One alternative for a request: the exact request, its result name, its static candidates.
+
+    For ``All`` the candidates are the devices its selectors match (evaluated up front, as upstream
+    gathers them). For ``ExactCount`` they are not filtered by selectors: ``lazy`` holds them, and the
+    search evaluates them only on devices not in use, when it reaches them (upstream's order: "checking
+    for in use is cheap and thus gets done first"), so a selector that fails on a device the search
+    never tries is no error, as in kube-scheduler."""
 
     exact: ExactRequest
     result_name: str
     candidates: tuple[Candidate, ...]
+    lazy: tuple[CompiledSelector, ...] = ()
+    where: str = ""
 
 
 class Allocator:
@@ -115,12 +123,13 @@ class Allocator:
             raise DraError(f"{where}: unknown device class {exact.class_name}")
         selectors = [self._compile(where, e) for e in (*dclass.selectors, *exact.selectors)]
         out = []
+        eager = exact.mode is AllocationMode.ALL
         for pool in pools:
             if pool.invalid is not None:
                 continue  # reported if nothing fits (``allocate``)
             for cand in pool.devices:
                 held = self._allocated.consumed.get(DeviceId(cand.driver, cand.pool, cand.device.name), {})
-                if not self._selected(where, selectors, cand) or not _capacity_fits(exact, cand, held):
+                if (eager and not _selected(where, selectors, cand)) or not _capacity_fits(exact, cand, held):
                     continue  # (taints are checked when a device is taken: "All" fails on one)
                 if pool.incomplete:
                     if exact.mode is AllocationMode.ALL:
@@ -130,7 +139,7 @@ class Allocator:
                         )
                     continue  # an incomplete pool is not used until all its slices are seen
                 out.append(cand)
-        return _Choice(exact, name, tuple(out))
+        return _Choice(exact, name, tuple(out), () if eager else tuple(selectors), where)
 
     def _compile(self, where: str, expression: str) -> CompiledSelector:
         try:
@@ -138,26 +147,37 @@ class Allocator:
         except SelectorError as e:
             raise DraError(f"{where}: selector {expression!r}: {e}") from None
 
-    @staticmethod
-    def _selected(where: str, selectors: list[CompiledSelector], cand: Candidate) -> bool:
-        view = device_view(cand.driver, cand.device)
-        for sel in selectors:
-            try:
-                if not sel.matches(view):
-                    return False
-            except SelectorError as e:
-                raise DraError(
-                    f"{where}: selector {sel.expression!r} on device {cand.driver}/{cand.pool}/"
-                    f"{cand.device.name}: {e}"
-                ) from None
-        return True
+
+def _selected(where: str, selectors: Sequence[CompiledSelector], cand: Candidate) -> bool:
+    view = device_view(cand.driver, cand.device)
+    for sel in selectors:
+        try:
+            if not sel.matches(view):
+                return False
+        except SelectorError as e:
+            raise DraError(
+                f"{where}: selector {sel.expression!r} on device {cand.driver}/{cand.pool}/"
+                f"{cand.device.name}: {e}"
+            ) from None
+    return True
+
+
+def _any_match(choice: _Choice) -> bool:
+    """Whether any candidate matches the choice's selectors (one that fails to evaluate does not)."""
+    for cand in choice.candidates:
+        try:
+            if _selected(choice.where, choice.lazy, cand):
+                return True
+        except DraError:
+            continue
+    return False
 
 
 def _reason(node: Node, claims: Sequence[Claim], plans: list[list[list[_Choice]]]) -> str:
     """Why nothing fits: the first request without a single matching device, else the claims together."""
     for claim, plan in zip(claims, plans, strict=True):
         for request, choices in zip(claim.requests, plan, strict=True):
-            if not any(c.candidates for c in choices):
+            if not any(_any_match(c) for c in choices):
                 classes = sorted({c.exact.class_name for c in choices})
                 return (
                     f"claim {claim.name}, request {request.name}: no device on node {node.name} matches"
@@ -223,6 +243,7 @@ class _Search:
                     self._charge(c, +1)
         self.results: list[list[DeviceResult]] = []
         self.books: list[ConstraintBook] = []
+        self.selected: dict[tuple[int, str, DeviceId], bool] = {}  # lazily evaluated selectors
 
     # -- counters -----------------------------------------------------------------------------
     def _charge(self, cand: Candidate, sign: int) -> None:
@@ -242,6 +263,13 @@ class _Search:
                 if name not in cset.counters or book.get(name, 0) + value > cset.counters[name]:
                     return False
         return True
+
+    def _matches(self, ci: int, choice: _Choice, cand: Candidate, did: DeviceId) -> bool:
+        key = (ci, choice.result_name, did)
+        hit = self.selected.get(key)
+        if hit is None:
+            hit = self.selected[key] = _selected(choice.where, choice.lazy, cand)
+        return hit
 
     # -- the search ---------------------------------------------------------------------------
     def run(self, claims: Sequence[Claim], plans: list[list[list[_Choice]]]) -> bool:
@@ -302,19 +330,21 @@ class _Search:
         """Allocate ``cand`` for the request if it is free; returns the consumed capacity (maybe empty)."""
         exact, dev = choice.exact, cand.device
         did = DeviceId(cand.driver, cand.pool, dev.name)
-        if not _tolerated(exact, cand):
-            return None
         if any(
             r.device_id == did and (r.request == choice.result_name or not r.shared) for r in self.results[ci]
         ):
             return None  # a claim takes a device once; a shared one once per request
+        multi = dev.allow_multiple_allocations and not exact.admin_access
+        if not exact.admin_access and (did in self.exclusive or (not multi and self.shares.get(did))):
+            return None  # held whole, or (no longer multi-allocatable) still shared
+        if choice.lazy and not self._matches(ci, choice, cand, did):
+            return None  # selectors last of the cheap checks, first of the rest (upstream's order)
+        if not _tolerated(exact, cand):
+            return None
         used = consumption(dev, exact.capacity_requests, cand.driver)
         if used is None:
             return None
-        multi = dev.allow_multiple_allocations and not exact.admin_access
         if not exact.admin_access:
-            if did in self.exclusive or (not multi and self.shares.get(did)):
-                return None  # held whole, or (no longer multi-allocatable) still shared
             held = self.consumed.get(did, {})
             limit = {n: c.value for n, c in _qualified_caps(cand).items()}
             if any(held.get(n, 0) + v > limit[n] for n, v in used.items()):

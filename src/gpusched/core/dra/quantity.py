@@ -33,3 +33,14 @@ def parse_quantity(text: str, what: str = "quantity") -> int:
             " milli-units are not supported for DRA capacities"
         )
     return int(m.group(1)) * _SUFFIX[m.group(2) or ""]
+
+
+def format_quantity(value: int) -> str:
+    """An integer in its canonical Kubernetes form: the largest binary suffix that divides it exactly
+    (``16106127360`` -> ``"15Gi"``), else the plain number (``"50"``), as the API writes byte amounts."""
+    if value:
+        for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
+            unit = _SUFFIX[suffix]
+            if value % unit == 0:
+                return f"{value // unit}{suffix}"
+    return str(value)

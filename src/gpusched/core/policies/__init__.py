@@ -13,10 +13,12 @@ from gpusched.core.framework import (
     FilterPlugin,
     PreFilterPlugin,
     Profile,
+    ReservePlugin,
     ScorePlugin,
     WeightedPreference,
     WeightedScore,
 )
+from gpusched.core.plugins.dynamicresources import DynamicResources
 from gpusched.core.plugins.gpufit import GPUFit
 from gpusched.core.plugins.gputopology import GpuTopologyPreference
 from gpusched.core.plugins.interpodaffinity import InterPodAffinity
@@ -75,6 +77,7 @@ def standard_filters() -> tuple[FilterPlugin, ...]:
         TaintToleration(),
         PodTopologySpread(),
         InterPodAffinity(),
+        DynamicResources(),
     )
 
 
@@ -86,6 +89,7 @@ def standard_preferences() -> tuple[WeightedPreference, ...]:
         WeightedPreference(PodTopologySpread(), 2.0),
         WeightedPreference(InterPodAffinity(), 2.0),
         WeightedPreference(GpuTopologyPreference(), 1.0),
+        WeightedPreference(DynamicResources(), 1.0),  # DRA claims pack onto used nodes and GPUs
     )
 
 
@@ -123,6 +127,7 @@ def profile_of(
         pre_filters=tuple(f for f in filters if isinstance(f, PreFilterPlugin)),
         filters=filters,
         post_filters=post,
+        reserves=tuple(f for f in filters if isinstance(f, ReservePlugin)),
         preferences=standard_preferences(),
         scores=scores,
         workload=workload,

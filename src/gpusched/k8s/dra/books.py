@@ -1,0 +1,287 @@
+"""The DRA books: resource.k8s.io objects from informers, converted, and the devices claims hold.
+
+``DraBooks`` keeps the DeviceClasses, ResourceSlices, DeviceTaintRules and ResourceClaims the
+informers deliver, converted to the core's model (an object that cannot be converted is kept out and
+its error remembered, ``problems``), and is the core's ``ClaimLedger``:
+
+- a claim's devices are held from its ``status.allocation`` as the API shows it, whoever allocated
+  it (kube-scheduler, another scheduler, a controller): nothing another allocator gave out is given
+  out again here;
+- a decision's devices are held from Reserve (``reserve``, called by the DynamicResources plugin in
+  the scheduling cycle) until the informer shows the claim allocated (then the API's copy counts,
+  and the reservation is dropped: a device is never counted twice), or the decision is given back
+  (``unreserve``: the write was refused, the pod decided again);
+- a reservation whose write had an unknown outcome is ``hold``-en: kept until the informer shows the
+  claim allocated, or for ``grace_s`` (the apiserver's request timeout) while it shows it unallocated.
+
+Thread-safe: informer threads, the scheduling thread and the writers share one lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gpusched.core.dra.inventory import DraInventory
+from gpusched.core.dra.model import AllocatedState, ClaimAllocation, DeviceClass, DeviceId, ResourceSlice
+from gpusched.core.dra.selector import SelectorCompiler
+from gpusched.k8s.dra.convert import (
+    DraObjectError,
+    HeldDevice,
+    TaintRule,
+    allocation_from_k8s,
+    claim_key,
+    device_class_from_k8s,
+    slice_from_k8s,
+    taint_rule_from_k8s,
+)
+
+log = logging.getLogger(__name__)
+
+Obj = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A decision's devices, per claim key, held until written (or given back)."""
+
+    pod: str
+    node: str
+    allocations: tuple[ClaimAllocation, ...]
+    held_since: float | None = None  # set when its write's outcome is unknown (``hold``)
+
+
+def held_devices(allocations: tuple[ClaimAllocation, ...]) -> dict[str, tuple[HeldDevice, ...]]:
+    """Per claim key, the devices a decision takes (admin access holds nothing)."""
+    return {
+        a.claim: tuple(
+            HeldDevice(r.device_id, r.shared, dict(r.consumed_capacity) or None, r.admin_access)
+            for r in a.results
+        )
+        for a in allocations
+    }
+
+
+class DraBooks:
+    def __init__(
+        self,
+        compiler: SelectorCompiler,
+        *,
+        grace_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.compiler = compiler
+        self.grace_s = grace_s
+        self._clock = clock
+        self.lock = threading.RLock()
+        self._classes: dict[str, DeviceClass] = {}
+        self._class_objs: dict[str, Obj] = {}  # the API objects: their opaque configs are copied
+        self._slices: dict[str, ResourceSlice] = {}
+        self._rules: dict[str, TaintRule] = {}
+        self._claims: dict[str, Obj] = {}  # key -> the API object
+        self._held: dict[str, tuple[HeldDevice, ...]] = {}  # claim key -> its allocation in the API
+        self._reserved: dict[str, Reservation] = {}  # pod key -> its decision
+        self._problems: dict[str, str] = {}  # "Kind name" -> why it cannot be read
+        self._inventory: DraInventory | None = None
+
+    # ------------------------------------------------------------------ informer side
+    def upsert_class(self, obj: Obj) -> None:
+        with self.lock:
+            self._class_objs[str((obj.get("metadata") or {}).get("name"))] = obj
+            self._convert("DeviceClass", obj, device_class_from_k8s, self._classes)
+
+    def delete_class(self, obj: Obj) -> None:
+        with self.lock:
+            self._class_objs.pop(str((obj.get("metadata") or {}).get("name")), None)
+            self._drop("DeviceClass", obj, self._classes)
+
+    def upsert_slice(self, obj: Obj) -> None:
+        self._convert("ResourceSlice", obj, slice_from_k8s, self._slices)
+
+    def delete_slice(self, obj: Obj) -> None:
+        self._drop("ResourceSlice", obj, self._slices)
+
+    def upsert_rule(self, obj: Obj) -> None:
+        self._convert("DeviceTaintRule", obj, taint_rule_from_k8s, self._rules)
+
+    def delete_rule(self, obj: Obj) -> None:
+        self._drop("DeviceTaintRule", obj, self._rules)
+
+    def upsert_claim(self, obj: Obj) -> None:
+        key = claim_key(obj)
+        with self.lock:
+            self._claims[key] = obj
+            try:
+                held = allocation_from_k8s(obj)
+                self._problems.pop(f"ResourceClaim {key}", None)
+            except DraObjectError as e:  # an allocation we cannot read: hold nothing we cannot name
+                self._problems[f"ResourceClaim {key}"] = str(e)
+                held = None
+            if held is None:
+                self._held.pop(key, None)
+            else:
+                self._held[key] = held
+                self._written(key)
+            self._inventory = None
+
+    def delete_claim(self, obj: Obj) -> None:
+        key = claim_key(obj)
+        with self.lock:
+            self._claims.pop(key, None)
+            self._held.pop(key, None)
+            self._written(key)
+            self._inventory = None
+
+    def sync(self, kind: str, items: list[Obj]) -> None:
+        """After a (re)list: drop the objects of ``kind`` that are gone."""
+        with self.lock:
+            if kind == "ResourceClaim":
+                for key in set(self._claims) - {claim_key(o) for o in items}:
+                    self.delete_claim(self._claims[key])
+                return
+            books: dict[str, dict[str, Any]] = {
+                "DeviceClass": self._classes,
+                "ResourceSlice": self._slices,
+                "DeviceTaintRule": self._rules,
+            }
+            book = books[kind]
+            names = {str((o.get("metadata") or {}).get("name")) for o in items}
+            for name in set(book) - names:
+                del book[name]
+                if kind == "DeviceClass":
+                    self._class_objs.pop(name, None)
+            for p in [
+                p for p in self._problems if p.startswith(kind + " ") and p.split(" ", 1)[1] not in names
+            ]:
+                del self._problems[p]
+            self._inventory = None
+
+    def _convert(self, kind: str, obj: Obj, fn: Callable[[Obj], Any], book: dict[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name"))
+        with self.lock:
+            try:
+                book[name] = fn(obj)
+                self._problems.pop(f"{kind} {name}", None)
+            except DraObjectError as e:
+                book.pop(name, None)  # kept out: a slice's pool then looks incomplete, and is not used
+                if self._problems.get(f"{kind} {name}") != str(e):
+                    log.warning("%s", e)
+                self._problems[f"{kind} {name}"] = str(e)
+            self._inventory = None
+
+    def _drop(self, kind: str, obj: Obj, book: dict[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name"))
+        with self.lock:
+            book.pop(name, None)
+            self._problems.pop(f"{kind} {name}", None)
+            self._inventory = None
+
+    # ------------------------------------------------------------------ reads
+    def claim(self, key: str) -> Obj | None:
+        with self.lock:
+            return self._claims.get(key)
+
+    def class_object(self, name: str) -> Obj | None:
+        with self.lock:
+            return self._class_objs.get(name)
+
+    def problem(self, what: str) -> str:
+        """Why ``what`` ("DeviceClass gpu.example.com") could not be read ("" when it could)."""
+        with self.lock:
+            return self._problems.get(what, "")
+
+    def problems(self) -> dict[str, str]:
+        with self.lock:
+            return dict(self._problems)
+
+    def inventory(self) -> DraInventory:
+        with self.lock:
+            if self._inventory is None:
+                slices = tuple(self._tainted(s) for _, s in sorted(self._slices.items()))
+                self._inventory = DraInventory(dict(self._classes), slices, self, self.compiler)
+            return self._inventory
+
+    def _tainted(self, s: ResourceSlice) -> ResourceSlice:
+        """The slice with the DeviceTaintRules' taints added to the devices they select."""
+        rules = list(self._rules.values())
+        if not rules:
+            return s
+        devices = []
+        for d in s.devices:
+            extra = tuple(r.taint for r in rules if r.selects(s.driver, s.pool, d.name))
+            devices.append(replace(d, taints=d.taints + extra) if extra else d)
+        return replace(s, devices=tuple(devices))
+
+    # ------------------------------------------------------------------ ClaimLedger
+    def allocated(self) -> AllocatedState:
+        with self.lock:
+            self._expire()
+            per_claim = dict(self._held)
+            for res in self._reserved.values():
+                for key, devices in held_devices(res.allocations).items():
+                    per_claim.setdefault(key, devices)  # the API's copy wins once it is seen
+            exclusive: set[DeviceId] = set()
+            consumed: dict[DeviceId, dict[str, int]] = {}
+            for devices in per_claim.values():
+                for d in devices:
+                    if d.admin_access:
+                        continue
+                    if d.shared:
+                        book = consumed.setdefault(d.device, {})
+                        for name, v in (d.consumed or {}).items():
+                            book[name] = book.get(name, 0) + v
+                    else:
+                        exclusive.add(d.device)
+            return AllocatedState(frozenset(exclusive), consumed)
+
+    def reserve(self, pod: str, node: str, allocations: tuple[ClaimAllocation, ...]) -> None:
+        with self.lock:
+            self._reserved[pod] = Reservation(pod, node, allocations)
+
+    def unreserve(self, pod: str) -> None:
+        with self.lock:
+            self._reserved.pop(pod, None)
+
+    def reservation(self, pod: str) -> Reservation | None:
+        with self.lock:
+            self._expire()  # a held write past its grace is given up here too (its pod asks first)
+            return self._reserved.get(pod)
+
+    def reserving(self, claim: str) -> str:
+        """The pod whose decision holds ``claim`` (namespace/name) not yet seen written ("" if none)."""
+        with self.lock:
+            for res in self._reserved.values():
+                if any(a.claim == claim for a in res.allocations) and claim not in self._held:
+                    return res.pod
+            return ""
+
+    def hold(self, pod: str) -> None:
+        """The write of ``pod``'s decision had an unknown outcome: keep its devices until the
+        informer shows its claims allocated, or for ``grace_s`` while they show unallocated."""
+        with self.lock:
+            res = self._reserved.get(pod)
+            if res is not None and res.held_since is None:
+                self._reserved[pod] = Reservation(res.pod, res.node, res.allocations, self._clock())
+
+    def _written(self, claim: str) -> None:
+        """The API now shows ``claim`` allocated (or gone): a reservation whose claims all are is done."""
+        for pod, res in list(self._reserved.items()):
+            keys = {a.claim for a in res.allocations}
+            if claim in keys and all(k in self._held or k not in self._claims for k in keys):
+                del self._reserved[pod]
+
+    def _expire(self) -> None:
+        """Held reservations past their grace, whose claims the API still shows unallocated, are
+        given up: by then a write the apiserver received has been committed (and seen) or not."""
+        now = self._clock()
+        for pod, res in list(self._reserved.items()):
+            if res.held_since is not None and now - res.held_since >= self.grace_s:
+                del self._reserved[pod]
+
+    def reservations(self) -> list[str]:
+        with self.lock:
+            return sorted(self._reserved)

@@ -1,0 +1,444 @@
+"""DRA claims allocated by the standalone scheduler on the real control plane (issue 32 item 1).
+
+kwok nodes; the test publishes ResourceSlices shaped like NVIDIA's DRA driver (driver gpu.nvidia.com,
+a pool per node, whole GPUs ``gpu-<i>`` with productName/uuid/index and capacity memory) and its
+DeviceClasses; kube-controller-manager's resourceclaim controller makes claims from templates. One
+standalone scheduler serves the module; each test uses its own nodes (a label its pods select), so
+tests never take each other's devices.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from gpusched.testenv import ControlPlane, wait_until
+
+pytestmark = pytest.mark.e2e
+
+GROUP = "gpusched.io/e2e-group"
+DRIVER = "gpu.nvidia.com"
+A100 = ("NVIDIA A100-SXM4-40GB", "40Gi")
+H100 = ("NVIDIA H100 80GB HBM3", "80Gi")
+
+
+def gpu(i: int, model: tuple[str, str], taints: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "name": f"gpu-{i}",
+        "attributes": {
+            "type": {"string": "gpu"},
+            "productName": {"string": model[0]},
+            "uuid": {"string": f"GPU-{uuid.uuid4()}"},
+            "index": {"int": i},
+        },
+        "capacity": {"memory": {"value": model[1]}},
+    }
+    if taints:
+        out["taints"] = taints
+    return out
+
+
+class DraEnv:
+    def __init__(self, cp: ControlPlane) -> None:
+        from kubernetes import client
+
+        from gpusched.k8s.client import api_client
+        from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
+
+        self.cp = cp
+        self.tag = uuid.uuid4().hex[:6]
+        self.ns = f"dra-{self.tag}"
+        self.scheduler_name = f"gpusched-dra-{self.tag}"
+        self.api = api_client(str(cp.kubeconfig_path), qps_pool=16)
+        self.v1 = client.CoreV1Api(self.api)
+        self.res = client.ResourceV1Api(self.api)
+        self.v1.create_namespace({"metadata": {"name": self.ns}})
+        self.gpu_class = f"gpu-{self.tag}.nvidia.com"
+        self.mig_class = f"mig-{self.tag}.nvidia.com"
+        self.device_class(
+            self.gpu_class,
+            "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
+        )
+        self.device_class(
+            self.mig_class,
+            "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'",
+        )
+        self.nodes: list[str] = []
+        self.counter_slices: list[str] = []
+        self.cluster_objects: list[tuple[str, str]] = []
+        self.sched = StandaloneScheduler(
+            self.api, SchedulerConfig(scheduler_name=self.scheduler_name)
+        ).start()
+
+    # -------------------------------------------------------------------- cluster objects
+    def device_class(self, name: str, expression: str) -> None:
+        self.res.create_device_class(
+            {"metadata": {"name": name}, "spec": {"selectors": [{"cel": {"expression": expression}}]}}
+        )
+
+    def node_with_gpus(
+        self,
+        group: str,
+        name: str,
+        gpus: list[dict[str, Any]],
+        counters: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    ) -> str:
+        node = f"dra-{self.tag}-{name}"
+        res = {"cpu": "32", "memory": "128Gi", "pods": "110"}
+        self.v1.create_node(
+            {
+                "metadata": {
+                    "name": node,
+                    "labels": {"type": "kwok", GROUP: group},
+                    "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+                },
+                "status": {"capacity": res, "allocatable": res},
+            },
+            _preload_content=False,
+        )
+        self.nodes.append(node)
+        pool = {"name": node, "generation": 1, "resourceSliceCount": 1 + len(counters)}
+        spec = {"driver": DRIVER, "nodeName": node, "pool": pool}
+        self.res.create_resource_slice(
+            {"metadata": {"name": f"{node}-{DRIVER}"}, "spec": {**spec, "devices": gpus}}
+        )
+        if counters:  # a slice of its own, as the API wants sharedCounters
+            body = {"metadata": {"name": f"{node}-counters"}, "spec": {**spec, "sharedCounters": counters}}
+            self.res.create_resource_slice(body)
+            self.counter_slices.append(f"{node}-counters")
+
+        def ready() -> bool:
+            n = json.loads(self.v1.read_node(node, _preload_content=False).data)
+            conds = n["status"].get("conditions") or []
+            return any(c["type"] == "Ready" and c["status"] == "True" for c in conds) and not n["spec"].get(
+                "taints"
+            )
+
+        wait_until(ready, timeout=120, what=f"kwok node {node} Ready", control_plane=self.cp, interval=0.5)
+        return node
+
+    def taint_rule(self, name: str, node: str, device: str) -> None:
+        self.res.create_device_taint_rule(
+            {
+                "metadata": {"name": f"{self.tag}-{name}"},
+                "spec": {
+                    "deviceSelector": {"driver": DRIVER, "pool": node, "device": device},
+                    "taint": {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"},
+                },
+            }
+        )
+        self.cluster_objects.append(("devicetaintrule", f"{self.tag}-{name}"))
+
+    def template(self, name: str, requests: list[dict[str, Any]]) -> None:
+        self.res.create_namespaced_resource_claim_template(
+            self.ns, {"metadata": {"name": name}, "spec": {"spec": {"devices": {"requests": requests}}}}
+        )
+
+    def claim(self, name: str, requests: list[dict[str, Any]]) -> None:
+        self.res.create_namespaced_resource_claim(
+            self.ns, {"metadata": {"name": name}, "spec": {"devices": {"requests": requests}}}
+        )
+
+    def pod(self, name: str, group: str, claims: list[dict[str, str]]) -> None:
+        self.v1.create_namespaced_pod(
+            self.ns,
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "schedulerName": self.scheduler_name,
+                    "nodeSelector": {GROUP: group},
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "pause",
+                            "resources": {
+                                "requests": {"cpu": "100m"},
+                                "claims": [{"name": c["name"]} for c in claims],
+                            },
+                        }
+                    ],
+                    "resourceClaims": claims,
+                },
+            },
+            _preload_content=False,
+        )
+
+    # -------------------------------------------------------------------- reads
+    def read_pod(self, name: str) -> dict[str, Any]:
+        return dict(json.loads(self.v1.read_namespaced_pod(name, self.ns, _preload_content=False).data))
+
+    def bound(self, name: str, timeout: float = 60) -> str:
+        return str(
+            wait_until(
+                lambda: self.read_pod(name)["spec"].get("nodeName"),
+                timeout=timeout,
+                what=f"pod {name} bound",
+                control_plane=self.cp,
+            )
+        )
+
+    def claim_of(self, pod: str, entry: str) -> dict[str, Any]:
+        st = self.read_pod(pod).get("status") or {}
+        (name,) = [
+            s["resourceClaimName"] for s in st.get("resourceClaimStatuses") or [] if s["name"] == entry
+        ]
+        return self.read_claim(name)
+
+    def read_claim(self, name: str) -> dict[str, Any]:
+        return dict(
+            json.loads(self.res.read_namespaced_resource_claim(name, self.ns, _preload_content=False).data)
+        )
+
+    def failure(
+        self, pod: str, reason: str = "FailedScheduling", timeout: float = 30, contains: str = ""
+    ) -> str:
+        def find() -> str | None:
+            resp = self.v1.list_namespaced_event(
+                self.ns, field_selector=f"involvedObject.name={pod},reason={reason}", _preload_content=False
+            )
+            msgs = [e["message"] for e in json.loads(resp.data)["items"] if contains in e["message"]]
+            return msgs[-1] if msgs else None
+
+        return str(
+            wait_until(
+                find,
+                timeout=timeout,
+                what=f"a {reason} event of {pod} with {contains!r}",
+                control_plane=self.cp,
+            )
+        )
+
+    def devices_held(self) -> list[tuple[str, str]]:
+        """(pool, device) of every allocated result of this namespace's claims, from the API."""
+        resp = self.res.list_namespaced_resource_claim(self.ns, _preload_content=False)
+        out = []
+        for c in json.loads(resp.data)["items"]:
+            alloc = (c.get("status") or {}).get("allocation")
+            for r in (alloc or {}).get("devices", {}).get("results", []):
+                out.append((r["pool"], r["device"]))
+        return out
+
+    def cleanup(self) -> None:
+        self.sched.stop()
+        self.v1.delete_namespace(self.ns, _preload_content=False)
+        with ThreadPoolExecutor(4) as ex:
+            for n in self.nodes:
+                ex.submit(self.v1.delete_node, n, _preload_content=False)
+                ex.submit(self.res.delete_resource_slice, f"{n}-{DRIVER}", _preload_content=False)
+            for name in self.counter_slices:
+                ex.submit(self.res.delete_resource_slice, name, _preload_content=False)
+            for c in (self.gpu_class, self.mig_class):
+                ex.submit(self.res.delete_device_class, c, _preload_content=False)
+            for _, name in self.cluster_objects:
+                ex.submit(self.res.delete_device_taint_rule, name, _preload_content=False)
+
+
+@pytest.fixture(scope="module")
+def dra(control_plane: ControlPlane) -> Iterator[DraEnv]:
+    env = DraEnv(control_plane)
+    try:
+        yield env
+    finally:
+        env.cleanup()
+
+
+def exactly(cls: str, count: int = 1, selectors: list[str] = (), **extra: Any) -> dict[str, Any]:  # type: ignore[assignment]
+    out: dict[str, Any] = {"deviceClassName": cls, "count": count, **extra}
+    if selectors:
+        out["selectors"] = [{"cel": {"expression": e}} for e in selectors]
+    return out
+
+
+def test_whole_gpu_claims_from_a_template_each_get_their_own_device(dra: DraEnv) -> None:
+    group = f"whole-{dra.tag}"
+    node = dra.node_with_gpus(group, "whole", [gpu(0, A100), gpu(1, A100)])
+    dra.template(
+        "a100",
+        [
+            {
+                "name": "gpu",
+                "exactly": exactly(
+                    dra.gpu_class,
+                    selectors=[
+                        "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA A100-SXM4-40GB'",
+                        "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0",
+                    ],
+                ),
+            }
+        ],
+    )
+    for i in range(3):
+        dra.pod(f"whole-{i}", group, [{"name": "gpu", "resourceClaimTemplateName": "a100"}])
+    assert dra.bound("whole-0") == node and dra.bound("whole-1") == node
+    got = set()
+    for i in (0, 1):
+        claim = dra.claim_of(f"whole-{i}", "gpu")
+        alloc = claim["status"]["allocation"]
+        (result,) = alloc["devices"]["results"]
+        assert (result["request"], result["driver"], result["pool"]) == ("gpu", DRIVER, node)
+        got.add(result["device"])
+        assert alloc["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == [node]
+        pod = dra.read_pod(f"whole-{i}")
+        assert claim["status"]["reservedFor"] == [
+            {"resource": "pods", "name": f"whole-{i}", "uid": pod["metadata"]["uid"]}
+        ]
+        assert "resource.kubernetes.io/delete-protection" in claim["metadata"]["finalizers"]
+    assert got == {"gpu-0", "gpu-1"}
+    msg = dra.failure("whole-2", contains="cannot allocate all claims")
+    assert node in msg or "1 cannot allocate" in msg
+    assert not dra.read_pod("whole-2")["spec"].get("nodeName")
+    assert not (dra.claim_of("whole-2", "gpu").get("status") or {}).get("allocation")
+    # the first pod leaves: the resourceclaim controller deletes its claim; the waiting pod gets the GPU
+    dra.v1.delete_namespaced_pod("whole-0", dra.ns, grace_period_seconds=0, _preload_content=False)
+    assert dra.bound("whole-2", timeout=90) == node
+    held = dra.devices_held()
+    assert sorted(held) == sorted(set(held)), f"a device allocated twice: {held}"
+
+
+def test_first_available_falls_back_to_a_whole_gpu(dra: DraEnv) -> None:
+    group = f"fallback-{dra.tag}"
+    node = dra.node_with_gpus(group, "fallback", [gpu(0, H100)])
+    dra.claim(
+        "mig-or-full",
+        [
+            {
+                "name": "gpu",
+                "firstAvailable": [
+                    {"name": "mig", "deviceClassName": dra.mig_class},
+                    {"name": "full", "deviceClassName": dra.gpu_class},
+                ],
+            }
+        ],
+    )
+    dra.pod("fallback", group, [{"name": "gpu", "resourceClaimName": "mig-or-full"}])
+    assert dra.bound("fallback") == node
+    (result,) = dra.read_claim("mig-or-full")["status"]["allocation"]["devices"]["results"]
+    assert (result["request"], result["device"]) == ("gpu/full", "gpu-0")
+
+
+def test_a_tainted_device_is_avoided_unless_tolerated(dra: DraEnv) -> None:
+    group = f"taint-{dra.tag}"
+    sick = [{"key": "gpu.nvidia.com/gpu-lost", "value": "true", "effect": "NoSchedule"}]
+    node = dra.node_with_gpus(group, "taint", [gpu(0, A100, taints=sick), gpu(1, A100), gpu(2, A100)])
+    dra.taint_rule("xid", node, "gpu-2")  # a DeviceTaintRule taints gpu-2
+    dra.claim("healthy", [{"name": "gpu", "exactly": exactly(dra.gpu_class)}])
+    dra.pod("healthy", group, [{"name": "gpu", "resourceClaimName": "healthy"}])
+    assert dra.bound("healthy") == node
+    (result,) = dra.read_claim("healthy")["status"]["allocation"]["devices"]["results"]
+    assert result["device"] == "gpu-1"
+    dra.claim("another", [{"name": "gpu", "exactly": exactly(dra.gpu_class)}])
+    dra.pod("another", group, [{"name": "gpu", "resourceClaimName": "another"}])
+    dra.failure("another", contains="cannot allocate all claims")
+    assert not dra.read_pod("another")["spec"].get("nodeName")
+    tolerate = [{"key": "gpu.nvidia.com/gpu-lost", "operator": "Exists", "effect": "NoSchedule"}]
+    dra.claim("tolerant", [{"name": "gpu", "exactly": exactly(dra.gpu_class, tolerations=tolerate)}])
+    dra.pod("tolerant", group, [{"name": "gpu", "resourceClaimName": "tolerant"}])
+    assert dra.bound("tolerant") == node
+    (result,) = dra.read_claim("tolerant")["status"]["allocation"]["devices"]["results"]
+    assert result["device"] == "gpu-0"
+
+
+@pytest.mark.parametrize(
+    ("case", "request_", "expected"),
+    [
+        # the apiserver refuses a selector that does not compile; one that fails at run time gets here
+        ("cel", {"selectors": ["device.attributes['gpu.nvidia.com'].noSuch == 'x'"]}, "CEL runtime error"),
+        ("class", {"cls": "no-such-class.nvidia.com"}, "unknown device class no-such-class.nvidia.com"),
+        ("big", {"count": 9}, "cannot allocate all claims"),
+    ],
+)
+def test_bad_claims_are_named_in_an_event_and_nothing_is_bound(
+    dra: DraEnv, case: str, request_: dict[str, Any], expected: str
+) -> None:
+    group = f"bad-{case}-{dra.tag}"
+    dra.node_with_gpus(group, f"bad-{case}", [gpu(0, A100), gpu(1, A100)])
+    cls = request_.pop("cls", dra.gpu_class)
+    dra.claim(f"bad-{case}", [{"name": "gpu", "exactly": exactly(cls, **request_)}])
+    dra.pod(f"bad-{case}", group, [{"name": "gpu", "resourceClaimName": f"bad-{case}"}])
+    msg = dra.failure(f"bad-{case}", contains=expected)
+    assert (f"{dra.ns}/bad-{case}" in msg and "request gpu" in msg) or case == "big", msg
+    assert not dra.read_pod(f"bad-{case}")["spec"].get("nodeName")
+    assert not (dra.read_claim(f"bad-{case}").get("status") or {}).get("allocation")
+
+
+def _counters(start: int, size: int, sm: int) -> dict[str, Any]:
+    out: dict[str, Any] = {f"memory-slice-{k}": {"value": "1"} for k in range(start, start + size)}
+    out["multiprocessors"] = {"value": str(sm)}
+    return out
+
+
+def test_dynamic_mig_placements_share_a_gpu_through_its_counters(dra: DraEnv) -> None:
+    """NVIDIA's dynamic-MIG shape: a counter set per GPU, the full GPU and every placement consuming
+    it. Two 3g.20gb and a 1g.5gb fit one A100 together; then the full GPU does not."""
+    group = f"mig-{dra.tag}"
+    cset = "gpu-0-counter-set"
+    devices = [
+        {
+            "name": "gpu-0",
+            "attributes": {"type": {"string": "gpu"}, "index": {"int": 0}},
+            "consumesCounters": [{"counterSet": cset, "counters": _counters(0, 8, 98)}],
+        }
+    ]
+    for profile, size, starts in (("1g.5gb", 1, range(7)), ("3g.20gb", 3, (0, 4))):
+        for start in starts:
+            devices.append(
+                {
+                    "name": f"gpu-0-mig-{profile.replace('.', '')}-{start}",
+                    "attributes": {
+                        "type": {"string": "mig"},
+                        "profile": {"string": profile},
+                        "index": {"int": 0},
+                    },
+                    "consumesCounters": [{"counterSet": cset, "counters": _counters(start, size, 14 * size)}],
+                }
+            )
+    node = dra.node_with_gpus(
+        group, "mig", devices, counters=[{"name": cset, "counters": _counters(0, 8, 98)}]
+    )
+
+    def mig(profile: str) -> list[dict[str, Any]]:
+        sel = f"device.attributes['gpu.nvidia.com'].profile == '{profile}'"
+        return [{"name": "gpu", "exactly": exactly(dra.mig_class, selectors=[sel])}]
+
+    got = []
+    for name, requests in (("big-a", mig("3g.20gb")), ("big-b", mig("3g.20gb")), ("small", mig("1g.5gb"))):
+        dra.claim(f"mig-{name}", requests)
+        dra.pod(f"mig-{name}", group, [{"name": "gpu", "resourceClaimName": f"mig-{name}"}])
+        assert dra.bound(f"mig-{name}") == node  # one after the other: each sees the last one's counters
+        (result,) = dra.read_claim(f"mig-{name}")["status"]["allocation"]["devices"]["results"]
+        got.append(result["device"])
+    assert got == ["gpu-0-mig-3g20gb-0", "gpu-0-mig-3g20gb-4", "gpu-0-mig-1g5gb-3"]
+    dra.claim("mig-full", [{"name": "gpu", "exactly": exactly(dra.gpu_class)}])
+    dra.pod("mig-full", group, [{"name": "gpu", "resourceClaimName": "mig-full"}])
+    dra.failure("mig-full", contains="cannot allocate all claims")
+    assert not dra.read_pod("mig-full")["spec"].get("nodeName")
+
+
+def test_consumable_capacity_shares_never_exceed_the_device(dra: DraEnv) -> None:
+    """HAMi's shape: one GPU that allows multiple allocations, memory as consumable capacity. Two 15Gi
+    shares fit a 40Gi GPU, each with a shareID and its consumedCapacity; a third does not."""
+    group = f"share-{dra.tag}"
+    policy = {"default": "1Gi", "validRange": {"min": "1Gi", "step": "1Gi"}}
+    shareable = gpu(0, A100)
+    shareable["allowMultipleAllocations"] = True
+    shareable["capacity"]["memory"]["requestPolicy"] = policy
+    node = dra.node_with_gpus(group, "share", [shareable])
+    request = [{"name": "gpu", "exactly": exactly(dra.gpu_class, capacity={"requests": {"memory": "15Gi"}})}]
+    shares = set()
+    for name in ("share-a", "share-b"):
+        dra.claim(name, request)
+        dra.pod(name, group, [{"name": "gpu", "resourceClaimName": name}])
+        assert dra.bound(name) == node
+        (result,) = dra.read_claim(name)["status"]["allocation"]["devices"]["results"]
+        assert result["device"] == "gpu-0" and result["consumedCapacity"] == {"memory": "15Gi"}
+        shares.add(result["shareID"])
+    assert len(shares) == 2
+    dra.claim("share-c", request)
+    dra.pod("share-c", group, [{"name": "gpu", "resourceClaimName": "share-c"}])
+    dra.failure("share-c", contains="cannot allocate all claims")
+    assert not dra.read_pod("share-c")["spec"].get("nodeName")
