@@ -355,9 +355,6 @@ class LiveCluster:
         with self.lock:
             yield self._current()
 
-    snapshot = live_books
-    """The former name of ``live_books``: it is no snapshot (callers move over to ``live_books``)."""
-
     def assume(self, pod: PodSpec, node: int, gpus: tuple[int, ...]) -> Allocation:
         """Book a decision (unless ``schedule_one`` already did) until the API shows it bound."""
         with self.lock:
