@@ -105,8 +105,8 @@ class StandaloneScheduler:
             raise ValueError(f"unknown policy {cfg.policy!r}; choose one of {', '.join(POLICIES)}")
         self.core = client.CoreV1Api(api)  # lists, watches, preemption
         self.fast = FastCoreV1(api)  # the calls made per pod: binding, event, read-back
-        self._binder = APIBinder(self.fast)
         self.cluster = LiveCluster()
+        self._binder = APIBinder(self.fast, mig=self.cluster)  # MIG slices from the books (issue 31)
         self._settler = Settler(
             self.cluster,
             lambda ns, name: read_pod(self.fast, ns, name),
