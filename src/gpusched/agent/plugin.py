@@ -36,6 +36,7 @@ from typing import Any
 
 import grpc
 
+from gpusched.agent import mig
 from gpusched.agent.allocation import (
     ANN_ALLOCATED,
     RES_SHARE,
@@ -242,7 +243,7 @@ class Allocator:
         if unknown:
             raise AllocationError(f"{resource}: device(s) {unknown} are not on node {self.devices.node}")
         if resource.startswith("nvidia.com/mig-"):
-            return self._response(device_ids)
+            return self._allocate_mig(resource, device_ids)
         with self._lock:
             pod, container = self._find(resource, len(device_ids))
             try:
@@ -279,6 +280,63 @@ class Allocator:
             )
             return resp
 
+    def _mig_for(self, pod: Mapping[str, Any], container: str, resource: str) -> list[str] | None:
+        """The MIG UUIDs the pod's assignment gives ``container`` (``agent.mig``); None without a ``mig``
+        field."""
+        node = self.devices.node
+        slices = mig.assigned_slices(pod, node)
+        if slices is None:
+            return None
+        got = mig.resolve(
+            pod, node, self.devices.inventory, mig.container_slices(pod, container, resource, slices)
+        )
+        with self.devices.cond:
+            bad = [d for d, _m in got if d.uuid in self.devices.unhealthy]
+        if bad:
+            raise AllocationError(
+                f"pod {pod_key(pod)}: annotation gpusched.io/assignment field mig names a slice of GPU "
+                f"{bad[0].index} ({bad[0].uuid}), which is unhealthy on node {node}"
+            )
+        uid = str((pod.get("metadata") or {}).get("uid", pod_key(pod)))
+        unwritten = {f"{ns}/{name}": v for (ns, name), v in self._unwritten.items()}
+        mig.refuse_held(pod, got, mig.held_mig(self.pods.pods_on_node(node), node, uid, unwritten))
+        return [m.uuid for _d, m in got]
+
+    def _allocate_mig(self, resource: str, device_ids: list[str]) -> pb.ContainerAllocateResponse:
+        """The exact MIG devices of the pod's assignment (the kubelet's choice where it names none)."""
+        with self._lock:
+            try:
+                pod, container = self._find(resource, len(device_ids))
+            except AllocationError as e:
+                log.info("Allocate %s %s: the kubelet's choice stands (%s)", resource, device_ids, e)
+                return self._response(device_ids)
+            try:
+                uuids = self._mig_for(pod, container, resource)
+            except AllocationError as e:
+                self.pods.warn(pod, e.reason, str(e))
+                raise
+            if uuids is None:
+                log.info("Allocate %s -> pod %s: its assignment names no MIG slice, kubelet's choice %s",
+                         resource, pod_key(pod), device_ids)  # fmt: skip
+                uuids = list(device_ids)
+            uid = str((pod.get("metadata") or {}).get("uid", pod_key(pod)))
+            self._allocated.setdefault(uid, set()).add((container, resource))
+            done = allocated_of(pod)
+            done.setdefault(container, {})[resource] = uuids
+            meta = pod.get("metadata") or {}
+            ns, name = str(meta.get("namespace", "default")), str(meta.get("name"))
+            self._unwritten[(ns, name)] = json.dumps(done, separators=(",", ":"), sort_keys=True)
+            self.flush_annotations()
+            log.info(
+                "Allocate %s %s -> pod %s container %s: %s",
+                resource,
+                device_ids,
+                pod_key(pod),
+                container,
+                uuids,
+            )
+            return self._response(uuids)
+
     def _response(
         self, uuids: list[str], share: ContainerShare | None = None
     ) -> pb.ContainerAllocateResponse:
@@ -295,20 +353,24 @@ class Allocator:
     def preferred(self, resource: str, available: list[str], must: list[str], size: int) -> list[str]:
         """The assigned GPUs' device IDs when the pod is found; else the kubelet's own order."""
         chosen = list(must)
+        want: set[str] = set()
         try:
             if resource in (RES_GPU, RES_SHARE):
                 pod, container = self._find(resource, size)
                 _a, gpus = self._gpus_for(pod, container, resource)
                 want = {d.uuid for d in gpus}
-                for dev_id in available:
-                    if len(chosen) >= size:
-                        break
-                    if dev_id.split("::")[0] in want and dev_id not in chosen:
-                        chosen.append(dev_id)
-                        if resource == RES_SHARE:
-                            break  # one slot of the assigned GPU
+            elif resource.startswith("nvidia.com/mig-"):  # the assigned MIG devices (agent.mig)
+                pod, container = self._find(resource, size)
+                want = set(self._mig_for(pod, container, resource) or ())
         except AllocationError:
             pass
+        for dev_id in available:
+            if len(chosen) >= size:
+                break
+            if dev_id.split("::")[0] in want and dev_id not in chosen:
+                chosen.append(dev_id)
+                if resource == RES_SHARE:
+                    break  # one slot of the assigned GPU
         for dev_id in available:
             if len(chosen) >= size:
                 break

@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 from prometheus_client import CollectorRegistry, start_http_server
 
-from gpusched.agent import coexist, health, labels
+from gpusched.agent import coexist, health, labels, mig
 from gpusched.agent.allocation import ANN_ALLOCATED
 from gpusched.agent.inventory import GpuBackend, XidEvent
 from gpusched.agent.metrics import GpuCollector, Owners, owners_from_pods
@@ -115,6 +115,9 @@ class Agent:
                 labels.ANN_TOPOLOGY: labels.topology_annotation(inv),
                 ANN_ISOLATION: isolation_annotation(self.sharing, self.visibility),
             }
+            geometry = mig.mig_annotation(inv, self.config.mig_strategy or labels.default_strategy(inv))
+            if geometry is not None:  # the scheduler books MIG slices on a GPU and start (issue 31)
+                ann[mig.ANN_MIG] = geometry
             p = health.labels_patch(node, want, ann)
             if p:
                 self.nodes.patch_node(self.config.node, p)
@@ -187,6 +190,7 @@ class Agent:
             return done
         self._kubelet_seen = got
         return done
+
     def reconcile_sharing(self, *, at_start: bool = False) -> None:
         """MPS: stop the daemons of GPUs whose last share is gone (errors logged, retried). The pods are
         listed only while a daemon runs (and once at start, for running shares whose daemon is gone)."""
