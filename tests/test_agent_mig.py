@@ -6,14 +6,25 @@ with an event naming the pod and the field. Over real gRPC against the fake kube
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+import grpc
+import pytest
 
 from builders import k8s_node
 from gpusched.agent.allocation import ANN_ALLOCATED
-from gpusched.agent.run import Agent
+from gpusched.agent.fake import FakeBackend
+from gpusched.agent.inventory import XidEvent
+from gpusched.agent.pods import MemoryPods
+from gpusched.agent.run import Agent, AgentConfig
+from gpusched.agent.testing import FakeKubelet
 from gpusched.core.mig.books import MigSlot
 from gpusched.core.mig.geometry import Instance
-from gpusched.k8s.convert import ANN_ASSIGNMENT, assignment_annotation, node_from_k8s
+from gpusched.k8s.convert import ANN_ASSIGNMENT, RES_GPU, assignment_annotation, node_from_k8s
 from gpusched.k8s.migconvert import assignment_mig
 from test_agent_deviceplugin import NODE, allocate, allocate_error, env, pod
 
@@ -134,3 +145,79 @@ def test_the_assignment_annotation_round_trips_its_mig_slices() -> None:
     assert assignment_mig({"metadata": {"name": "x", "annotations": {ANN_ASSIGNMENT: raw}}}) == slots
     no_mig = assignment_annotation("n", (0,), PodSpec("y", num_gpu=1, gpu_milli=1000))
     assert "mig" not in json.loads(no_mig)  # whole GPUs: the format as it was
+
+
+# ------------------------------------------------------------------------------------ the single strategy
+SINGLE_DOC = {
+    "hostname": NODE,
+    "gpus": [
+        {
+            "model": "NVIDIA A100-SXM4-80GB",
+            "uuid": f"GPU-{g}",
+            "numaNode": g,
+            "migMode": True,
+            "mig": [{"profile": "3g.40gb", "start": s, "uuid": f"MIG-{g}-{s}"} for s in (0, 4)],
+        }
+        for g in range(2)
+    ],
+}
+
+
+@pytest.fixture
+def single() -> Iterator[dict[str, Any]]:
+    d = Path(tempfile.mkdtemp(prefix="gp", dir="/tmp"))
+    kubelet = FakeKubelet(d).start()
+    pods = MemoryPods()
+    backend = FakeBackend.from_dict(json.loads(json.dumps(SINGLE_DOC)), "test")
+    agent = Agent(AgentConfig(node=NODE, plugin_dir=d, mig_strategy="single"), backend, pods, pods)
+    agent.plugin.start(watch_interval_s=0.05)
+    chans: list[grpc.Channel] = []
+
+    def stub(resource: str) -> Any:
+        sock = next(s.socket.name for s in agent.plugin.servers if s.resource == resource)
+        ch, st = kubelet.plugin(sock)
+        chans.append(ch)
+        return st
+
+    yield {"pods": pods, "agent": agent, "plugin": agent.plugin, "stub": stub}
+    for ch in chans:
+        ch.close()
+    agent.plugin.stop()
+    kubelet.stop()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_single_strategy_serves_each_mig_device_as_a_gpu_in_the_schedulers_order(
+    single: dict[str, Any],
+) -> None:
+    agent: Agent = single["agent"]
+    assert agent.devices.resources() == [RES_GPU]
+    assert [u for u, _d in agent.devices.devices(RES_GPU)] == ["MIG-0-0", "MIG-0-4", "MIG-1-0", "MIG-1-4"]
+    single["pods"].pods += [pod("p", gpus=[2])]  # the scheduler's GPU 2: GPU 1's MIG device at slice 0
+    r = allocate(single["stub"](RES_GPU), "MIG-0-0")
+    assert r.envs["NVIDIA_VISIBLE_DEVICES"] == "MIG-1-0"
+    agent.sync_node()
+    obj = single["pods"].get_node(NODE)
+    lab = obj["metadata"]["labels"]
+    assert (
+        lab["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB-MIG-3g.40gb"
+        and lab["nvidia.com/gpu.count"] == "4"
+    )
+    node = {**obj, "status": {"capacity": {"nvidia.com/gpu": "4"}, "allocatable": {"nvidia.com/gpu": "4"}}}
+    spec = node_from_k8s(node)  # the scheduler books the 4 MIG devices as 4 GPUs of the MIG memory
+    assert (spec.gpu_count, spec.gpu_memory_mib, spec.mig) == (4, int(lab["nvidia.com/gpu.memory"]), None)
+
+
+def test_single_strategy_a_failed_gpu_takes_its_mig_devices_with_it(single: dict[str, Any]) -> None:
+    agent: Agent = single["agent"]
+    agent.handle_xids([XidEvent(1, 79)])
+    assert agent.devices.unhealthy_sched_indices() == [2, 3]
+    health = {d.ID: d.health for d in agent.devices.list_response(RES_GPU).devices}
+    assert health == {
+        "MIG-0-0": "Healthy",
+        "MIG-0-4": "Healthy",
+        "MIG-1-0": "Unhealthy",
+        "MIG-1-4": "Unhealthy",
+    }
+    single["pods"].pods += [pod("p", gpus=[3])]
+    assert "GPU 3 (MIG-1-4), which is unhealthy" in allocate_error(single["stub"](RES_GPU), "MIG-0-0")

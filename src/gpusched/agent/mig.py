@@ -75,7 +75,7 @@ class MigSlice:
     profile: str
 
 
-def _profile(resource: str) -> str:
+def profile_of(resource: str) -> str:
     p = resource.removeprefix(RES_MIG_PREFIX)
     return p[: -len(".me")] + "+me" if p.endswith(".me") else p
 
@@ -114,11 +114,10 @@ def assigned_slices(pod: Mapping[str, Any], node: str) -> list[MigSlice] | None:
 
 
 def container_slices(
-    pod: Mapping[str, Any], container: str, resource: str, slices: Sequence[MigSlice]
+    pod: Mapping[str, Any], container: str, resource: str, slices: Sequence[MigSlice], profile: str
 ) -> list[MigSlice]:
-    """The slices of ``resource``'s profile that belong to ``container`` (init containers from the first
-    slice; the others in order after each other)."""
-    profile = _profile(resource)
+    """The slices of ``profile`` that belong to ``container``, which asks for ``resource`` (init containers
+    from the first slice; the others in order after each other)."""
     mine = [s for s in slices if s.profile == profile]
     spec = pod.get("spec") or {}
     inits = {str(c.get("name", "")) for c in spec.get("initContainers") or []}

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,7 @@ from gpusched.agent.allocation import (
     parse_assignment,
     pod_key,
 )
-from gpusched.agent.inventory import GpuDevice, Inventory
+from gpusched.agent.inventory import GpuDevice, Inventory, MigInstance
 from gpusched.agent.mps import MpsError
 from gpusched.agent.pods import PodSource
 from gpusched.agent.sharing import ContainerShare, Sharing
@@ -81,14 +81,40 @@ class NodeDevices:
     # False beside NVIDIA's device plugin (GPU Operator): it serves nvidia.com/gpu and the MIG resources, and
     # the agent only gpusched.io/gpu-share (the kubelet keeps one plugin per resource: the last registered).
     nvidia_resources: bool = True
+    single: str = ""
+    """MIG strategy single: the one profile whose MIG devices are served as ``nvidia.com/gpu``
+    (``migsingle``); "" otherwise."""
     unhealthy: set[str] = field(default_factory=set)  # GPU UUIDs
     version: int = 0
     cond: threading.Condition = field(default_factory=threading.Condition)
 
     @property
     def whole_gpus(self) -> list[GpuDevice]:
-        """The GPUs advertised as ``nvidia.com/gpu``, in the scheduler's index order."""
+        """The GPUs advertised as ``nvidia.com/gpu``, in the scheduler's index order. Under the single MIG
+        strategy each is one MIG device (its UUID and memory, its GPU's index, name and NUMA node): the
+        scheduler books them as GPUs, as the kubelet counts them."""
+        if self.single:
+            devs = self.inventory.devices
+            return [
+                replace(devs[k], uuid=m.uuid, memory_mib=m.memory_mib, mig_enabled=False, mig_instances=())
+                for k, m in self._single_devices()
+            ]
         return [d for d in self.inventory.devices if not d.mig_enabled]
+
+    def _single_devices(self) -> list[tuple[int, MigInstance]]:
+        """(position of its GPU in the inventory, MIG device) of every MIG device, in NVML order."""
+        return [
+            (k, m)
+            for k, d in enumerate(self.inventory.devices)
+            for m in d.mig_instances
+            if d.mig_enabled and m.slices_ci == m.slices_gi
+        ]
+
+    def failed(self, d: GpuDevice) -> bool:
+        """Whether ``d`` (a GPU; under the single strategy a MIG device) or the GPU it is on is unhealthy."""
+        gpu = self.inventory.by_index(d.index)
+        with self.cond:
+            return d.uuid in self.unhealthy or (gpu is not None and gpu.uuid in self.unhealthy)
 
     def gpu_by_sched_index(self, i: int) -> GpuDevice | None:
         g = self.whole_gpus
@@ -102,11 +128,15 @@ class NodeDevices:
 
         if not self.nvidia_resources:
             return [RES_SHARE] if self.whole_gpus else []
+        if self.single:
+            return [RES_GPU]
         out = [RES_GPU, RES_SHARE] if self.whole_gpus else []
         return out + sorted(mig_resources(self.inventory))
 
     def devices(self, resource: str) -> list[tuple[str, GpuDevice]]:
         """(device ID, the physical GPU it lives on) of ``resource``."""
+        if resource == RES_GPU and self.single:  # each MIG device is one nvidia.com/gpu, on its GPU
+            return [(m.uuid, self.inventory.devices[k]) for k, m in self._single_devices()]
         if resource == RES_GPU:
             return [(d.uuid, d) for d in self.whole_gpus]
         if resource == RES_SHARE:
@@ -142,9 +172,7 @@ class NodeDevices:
             return changed
 
     def unhealthy_sched_indices(self) -> list[int]:
-        with self.cond:
-            bad = set(self.unhealthy)
-        return [i for i, d in enumerate(self.whole_gpus) if d.uuid in bad]
+        return [i for i, d in enumerate(self.whole_gpus) if self.failed(d)]
 
 
 class Allocator:
@@ -204,9 +232,7 @@ class Allocator:
                     f"node {self.devices.node} (it has {len(self.devices.whole_gpus)} GPUs: 0.."
                     f"{len(self.devices.whole_gpus) - 1})"
                 )
-            with self.devices.cond:
-                failed = d.uuid in self.devices.unhealthy
-            if failed:
+            if self.devices.failed(d):
                 # placed before the GPU failed (or by books that missed it): never hand out a failed GPU
                 raise AllocationError(
                     f"pod {key}: annotation gpusched.io/assignment field gpus names GPU {i} ({d.uuid}), "
@@ -287,9 +313,8 @@ class Allocator:
         slices = mig.assigned_slices(pod, node)
         if slices is None:
             return None
-        got = mig.resolve(
-            pod, node, self.devices.inventory, mig.container_slices(pod, container, resource, slices)
-        )
+        mine = mig.container_slices(pod, container, resource, slices, mig.profile_of(resource))
+        got = mig.resolve(pod, node, self.devices.inventory, mine)
         with self.devices.cond:
             bad = [d for d, _m in got if d.uuid in self.devices.unhealthy]
         if bad:
@@ -355,13 +380,13 @@ class Allocator:
         chosen = list(must)
         want: set[str] = set()
         try:
-            if resource in (RES_GPU, RES_SHARE):
+            if resource.startswith("nvidia.com/mig-"):
+                pod, container = self._find(resource, size)  # the assigned MIG devices (agent.mig)
+                want = set(self._mig_for(pod, container, resource) or ())
+            elif resource in (RES_GPU, RES_SHARE):
                 pod, container = self._find(resource, size)
                 _a, gpus = self._gpus_for(pod, container, resource)
                 want = {d.uuid for d in gpus}
-            elif resource.startswith("nvidia.com/mig-"):  # the assigned MIG devices (agent.mig)
-                pod, container = self._find(resource, size)
-                want = set(self._mig_for(pod, container, resource) or ())
         except AllocationError:
             pass
         for dev_id in available:

@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 from prometheus_client import CollectorRegistry, start_http_server
 
-from gpusched.agent import coexist, health, labels, mig
+from gpusched.agent import coexist, health, labels, mig, migsingle
 from gpusched.agent.allocation import ANN_ALLOCATED
 from gpusched.agent.inventory import GpuBackend, XidEvent
 from gpusched.agent.metrics import GpuCollector, Owners, owners_from_pods
@@ -74,8 +74,14 @@ class Agent:
 
     def __post_init__(self) -> None:
         inv = self.backend.inventory()
+        # MIG strategy single: each MIG device is one nvidia.com/gpu; a node that breaks its rules is refused
+        single = migsingle.single_profile(inv) if self.config.mig_strategy == "single" else ""
         self.devices = NodeDevices(
-            self.config.node, inv, slots=self.config.slots, nvidia_resources=self.config.nvidia_resources
+            self.config.node,
+            inv,
+            slots=self.config.slots,
+            nvidia_resources=self.config.nvidia_resources,
+            single=single,
         )
         c = self.config
         mps = MpsDaemons(c.mps_root, c.mps_control) if c.sharing == "mps" else None

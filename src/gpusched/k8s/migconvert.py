@@ -11,6 +11,8 @@ geometry from its agent's annotation ``gpusched.io/mig-geometry``, and the slice
 
   ``index`` is the GPU's NVML index on the node, ``model`` a class of ``core.mig.profiles``. A node without
   it books MIG slices as counts only; one that cannot be read is used so too, with a warning naming the node.
+  Under ``"strategy": "single"`` each MIG device is one ``nvidia.com/gpu`` of the node, booked as a GPU
+  (the memory label is the MIG device's); no geometry is needed.
 - The assignment's ``mig`` field: ``[{"gpu": 0, "start": 4, "profile": "3g.40gb"}]`` (docs/annotations.md).
 """
 
@@ -82,13 +84,15 @@ def _int(v: object, what: str) -> int:
     return v
 
 
-def _parse(node: str, raw: object) -> NodeMig:
+def _parse(node: str, raw: object) -> NodeMig | None:
     if not isinstance(raw, str) or len(raw) > 65536:
         raise ValueError("is not a JSON document of at most 64 KiB")
     doc = orjson.loads(raw)
     strategy = doc.get("strategy", "mixed")
     if strategy not in ("mixed", "single"):
         raise ValueError(f"strategy {strategy!r} is not mixed or single")
+    if strategy == "single":
+        return None  # each MIG device is one nvidia.com/gpu: booked as a GPU (docs/mig.md, "single")
     gpus, indices = [], []
     for g in doc["gpus"]:
         index = _int(g["index"], "GPU index")
@@ -102,13 +106,7 @@ def _parse(node: str, raw: object) -> NodeMig:
             gpu = gpu.place(inst.profile, inst.start)
         gpus.append(gpu)
         indices.append(index)
-    single = ""
-    if strategy == "single":
-        profiles = {i.profile for g in gpus for i in g.instances}
-        if len(profiles) != 1:
-            raise ValueError(f"strategy single needs one profile on every GPU, found {sorted(profiles)}")
-        single = profiles.pop()
-    return NodeMig(tuple(gpus), tuple(indices), single)
+    return NodeMig(tuple(gpus), tuple(indices))
 
 
 @functools.lru_cache(maxsize=1024)

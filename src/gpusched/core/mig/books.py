@@ -34,12 +34,10 @@ class MigSlot:
 @dataclass(frozen=True)
 class NodeMig:
     """A node's MIG-capable GPUs: ``gpus[k]`` is the GPU of index ``indices[k]`` (NVML order on the node),
-    with its geometry, MIG mode and the instances present. ``single``: under the single strategy, the one
-    profile behind the node's ``nvidia.com/gpu`` devices ("" for the mixed strategy)."""
+    with its geometry, MIG mode and the instances present (mixed strategy)."""
 
     gpus: tuple[MigGpu, ...]
     indices: tuple[int, ...]
-    single: str = ""
 
     def __post_init__(self) -> None:
         if len(self.gpus) != len(self.indices):
