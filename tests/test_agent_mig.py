@@ -204,6 +204,7 @@ def test_single_strategy_serves_each_mig_device_as_a_gpu_in_the_schedulers_order
         and lab["nvidia.com/gpu.count"] == "4"
     )
     node = {**obj, "status": {"capacity": {"nvidia.com/gpu": "4"}, "allocatable": {"nvidia.com/gpu": "4"}}}
+    assert "gpusched.io/gpu-topology" not in obj["metadata"]["annotations"]  # it describes physical GPUs
     spec = node_from_k8s(node)  # the scheduler books the 4 MIG devices as 4 GPUs of the MIG memory
     assert (spec.gpu_count, spec.gpu_memory_mib, spec.mig) == (4, int(lab["nvidia.com/gpu.memory"]), None)
 

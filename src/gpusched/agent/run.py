@@ -117,10 +117,9 @@ class Agent:
             node = self.nodes.get_node(self.config.node)
             inv = self.devices.inventory
             want = labels.gfd_labels(inv, self.config.mig_strategy) if self.config.write_gfd_labels else {}
-            ann = {
-                labels.ANN_TOPOLOGY: labels.topology_annotation(inv),
-                ANN_ISOLATION: isolation_annotation(self.sharing, self.visibility),
-            }
+            ann = {ANN_ISOLATION: isolation_annotation(self.sharing, self.visibility)}
+            if not self.devices.single:  # its GPUs are physical; under single the scheduler's are MIG devices
+                ann[labels.ANN_TOPOLOGY] = labels.topology_annotation(inv)
             geometry = mig.mig_annotation(inv, self.config.mig_strategy or labels.default_strategy(inv))
             if geometry is not None:  # the scheduler books MIG slices on a GPU and start (issue 31)
                 ann[mig.ANN_MIG] = geometry
