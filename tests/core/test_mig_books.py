@@ -118,7 +118,7 @@ def test_slices_that_are_not_present_or_held_are_refused_and_nothing_is_booked()
     before = (dict(snap.mig_books[0]), dict(snap.mig_demand))
     with pytest.raises(AccountingError, match="already held"):
         snap.assume(mig_pod("b", "1g.10gb"), 0, (), mig=(MigSlot(0, 2, "1g.10gb"),))
-    with pytest.raises(AccountingError, match="no MIG 1g.10gb instance at slice 5"):
+    with pytest.raises(AccountingError, match=r"no MIG 1g\.10gb instance at slice 5"):
         snap.assume(mig_pod("b", "1g.10gb"), 0, (), mig=(MigSlot(0, 5, "1g.10gb"),))
     with pytest.raises(AccountingError, match="no MIG GPU 3"):
         snap.assume(mig_pod("b", "1g.10gb"), 0, (), mig=(MigSlot(3, 2, "1g.10gb"),))
@@ -202,3 +202,27 @@ def test_slices_never_overlap_and_unbooking_restores_the_books(
         snap.forget(key)
     assert [{i: frozenset(g.instances) for i, g in b.items()} for b in snap.mig_books] == empty
     assert +snap.mig_demand == {}
+
+
+def test_a_statement_discarded_after_an_eviction_puts_the_slice_back_where_it_was() -> None:
+    """A gang's statement evicts a MIG pod and books another on its slice, then is discarded: the victim
+    is booked again at its own slice (not wherever the measure would put it now)."""
+    from gpusched.core.statement import Statement
+
+    snap = ClusterState([mig_node("n", (("1g.10gb", 0), ("1g.10gb", 1), ("1g.10gb", 2)))])
+    snap.assume(mig_pod("victim", "1g.10gb"), 0, (), mig=(MigSlot(0, 2, "1g.10gb"),))
+    st = Statement(snap)
+    st.evict("default/victim")
+    st.assume(mig_pod("a", "1g.10gb"), 0, ())
+    st.discard()
+    assert snap.allocations["default/victim"].mig == (MigSlot(0, 2, "1g.10gb"),)
+    assert snap.verify() == []
+
+
+def test_a_fact_with_no_free_instance_is_booked_by_count_and_never_raises() -> None:
+    """check=False, no slices given (a running pod the books cannot place): counted, no slice, no error."""
+    snap = ClusterState([mig_node("n", (("7g.80gb", 0),))])
+    snap.assume(mig_pod("a", "7g.80gb"), 0, ())
+    b = snap.assume(mig_pod("b", "7g.80gb"), 0, (), check=False)
+    assert b.mig == () and "default/b" in snap.allocations
+    assert snap.verify() == ["extended resources overcommitted"]  # the count shows it; MIG books agree

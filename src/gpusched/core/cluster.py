@@ -259,25 +259,28 @@ class ClusterState:
     def _mig_slots(
         self, pod: PodSpec, node: int, mig: Sequence[MigSlot] | None, check: bool
     ) -> tuple[MigSlot, ...]:
-        """The MIG slices ``pod`` books on ``node``: ``mig`` as given (checked to be present and free when
-        ``check``), else placed by the MIG fragmentation measure. Raises AccountingError."""
+        """The MIG slices ``pod`` books on ``node``: ``mig`` as given (checked to be its profiles, present
+        and free when ``check``), else placed by the MIG fragmentation measure. Raises AccountingError for a
+        decision (``check``); a fact books what it can and never raises."""
         nm = self.nodes[node].mig
         if not pod.mig or nm is None:
             return ()
         books = self.mig_books[node]
         if mig is None:
             placed = migbooks.place(nm, books, pod.mig, self.mig_demand)
-            if placed is None:
+            if placed is None and check:
                 raise AccountingError(f"node {self.names[node]}: {migbooks.why_not(nm, books, pod.mig)[0]}")
-            return placed
+            return placed or ()  # a fact with no free instance left: counted only
         slots = tuple(mig)
-        if sorted(s.profile for s in slots) != list(pod.mig):
-            raise AccountingError(f"pod {pod.key} asks for MIG {list(pod.mig)}, its slices are {list(slots)}")
-        why = migbooks.check_present(nm, books, slots)
-        if why is None:
-            return slots
         if check:
-            raise AccountingError(f"node {self.names[node]}: {why}")
+            if sorted(s.profile for s in slots) != list(pod.mig):
+                raise AccountingError(
+                    f"pod {pod.key} asks for MIG {list(pod.mig)}, its slices are {list(slots)}"
+                )
+            why = migbooks.check_present(nm, books, slots)
+            if why is not None:
+                raise AccountingError(f"node {self.names[node]}: {why}")
+            return slots
         work, kept = dict(books), []  # a fact (a running pod): book what does not overlap, skip the rest
         for sl in slots:
             try:
