@@ -34,6 +34,7 @@ import socket
 import threading
 import uuid as uuidlib
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,7 @@ class FakeBackend:
         self._cond = threading.Condition()
         self._xid_file = xid_file
         self._xid_offset = 0
+        self._created = 0  # MIG instances created at run time (seeds their UUIDs)
 
     # -------------------------------------------------------------------------------- construction
     @classmethod
@@ -225,6 +227,47 @@ class FakeBackend:
 
     def close(self) -> None:
         pass
+
+    # ------------------------------------------------------------------- MIG reconfiguration (way (a))
+    def create_mig_instance(self, gpu_index: int, profile: str, start: int) -> MigInstance:
+        """A GPU instance of ``profile`` at ``start`` and its full compute instance, as NVML's
+        ``nvmlDeviceCreateGpuInstanceWithPlacement`` and ``nvmlGpuInstanceCreateComputeInstance`` make them;
+        raises MigError (naming the GPU) for a GPU out of MIG mode or a placement it cannot take."""
+        with self._cond:
+            d = self._mig_gpu(gpu_index)
+            self._created += 1
+            seed = f"{self._inv.hostname}/{gpu_index}/{profile}/{start}/{self._created}"
+            gi = max((m.gi_id for m in d.mig_instances), default=0) + 1
+            m = migprofiles.instance(d.name, d.memory_mib, profile, start, f"MIG-{_uuid(seed)}", gi_id=gi)
+            insts = (*d.mig_instances, m)
+            try:
+                migprofiles.validate(d.name, d.memory_mib, insts)
+            except migprofiles.MigError as e:
+                raise migprofiles.MigError(
+                    f"GPU {gpu_index}: cannot create MIG {profile} at {start}: {e}"
+                ) from None
+            self._set_instances(d, insts)
+            return m
+
+    def destroy_mig_instance(self, gpu_index: int, uuid: str) -> MigInstance:
+        """Destroy the MIG device ``uuid`` of GPU ``gpu_index`` (its compute and GPU instance); returns it."""
+        with self._cond:
+            d = self._mig_gpu(gpu_index)
+            gone = next((m for m in d.mig_instances if m.uuid == uuid), None)
+            if gone is None:
+                raise migprofiles.MigError(f"GPU {gpu_index} has no MIG device {uuid}")
+            self._set_instances(d, tuple(m for m in d.mig_instances if m.uuid != uuid))
+            return gone
+
+    def _mig_gpu(self, gpu_index: int) -> GpuDevice:
+        d = self._inv.by_index(gpu_index)
+        if d is None or not d.mig_enabled:
+            raise migprofiles.MigError(f"GPU {gpu_index} is not a GPU in MIG mode on {self._inv.hostname}")
+        return d
+
+    def _set_instances(self, d: GpuDevice, insts: tuple[MigInstance, ...]) -> None:
+        new = replace(d, mig_instances=insts)
+        self._inv = replace(self._inv, devices=tuple(new if x is d else x for x in self._inv.devices))
 
 
 _GPU_FIELDS = {
