@@ -14,7 +14,7 @@ does not yet re-list its devices after a change.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from gpusched.agent.inventory import Inventory, MigInstance
 from gpusched.agent.migprofiles import MigError
@@ -25,6 +25,7 @@ class ReshapeError(GpuschedError):
     """A re-cut that could not be applied; the GPU was put back as it was (the message says what failed)."""
 
 
+@runtime_checkable
 class MigReshaper(Protocol):
     """A backend that can change a GPU's MIG instances (``FakeBackend``; NVML's create/destroy calls)."""
 

@@ -594,6 +594,26 @@ class DevicePlugin:
             with contextlib.suppress(OSError):
                 s.socket.unlink()
 
+    def replace_inventory(self, inventory: Inventory) -> list[str]:
+        """The GPUs changed (a MIG re-cut, ``agent.migrequest``): every ListAndWatch sends its new list, and a
+        resource that appeared (a new MIG profile) gets its server, served and registered. Returns the new
+        resources. A resource whose devices are gone keeps its server, with an empty list."""
+        with self.devices.cond:
+            self.devices.inventory = inventory
+            self.devices.version += 1
+            self.devices.cond.notify_all()
+        have = {s.resource for s in self.servers}
+        new = [r for r in self.devices.resources() if r not in have]
+        for r in new:
+            s = ResourceServer(r, self.devices, self.allocator, self.plugin_dir, self.kubelet_socket)
+            self.servers.append(s)
+            s.serve()
+            try:
+                s.register()
+            except grpc.RpcError as e:  # the watcher registers it again with the others
+                log.warning("registering %s with the kubelet failed: %s", r, e)
+        return new
+
     def mark(self, gpu_index: int, healthy: bool) -> bool:
         d = self.devices.inventory.by_index(gpu_index)
         if d is None:

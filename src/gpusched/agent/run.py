@@ -14,6 +14,8 @@ from gpusched.agent import coexist, health, labels, mig, migsingle
 from gpusched.agent.allocation import ANN_ALLOCATED
 from gpusched.agent.inventory import GpuBackend, XidEvent
 from gpusched.agent.metrics import GpuCollector, Owners, owners_from_pods
+from gpusched.agent.migrequest import MigReshapes
+from gpusched.agent.migreshape import MigReshaper
 from gpusched.agent.mps import DEFAULT_CONTROL, DEFAULT_ROOT, MpsDaemons
 from gpusched.agent.plugin import DEFAULT_PLUGIN_DIR, DEFAULT_SLOTS, DevicePlugin, NodeDevices
 from gpusched.agent.pods import NodeWriter, PodSource
@@ -98,6 +100,10 @@ class Agent:
             on_health=self._health_dirty.set,
             sharing=self.sharing,
         )
+        reshaper = self.backend if isinstance(self.backend, MigReshaper) else None  # way (a): fake, for now
+        self.reshapes = (
+            MigReshapes(reshaper, self.plugin, self.pods, self.nodes, c.node) if reshaper else None
+        )
         self.registry = CollectorRegistry()
         self.registry.register(GpuCollector(self.backend, lambda: self._owners, self.last_xid))
         self.registry.register(SharingCollector(self.sharing, self.visibility))
@@ -115,6 +121,8 @@ class Agent:
         """Labels, topology annotation, unhealthy GPUs and taint on the Node; errors logged, retried."""
         try:
             node = self.nodes.get_node(self.config.node)
+            if self.reshapes is not None and self.reshapes.check(node):  # a MIG re-cut asked on the Node
+                node = self.nodes.get_node(self.config.node)
             inv = self.devices.inventory
             want = labels.gfd_labels(inv, self.config.mig_strategy) if self.config.write_gfd_labels else {}
             ann = {ANN_ISOLATION: isolation_annotation(self.sharing, self.visibility)}

@@ -42,6 +42,11 @@ ANN_TOPOLOGY = "gpusched.io/gpu-topology"
 ANN_MIG = "gpusched.io/mig-geometry"
 """The node agent's MIG geometry: the MIG strategy and, per MIG-capable GPU, its index, model class, MIG mode
 and the instances present (profile, start, MIG UUID)."""
+ANN_MIG_RESHAPE = "gpusched.io/mig-reshape"
+"""A re-cut of one GPU's free MIG slices for the node agent to apply (JSON: ``id``, ``gpu``, ``destroy`` and
+``create`` lists of ``{"profile", "start"}``)."""
+ANN_MIG_RESHAPE_STATUS = "gpusched.io/mig-reshape-status"
+"""The node agent's answer to ``ANN_MIG_RESHAPE``: ``{"id", "state": "success"|"failed", "message"}``."""
 ANN_UNHEALTHY_GPUS = "gpusched.io/unhealthy-gpus"
 """The GPU indices the node agent found failed, comma-separated (``parse_unhealthy_gpus``)."""
 ANN_CONFLICT = "gpusched.io/device-plugin-conflict"
