@@ -190,9 +190,15 @@ def test_pods_of_mixed_profiles_land_on_the_planned_slices_and_bad_ones_are_name
         got: dict[str, list[dict[str, Any]]] = {}
         for name, profile in GOOD:  # one after the other: the scheduler sees them in the plan's order
             mig.pod(name, {f"nvidia.com/mig-{profile}": "1"})
-            wait_until(
-                lambda n=name: mig.running(n), timeout=60, what=f"{name} bound and Running", interval=1
-            )
+            try:
+                wait_until(
+                    lambda n=name: mig.running(n), timeout=60, what=f"{name} bound and Running", interval=1
+                )
+            except TimeoutError as e:  # say why: its events and status
+                node = json.loads(mig.v1.read_node(mig.node, _preload_content=False).data)
+                ann = node["metadata"].get("annotations")
+                seen = {n: mig.events(n) for n, _p in GOOD}
+                raise AssertionError(f"{e}: {seen} {mig.read(name).get('status')} {ann}") from None
             a = mig.running(name)
             assert a is not None and a["node"] == mig.node and a["gpus"] == [], a
             got[name] = a["mig"]

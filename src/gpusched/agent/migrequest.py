@@ -3,8 +3,9 @@
 plan); the agent applies it through its backend (``agent.migreshape``: never a held instance, every step
 rolled back on a failure), lists the new devices to the kubelet (``DevicePlugin.replace_inventory``) and
 answers in ``gpusched.io/mig-reshape-status`` (``{"id", "state": "success"|"failed", "message"}``); the new
-geometry reaches the scheduler in ``gpusched.io/mig-geometry`` with the node's next sync. A request is applied
-once per ``id``. Nothing writes the request yet but tests: the scheduler's side is the next step.
+geometry reaches the scheduler in ``gpusched.io/mig-geometry`` at once (``Agent.check_reshape`` reads the Node
+every ``reshape_check_s``). A request is applied once per ``id``; the scheduler writes it
+(``k8s/migreshape.py``). Only the fake backend can re-cut yet (NVML's create/destroy calls are not written).
 """
 
 from __future__ import annotations

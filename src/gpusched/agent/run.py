@@ -60,6 +60,9 @@ class AgentConfig:
     hami_lib: Path = DEFAULT_HAMI_LIB
     toolkit_config: Path = DEFAULT_TOOLKIT_CONFIG
     sharing_sync_s: float = 5.0  # how often MPS daemons without shares are looked for (a pod list per look)
+    reshape_check_s: float = 2.0
+    """Where the backend can re-cut MIG GPUs (the fake one, for now): how often the Node is read for a request
+    (``agent.migrequest``; a node read per look)."""
 
 
 @dataclass
@@ -245,13 +248,29 @@ class Agent:
         while not self._stop.is_set():
             self.handle_xids(self.backend.poll_xids(1.0))
 
+    def check_reshape(self) -> None:
+        """Apply a MIG re-cut asked on the Node (``agent.migrequest``), then publish the new geometry."""
+        if self.reshapes is None:
+            return
+        try:
+            asked = self.reshapes.check(self.nodes.get_node(self.config.node))
+        except Exception as e:  # the API may be unreachable: asked again at the next look
+            log.warning("could not read node %s for a MIG re-cut: %s", self.config.node, e)
+            return
+        if asked:
+            self.sync_node()
+
     def _sync_loop(self) -> None:
-        waited = since_sharing = 0.0
+        waited = since_sharing = since_reshape = 0.0
         while not self._stop.is_set():
             if self._health_dirty.wait(1.0):
                 self._health_dirty.clear()
                 self.sync_node()
             waited += 1.0
+            since_reshape += 1.0
+            if since_reshape >= self.config.reshape_check_s:
+                since_reshape = 0.0
+                self.check_reshape()
             since_sharing += 1.0
             if since_sharing >= self.config.sharing_sync_s:
                 since_sharing = 0.0

@@ -29,7 +29,7 @@ import orjson
 from gpusched.core.mig.books import MigSlot, NodeMig
 from gpusched.core.mig.geometry import Geometry, Instance, MigGpu
 from gpusched.core.mig.profiles import ALL_PROFILE_NAMES, MigError
-from gpusched.core.names import ANN_ASSIGNMENT, ANN_MIG
+from gpusched.core.names import ANN_ASSIGNMENT, ANN_MIG, ANN_MIG_RESHAPE, ANN_MIG_RESHAPE_STATUS
 from gpusched.k8s.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def node_mig(node: Mapping[str, Any]) -> NodeMig | None:
     if raw is None:
         return None
     try:
-        return _parse(name, raw)
+        return _parse(name, raw, node)
     except (MigError, ValueError, TypeError, KeyError, AttributeError) as e:
         _warn(name, str(raw)[:200], str(e))
         return None
@@ -84,7 +84,7 @@ def _int(v: object, what: str) -> int:
     return v
 
 
-def _parse(node: str, raw: object) -> NodeMig | None:
+def _parse(node: str, raw: object, doc_node: Mapping[str, Any]) -> NodeMig | None:
     if not isinstance(raw, str) or len(raw) > 65536:
         raise ValueError("is not a JSON document of at most 64 KiB")
     doc = orjson.loads(raw)
@@ -106,7 +106,21 @@ def _parse(node: str, raw: object) -> NodeMig | None:
             gpu = gpu.place(inst.profile, inst.start)
         gpus.append(gpu)
         indices.append(index)
-    return NodeMig(tuple(gpus), tuple(indices))
+    return NodeMig(tuple(gpus), tuple(indices), reshaping(doc_node))
+
+
+def reshaping(node: Mapping[str, Any]) -> frozenset[int]:
+    """The GPU a re-cut asked on the node (``gpusched.io/mig-reshape``) is for, while the agent has not
+    answered it (``gpusched.io/mig-reshape-status`` with its id); empty otherwise."""
+    ann = (node.get("metadata") or {}).get("annotations") or {}
+    try:
+        req = orjson.loads(ann[ANN_MIG_RESHAPE]) if ANN_MIG_RESHAPE in ann else None
+        done = orjson.loads(ann[ANN_MIG_RESHAPE_STATUS]) if ANN_MIG_RESHAPE_STATUS in ann else {}
+        if not isinstance(req, dict) or (isinstance(done, dict) and done.get("id") == req.get("id")):
+            return frozenset()
+        return frozenset({_int(req["gpu"], "gpu")})
+    except (ValueError, KeyError, TypeError):
+        return frozenset()
 
 
 @functools.lru_cache(maxsize=1024)

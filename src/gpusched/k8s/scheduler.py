@@ -56,6 +56,7 @@ from gpusched.k8s.disruption import BudgetReader
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.gangs import GangHost, Gangs
 from gpusched.k8s.informer import Reflector
+from gpusched.k8s.migreshape import MigReshapes
 from gpusched.k8s.podgroups import PodGroups
 from gpusched.k8s.preemption import Nominations, PreemptionRun, Preemptor
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
@@ -114,6 +115,7 @@ class StandaloneScheduler:
         )
         self.queue = SchedulingQueue(flush_s=cfg.flush_s)
         self.events = EventRecorder(self.fast, cfg.scheduler_name, cfg.identity)
+        self.mig_reshapes = MigReshapes(self.core, self.cluster, self.events)  # MIG re-cuts (issue 31)
         self.metrics = metrics or SchedulerMetrics(profile=cfg.scheduler_name)
         self.metrics.set_leader(cfg.lease_name, False)
         self.metrics.watch_event_writes(self.events.counts)
@@ -339,6 +341,7 @@ class StandaloneScheduler:
             self.metrics.observe_attempt("unschedulable", dt)
             msg = r.diagnosis.message() if r.diagnosis else r.status.message()
             msg += self.reservations.note(pod)  # the defragmentation rooms that kept it off
+            msg += self.mig_reshapes.consider(pod, qp.obj)  # MIG: a re-cut of free slices (issue 31)
             self.events.failed(qp.obj, f"{msg}; preemption {wait}" if wait else msg)
             self.metrics.pod_unschedulable(qp.key, *diagnosis_labels(r.diagnosis, r.status))
             if victims:

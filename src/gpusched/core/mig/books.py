@@ -38,6 +38,9 @@ class NodeMig:
 
     gpus: tuple[MigGpu, ...]
     indices: tuple[int, ...]
+    reshaping: frozenset[int] = frozenset()
+    """GPU indices being re-cut (``core.mig.reshape``): nothing is placed on them until the new geometry
+    is published."""
 
     def __post_init__(self) -> None:
         if len(self.gpus) != len(self.indices):
@@ -79,7 +82,7 @@ def _free_instances(node: NodeMig, books: Mapping[int, MigGpu], profile: str) ->
     """(GPU index, start) of the present instances of ``profile`` that no pod holds, on GPUs in MIG mode."""
     out = []
     for i, g in zip(node.indices, node.gpus, strict=True):
-        if not g.mig_enabled:
+        if not g.mig_enabled or i in node.reshaping:
             continue
         held = books[i].instances
         out += [(i, inst.start) for inst in g.instances if inst.profile == profile and inst not in held]
@@ -134,7 +137,10 @@ def why_not(node: NodeMig, books: Mapping[int, MigGpu], request: Sequence[str]) 
     for p in sorted(want):
         if present[p] < want[p]:
             return f"too few MIG {p} instances present ({present[p]} < {want[p]})", True
-    return f"no free MIG instance for {'+'.join(sorted(request))}", False
+    what = f"no free MIG instance for {'+'.join(sorted(request))}"
+    if node.reshaping:
+        return f"{what} (GPU {min(node.reshaping)} is being re-cut)", False
+    return what, False
 
 
 def book(books: dict[int, MigGpu], slot: MigSlot) -> None:

@@ -5,8 +5,9 @@ MIG allows creating and destroying instances while others on the GPU keep runnin
 mig.md §3, "dynamic"), so only the *free* slices of a GPU are re-cut: the instances pods hold stay where
 they are, the free instances not in the target are destroyed and the missing ones created. The target keeps
 the held instances, then places the pending requests (larger profiles first), each at the start where the
-MIG fragmentation measure grows least, then fills what is left with the most requested profiles (the demand
-mix), so that the next requests find an instance too. A node's plan takes the GPU where the most pending
+MIG fragmentation measure grows least, keeps the other instances present that still fit (only what the new
+ones overlap is destroyed), then fills what is left with the most requested profiles (the demand mix), so
+that the next requests find an instance too. A node's plan takes the GPU where the most pending
 slices become placeable, then the fewest instances destroyed, then the lowest index.
 
 Pure: this decides; applying it (NVML through the agent, way (a); or mig-manager, way (b)) is elsewhere.
@@ -42,9 +43,14 @@ def _best_start(gpu: MigGpu, profile: str, demand: DemandMix) -> int | None:
 
 
 def target_layout(
-    geom: Geometry, keep: Sequence[Instance], pending: Sequence[str], demand: DemandMix
+    geom: Geometry,
+    keep: Sequence[Instance],
+    pending: Sequence[str],
+    demand: DemandMix,
+    present: Sequence[Instance] = (),
 ) -> tuple[tuple[Instance, ...], tuple[str, ...]]:
-    """The layout of a GPU that keeps ``keep`` and serves as many of ``pending`` as fit, then the demand;
+    """The layout of a GPU that keeps ``keep``, serves as many of ``pending`` as fit, keeps the other
+    ``present`` instances that still fit (a re-cut destroys only what it must), then fills with the demand;
     and the pending requests it serves."""
     gpu = MigGpu("plan", geom)
     for i in keep:
@@ -55,6 +61,9 @@ def target_layout(
         if s is not None:
             gpu = gpu.place(p, s)
             served.append(p)
+    for i in present:
+        if i not in gpu.instances and i.start in gpu.free_starts(i.profile):
+            gpu = gpu.place(i.profile, i.start)
     for p in sorted(geom.kinds, key=lambda p: (-demand.count(p), p)):
         if demand.count(p) == 0:
             break
@@ -70,7 +79,7 @@ def plan_gpu(
     serves no pending request or changes nothing."""
     if not present.mig_enabled:
         return None
-    target, served = target_layout(present.geometry, held.instances, pending, demand)
+    target, served = target_layout(present.geometry, held.instances, pending, demand, present.instances)
     destroy = tuple(i for i in present.instances if i not in target and i not in held.instances)
     create = tuple(i for i in target if i not in present.instances)
     if not served or not create:
@@ -83,6 +92,8 @@ def plan_node(
 ) -> ReshapePlan | None:
     """The GPU of ``node`` to re-cut for ``pending`` (requests that find no free instance), or None."""
     best: tuple[tuple[int, int, int], ReshapePlan] | None = None
+    if node.reshaping:
+        return None  # one re-cut at a time per node
     for i, g in zip(node.indices, node.gpus, strict=True):
         plan = plan_gpu(i, g, books[i], pending, demand)
         if plan is None:
