@@ -2,7 +2,8 @@
 the standalone scheduler books a 1g.10gb pod and a 3g.40gb pod on their slices from the agent's geometry, the
 kubelet admits them through the agent's Allocate, and each container's environment names exactly the MIG
 device its assignment names. A pod bound by hand whose assignment names an instance the GPU lacks is refused
-at admission with the agent's event naming the pod and the field.
+at admission with the agent's event naming the pod and the field. A 4g.40gb pod that no instance fits gets
+its GPU's free slices re-cut by the agent (way (a), the fake backend) and starts on the new instance.
 
 The MIG GPU exists only during this test (the agent is restarted with it and without it): the other tests
 count the session's four GPUs."""
@@ -19,6 +20,7 @@ from kubeletlib import STANDALONE, KubeletEnv, Ns
 from test_real_node import _pod, agent_events, assignment, checkpoint_gpus, visible
 
 from gpusched.agent.mig import ANN_MIG
+from gpusched.core.names import ANN_MIG_RESHAPE, ANN_MIG_RESHAPE_STATUS
 from gpusched.k8s.convert import ANN_ASSIGNMENT
 from gpusched.testenv import wait_until
 
@@ -39,7 +41,7 @@ MIG_GPU = {
     "mig": INSTANCES,
 }
 UUID_AT = {(m["profile"], m["start"]): m["uuid"] for m in INSTANCES}
-R1G, R3G = "nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb"
+R1G, R3G, R4G = "nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb", "nvidia.com/mig-4g.40gb"
 
 
 @pytest.fixture
@@ -67,7 +69,10 @@ def mig_node(kubelet_env: KubeletEnv) -> Iterator[int]:
         node.restart_agent()
         labels = node.node()["metadata"].get("labels") or {}
         stale = {k: None for k in labels if k.startswith("nvidia.com/mig-") or k == "nvidia.com/mig.strategy"}
-        meta = {"annotations": {ANN_MIG: None}, "labels": stale}
+        meta = {
+            "annotations": {ANN_MIG: None, ANN_MIG_RESHAPE: None, ANN_MIG_RESHAPE_STATUS: None},
+            "labels": stale,
+        }
         kubelet_env.core.patch_node(node.name, {"metadata": meta})  # the agent adds, never removes
 
 
@@ -114,3 +119,25 @@ def test_a_hand_written_assignment_naming_a_missing_instance_is_refused_with_an_
     assert st.get("reason") == "UnexpectedAdmissionError" and expect in st.get("message", ""), st
     msgs = ns.wait(f"the agent's event on {name}", lambda: agent_events(ns, name), 30)
     assert any(f"pod {ns.name}/{name}" in m and ANN_ASSIGNMENT in m and expect in m for m in msgs), msgs
+
+
+def test_a_pod_no_instance_fits_gets_a_recut_and_lands_on_the_new_instance(
+    kubelet_env: KubeletEnv, ns: Ns, mig_node: int
+) -> None:
+    """Way (a) of issue 31 item 3 on the fake backend: a 4g.40gb pod finds no 4g instance; the scheduler asks
+    the agent to re-cut GPU 4's free slices (the three 1g, the 3g stays), the agent applies it, the kubelet
+    gets the new device, and the pod starts on it."""
+    name = ns.create(mig_pod("big4", kubelet_env.node.busybox_image, R4G, scheduler=STANDALONE))
+    pod = ns.running(name, timeout=120)
+    a = assignment(pod)
+    assert a["mig"] == [{"gpu": mig_node, "start": 0, "profile": "4g.40gb"}], a
+    geometry = json.loads(kubelet_env.node.node()["metadata"]["annotations"][ANN_MIG])
+    gpu = next(g for g in geometry["gpus"] if g["index"] == mig_node)
+    now = {(i["profile"], i["start"]): i["uuid"] for i in gpu["instances"]}
+    assert set(now) == {("4g.40gb", 0), ("3g.40gb", 4)}, now  # the 1g destroyed, the 3g kept as it was
+    assert now[("3g.40gb", 4)] == UUID_AT[("3g.40gb", 4)]
+    assert visible(ns.exec_env(name)) == [now[("4g.40gb", 0)]]
+    notes = [str(e.get("message", "")) for e in ns.events(name) if e.get("reason") == "FailedScheduling"]
+    assert any(
+        f"re-cutting GPU {mig_node} of node {kubelet_env.node.name} for it (4g.40gb at 0)" in m for m in notes
+    )
