@@ -19,13 +19,18 @@ from gpusched.k8s.state import LiveCluster
 ALL_1G = tuple(("1g.10gb", s) for s in range(7))
 
 
-def node(name: str, layout: tuple[tuple[str, int], ...], selector: str = "a") -> dict[str, Any]:
-    insts = tuple(MigInstance(p, s, 1, f"MIG-{name}-{s}", slices_gi=1, slices_ci=1) for p, s in layout)
-    dev = GpuDevice(0, "GPU-0", "NVIDIA A100-SXM4-80GB", 81920, "0:0", 8, 0, True, True, insts)
+def node(name: str, *layouts: tuple[tuple[str, int], ...], selector: str = "a") -> dict[str, Any]:
+    def inst(g: int, p: str, s: int) -> MigInstance:
+        return MigInstance(p, s, 1, f"MIG-{name}-{g}-{s}", slices_gi=1, slices_ci=1)
+
+    devs = tuple(
+        GpuDevice(g, f"GPU-{g}", "NVIDIA A100-SXM4-80GB", 81920, f"0:{g}", 8, 0, True, True,
+                  tuple(inst(g, p, s) for p, s in lay))
+        for g, lay in enumerate(layouts)
+    )  # fmt: skip
     obj = k8s_node(name, 0, labels={"pool": selector})
-    obj["metadata"]["annotations"] = {
-        ANN_MIG: mig_annotation(Inventory(name, "550", (12, 4), (dev,)), "mixed")
-    }
+    inv = Inventory(name, "550", (12, 4), devs)
+    obj["metadata"]["annotations"] = {ANN_MIG: mig_annotation(inv, "mixed")}
     return obj
 
 
@@ -121,10 +126,15 @@ def test_no_recut_when_no_node_can_serve_the_pod() -> None:
     r.cluster.upsert_pod(held)
     pod, obj = four_g()
     assert r.consider(pod, obj) == "" and nodes.patches == []
+    r, nodes, _ev, _now = setup(node("n2", ALL_1G))  # two 4g never fit one GPU: serving one of two is none
+    obj = k8s_pod("two", {"nvidia.com/mig-4g.40gb": "2"}, nodeSelector={"pool": "a"})
+    assert r.consider(pod_from_k8s(obj), obj) == "" and nodes.patches == []
 
 
 def test_no_recut_when_the_slices_find_instances_and_something_else_keeps_the_pod_off() -> None:
-    """A 4g instance is free (the pod is kept off by a taint, say): re-cutting would not help."""
-    r, nodes, _ev, _now = setup(node("n1", (("4g.40gb", 0), ("3g.40gb", 4))))
+    """A 4g instance is free on GPU 0 (the pod is kept off by a taint, say): re-cutting GPU 1, which could
+    serve it, would not help."""
+    balanced = (("2g.20gb", 0), ("1g.10gb", 2), ("1g.10gb", 3), ("3g.40gb", 4))
+    r, nodes, _ev, _now = setup(node("n1", (("4g.40gb", 0), ("3g.40gb", 4)), balanced))
     pod, obj = four_g()
     assert r.consider(pod, obj) == "" and nodes.patches == []
