@@ -50,6 +50,7 @@ def mig_node(kubelet_env: KubeletEnv) -> Iterator[int]:
     node = kubelet_env.node
     path = node.fake_gpus_path
     before = path.read_text()
+    count = (node.node()["metadata"].get("labels") or {}).get("nvidia.com/gpu.count")
     doc = yaml.safe_load(before)
     doc["gpus"] = [*doc["gpus"], MIG_GPU]
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -66,13 +67,17 @@ def mig_node(kubelet_env: KubeletEnv) -> Iterator[int]:
         yield len(doc["gpus"]) - 1
     finally:
         path.write_text(before)
-        node.restart_agent()
+        node.restart_agent()  # it waits for nvidia.com/gpu, which never changed: wait for its labels too
+
+        def relabelled() -> bool:
+            return (node.node()["metadata"].get("labels") or {}).get("nvidia.com/gpu.count") == count
+
+        wait_until(
+            lambda: kubelet_env.check_alive() or relabelled(), timeout=60, what="the agent's labels back"
+        )
         labels = node.node()["metadata"].get("labels") or {}
         stale = {k: None for k in labels if k.startswith("nvidia.com/mig-") or k == "nvidia.com/mig.strategy"}
-        meta = {
-            "annotations": {ANN_MIG: None, ANN_MIG_RESHAPE: None, ANN_MIG_RESHAPE_STATUS: None},
-            "labels": stale,
-        }
+        meta = {"annotations": {ANN_MIG_RESHAPE: None, ANN_MIG_RESHAPE_STATUS: None}, "labels": stale}
         kubelet_env.core.patch_node(node.name, {"metadata": meta})  # the agent adds, never removes
 
 
