@@ -171,12 +171,14 @@ def test_slices_never_overlap_and_unbooking_restores_the_books(
             books_before = {i: g.instances for i, g in snap.mig_books[0].items()}
             sets_before = {i: frozenset(g.instances) for i, g in snap.mig_books[0].items()}
             demand_before = +snap.mig_demand
+            fits = snap.mig_fits(pod, 0)  # the filter's count check and the placement agree
             try:
                 a = snap.assume(pod, 0, ())
             except AccountingError:
-                assert not snap.mig_fits(pod, 0)
+                assert not fits
                 assert {i: g.instances for i, g in snap.mig_books[0].items()} == books_before
                 continue
+            assert fits
             live.append(pod.key)
             for sl in a.mig:  # every slice is a present instance of its profile
                 g = node.mig.gpu(sl.gpu)

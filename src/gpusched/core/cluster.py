@@ -112,6 +112,11 @@ class ClusterState:
         self.memory_shares = 0
         self.mig_books: list[dict[int, MigGpu]] = [nd.mig.empty_books() if nd.mig else {} for nd in nodes]
         """Per node with a MIG geometry, per GPU index: the instances booked by pods (``core.mig.books``)."""
+        self.mig_free: list[Counter[str]] = [
+            migbooks.free_counts(nd.mig) if nd.mig else Counter() for nd in nodes
+        ]
+        """Per node with a MIG geometry: free instances per profile (present, takes pods, held by none).
+        Present instances never overlap, so a request fits exactly when these counts cover it."""
         self.mig_demand: Counter[str] = Counter()
         """MIG slices booked now, per profile: the demand mix that weighs the MIG fragmentation measure."""
         """Booked pods with GPUs but no milli (shares by memory alone): only they leave a GPU
@@ -246,7 +251,8 @@ class ClusterState:
         nm = self.nodes[node].mig
         if not pod.mig or nm is None:
             return True
-        return migbooks.place(nm, self.mig_books[node], pod.mig, self.mig_demand) is not None
+        free = self.mig_free[node]
+        return all(free[p] >= n for p, n in Counter(pod.mig).items())
 
     def mig_why_not(self, pod: PodSpec, node: int) -> tuple[str, bool]:
         """Why ``pod``'s MIG slices do not fit on ``node`` (a node with a MIG geometry), and whether they
@@ -364,10 +370,12 @@ class ClusterState:
                 if mem:
                     mem_free[g] += mem
         if a.mig:
-            books = self.mig_books[n] = dict(self.mig_books[n])  # copies share the old dict
+            books = self.mig_books[n] = dict(self.mig_books[n])  # copies share the old dict and Counter
+            free = self.mig_free[n] = Counter(self.mig_free[n])
             for sl in a.mig:
                 (migbooks.book if sign < 0 else migbooks.unbook)(books, sl)
                 self.mig_demand[sl.profile] -= sign
+                free[sl.profile] += sign
         self.gen[n] += 1
 
     def relabel_node(self, node: int, spec: NodeSpec) -> bool:
@@ -393,6 +401,7 @@ class ClusterState:
             setattr(c, f, getattr(self, f).copy())
         c.allocations = dict(self.allocations)
         c.mig_books = list(self.mig_books)  # each node's dict is replaced, never changed in place
+        c.mig_free = list(self.mig_free)  # so is each node's Counter
         c.mig_demand = Counter(self.mig_demand)
         c.node_pods = [set(s) for s in self.node_pods]
         c.anti_affinity = set(self.anti_affinity)
@@ -432,6 +441,12 @@ class ClusterState:
                 demand[sl.profile] += 1
         if [_instances(b) for b in mig] != [_instances(b) for b in self.mig_books]:
             errs.append("MIG books disagree with allocations")
+        free = [migbooks.free_counts(nd.mig) if nd.mig else Counter() for nd in self.nodes]
+        for a in self.allocations.values():
+            for sl in a.mig:
+                free[a.node][sl.profile] -= 1
+        if [+f for f in free] != [+f for f in self.mig_free]:
+            errs.append("MIG free instance counts disagree with allocations")
         if +demand != +self.mig_demand:
             errs.append("MIG demand disagrees with allocations")
         shares = sum(1 for a in self.allocations.values() if a.gpus and not a.pod.gpu_milli)

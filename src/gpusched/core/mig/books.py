@@ -68,6 +68,16 @@ class NodeMig:
         return frozenset(p for g in self.gpus for p in g.geometry.kinds)
 
 
+def free_counts(node: NodeMig) -> Counter[str]:
+    """Instances present per profile on the GPUs that take pods (in MIG mode, not being re-cut)."""
+    return Counter(
+        inst.profile
+        for i, g in zip(node.indices, node.gpus, strict=True)
+        if g.mig_enabled and i not in node.reshaping
+        for inst in g.instances
+    )
+
+
 def demand_of(booked: Counter[str], request: Sequence[str]) -> DemandMix:
     mix = DemandMix()
     for p, n in booked.items():
