@@ -91,9 +91,14 @@ def test_discover_text_and_errors_of_the_agent_commands(
     assert lines[0] == "cli-node: driver 550.107.02, CUDA 12.4, 3 GPU(s)"
     assert len(lines) == 4 and lines[3].endswith(", MIG ['7g.80gb']")
     r = CliRunner().invoke(app, ["agent", "labels", "--fake", str(f), "--mig-strategy", "single"])
+    assert r.exit_code == 0 and "nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB-MIG-INVALID" in r.output
+    assert "nvidia.com/gpu.count=0" in r.output  # GFD's label for a node that breaks the single rules
+    r = CliRunner().invoke(
+        app, ["agent", "run", "--fake", str(f), "--no-api", "--node", "n", "--mig-strategy", "single"]
+    )
     assert (r.exit_code, r.output) == (
         2,
-        "error: MIG strategy 'single' is not supported by the gpusched agent; use mixed\n",
+        "error: MIG strategy single: GPU(s) [0, 1] are not in MIG mode (every GPU must be)\n",
     )
     monkeypatch.delenv("NODE_NAME", raising=False)
     r = CliRunner().invoke(app, ["agent", "run", "--fake", str(f), "--no-api"])

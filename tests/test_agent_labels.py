@@ -291,11 +291,41 @@ def test_strategy_none_labels_mig_enabled_gpus_as_full_gpus_without_mig_labels()
     assert not [k for k in got if k.startswith("nvidia.com/mig-") or k == "nvidia.com/mig.strategy"]
 
 
-def test_single_strategy_and_unknown_strategy_are_refused() -> None:
-    with pytest.raises(ValueError, match="single"):
-        labels.gfd_labels(a100_node(), "single")
+def test_unknown_strategy_is_refused_and_a_node_breaking_the_single_rules_is_labelled_invalid() -> None:
     with pytest.raises(ValueError, match="unknown MIG strategy"):
         labels.gfd_labels(a100_node(), "both")
+    got = labels.gfd_labels(a100_node(), "single")  # full GPUs, an empty one and several profiles
+    assert got["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB-MIG-INVALID"
+    assert (got["nvidia.com/gpu.count"], got["nvidia.com/mig.strategy"]) == ("0", "single")
+    assert not [k for k in got if k.startswith("nvidia.com/mig-")]
+
+
+def test_single_strategy_labels_describe_one_mig_device_and_count_them() -> None:
+    """GFD's single strategy (tests/expected-output-mig-single.txt): every GPU in MIG mode, one profile."""
+    g1 = (1, 0, 0, 0, 0)
+    devs = tuple(
+        GpuDevice(
+            index=i, uuid=f"GPU-{i}", name=A100, memory_mib=81920, pci_bus_id=f"00000000:{i:02X}:00.0",
+            compute_major=8, compute_minor=0, mig_capable=True, mig_enabled=True,
+            mig_instances=tuple(mig("1g.10gb", s, 1, f"MIG-{i}{s}", 9728, 14, 1, g1) for s in range(7)),
+        )
+        for i in range(2)
+    )  # fmt: skip
+    got = labels.gfd_labels(Inventory("n", "550.107.02", (12, 4), devs), "single")
+    want = {
+        "nvidia.com/mig.strategy": "single",
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb",
+        "nvidia.com/gpu.count": "14",
+        "nvidia.com/gpu.replicas": "1",
+        "nvidia.com/gpu.memory": "9728",
+        "nvidia.com/gpu.multiprocessors": "14",
+        "nvidia.com/gpu.slices.gi": "1",
+        "nvidia.com/gpu.slices.ci": "1",
+        "nvidia.com/gpu.engines.copy": "1",
+        "nvidia.com/gpu.engines.decoder": "0",
+    }
+    assert {k: got[k] for k in want} == want
+    assert got["nvidia.com/gpu.family"] == "ampere"  # the GPU's own labels stay
 
 
 def test_sanitise_and_family_follow_gfd() -> None:

@@ -2,8 +2,9 @@
 
 A pure function of the inventory. It follows GFD's labelers (NVIDIA/k8s-device-plugin ``internal/lm``:
 ``nvml.go`` version, MIG-capability, sharing and GPU-mode labels; ``resource.go`` product/count/replicas/
-sharing-strategy/memory/family/compute labels; ``mig-strategy.go`` the none and mixed strategies;
-``machine-type.go``), as GFD runs with its default configuration (no sharing, ``--no-timestamp``):
+sharing-strategy/memory/family/compute labels; ``mig-strategy.go`` the none and mixed strategies, the
+single one in ``migsingle``; ``machine-type.go``), as GFD runs with its default configuration (no sharing,
+``--no-timestamp``):
 
 - ``nvidia.com/gpu.product`` is NVML's name with characters outside ``[A-Za-z0-9-_. ]`` removed and runs of
   spaces turned into one ``-`` ("NVIDIA H100 80GB HBM3" -> "NVIDIA-H100-80GB-HBM3", "Tesla T4" -> "Tesla-T4").
@@ -25,6 +26,7 @@ import json
 import re
 
 from gpusched.agent.inventory import GpuDevice, Inventory
+from gpusched.agent.migsingle import single_labels
 from gpusched.core.names import ANN_TOPOLOGY as ANN_TOPOLOGY
 
 MIG_STRATEGIES = ("none", "single", "mixed")
@@ -94,8 +96,6 @@ def gfd_labels(inv: Inventory, mig_strategy: str | None = None) -> dict[str, str
     strategy = mig_strategy or default_strategy(inv)
     if strategy not in MIG_STRATEGIES:
         raise ValueError(f"unknown MIG strategy {strategy!r} (one of {', '.join(MIG_STRATEGIES)})")
-    if strategy == "single":
-        raise ValueError("MIG strategy 'single' is not supported by the gpusched agent; use mixed")
     if not inv.devices:
         return {}
     major, minor, *rest = [*inv.driver_version.split("."), ""][:3]
@@ -135,6 +135,9 @@ def gfd_labels(inv: Inventory, mig_strategy: str | None = None) -> dict[str, str
     if strategy == "mixed":
         labels["nvidia.com/mig.strategy"] = "mixed"
         labels.update(mig_labels(inv))
+    if strategy == "single":  # every GPU's MIG devices are its nvidia.com/gpu (agent/migsingle.py)
+        labels["nvidia.com/mig.strategy"] = "single"
+        labels.update(single_labels(inv))
     return labels
 
 

@@ -30,12 +30,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from gpusched.agent import mig
 from gpusched.agent.allocation import (
     ANN_ALLOCATED,
     RES_SHARE,
@@ -50,7 +51,7 @@ from gpusched.agent.allocation import (
     parse_assignment,
     pod_key,
 )
-from gpusched.agent.inventory import GpuDevice, Inventory
+from gpusched.agent.inventory import GpuDevice, Inventory, MigInstance
 from gpusched.agent.mps import MpsError
 from gpusched.agent.pods import PodSource
 from gpusched.agent.sharing import ContainerShare, Sharing
@@ -80,14 +81,40 @@ class NodeDevices:
     # False beside NVIDIA's device plugin (GPU Operator): it serves nvidia.com/gpu and the MIG resources, and
     # the agent only gpusched.io/gpu-share (the kubelet keeps one plugin per resource: the last registered).
     nvidia_resources: bool = True
+    single: str = ""
+    """MIG strategy single: the one profile whose MIG devices are served as ``nvidia.com/gpu``
+    (``migsingle``); "" otherwise."""
     unhealthy: set[str] = field(default_factory=set)  # GPU UUIDs
     version: int = 0
     cond: threading.Condition = field(default_factory=threading.Condition)
 
     @property
     def whole_gpus(self) -> list[GpuDevice]:
-        """The GPUs advertised as ``nvidia.com/gpu``, in the scheduler's index order."""
+        """The GPUs advertised as ``nvidia.com/gpu``, in the scheduler's index order. Under the single MIG
+        strategy each is one MIG device (its UUID and memory, its GPU's index, name and NUMA node): the
+        scheduler books them as GPUs, as the kubelet counts them."""
+        if self.single:
+            devs = self.inventory.devices
+            return [
+                replace(devs[k], uuid=m.uuid, memory_mib=m.memory_mib, mig_enabled=False, mig_instances=())
+                for k, m in self._single_devices()
+            ]
         return [d for d in self.inventory.devices if not d.mig_enabled]
+
+    def _single_devices(self) -> list[tuple[int, MigInstance]]:
+        """(position of its GPU in the inventory, MIG device) of every MIG device, in NVML order."""
+        return [
+            (k, m)
+            for k, d in enumerate(self.inventory.devices)
+            for m in d.mig_instances
+            if d.mig_enabled and m.slices_ci == m.slices_gi
+        ]
+
+    def failed(self, d: GpuDevice) -> bool:
+        """Whether ``d`` (a GPU; under the single strategy a MIG device) or the GPU it is on is unhealthy."""
+        gpu = self.inventory.by_index(d.index)
+        with self.cond:
+            return d.uuid in self.unhealthy or (gpu is not None and gpu.uuid in self.unhealthy)
 
     def gpu_by_sched_index(self, i: int) -> GpuDevice | None:
         g = self.whole_gpus
@@ -101,11 +128,15 @@ class NodeDevices:
 
         if not self.nvidia_resources:
             return [RES_SHARE] if self.whole_gpus else []
+        if self.single:
+            return [RES_GPU]
         out = [RES_GPU, RES_SHARE] if self.whole_gpus else []
         return out + sorted(mig_resources(self.inventory))
 
     def devices(self, resource: str) -> list[tuple[str, GpuDevice]]:
         """(device ID, the physical GPU it lives on) of ``resource``."""
+        if resource == RES_GPU and self.single:  # each MIG device is one nvidia.com/gpu, on its GPU
+            return [(m.uuid, self.inventory.devices[k]) for k, m in self._single_devices()]
         if resource == RES_GPU:
             return [(d.uuid, d) for d in self.whole_gpus]
         if resource == RES_SHARE:
@@ -141,9 +172,7 @@ class NodeDevices:
             return changed
 
     def unhealthy_sched_indices(self) -> list[int]:
-        with self.cond:
-            bad = set(self.unhealthy)
-        return [i for i, d in enumerate(self.whole_gpus) if d.uuid in bad]
+        return [i for i, d in enumerate(self.whole_gpus) if self.failed(d)]
 
 
 class Allocator:
@@ -203,9 +232,7 @@ class Allocator:
                     f"node {self.devices.node} (it has {len(self.devices.whole_gpus)} GPUs: 0.."
                     f"{len(self.devices.whole_gpus) - 1})"
                 )
-            with self.devices.cond:
-                failed = d.uuid in self.devices.unhealthy
-            if failed:
+            if self.devices.failed(d):
                 # placed before the GPU failed (or by books that missed it): never hand out a failed GPU
                 raise AllocationError(
                     f"pod {key}: annotation gpusched.io/assignment field gpus names GPU {i} ({d.uuid}), "
@@ -242,7 +269,7 @@ class Allocator:
         if unknown:
             raise AllocationError(f"{resource}: device(s) {unknown} are not on node {self.devices.node}")
         if resource.startswith("nvidia.com/mig-"):
-            return self._response(device_ids)
+            return self._allocate_mig(resource, device_ids)
         with self._lock:
             pod, container = self._find(resource, len(device_ids))
             try:
@@ -279,6 +306,62 @@ class Allocator:
             )
             return resp
 
+    def _mig_for(self, pod: Mapping[str, Any], container: str, resource: str) -> list[str] | None:
+        """The MIG UUIDs the pod's assignment gives ``container`` (``agent.mig``); None without a ``mig``
+        field."""
+        node = self.devices.node
+        slices = mig.assigned_slices(pod, node)
+        if slices is None:
+            return None
+        mine = mig.container_slices(pod, container, resource, slices, mig.profile_of(resource))
+        got = mig.resolve(pod, node, self.devices.inventory, mine)
+        with self.devices.cond:
+            bad = [d for d, _m in got if d.uuid in self.devices.unhealthy]
+        if bad:
+            raise AllocationError(
+                f"pod {pod_key(pod)}: annotation gpusched.io/assignment field mig names a slice of GPU "
+                f"{bad[0].index} ({bad[0].uuid}), which is unhealthy on node {node}"
+            )
+        uid = str((pod.get("metadata") or {}).get("uid", pod_key(pod)))
+        unwritten = {f"{ns}/{name}": v for (ns, name), v in self._unwritten.items()}
+        mig.refuse_held(pod, got, mig.held_mig(self.pods.pods_on_node(node), node, uid, unwritten))
+        return [m.uuid for _d, m in got]
+
+    def _allocate_mig(self, resource: str, device_ids: list[str]) -> pb.ContainerAllocateResponse:
+        """The exact MIG devices of the pod's assignment (the kubelet's choice where it names none)."""
+        with self._lock:
+            try:
+                pod, container = self._find(resource, len(device_ids))
+            except AllocationError as e:
+                log.info("Allocate %s %s: the kubelet's choice stands (%s)", resource, device_ids, e)
+                return self._response(device_ids)
+            try:
+                uuids = self._mig_for(pod, container, resource)
+            except AllocationError as e:
+                self.pods.warn(pod, e.reason, str(e))
+                raise
+            if uuids is None:
+                log.info("Allocate %s -> pod %s: its assignment names no MIG slice, kubelet's choice %s",
+                         resource, pod_key(pod), device_ids)  # fmt: skip
+                uuids = list(device_ids)
+            uid = str((pod.get("metadata") or {}).get("uid", pod_key(pod)))
+            self._allocated.setdefault(uid, set()).add((container, resource))
+            done = allocated_of(pod)
+            done.setdefault(container, {})[resource] = uuids
+            meta = pod.get("metadata") or {}
+            ns, name = str(meta.get("namespace", "default")), str(meta.get("name"))
+            self._unwritten[(ns, name)] = json.dumps(done, separators=(",", ":"), sort_keys=True)
+            self.flush_annotations()
+            log.info(
+                "Allocate %s %s -> pod %s container %s: %s",
+                resource,
+                device_ids,
+                pod_key(pod),
+                container,
+                uuids,
+            )
+            return self._response(uuids)
+
     def _response(
         self, uuids: list[str], share: ContainerShare | None = None
     ) -> pb.ContainerAllocateResponse:
@@ -295,20 +378,24 @@ class Allocator:
     def preferred(self, resource: str, available: list[str], must: list[str], size: int) -> list[str]:
         """The assigned GPUs' device IDs when the pod is found; else the kubelet's own order."""
         chosen = list(must)
+        want: set[str] = set()
         try:
-            if resource in (RES_GPU, RES_SHARE):
+            if resource.startswith("nvidia.com/mig-"):
+                pod, container = self._find(resource, size)  # the assigned MIG devices (agent.mig)
+                want = set(self._mig_for(pod, container, resource) or ())
+            elif resource in (RES_GPU, RES_SHARE):
                 pod, container = self._find(resource, size)
                 _a, gpus = self._gpus_for(pod, container, resource)
                 want = {d.uuid for d in gpus}
-                for dev_id in available:
-                    if len(chosen) >= size:
-                        break
-                    if dev_id.split("::")[0] in want and dev_id not in chosen:
-                        chosen.append(dev_id)
-                        if resource == RES_SHARE:
-                            break  # one slot of the assigned GPU
         except AllocationError:
             pass
+        for dev_id in available:
+            if len(chosen) >= size:
+                break
+            if dev_id.split("::")[0] in want and dev_id not in chosen:
+                chosen.append(dev_id)
+                if resource == RES_SHARE:
+                    break  # one slot of the assigned GPU
         for dev_id in available:
             if len(chosen) >= size:
                 break
@@ -506,6 +593,26 @@ class DevicePlugin:
             s.stop_serving()
             with contextlib.suppress(OSError):
                 s.socket.unlink()
+
+    def replace_inventory(self, inventory: Inventory) -> list[str]:
+        """The GPUs changed (a MIG re-cut, ``agent.migrequest``): every ListAndWatch sends its new list, and a
+        resource that appeared (a new MIG profile) gets its server, served and registered. Returns the new
+        resources. A resource whose devices are gone keeps its server, with an empty list."""
+        with self.devices.cond:
+            self.devices.inventory = inventory
+            self.devices.version += 1
+            self.devices.cond.notify_all()
+        have = {s.resource for s in self.servers}
+        new = [r for r in self.devices.resources() if r not in have]
+        for r in new:
+            s = ResourceServer(r, self.devices, self.allocator, self.plugin_dir, self.kubelet_socket)
+            self.servers.append(s)
+            s.serve()
+            try:
+                s.register()
+            except grpc.RpcError as e:  # the watcher registers it again with the others
+                log.warning("registering %s with the kubelet failed: %s", r, e)
+        return new
 
     def mark(self, gpu_index: int, healthy: bool) -> bool:
         d = self.devices.inventory.by_index(gpu_index)

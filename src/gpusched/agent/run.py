@@ -10,13 +10,15 @@ from pathlib import Path
 import grpc
 from prometheus_client import CollectorRegistry, start_http_server
 
-from gpusched.agent import coexist, health, labels
+from gpusched.agent import coexist, health, labels, mig, migsingle
 from gpusched.agent.allocation import ANN_ALLOCATED
 from gpusched.agent.dra.node import DraConfig, DraNode, refuse_device_plugin_beside
 from gpusched.agent.dra.publish import DraApi
 from gpusched.agent.dra.slices import DraConfigError
 from gpusched.agent.inventory import GpuBackend, XidEvent
 from gpusched.agent.metrics import GpuCollector, Owners, owners_from_pods
+from gpusched.agent.migrequest import MigReshapes
+from gpusched.agent.migreshape import MigReshaper
 from gpusched.agent.mps import DEFAULT_CONTROL, DEFAULT_ROOT, MpsDaemons
 from gpusched.agent.plugin import DEFAULT_PLUGIN_DIR, DEFAULT_SLOTS, DevicePlugin, NodeDevices
 from gpusched.agent.pods import NodeWriter, PodSource
@@ -64,6 +66,9 @@ class AgentConfig:
     dra: DraConfig | None = None
     """The agent as a DRA driver (``--dra``): ResourceSlices and the kubelet's DRA service instead of the
     device plugin (``gpusched.agent.dra``)."""
+    reshape_check_s: float = 2.0
+    """Where the backend can re-cut MIG GPUs (the fake one, for now): how often the Node is read for a request
+    (``agent.migrequest``; a node read per look)."""
 
 
 @dataclass
@@ -82,8 +87,14 @@ class Agent:
 
     def __post_init__(self) -> None:
         inv = self.backend.inventory()
+        # MIG strategy single: each MIG device is one nvidia.com/gpu; a node that breaks its rules is refused
+        single = migsingle.single_profile(inv) if self.config.mig_strategy == "single" else ""
         self.devices = NodeDevices(
-            self.config.node, inv, slots=self.config.slots, nvidia_resources=self.config.nvidia_resources
+            self.config.node,
+            inv,
+            slots=self.config.slots,
+            nvidia_resources=self.config.nvidia_resources,
+            single=single,
         )
         c = self.config
         mps = MpsDaemons(c.mps_root, c.mps_control) if c.sharing == "mps" else None
@@ -105,6 +116,10 @@ class Agent:
             if self.dra_api is None:
                 raise DraConfigError("the agent in DRA mode needs an API for its slices and claims")
             self.dra = DraNode(c.node, inv, c.dra, self.dra_api, self.dra_api)
+        reshaper = self.backend if isinstance(self.backend, MigReshaper) else None  # way (a): fake, for now
+        self.reshapes = (
+            MigReshapes(reshaper, self.plugin, self.pods, self.nodes, c.node) if reshaper else None
+        )
         self.registry = CollectorRegistry()
         self.registry.register(GpuCollector(self.backend, lambda: self._owners, self.last_xid))
         self.registry.register(SharingCollector(self.sharing, self.visibility))
@@ -125,12 +140,16 @@ class Agent:
         """Labels, topology annotation, unhealthy GPUs and taint on the Node; errors logged, retried."""
         try:
             node = self.nodes.get_node(self.config.node)
+            if self.reshapes is not None and self.reshapes.check(node):  # a MIG re-cut asked on the Node
+                node = self.nodes.get_node(self.config.node)
             inv = self.devices.inventory
             want = labels.gfd_labels(inv, self.config.mig_strategy) if self.config.write_gfd_labels else {}
-            ann = {
-                labels.ANN_TOPOLOGY: labels.topology_annotation(inv),
-                ANN_ISOLATION: isolation_annotation(self.sharing, self.visibility),
-            }
+            ann = {ANN_ISOLATION: isolation_annotation(self.sharing, self.visibility)}
+            if not self.devices.single:  # its GPUs are physical; under single the scheduler's are MIG devices
+                ann[labels.ANN_TOPOLOGY] = labels.topology_annotation(inv)
+            geometry = mig.mig_annotation(inv, self.config.mig_strategy or labels.default_strategy(inv))
+            if geometry is not None:  # the scheduler books MIG slices on a GPU and start (issue 31)
+                ann[mig.ANN_MIG] = geometry
             p = health.labels_patch(node, want, ann)
             if p:
                 self.nodes.patch_node(self.config.node, p)
@@ -261,13 +280,29 @@ class Agent:
         while not self._stop.is_set():
             self.handle_xids(self.backend.poll_xids(1.0))
 
+    def check_reshape(self) -> None:
+        """Apply a MIG re-cut asked on the Node (``agent.migrequest``), then publish the new geometry."""
+        if self.reshapes is None:
+            return
+        try:
+            asked = self.reshapes.check(self.nodes.get_node(self.config.node))
+        except Exception as e:  # the API may be unreachable: asked again at the next look
+            log.warning("could not read node %s for a MIG re-cut: %s", self.config.node, e)
+            return
+        if asked:
+            self.sync_node()
+
     def _sync_loop(self) -> None:
-        waited = since_sharing = 0.0
+        waited = since_sharing = since_reshape = 0.0
         while not self._stop.is_set():
             if self._health_dirty.wait(1.0):
                 self._health_dirty.clear()
                 self.sync_node()
             waited += 1.0
+            since_reshape += 1.0
+            if since_reshape >= self.config.reshape_check_s:
+                since_reshape = 0.0
+                self.check_reshape()
             since_sharing += 1.0
             if since_sharing >= self.config.sharing_sync_s:
                 since_sharing = 0.0

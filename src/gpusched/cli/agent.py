@@ -72,7 +72,7 @@ def discover_cmd(fake: FakeOpt = None, as_json: Annotated[bool, typer.Option("--
 def labels_cmd(
     fake: FakeOpt = None,
     mig_strategy: Annotated[
-        str | None, typer.Option(help="none or mixed (default: mixed if MIG is on).")
+        str | None, typer.Option(help="none, single or mixed (default: mixed if MIG is on).")
     ] = None,
 ) -> None:
     """Print the node labels (GFD's names and values) and gpusched's topology annotation."""
@@ -115,7 +115,12 @@ def run_cmd(
             "GPUs NVIDIA's plugin gave each container (recorded as gpusched.io/allocated)."
         ),
     ] = Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
-    mig_strategy: Annotated[str | None, typer.Option(help="none or mixed.")] = None,
+    mig_strategy: Annotated[
+        str | None,
+        typer.Option(
+            help="none, single (each MIG device is one nvidia.com/gpu) or mixed (default: mixed if MIG on)."
+        ),
+    ] = None,
     gfd_labels: Annotated[bool, typer.Option(help="Write GFD's labels (same values as GFD).")] = True,
     metrics_port: Annotated[int, typer.Option(help="Prometheus port (dcgm-exporter's is 9400).")] = 9400,
     log_level: Annotated[str, typer.Option(help="debug, info, warning.")] = "info",

@@ -18,6 +18,7 @@ resource is an integer numpy array so that filters and scores run over all nodes
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
 
@@ -25,6 +26,10 @@ import numpy as np
 import numpy.typing as npt
 
 from gpusched.core.caches import SnapshotCaches
+from gpusched.core.mig import books as migbooks
+from gpusched.core.mig.books import MigSlot
+from gpusched.core.mig.geometry import MigGpu
+from gpusched.core.mig.profiles import MigError
 from gpusched.core.model import GPU_MILLI, Allocation, InvalidSpec, NodeSpec, PodSpec
 from gpusched.core.selectors import LabelSelector
 from gpusched.core.topology import GpuTopology
@@ -105,6 +110,15 @@ class ClusterState:
         """Per-snapshot typed caches of plugins (``core.caches``); a copy starts empty."""
         self.total_gpu_milli = int(self.gpu_cap.sum())
         self.memory_shares = 0
+        self.mig_books: list[dict[int, MigGpu]] = [nd.mig.empty_books() if nd.mig else {} for nd in nodes]
+        """Per node with a MIG geometry, per GPU index: the instances booked by pods (``core.mig.books``)."""
+        self.mig_free: list[Counter[str]] = [
+            migbooks.free_counts(nd.mig) if nd.mig else Counter() for nd in nodes
+        ]
+        """Per node with a MIG geometry: free instances per profile (present, takes pods, held by none).
+        Present instances never overlap, so a request fits exactly when these counts cover it."""
+        self.mig_demand: Counter[str] = Counter()
+        """MIG slices booked now, per profile: the demand mix that weighs the MIG fragmentation measure."""
         """Booked pods with GPUs but no milli (shares by memory alone): only they leave a GPU
         with all its milli free and some memory taken, which a whole GPU must then avoid."""
 
@@ -231,8 +245,69 @@ class ClusterState:
                 return f"node {name} GPU {g}: a share holds {held} MiB of it; pod {pod.key} takes it whole"
         return None
 
-    def assume(self, pod: PodSpec, node: int, gpus: Sequence[int], *, check: bool = True) -> Allocation:
+    def mig_fits(self, pod: PodSpec, node: int) -> bool:
+        """Whether ``pod``'s MIG slices fit on ``node`` now (always, where the node has no MIG geometry:
+        the slices are then counted only, in ``extended``)."""
+        nm = self.nodes[node].mig
+        if not pod.mig or nm is None:
+            return True
+        free = self.mig_free[node]
+        return all(free[p] >= n for p, n in Counter(pod.mig).items())
+
+    def mig_why_not(self, pod: PodSpec, node: int) -> tuple[str, bool]:
+        """Why ``pod``'s MIG slices do not fit on ``node`` (a node with a MIG geometry), and whether they
+        never could there."""
+        nm = self.nodes[node].mig
+        if nm is None:
+            return "no MIG geometry", False
+        return migbooks.why_not(nm, self.mig_books[node], pod.mig)
+
+    def _mig_slots(
+        self, pod: PodSpec, node: int, mig: Sequence[MigSlot] | None, check: bool
+    ) -> tuple[MigSlot, ...]:
+        """The MIG slices ``pod`` books on ``node``: ``mig`` as given (checked to be its profiles, present
+        and free when ``check``), else placed by the MIG fragmentation measure. Raises AccountingError for a
+        decision (``check``); a fact books what it can and never raises."""
+        nm = self.nodes[node].mig
+        if not pod.mig or nm is None:
+            return ()
+        books = self.mig_books[node]
+        if mig is None:
+            placed = migbooks.place(nm, books, pod.mig, self.mig_demand)
+            if placed is None and check:
+                raise AccountingError(f"node {self.names[node]}: {migbooks.why_not(nm, books, pod.mig)[0]}")
+            return placed or ()  # a fact with no free instance left: counted only
+        slots = tuple(mig)
+        if check:
+            if sorted(s.profile for s in slots) != list(pod.mig):
+                raise AccountingError(
+                    f"pod {pod.key} asks for MIG {list(pod.mig)}, its slices are {list(slots)}"
+                )
+            why = migbooks.check_present(nm, books, slots)
+            if why is not None:
+                raise AccountingError(f"node {self.names[node]}: {why}")
+            return slots
+        work, kept = dict(books), []  # a fact (a running pod): book what does not overlap, skip the rest
+        for sl in slots:
+            try:
+                migbooks.book(work, sl)
+                kept.append(sl)
+            except MigError:
+                pass
+        return tuple(kept)
+
+    def assume(
+        self,
+        pod: PodSpec,
+        node: int,
+        gpus: Sequence[int],
+        *,
+        check: bool = True,
+        mig: Sequence[MigSlot] | None = None,
+    ) -> Allocation:
         """Book ``pod`` onto ``node`` and ``gpus``. Raises AccountingError if it does not fit.
+        ``mig``: the MIG slices it holds (as recorded in its assignment); None places them
+        (``core.mig.books.place``) on a node with a MIG geometry.
 
         ``check=False`` books a fact rather than a decision (a pod the API shows running): only
         the node and GPU indices must exist; free amounts may go below zero, so the books show
@@ -244,7 +319,8 @@ class ClusterState:
         why = self.check_fits(pod, node, gpus) if check else self.check_indices(pod, node, gpus)
         if why is not None:
             raise AccountingError(why)
-        alloc = Allocation(pod, node, tuple(int(g) for g in gpus))
+        slots = self._mig_slots(pod, node, mig, check)
+        alloc = Allocation(pod, node, tuple(int(g) for g in gpus), slots)
         self._apply(alloc, -1)
         self.allocations[pod.key] = alloc
         self.node_pods[node].add(pod.key)
@@ -293,6 +369,13 @@ class ClusterState:
                 free[g] += milli
                 if mem:
                     mem_free[g] += mem
+        if a.mig:
+            books = self.mig_books[n] = dict(self.mig_books[n])  # copies share the old dict and Counter
+            free = self.mig_free[n] = Counter(self.mig_free[n])
+            for sl in a.mig:
+                (migbooks.book if sign < 0 else migbooks.unbook)(books, sl)
+                self.mig_demand[sl.profile] -= sign
+                free[sl.profile] += sign
         self.gen[n] += 1
 
     def relabel_node(self, node: int, spec: NodeSpec) -> bool:
@@ -317,6 +400,9 @@ class ClusterState:
         for f in ("cpu_free", "mem_free", "pod_free", "ext_free", "gpu_free", "gpu_mem_free", "gen"):
             setattr(c, f, getattr(self, f).copy())
         c.allocations = dict(self.allocations)
+        c.mig_books = list(self.mig_books)  # each node's dict is replaced, never changed in place
+        c.mig_free = list(self.mig_free)  # so is each node's Counter
+        c.mig_demand = Counter(self.mig_demand)
         c.node_pods = [set(s) for s in self.node_pods]
         c.anti_affinity = set(self.anti_affinity)
         c.by_label = {k: set(v) for k, v in self.by_label.items()}
@@ -344,6 +430,25 @@ class ClusterState:
                 gpu[a.node, g] -= a.pod.gpu_milli
                 gmem[a.node, g] -= mem_booked
         errs = []
+        mig = [nd.mig.empty_books() if nd.mig else {} for nd in self.nodes]
+        demand: Counter[str] = Counter()
+        for a in self.allocations.values():
+            for sl in a.mig:
+                try:
+                    migbooks.book(mig[a.node], sl)
+                except MigError as e:
+                    errs.append(f"MIG slices overlap on node {self.names[a.node]}: {e}")
+                demand[sl.profile] += 1
+        if [_instances(b) for b in mig] != [_instances(b) for b in self.mig_books]:
+            errs.append("MIG books disagree with allocations")
+        free = [migbooks.free_counts(nd.mig) if nd.mig else Counter() for nd in self.nodes]
+        for a in self.allocations.values():
+            for sl in a.mig:
+                free[a.node][sl.profile] -= 1
+        if [+f for f in free] != [+f for f in self.mig_free]:
+            errs.append("MIG free instance counts disagree with allocations")
+        if +demand != +self.mig_demand:
+            errs.append("MIG demand disagrees with allocations")
         shares = sum(1 for a in self.allocations.values() if a.gpus and not a.pod.gpu_milli)
         if shares != self.memory_shares:
             errs.append(f"{self.memory_shares} shares by memory alone counted, {shares} booked")
@@ -360,3 +465,7 @@ class ClusterState:
             if (have < 0).any():
                 errs.append(f"{name} overcommitted")
         return errs
+
+
+def _instances(books: dict[int, MigGpu]) -> dict[int, frozenset[object]]:
+    return {i: frozenset(g.instances) for i, g in books.items()}

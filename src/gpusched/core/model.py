@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 
 from gpusched.core.errors import InvalidSpec
 from gpusched.core.gpumodel import canonical_gpu_model, canonical_gpu_models
+from gpusched.core.mig.books import MigSlot, NodeMig
+from gpusched.core.mig.profiles import ALL_PROFILE_NAMES
 from gpusched.core.selectors import (
     LabelSelector,
     NodeSelectorTerm,
@@ -92,6 +94,23 @@ def _check_extended(extended: Mapping[str, int], who: str) -> None:
             raise InvalidSpec(f"{who}: extended resource {name} must be a non-negative integer, got {v!r}")
 
 
+def _check_mig(pod: PodSpec) -> None:
+    if not isinstance(pod.mig, tuple) or list(pod.mig) != sorted(pod.mig):
+        raise InvalidSpec(f"pod {pod.key}: mig must be a sorted tuple of MIG profile names, got {pod.mig!r}")
+    for p in pod.mig:
+        if p not in ALL_PROFILE_NAMES:
+            raise InvalidSpec(
+                f"pod {pod.key}: unknown MIG profile {p!r} (nvidia.com/mig-<profile>; no GPU model has it, "
+                "e.g. A100 80GB: 1g.10gb, 1g.10gb.me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb)"
+            )
+    if pod.mig and pod.num_gpu:
+        raise InvalidSpec(
+            f"pod {pod.key} asks for both a MIG slice ({', '.join(sorted(set(pod.mig)))}) and a whole GPU "
+            "or share (nvidia.com/gpu, gpusched.io/gpu-milli or gpusched.io/gpu-memory): a MIG slice is a "
+            "GPU of its own; drop one of the two"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class NodeSpec:
     """One node. All GPUs of a node are of one model (as GPU feature discovery labels them)."""
@@ -113,6 +132,9 @@ class NodeSpec:
     stay booked there until they leave."""
     gpu_topology: GpuTopology | None = None
     """NVLink peers and NUMA node per GPU (``core.topology``); None: GPU sets are chosen topology-blind."""
+    mig: NodeMig | None = None
+    """The node's MIG GPUs and the instances present (``core.mig.books``); None: MIG slices are booked as
+    counts only (``extended``), as where no gpusched agent publishes the geometry."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -201,6 +223,10 @@ class PodSpec:
     claims: PodClaims | None = None
     """Its DRA ResourceClaims and the inventory they are allocated against (``core.dra.inventory``),
     for the DynamicResources plugin; None: no claims. Part of the shape by identity."""
+    mig: tuple[str, ...] = ()
+    """MIG slices asked for (``nvidia.com/mig-<profile>``), one profile name per slice, sorted. They are
+    also counted in ``extended``; a node with a MIG geometry (``NodeSpec.mig``) books each on a GPU and
+    start (``Allocation.mig``)."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -250,6 +276,7 @@ class PodSpec:
             v = getattr(self, fname)
             if not isinstance(v, tuple) or not all(isinstance(x, kind) for x in v):
                 raise InvalidSpec(f"pod {self.key}: {fname} must be a tuple of {kind.__name__}")
+        _check_mig(self)
         if not isinstance(self.movable, bool):
             raise InvalidSpec(f"pod {self.key}: movable must be True or False, got {self.movable!r}")
         if self.controller is not None and not isinstance(self.controller, Controller):
@@ -302,6 +329,7 @@ class PodSpec:
             self.preferred_pod_affinity,
             self.preferred_pod_anti_affinity,
             self.claims,
+            self.mig,
         )
 
 
@@ -312,3 +340,5 @@ class Allocation:
     pod: PodSpec
     node: int
     gpus: tuple[int, ...]
+    mig: tuple[MigSlot, ...] = ()
+    """The MIG slices it holds (GPU index, start, profile), on a node with a MIG geometry."""

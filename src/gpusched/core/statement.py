@@ -102,7 +102,7 @@ class Statement:
             if op.kind is OpKind.ASSUME:
                 self.snap.forget(a.pod.key)
             else:  # what it held: a fact, restored as it was (a held room may overbook its GPUs)
-                self.snap.assume(a.pod, a.node, a.gpus, check=False)
+                self.snap.assume(a.pod, a.node, a.gpus, check=False, mig=a.mig)
         self._ops.clear()
 
     def _check_open(self) -> None:

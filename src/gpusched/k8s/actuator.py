@@ -48,6 +48,7 @@ from gpusched.k8s.claims import DraClaims
 from gpusched.k8s.disruption import BudgetReader
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.gangs import Gangs
+from gpusched.k8s.migreshape import MigReshapes
 from gpusched.k8s.podgroups import GroupSpec
 from gpusched.k8s.preemption import Nominations, PreemptionRun, Preemptor
 from gpusched.k8s.queue import QueuedPod, SchedulingQueue
@@ -119,6 +120,7 @@ class Actuator:
         tenants: TenantQueues,
         gangs: Gangs,
         claims: DraClaims,
+        mig: MigReshapes,
         running: tuple[threading.Event, threading.Event],
     ) -> None:
         self.cluster = cluster
@@ -134,6 +136,7 @@ class Actuator:
         self.tenants = tenants
         self.gangs = gangs
         self.claims = claims
+        self.mig = mig
         self._leading, self._stop = running
         """Bindings keep trying while the first is set and the second is not."""
         self.scheduled = 0
@@ -232,7 +235,8 @@ class Actuator:
         qp = next(iter(p.members.values()))
         if o.last is not None:
             self.metrics.pod_unschedulable(qp.key, *diagnosis_labels(o.last.diagnosis, o.last.status))
-        self.refuse(qp, acts.message)
+        recut = self.mig.consider(p.spec(qp.key), qp.obj)  # MIG: a re-cut of free slices (k8s/migreshape.py)
+        self.refuse(qp, acts.message + recut)
 
     # ------------------------------------------------------------- refusals
     def refuse(

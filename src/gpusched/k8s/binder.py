@@ -12,11 +12,12 @@ apiserver copies a Binding's annotations onto the pod in the same write that set
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from kubernetes import client
 
+from gpusched.core.mig.books import MigSlot
 from gpusched.core.model import PodSpec
 from gpusched.core.status import Code, Status
 from gpusched.k8s.convert import ANN_ASSIGNMENT, assignment_annotation
@@ -98,6 +99,12 @@ def bind_pod(
     )
 
 
+class MigBooks(Protocol):
+    """Where the binder reads the MIG slices booked for a pod (``k8s.state.LiveCluster``)."""
+
+    def mig_of(self, key: str) -> tuple[MigSlot, ...]: ...
+
+
 class APIBinder:
     """The Bind plugin of the Kubernetes front ends (kube-scheduler's DefaultBinder plus the
     device assignment): a ``pods/binding`` call that carries the assignment annotation.
@@ -115,19 +122,24 @@ class APIBinder:
 
     name = "APIBinder"
 
-    def __init__(self, core: Core, *, in_binding: bool = True) -> None:
+    def __init__(self, core: Core, *, in_binding: bool = True, mig: MigBooks | None = None) -> None:
         self.core = fast(core)
         self.in_binding = in_binding
+        self.mig = mig
+        """The books' MIG slices, written into the assignment (None: MIG slices are not placed)."""
 
     def bind(self, pod: PodSpec, node_name: str, gpus: tuple[int, ...]) -> Status:
         try:
             bind_pod(
                 self.core, pod.namespace, pod.name, pod.uid, node_name,
-                assignment_annotation(node_name, gpus, pod), in_binding=self.in_binding,
+                assignment_annotation(node_name, gpus, pod, self._mig(pod)), in_binding=self.in_binding,
             )  # fmt: skip
         except Exception as e:
             return Status(outcome_code(getattr(e, "status", None)), (describe(e),), self.name)
         return Status.success()
+
+    def _mig(self, pod: PodSpec) -> tuple[MigSlot, ...]:
+        return self.mig.mig_of(pod.key) if self.mig is not None and pod.mig else ()
 
 
 def outcome_code(http_status: object) -> Code:

@@ -32,9 +32,12 @@ names in the annotation ``gpusched.io/unhealthy-gpus`` ("0,3": scheduler indices
 pod; the pods already on them stay booked there. A malformed value makes the node invalid
 (``InvalidRequest`` naming the node and the annotation), as any other unreadable node field.
 
+MIG slices (``nvidia.com/mig-<profile>``) and a node's MIG geometry (annotation
+``gpusched.io/mig-geometry``) are read in ``k8s/migconvert.py``.
+
 The scheduler writes the device assignment to the annotation ``gpusched.io/assignment``
-(JSON ``{"node", "gpus", "milli", "memoryMiB"}``) before binding; the node side exposes exactly
-those GPUs, and a restarted scheduler rebuilds its books from the annotations.
+(JSON ``{"node", "gpus", "milli", "memoryMiB"}``, and ``"mig"`` for MIG slices) before binding;
+the node side exposes exactly those GPUs, and a restarted scheduler rebuilds its books from the annotations.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from typing import Any
 
 import orjson
 
+from gpusched.core.mig.books import MigSlot
 from gpusched.core.model import (
     GPU_MILLI,
     Allocation,
@@ -82,6 +86,7 @@ from gpusched.core.topology import UNKNOWN_NUMA, GpuTopology
 from gpusched.k8s.constraints import node_affinity, pod_affinity, preferred_affinity, spread_constraints
 from gpusched.k8s.errors import InvalidRequest as InvalidRequest
 from gpusched.k8s.groupref import group_name_of
+from gpusched.k8s.migconvert import assignment_mig, node_mig, pod_mig, slots_json
 from gpusched.k8s.quantity import parse_quantity
 
 log = logging.getLogger(__name__)
@@ -282,6 +287,9 @@ def pod_from_k8s(pod: Mapping[str, Any], *, constraints: str = "enforce") -> Pod
     cpu = req.get("cpu", Decimal(0))
     mem = req.get("memory", Decimal(0))
     num, milli, gmem = _gpu_request(req, key, running=constraints == "lenient")
+    mig = pod_mig(req, running=constraints == "lenient")
+    if constraints == "lenient" and num:
+        mig = ()  # running with both: booked as the kubelet admitted it (the slices by count only)
     extended = {n: _amount(n, q, f"pod {key} {n}", request=True) for n, q in req.items() if is_extended(n)}
     ann = meta.get("annotations") or {}
     models = parse_models(ann.get(ANN_MODELS, ""), f"pod {key} annotation {ANN_MODELS}")
@@ -339,6 +347,7 @@ def pod_from_k8s(pod: Mapping[str, Any], *, constraints: str = "enforce") -> Pod
             queue=ann.get(ANN_QUEUE, ""),
             movable=_movable(ann, key),
             controller=controller_of(pod, strict=constraints == "enforce"),
+            mig=mig,
         )
     except InvalidSpec as e:
         raise InvalidRequest(str(e)) from None
@@ -454,6 +463,7 @@ def node_from_k8s(node: Mapping[str, Any]) -> NodeSpec:
             extended=extended,
             unhealthy_gpus=unhealthy,
             gpu_topology=gpu_topology(node, gpus),
+            mig=node_mig(node),
         )
     except InvalidSpec as e:
         raise InvalidRequest(str(e)) from None
@@ -526,12 +536,21 @@ def _warn_topology(node: str, raw: str, why: str) -> None:
     )
 
 
-def assignment_annotation(node: str, gpus: tuple[int, ...], pod: PodSpec) -> str:
+def assignment_annotation(
+    node: str, gpus: tuple[int, ...], pod: PodSpec, mig: tuple[MigSlot, ...] = ()
+) -> str:
     """``milli`` is 1000 for whole GPUs (the pod holds them whole; ``memoryMiB`` is then the
-    least memory it asked of each), else the share's milli and memory."""
-    return orjson.dumps(
-        {"node": node, "gpus": list(gpus), "milli": pod.gpu_milli, "memoryMiB": pod.gpu_memory_mib}
-    ).decode()
+    least memory it asked of each), else the share's milli and memory. ``mig``: the MIG slices
+    it holds (``[{"gpu", "start", "profile"}]``), only when there are some."""
+    doc: dict[str, Any] = {
+        "node": node,
+        "gpus": list(gpus),
+        "milli": pod.gpu_milli,
+        "memoryMiB": pod.gpu_memory_mib,
+    }
+    if mig:
+        doc["mig"] = slots_json(mig)
+    return orjson.dumps(doc).decode()
 
 
 def parse_assignment(pod: Mapping[str, Any]) -> tuple[str, tuple[int, ...]] | None:
@@ -560,4 +579,5 @@ def allocation_from_k8s(pod: Mapping[str, Any], node_index: Mapping[str, int]) -
     core = pod_from_k8s(pod, constraints="lenient")
     a = parse_assignment(pod)
     gpus = a[1] if a and a[0] == node else ()
-    return Allocation(core, node_index[node], gpus)
+    mig = (assignment_mig(pod) or ()) if a and a[0] == node else ()
+    return Allocation(core, node_index[node], gpus, mig)

@@ -59,6 +59,7 @@ from gpusched.k8s.disruption import BudgetReader
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.gangs import Gangs, Refusal
 from gpusched.k8s.informer import Reflector
+from gpusched.k8s.migreshape import MigReshapes
 from gpusched.k8s.podevents import PodEvent, PodFeed, parse_pod_event
 from gpusched.k8s.podgroups import PodGroups
 from gpusched.k8s.preemption import Nominations, Preemptor, Rooms
@@ -109,8 +110,8 @@ class StandaloneScheduler:
             raise ValueError(f"unknown policy {cfg.policy!r}; choose one of {', '.join(POLICIES)}")
         self.core = client.CoreV1Api(api)  # lists, watches, preemption
         self.fast = FastCoreV1(api)  # the calls made per pod: binding, event, read-back
-        self._binder = APIBinder(self.fast)
         self.cluster = LiveCluster()
+        self._binder = APIBinder(self.fast, mig=self.cluster)  # MIG slices from the books (issue 31)
         self._settler = Settler(
             self.cluster,
             lambda ns, name: read_pod(self.fast, ns, name),
@@ -118,6 +119,7 @@ class StandaloneScheduler:
         )
         self.queue = SchedulingQueue(flush_s=cfg.flush_s)
         self.events = EventRecorder(self.fast, cfg.scheduler_name, cfg.identity)
+        self.mig_reshapes = MigReshapes(self.core, self.cluster, self.events)  # MIG re-cuts (issue 31)
         self.metrics = metrics or SchedulerMetrics(profile=cfg.scheduler_name)
         self.metrics.set_leader(cfg.lease_name, False)
         self.metrics.watch_event_writes(self.events.counts)
@@ -157,7 +159,8 @@ class StandaloneScheduler:
             cluster=self.cluster, queue=self.queue, events=self.events, metrics=self.metrics,
             pool=self._pool, settler=self._settler, nominations=self.nominations,
             preemptor=self._preemptor, budgets=self.budgets, reservations=self.reservations,
-            tenants=self.tenants, gangs=self.gangs, claims=self.claims, running=(self.leading, self._stop),
+            tenants=self.tenants, gangs=self.gangs, claims=self.claims, mig=self.mig_reshapes,
+            running=(self.leading, self._stop),
         )  # fmt: skip
         # each pod event parsed once (k8s/podevents.py), for the books, gangs, rooms, then the queue
         self.pods = PodFeed([self.cluster, self.gangs, self.reservations, self])

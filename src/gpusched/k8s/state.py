@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from gpusched.core.caches import LRUCache
 from gpusched.core.cluster import AccountingError, ClusterState
 from gpusched.core.devices import pick_gpus
+from gpusched.core.mig.books import MigSlot
 from gpusched.core.model import Allocation, NodeSpec, PodSpec, Taint
 from gpusched.core.names import TAINT_NODE_UNREADABLE as TAINT_NODE_UNREADABLE
 from gpusched.k8s.convert import (
@@ -44,6 +45,7 @@ from gpusched.k8s.convert import (
     InvalidRequest,
     node_from_k8s,
 )
+from gpusched.k8s.migconvert import assignment_mig
 from gpusched.k8s.podevents import TERMINAL as TERMINAL
 from gpusched.k8s.podevents import PodEvent, PodFeed, PodSubscriber, parse_pod_event
 from gpusched.k8s.podevents import pod_key as pod_key
@@ -133,6 +135,7 @@ class LiveCluster:
         """Nodes whose Node object does not convert now: name -> (the object, why)."""
         self._share_nodes: set[str] = set()  # nodes whose device plugin offers gpusched.io/gpu-share
         self._assumed: dict[str, tuple[PodSpec, str, tuple[int, ...]]] = {}  # decided here, not yet bound
+        self._mig: dict[str, tuple[MigSlot, ...]] = {}  # MIG slices of bound pods and decisions (issue 31)
         self._state: ClusterState | None = None
         self._gone: LRUCache[str, bool] = LRUCache(GONE_KEPT)
         """UIDs the API answered for as gone (a read-back found no pod or another UID, a binding
@@ -266,6 +269,8 @@ class LiveCluster:
             spec = ev.spec()  # lenient: a running pod is booked whatever its constraints say
             if ev.assignment_error is not None:
                 raise ev.assignment_error
+            assigned_here = ev.assignment is not None and ev.assignment.node == node
+            mig = assignment_mig(ev.obj) if assigned_here else None  # its MIG slices, where recorded
         except InvalidRequest as e:
             if self._on_invalid:
                 self._on_invalid(ev.obj, str(e))
@@ -277,6 +282,8 @@ class LiveCluster:
                 return  # booked, or found gone, while it was converted
             self._bound[key] = (spec, node, gpus)
             self._bound_at[key] = bound_at(ev.obj)
+            if mig is not None:
+                self._mig[key] = mig
             if node in self._share_nodes and share_without_slot(ev.obj):
                 self._warn_share_without_slot(ev.obj, node, gpus)
             assumed = self._assumed.pop(key, None)
@@ -329,6 +336,7 @@ class LiveCluster:
             held = self._bound.pop(key, None) is not None
             self._bound_at.pop(key, None)
             held |= self._assumed.pop(key, None) is not None
+            self._mig.pop(key, None)
             if held and self._state is not None and key in self._state.allocations:
                 self._state.forget(key)
 
@@ -361,7 +369,15 @@ class LiveCluster:
             st = self._current()
             a = st.allocations.get(pod.key) or st.assume(pod, node, gpus)
             self._assumed[pod.key] = (pod, st.names[a.node], a.gpus)
+            if a.mig:
+                self._mig[pod.key] = a.mig
             return a
+
+    def mig_of(self, key: str) -> tuple[MigSlot, ...]:
+        """The MIG slices booked for pod ``key`` (the binder writes them into its assignment)."""
+        with self.lock:
+            a = self._current().allocations.get(key)
+            return a.mig if a is not None else self._mig.get(key, ())
 
     def gone(self, key: str, uid: str) -> None:
         """The API says pod ``key`` of UID ``uid`` no longer exists (a read-back found none or
@@ -379,6 +395,8 @@ class LiveCluster:
         with self.lock:
             st = self._state
             was_assumed = self._assumed.pop(key, None) is not None
+            if was_assumed and key not in self._bound:
+                self._mig.pop(key, None)
             if was_assumed and st is not None and key not in self._bound and key in st.allocations:
                 st.forget(key)
 
@@ -450,7 +468,7 @@ class LiveCluster:
             if key in st.allocations or key in self._bound:
                 continue
             try:
-                st.assume(spec, st.index[node], gpus)
+                st.assume(spec, st.index[node], gpus, mig=self._mig.get(key))
             except (KeyError, AccountingError):
                 log.warning("dropping assumed pod %s: node %s changed or left", key, node)
                 del self._assumed[key]
@@ -465,7 +483,7 @@ class LiveCluster:
         try:
             if len(gpus) != spec.num_gpu:
                 gpus = pick_gpus(st, spec, n) if spec.num_gpu else ()
-            st.assume(spec, n, gpus)
+            st.assume(spec, n, gpus, mig=self._mig.get(spec.key))
             return
         except (AccountingError, ValueError) as e:
             self.conflicts.append(f"{spec.key}: {e}")
@@ -478,7 +496,7 @@ class LiveCluster:
             order = sorted(range(count), key=lambda g: (-int(st.gpu_free[n, g]), g))
             gpus = tuple(order[: spec.num_gpu])
         try:
-            st.assume(spec, n, gpus, check=False)
+            st.assume(spec, n, gpus, check=False, mig=self._mig.get(spec.key))
         except AccountingError as e:  # never expected: the indices were just chosen on this node
             log.error("cannot book bound pod %s on %s: %s", spec.key, node, e)
 

@@ -314,12 +314,21 @@ class NodeGpus(Protocol):
     @property
     def indices(self) -> Sequence[int]: ...
 
+    @property
+    def reshaping(self) -> frozenset[int]: ...
+
 
 def target_layout(
-    geom: Geometry, keep: Sequence[Instance], pending: Sequence[str], demand: DemandMix
+    geom: Geometry,
+    keep: Sequence[Instance],
+    pending: Sequence[str],
+    demand: DemandMix,
+    present: Sequence[Instance] = (),
 ) -> tuple[tuple[Instance, ...], tuple[str, ...]]:
     """The layout of a GPU that keeps ``keep`` and serves as many of ``pending`` as fit (larger profiles
-    first, each where the measure grows least), then the demand (``fill_layout``); and the requests served."""
+    first, each where the measure grows least), keeps the other ``present`` instances that still fit (a
+    re-cut destroys only what it must), then fills with the demand (``fill_layout``); and the requests
+    served."""
     gpu = MigGpu("plan", geom, True, tuple(keep))
     frag = frag_by_code(geom, demand)
     served = []
@@ -331,6 +340,9 @@ def target_layout(
                 p, min(starts, key=lambda s: (int(frag[code_after(code, kind, s)] - frag[code]), s))
             )
             served.append(p)
+    for i in present:
+        if i not in gpu.instances and i.start in gpu.free_starts(i.profile):
+            gpu = gpu.place(i.profile, i.start)
     return fill_layout(geom, gpu.instances, demand), tuple(served)
 
 
@@ -341,7 +353,7 @@ def plan_gpu(
     serves no pending request or creates nothing."""
     if not present.mig_enabled:
         return None
-    target, served = target_layout(present.geometry, held.instances, pending, demand)
+    target, served = target_layout(present.geometry, held.instances, pending, demand, present.instances)
     destroy = tuple(i for i in present.instances if i not in target and i not in held.instances)
     create = tuple(i for i in target if i not in present.instances)
     if not served or not create:
@@ -355,6 +367,8 @@ def plan_node(
     """The GPU of ``node`` to re-cut for ``pending`` (requests that find no free instance), or None;
     ``books[i]`` holds the instances pods hold on GPU ``i``."""
     best: tuple[tuple[int, int, int], GpuRecut] | None = None
+    if node.reshaping:
+        return None  # one re-cut at a time per node
     for i, g in zip(node.indices, node.gpus, strict=True):
         plan = plan_gpu(i, g, books[i], pending, demand)
         if plan is None:

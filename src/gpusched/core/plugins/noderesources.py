@@ -3,6 +3,9 @@
 Extended resources are whatever else a node advertises in whole units (``rdma/hca``, MIG slices
 such as ``nvidia.com/mig-1g.10gb``, ...); a pod asking for one that a node lacks does not fit
 there. The reasons are kube-scheduler's: "Too many pods", "Insufficient cpu", "Insufficient <name>".
+On a node whose MIG geometry is known (``NodeSpec.mig``) a pod's MIG slices must also find free instances
+of their profiles (``ClusterState.mig_fits``); the reason then names the profile the GPU model lacks, or
+that no free instance is left.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ class NodeResourcesFit:
                     mask[:] = False
                 else:
                     mask &= snap.ext_free[sel, i] >= amount
+        if pod.mig:  # which instances, on a node whose MIG geometry is known (core.mig.books)
+            for k, n in enumerate(range(len(snap)) if nodes is None else nodes):
+                if mask[k] and not snap.mig_fits(pod, int(n)):
+                    mask[k] = False
         return mask
 
     def explain(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> tuple[str, Code]:
@@ -46,6 +53,9 @@ class NodeResourcesFit:
             return "Insufficient cpu", _code(int(snap.cpu_cap[node]), pod.cpu_milli)
         if snap.mem_free[node] < pod.memory_mib:
             return "Insufficient memory", _code(int(snap.mem_cap[node]), pod.memory_mib)
+        if not snap.mig_fits(pod, node):  # before the counts: it names the profile and the model
+            why, never = snap.mig_why_not(pod, node)
+            return why, Code.UNSCHEDULABLE_AND_UNRESOLVABLE if never else Code.UNSCHEDULABLE
         for res, amount in sorted(pod.extended.items()):
             i = snap.ext_index.get(res)
             if i is None:

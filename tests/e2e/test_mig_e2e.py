@@ -1,0 +1,218 @@
+"""MIG end to end on kwok (issue 31 items 1 and 5): the standalone scheduler reads the agent's
+``gpusched.io/mig-geometry`` from the Node, books each ``nvidia.com/mig-<profile>`` pod on the GPU and start
+that the core's placement plans, writes them into ``gpusched.io/assignment``, and the pods start; no two
+slices overlap. Bad input (an unknown profile, a profile the GPU model lacks, a slice with a whole GPU) gets
+an event naming it, and nothing is booked for it."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpusched.agent.inventory import GpuDevice, Inventory, MigInstance
+from gpusched.agent.mig import ANN_MIG, mig_annotation
+from gpusched.core.cluster import ClusterState
+from gpusched.core.mig.books import MigSlot
+from gpusched.core.mig.geometry import Geometry
+from gpusched.k8s.convert import ANN_ASSIGNMENT, node_from_k8s, pod_from_k8s
+from gpusched.testenv import ControlPlane, wait_until
+
+pytestmark = pytest.mark.e2e
+
+GROUP = "gpusched.io/e2e-group"
+A100 = "NVIDIA A100-SXM4-80GB"
+LAYOUTS = (  # GPU 0: mig-manager's all-balanced; GPU 1: 4g + 3g
+    (("2g.20gb", 0, 2), ("1g.10gb", 2, 1), ("1g.10gb", 3, 1), ("3g.40gb", 4, 4)),
+    (("4g.40gb", 0, 4), ("3g.40gb", 4, 4)),
+)
+GOOD = (
+    ("big", "4g.40gb"),
+    ("half-a", "3g.40gb"),
+    ("small", "1g.10gb"),
+    ("half-b", "3g.40gb"),
+    ("mid", "2g.20gb"),
+)
+
+
+def inventory() -> Inventory:
+    devs = tuple(
+        GpuDevice(
+            g, f"GPU-{g}", A100, 81920, f"00000000:{g + 16:02x}:00.0", 8, 0,
+            mig_capable=True, mig_enabled=True,
+            mig_instances=tuple(
+                MigInstance(p, start, size, f"MIG-{g}-{p}-{start}", slices_gi=size, slices_ci=size)
+                for p, start, size in layout
+            ),
+        )
+        for g, layout in enumerate(LAYOUTS)
+    )  # fmt: skip
+    return Inventory("mig", "550.107.02", (12, 4), devs)
+
+
+class Mig:
+    def __init__(self, cp: ControlPlane) -> None:
+        from kubernetes import client
+
+        from gpusched.k8s.client import api_client
+
+        self.cp = cp
+        self.tag = uuid.uuid4().hex[:8]
+        self.ns = f"mig-{self.tag}"
+        self.node = f"mig-{self.tag}"
+        self.scheduler = f"gpusched-{self.tag}"
+        self.api = api_client(str(cp.kubeconfig_path))
+        self.v1 = client.CoreV1Api(self.api)
+        self.v1.create_namespace({"metadata": {"name": self.ns}})
+
+    def node_body(self) -> dict[str, Any]:
+        cap = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+        for layout in LAYOUTS:
+            for p, _s, _n in layout:
+                res = f"nvidia.com/mig-{p}"
+                cap[res] = str(int(cap.get(res, "0")) + 1)
+        return {
+            "metadata": {
+                "name": self.node,
+                "labels": {
+                    "type": "kwok",
+                    GROUP: self.tag,
+                    "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+                    "nvidia.com/mig.strategy": "mixed",
+                },
+                "annotations": {
+                    "node.alpha.kubernetes.io/ttl": "0",
+                    ANN_MIG: str(mig_annotation(inventory(), "mixed")),  # as the agent writes it
+                },
+            },
+            "status": {"capacity": cap, "allocatable": cap},
+        }
+
+    def create_node(self) -> None:
+        self.v1.create_node(self.node_body(), _preload_content=False)
+
+        def ready() -> bool:
+            n = json.loads(self.v1.read_node(self.node, _preload_content=False).data)
+            return any(
+                c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", [])
+            )
+
+        wait_until(ready, timeout=120, what="kwok node Ready", control_plane=self.cp, interval=1)
+
+    def pod_body(self, name: str, limits: dict[str, str]) -> dict[str, Any]:
+        return {
+            "metadata": {"name": name, "namespace": self.ns},
+            "spec": {
+                "schedulerName": self.scheduler,
+                "nodeSelector": {GROUP: self.tag},
+                "containers": [{"name": "c", "image": "pause", "resources": {"limits": limits}}],
+            },
+        }
+
+    def pod(self, name: str, limits: dict[str, str]) -> None:
+        self.v1.create_namespaced_pod(self.ns, self.pod_body(name, limits), _preload_content=False)
+
+    def read(self, name: str) -> dict[str, Any]:
+        return dict(json.loads(self.v1.read_namespaced_pod(name, self.ns, _preload_content=False).data))
+
+    def running(self, name: str) -> dict[str, Any] | None:
+        """The pod's assignment once it is bound and Running, else None."""
+        p = self.read(name)
+        ann = (p["metadata"].get("annotations") or {}).get(ANN_ASSIGNMENT)
+        if p["spec"].get("nodeName") and ann and p["status"].get("phase") == "Running":
+            return dict(json.loads(ann))
+        return None
+
+    def events(self, name: str) -> list[tuple[str, str]]:
+        evs = json.loads(
+            self.v1.list_namespaced_event(
+                self.ns, field_selector=f"involvedObject.name={name}", _preload_content=False
+            ).data
+        )["items"]
+        return [(e["reason"], e.get("message") or "") for e in evs]
+
+    def cleanup(self) -> None:
+        self.v1.delete_namespace(self.ns, _preload_content=False)
+        self.v1.delete_node(self.node, _preload_content=False)
+
+
+@pytest.fixture
+def mig(control_plane: ControlPlane) -> Iterator[Mig]:
+    m = Mig(control_plane)
+    try:
+        yield m
+    finally:
+        m.cleanup()
+
+
+def plan(m: Mig) -> dict[str, tuple[MigSlot, ...]]:
+    """Where the core's placement puts the pods, one after the other, on a copy of the node's books."""
+    books = ClusterState([node_from_k8s(m.node_body())])
+    out = {}
+    for name, profile in GOOD:
+        body = m.pod_body(name, {f"nvidia.com/mig-{profile}": "1"})
+        out[name] = books.assume(pod_from_k8s(body), 0, ()).mig
+    return out
+
+
+def test_pods_of_mixed_profiles_land_on_the_planned_slices_and_bad_ones_are_named(mig: Mig) -> None:
+    from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
+
+    mig.create_node()
+    want = plan(mig)
+    sched = StandaloneScheduler(mig.api, SchedulerConfig(scheduler_name=mig.scheduler)).start()
+    try:
+        bad = {
+            "unknown": (
+                {"nvidia.com/mig-3g.41gb": "1"},
+                "InvalidGPURequest",
+                "unknown MIG profile '3g.41gb'",
+            ),
+            "lacking": ({"nvidia.com/mig-1g.5gb": "1"}, "FailedScheduling", "has no MIG profile 1g.5gb"),
+            "both": (
+                {"nvidia.com/mig-1g.10gb": "1", "nvidia.com/gpu": "1"},
+                "InvalidGPURequest",
+                "asks for both a MIG slice (1g.10gb) and a whole GPU",
+            ),
+        }
+        for name, (limits, _r, _m) in bad.items():
+            mig.pod(name, limits)
+        for name, (_l, reason, message) in bad.items():
+            wait_until(
+                lambda n=name, r=reason, msg=message: any(e[0] == r and msg in e[1] for e in mig.events(n)),
+                timeout=60,
+                what=f"a {reason} event on {name} naming what is wrong",
+                interval=1,
+            )
+        got: dict[str, list[dict[str, Any]]] = {}
+        for name, profile in GOOD:  # one after the other: the scheduler sees them in the plan's order
+            mig.pod(name, {f"nvidia.com/mig-{profile}": "1"})
+            try:
+                wait_until(
+                    lambda n=name: mig.running(n), timeout=60, what=f"{name} bound and Running", interval=1
+                )
+            except TimeoutError as e:  # say why: its events and status
+                node = json.loads(mig.v1.read_node(mig.node, _preload_content=False).data)
+                ann = node["metadata"].get("annotations")
+                seen = {n: mig.events(n) for n, _p in GOOD}
+                raise AssertionError(f"{e}: {seen} {mig.read(name).get('status')} {ann}") from None
+            a = mig.running(name)
+            assert a is not None and a["node"] == mig.node and a["gpus"] == [], a
+            got[name] = a["mig"]
+        for name, _p in GOOD:
+            assert [MigSlot(s["gpu"], s["start"], s["profile"]) for s in got[name]] == list(want[name]), name
+        geom = Geometry.of("a100-80gb")
+        for g in (0, 1):  # nothing overlaps: the memory slices of the slices on one GPU are disjoint
+            used = [
+                i for s in (s for sl in got.values() for s in sl) if s["gpu"] == g
+                for i in range(s["start"], s["start"] + geom.kind(s["profile"]).mem_slices)
+            ]  # fmt: skip
+            assert len(used) == len(set(used)), (g, got)
+        assert sum(len(v) for v in got.values()) == len(GOOD)
+        for name in bad:
+            assert not mig.read(name)["spec"].get("nodeName"), name  # nothing booked for them
+    finally:
+        sched.stop()
