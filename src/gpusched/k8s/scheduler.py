@@ -143,7 +143,7 @@ class StandaloneScheduler:
         self.reservations = Reservations(LeaseRecord(client.CoordinationV1Api(api), lease_ns, lease_name))
         self.tenants = TenantQueues(  # the directory, the book, reclaim, status (k8s/tenants.py)
             QueueDirectory(client.CustomObjectsApi(api), self.core), self.core, client.CustomObjectsApi(api),
-            cluster=self.cluster, queue=self.queue, spec=self._spec, events=self.events, pool=self._pool,
+            cluster=self.cluster, queue=self.queue, events=self.events, pool=self._pool,
             nominations=self.nominations,  # where a reclaim's room is kept for its claimant
             metrics=self.metrics,  # gpusched_queue_*, each time the statuses are computed
         )  # fmt: skip
