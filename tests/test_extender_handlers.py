@@ -21,6 +21,7 @@ from gpusched.extender.handlers import Extender
 from gpusched.extender.protocol import MAX_PRIORITY, normalise
 from gpusched.extender.serve import build_profile
 from gpusched.k8s.convert import ANN_ASSIGNMENT, ANN_MODELS, assignment_annotation, parse_assignment
+from gpusched.k8s.podevents import PodFeed, parse_pod_event
 from gpusched.k8s.state import LiveCluster
 
 
@@ -77,9 +78,9 @@ def make(nodes: list[dict[str, Any]], bound: list[dict[str, Any]] = (), policy: 
     for n in nodes:
         live.upsert_node(n)
     ext = Extender(live, build_profile(policy), binder=binder or FakeBinder(), **kw)
+    feed = PodFeed([live, ext])  # as extender/serve.py wires its informer: the books, then the extender
     for p in bound:
-        live.upsert_pod(p)
-        ext.observe_pod(p, False)
+        feed.upsert(p)
     return ext
 
 
@@ -259,7 +260,7 @@ def test_bind_errors(ext: Extender) -> None:
 
 def test_bind_uses_informer_pending_pod_then_getter() -> None:
     e = make([node("n1")])
-    e.observe_pod(pod("p", milli=100), False)  # pending pod seen by the informer, never filtered
+    e.on_pod_event(parse_pod_event(pod("p", milli=100)))  # pending pod seen by the informer, never filtered
     assert e.bind({"PodName": "p", "PodNamespace": "default", "PodUID": "uid-p", "Node": "n1"})["Error"] == ""
     e.pod_getter = lambda ns, name: pod(name, milli=200)
     assert e.bind({"PodName": "q", "PodNamespace": "default", "PodUID": "uid-q", "Node": "n1"})["Error"] == ""

@@ -20,6 +20,7 @@ from gpusched.extender.app import make_app
 from gpusched.extender.handlers import Extender
 from gpusched.extender.serve import build_profile
 from gpusched.k8s.convert import ANN_ASSIGNMENT
+from gpusched.k8s.podevents import parse_pod_event
 from gpusched.k8s.state import LiveCluster
 from test_extender_handlers import FakeBinder, node, pod
 
@@ -65,7 +66,7 @@ def restarted() -> Extender:
 def informers_deliver(ext: Extender) -> None:
     ext.cluster.upsert_node(N1)
     ext.cluster.upsert_pod(BUSY)
-    ext.observe_pod(BUSY, False)
+    ext.on_pod_event(parse_pod_event(BUSY))
 
 
 FILTER = {"Pod": pod("p", gpus=1), "Nodes": {"items": [N1]}, "NodeNames": None}  # nodeCacheCapable: false

@@ -13,6 +13,7 @@ import pytest
 
 from gpusched.k8s.convert import ANN_ASSIGNMENT
 from gpusched.k8s.heap import freeze_heap, freeze_when
+from gpusched.k8s.podevents import Kind, parse_pod_event
 from test_extender_handlers import make, node, pod
 
 
@@ -94,10 +95,10 @@ def test_the_books_leave_no_cyclic_garbage_behind() -> None:
             ann = _assignment(chosen, gpu, 250)
             seen = pod(f"p{i}", milli=250, uid=f"u-{i}", node_name=chosen, annotations=ann)
             ext.cluster.upsert_pod(seen)
-            ext.observe_pod(seen, False)
+            ext.on_pod_event(parse_pod_event(seen))
             if i % 2:
                 ext.cluster.delete_pod(f"default/p{i}")
-                ext.observe_pod(seen, True)
+                ext.on_pod_event(parse_pod_event(seen, Kind.DELETE))
         ext.cluster.upsert_node(node("n0", gpus=4, taints=[{"key": "k", "effect": "NoSchedule"}]))  # relabel
         ext.cluster.upsert_node(node("n1", gpus=2))  # another capacity: the books rebuilt
         ext.cluster.delete_node("n2")

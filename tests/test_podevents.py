@@ -242,6 +242,19 @@ def test_a_status_update_keeps_the_queued_conversion_and_a_spec_change_brings_a_
     assert qp.spec().priority == 9 and conversions == ["q", "q"]
 
 
+def test_a_label_only_change_brings_a_new_conversion(
+    scheduler: StandaloneScheduler, conversions: list[str]
+) -> None:
+    """Labels feed topology spread and pod (anti-)affinity (a pod counts itself where its labels
+    match): a change of the labels alone is a change of what scheduling reads."""
+    obj = api_pod("l", labels={"app": "web"})
+    scheduler.pods.upsert(obj)
+    qp = scheduler.queue.get("ns/l")
+    assert qp is not None and dict(qp.spec().labels) == {"app": "web"}
+    scheduler.pods.upsert({**obj, "metadata": {**obj["metadata"], "labels": {"app": "db"}}})
+    assert dict(qp.spec().labels) == {"app": "db"} and conversions == ["l", "l"]
+
+
 # --------------------------------------------------------------------------------- the property
 NODES = ("n0", "n1")
 NAMES = ("a", "b", "c", "d")

@@ -12,6 +12,7 @@ from unittest import mock
 
 import pytest
 
+from builders import k8s_pod
 from gpusched.core.cluster import ClusterState
 from gpusched.core.disruption import DisruptionBudget, DisruptionBudgets
 from gpusched.core.model import GPU_MILLI, NodeSpec, PodSpec
@@ -19,6 +20,7 @@ from gpusched.core.selectors import LabelSelector
 from gpusched.k8s.convert import pod_from_k8s
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.eviction import Eviction, Outcome
+from gpusched.k8s.podevents import Kind, parse_pod_event
 from gpusched.k8s.preemption import Nominations, Preemptor
 from test_gangs_tenants_k8s import World
 
@@ -130,31 +132,45 @@ def test_a_restarted_scheduler_keeps_the_room_of_the_nominated_pod(world: Callab
     assert w2.bound.get(big) == "n0" and w2.evictor.evicted == []
 
 
+def test_a_rebuilt_nomination_reads_the_spec_the_event_converted_once(world: Callable[..., World]) -> None:
+    """A nominated pod's event is converted once: the room rebuilt from it (``Nominations.observe``)
+    holds the very ``PodSpec`` the queue holds, not a second conversion of the same object."""
+    w = world(nodes=1, gpus=8)
+    obj = k8s_pod(
+        "big", {"nvidia.com/gpu": "4"}, limits=True, ns="ns", schedulerName=w.s.config.scheduler_name
+    )
+    obj["status"] = {"phase": "Pending", "nominatedNodeName": "n0"}
+    w.s.pods.upsert(obj)
+    held, qp = w.s.nominations.get("ns/big"), w.s.queue.get("ns/big")
+    assert held is not None and held.node == "n0" and held.seen and qp is not None
+    assert held.pod is qp.spec()
+
+
 def test_a_cleared_nomination_gives_the_room_up_but_our_own_waits_for_its_patch() -> None:
-    noms = Nominations("gpusched", pod_from_k8s)
+    noms = Nominations("gpusched")
     pod = {
         "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
         "spec": {"schedulerName": "gpusched", "containers": [{"name": "c", "resources": {}}]},
         "status": {"phase": "Pending"},
     }
     noms.nominate(pod_from_k8s(pod), "n0", ("ns/v",))
-    noms.observe(pod, False)  # an update from before the status patch: the room stays
+    noms.observe(parse_pod_event(pod))  # an update from before the status patch: the room stays
     assert noms.get("ns/p") is not None
-    noms.observe({**pod, "status": {"nominatedNodeName": "n0"}}, False)
+    noms.observe(parse_pod_event({**pod, "status": {"nominatedNodeName": "n0"}}))
     held = noms.get("ns/p")
     assert held is not None and held.seen and held.victims == ("ns/v",)
-    noms.observe(pod, False)  # someone cleared it
+    noms.observe(parse_pod_event(pod))  # someone cleared it
     assert noms.get("ns/p") is None
-    noms.observe({**pod, "status": {"nominatedNodeName": "n1"}}, False)  # rebuilt, no victims known
+    noms.observe(parse_pod_event({**pod, "status": {"nominatedNodeName": "n1"}}))  # rebuilt, no victims known
     held = noms.get("ns/p")
     assert held is not None and held.node == "n1" and held.victims == ()
-    noms.observe({**pod, "spec": {**pod["spec"], "nodeName": "n1"}}, False)  # bound: no room
+    noms.observe(parse_pod_event({**pod, "spec": {**pod["spec"], "nodeName": "n1"}}))  # bound: no room
     assert noms.get("ns/p") is None
 
 
 def test_repeated_preemptions_per_pod_and_node_are_bounded() -> None:
     now = [0.0]
-    noms = Nominations("gpusched", pod_from_k8s, limit=2, window_s=100.0, clock=lambda: now[0])
+    noms = Nominations("gpusched", limit=2, window_s=100.0, clock=lambda: now[0])
     snap = ClusterState([NodeSpec("n0", 1000, 1024, 1, "A", 0)])
     pod = PodSpec("p", num_gpu=1, gpu_milli=GPU_MILLI, priority=5)
     for _ in range(2):
@@ -167,7 +183,7 @@ def test_repeated_preemptions_per_pod_and_node_are_bounded() -> None:
 
 
 def test_a_lower_priority_pod_terminating_on_the_nominated_node_makes_the_preemptor_wait() -> None:
-    noms = Nominations("gpusched", pod_from_k8s)
+    noms = Nominations("gpusched")
     snap = ClusterState([NodeSpec("n0", 1000, 1024, 2, "A", 0)])
     victim = PodSpec("v", namespace="ns", num_gpu=1, gpu_milli=GPU_MILLI, priority=1)
     snap.assume(victim, 0, (0,))
@@ -175,10 +191,10 @@ def test_a_lower_priority_pod_terminating_on_the_nominated_node_makes_the_preemp
     noms.nominate(pod, "n0", ())
     assert noms.may_preempt(pod.key, "n0", snap) == ""
     meta = {"name": "v", "namespace": "ns", "deletionTimestamp": "2026-01-01T00:00:00Z"}
-    noms.observe({"metadata": meta, "spec": {"nodeName": "n0"}}, False)
+    noms.observe(parse_pod_event({"metadata": meta, "spec": {"nodeName": "n0"}}))
     assert "terminating" in noms.may_preempt(pod.key, "n0", snap)
     assert noms.leaving() == {"ns/v"}
-    noms.observe({"metadata": meta, "spec": {"nodeName": "n0"}}, True)
+    noms.observe(parse_pod_event({"metadata": meta, "spec": {"nodeName": "n0"}}, Kind.DELETE))
     assert noms.leaving() == frozenset()
 
 

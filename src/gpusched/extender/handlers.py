@@ -58,6 +58,7 @@ from gpusched.extender.protocol import (
 from gpusched.k8s.binder import describe
 from gpusched.k8s.binding import Result, Settler, bind_until_settled
 from gpusched.k8s.convert import InvalidRequest, pod_from_k8s
+from gpusched.k8s.podevents import PodEvent
 from gpusched.k8s.state import LiveCluster, pod_key
 
 PodGetter = Callable[[str, str], Mapping[str, Any]]
@@ -133,21 +134,22 @@ class Extender:
         self.evaluator = Evaluator(cluster, profile)
 
     # ------------------------------------------------------------------ pods
-    def observe_pod(self, obj: Mapping[str, Any], deleted: bool) -> None:
-        """Informer hook (``start_informers(pod_handler=...)``): UIDs for preempt, pods for bind."""
-        uid = uid_of(obj)
+    def on_pod_event(self, ev: PodEvent) -> None:
+        """The extender's part of a pod event (a ``PodSubscriber`` of its ``PodFeed``, after the
+        books): UIDs for preempt, pending pods for bind."""
+        uid = ev.uid
         if not uid:
             return
         with self._plock:
-            if deleted:
+            if ev.deleted:
                 self._uids.pop(uid, None)
                 self._pending.pop(uid, None)
                 return
-            self._uids[uid] = pod_key(obj)
-            if (obj.get("spec") or {}).get("nodeName"):
+            self._uids[uid] = ev.key
+            if ev.bound:
                 self._pending.pop(uid, None)
             else:
-                self._pending[uid] = obj
+                self._pending[uid] = ev.obj
 
     def _pod(self, args: Mapping[str, Any]) -> PodSpec:
         """The request's pod, converted once per (UID, resourceVersion) and remembered for bind."""

@@ -97,6 +97,7 @@ def serve_extender(
     from gpusched.k8s.client import api_client
     from gpusched.k8s.events import EventRecorder
     from gpusched.k8s.heap import freeze_heap, freeze_when
+    from gpusched.k8s.podevents import PodFeed
     from gpusched.k8s.process import configure_logging
     from gpusched.k8s.state import LiveCluster, start_informers
 
@@ -134,7 +135,8 @@ def serve_extender(
         pod_getter=get_pod,
         pick=pick_in_filter,
     )
-    reflectors = start_informers(core, cluster, pod_handler=extender.observe_pod)
+    # each pod event parsed once (k8s/podevents.py), for the books, then the extender's UIDs and pods
+    reflectors = start_informers(core, cluster, PodFeed([cluster, extender]))
     pool = ThreadPoolExecutor(max_workers=bind_threads, thread_name_prefix="gpusched-bind")
     limit_heap_growth()
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)

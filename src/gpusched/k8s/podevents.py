@@ -18,7 +18,10 @@ whatever its constraints say), any other as it is to be placed (constraints enfo
 The subscribers, in the order the standalone scheduler feeds them: the books
 (``k8s/state.LiveCluster``), the gangs' membership (``k8s/gangs.Gangs``), the defragmentation
 rooms (``k8s/reservation.Reservations``) and the scheduler's pending queue
-(``k8s/scheduler.StandaloneScheduler``); ``doctor/books.py`` parses its snapshot's pods here too.
+(``k8s/scheduler.StandaloneScheduler``, which hands the event on to its preemptors' rooms,
+``k8s/preemption.Nominations``). The extender's feed holds the books, then the extender
+(``extender/handlers.Extender``: UIDs for preempt, pending pods for bind).
+``doctor/books.py`` parses its snapshot's pods here too.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -44,10 +44,13 @@ from gpusched.core.cluster import ClusterState
 from gpusched.core.disruption import DisruptionBudgets
 from gpusched.core.gang import Unit
 from gpusched.core.model import PodSpec
+from gpusched.core.names import ANN_ROOM
 from gpusched.core.statement import holding
 from gpusched.k8s.binder import describe
+from gpusched.k8s.convert import InvalidRequest
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.eviction import Eviction, Evictor, Outcome
+from gpusched.k8s.podevents import PodEvent
 from gpusched.k8s.reservation import Reservations
 
 log = logging.getLogger(__name__)
@@ -244,7 +247,6 @@ class Nominations:
     def __init__(
         self,
         scheduler_name: str,
-        spec_of: Callable[[Mapping[str, Any]], PodSpec],
         *,
         limit: int = 3,
         window_s: float = 600.0,
@@ -253,8 +255,6 @@ class Nominations:
         if limit < 1 or window_s <= 0:
             raise ValueError("limit must be >= 1 and window_s > 0")
         self.scheduler_name = scheduler_name
-        self.spec_of = spec_of
-        """A pending pod's ``PodSpec`` (raises ``InvalidRequest``): to rebuild its nomination."""
         self.limit = limit
         self.window_s = window_s
         self._clock = clock
@@ -265,24 +265,23 @@ class Nominations:
         self._broken: dict[tuple[str, str], set[str]] = {}
 
     # -------------------------------------------------------------- informer
-    def observe(self, obj: Mapping[str, Any], deleted: bool) -> list[str]:
+    def observe(self, ev: PodEvent) -> list[str]:
         """One pod event: bound or deleted pods hold no room; a bound pod being deleted is
         leaving; a pending pod of ours showing ``status.nominatedNodeName`` has its room
-        (rebuilt after a restart: issue 28, F5); one whose nomination was cleared has none.
+        (rebuilt after a restart: issue 28, F5), with the event's ``PodSpec`` (converted once,
+        ``PodEvent.spec``); one whose nomination was cleared has none.
         Returns the preemptors whose last victim this deletion was (their room is free now)."""
-        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
-        key = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
-        nominated = (obj.get("status") or {}).get("nominatedNodeName") or ""
+        key, nominated = ev.key, ev.nominated_node
         with self._lock:
-            if deleted or spec.get("nodeName"):
+            if ev.deleted or ev.bound:
                 self._forget(key)
-                if spec.get("nodeName") and meta.get("deletionTimestamp") and not deleted:
+                if ev.bound and ev.deleting and not ev.deleted:
                     self._terminating.add(key)
                 else:
                     self._terminating.discard(key)
-                return self._victim_gone(key) if deleted else []
+                return self._victim_gone(key) if ev.deleted else []
             held = self._by_pod.get(key)
-            if meta.get("deletionTimestamp") or spec.get("schedulerName") != self.scheduler_name:
+            if ev.deleting or ev.scheduler_name != self.scheduler_name:
                 self._forget(key)
                 return []
             if not nominated:
@@ -295,11 +294,11 @@ class Nominations:
                 elif held.node != nominated and held.seen:  # renominated by someone else
                     self._by_pod[key] = replace(held, node=nominated, victims=())
                 return []  # (not seen yet: our own nomination, its status patch on the way)
-            if "gpusched.io/defrag-room" in (meta.get("annotations") or {}):
+            if ANN_ROOM in ((ev.obj.get("metadata") or {}).get("annotations") or {}):
                 return []  # a room defragmentation keeps (k8s/reservation.py), not a preemptor's
         try:
-            pod = self.spec_of(obj)
-        except Exception as e:  # an invalid pod: the scheduler reports it when it pops
+            pod = ev.spec()
+        except InvalidRequest as e:  # an invalid pod: the scheduler reports it when it pops
             log.debug("not rebuilding the nomination of %s: %s", key, e)
             return []
         with self._lock:

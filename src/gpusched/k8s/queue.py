@@ -68,10 +68,15 @@ class QueuedPod:
 
 
 def fingerprint(obj: Mapping[str, Any]) -> bytes:
-    """What scheduling reads of a pending pod (UID, spec, annotations but our own), as canonical JSON."""
+    """What scheduling reads of a pending pod (UID, spec, labels, annotations but our own), as
+    canonical JSON. Labels are in it: topology spread and pod (anti-)affinity read them."""
     meta = obj.get("metadata") or {}
     ann = {k: v for k, v in (meta.get("annotations") or {}).items() if k != ANN_ASSIGNMENT}
-    return orjson.dumps([meta.get("uid"), obj.get("spec"), ann], option=orjson.OPT_SORT_KEYS, default=str)
+    return orjson.dumps(
+        [meta.get("uid"), obj.get("spec"), meta.get("labels") or {}, ann],
+        option=orjson.OPT_SORT_KEYS,
+        default=str,
+    )
 
 
 class SchedulingQueue:

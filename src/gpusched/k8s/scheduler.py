@@ -54,7 +54,7 @@ from gpusched.k8s.actuator import Actuator, Decision, Popped
 from gpusched.k8s.binder import APIBinder, read_pod
 from gpusched.k8s.binding import Settler
 from gpusched.k8s.claims import ClaimsRefusal, DraClaims
-from gpusched.k8s.convert import InvalidRequest, pod_from_k8s
+from gpusched.k8s.convert import InvalidRequest
 from gpusched.k8s.disruption import BudgetReader
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.gangs import Gangs, Refusal
@@ -139,13 +139,13 @@ class StandaloneScheduler:
         self._gauges_at = -1e9
         # nominated preemptors: their rooms, the victims they wait for (k8s/preemption.py)
         self.nominations = Nominations(
-            cfg.scheduler_name, pod_from_k8s, limit=cfg.preemption_limit, window_s=cfg.preemption_window_s
+            cfg.scheduler_name, limit=cfg.preemption_limit, window_s=cfg.preemption_window_s
         )
         lease_ns, _, lease_name = cfg.defrag_lease.rpartition("/")  # rooms defragmentation is making
         self.reservations = Reservations(LeaseRecord(client.CoordinationV1Api(api), lease_ns, lease_name))
         self.tenants = TenantQueues(  # the directory, the book, reclaim, status (k8s/tenants.py)
             QueueDirectory(client.CustomObjectsApi(api), self.core), self.core, client.CustomObjectsApi(api),
-            cluster=self.cluster, queue=self.queue, spec=self._spec, events=self.events, pool=self._pool,
+            cluster=self.cluster, queue=self.queue, events=self.events, pool=self._pool,
             nominations=self.nominations,  # where a reclaim's room is kept for its claimant
             metrics=self.metrics,  # gpusched_queue_*, each time the statuses are computed
         )  # fmt: skip
@@ -241,7 +241,7 @@ class StandaloneScheduler:
         pod of ours waits in it; a bound, finished or deleted one leaves it (freeing resources:
         the unschedulable may fit now); nominated preemptors whose last victim left are tried."""
         key = ev.key
-        if ready := self.nominations.observe(ev.obj, ev.deleted):  # their last victim gone: try them now
+        if ready := self.nominations.observe(ev):  # their last victim gone: try them now
             self.queue.activate(ready)
         if ev.deleted:
             self.queue.remove(key)

@@ -47,7 +47,7 @@ from gpusched.k8s.convert import (
 )
 from gpusched.k8s.migconvert import assignment_mig
 from gpusched.k8s.podevents import TERMINAL as TERMINAL
-from gpusched.k8s.podevents import PodEvent, PodFeed, PodSubscriber, parse_pod_event
+from gpusched.k8s.podevents import PodEvent, PodFeed, parse_pod_event
 from gpusched.k8s.podevents import pod_key as pod_key
 
 log = logging.getLogger(__name__)
@@ -526,33 +526,12 @@ class LiveCluster:
             self._reporter.about({**involved, "uid": spec.uid}, "Warning", ASSIGNMENT_CONFLICT, msg)
 
 
-class _RawHook:
-    """A pod event handed on as the raw object: ``handler(obj, deleted)`` (the extender's hook)."""
-
-    def __init__(self, handler: Callable[[Mapping[str, Any], bool], None]) -> None:
-        self.handler = handler
-
-    def on_pod_event(self, ev: PodEvent) -> None:
-        self.handler(ev.obj, ev.deleted)
-
-
-def start_informers(
-    core_api: Any,
-    cluster: LiveCluster,
-    pods: PodFeed | None = None,
-    *,
-    pod_handler: Callable[[Mapping[str, Any], bool], None] | None = None,
-) -> list[Any]:
-    """Reflectors for nodes and pods feeding ``cluster``. ``pods``: the fan-out every pod event
-    goes through (``k8s/podevents.py``; the standalone scheduler's holds ``cluster`` first);
-    without it, ``cluster`` alone, then ``pod_handler(obj, deleted)`` (the extender's hook)."""
+def start_informers(core_api: Any, cluster: LiveCluster, pods: PodFeed) -> list[Any]:
+    """Reflectors for nodes and pods: node events feed ``cluster``, pod events go through
+    ``pods``, the fan-out that parses each once (``k8s/podevents.py``; the standalone scheduler's
+    and the extender's hold ``cluster`` first)."""
     from gpusched.k8s.informer import Handlers, Reflector
 
-    if pods is None:
-        subscribers: list[PodSubscriber] = [cluster]
-        if pod_handler is not None:
-            subscribers.append(_RawHook(pod_handler))
-        pods = PodFeed(subscribers)
     nodes = Reflector(
         "nodes",
         core_api.list_node,

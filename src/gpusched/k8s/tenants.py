@@ -52,7 +52,7 @@ from gpusched.k8s.convert import InvalidRequest
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.eviction import Evictor
 from gpusched.k8s.preemption import Nominations
-from gpusched.k8s.queue import QueuedPod, SchedulingQueue
+from gpusched.k8s.queue import SchedulingQueue
 from gpusched.k8s.queues import GROUP, PLURAL, VERSION, Directory, QueueDirectory, charge_booked
 from gpusched.k8s.state import LiveCluster
 from gpusched.metrics.scheduling import SchedulerMetrics
@@ -106,7 +106,6 @@ class TenantQueues:
         *,
         cluster: LiveCluster,
         queue: SchedulingQueue,
-        spec: Callable[[QueuedPod], PodSpec],
         events: EventRecorder,
         pool: Executor,
         nominations: Nominations | None = None,
@@ -116,8 +115,6 @@ class TenantQueues:
     ) -> None:
         self.cluster = cluster
         self.queue = queue
-        self.spec = spec
-        """A queued pod's spec (raises ``InvalidRequest``): to count the pending pods per queue."""
         self.events = events
         self.pool = pool
         """Runs the evictions off the scheduling thread (the bind pool)."""
@@ -251,7 +248,7 @@ class TenantQueues:
         out: dict[str, int] = {}
         for qp in self.queue.pending():
             try:
-                q, _ = d.queue_of(self.spec(qp))
+                q, _ = d.queue_of(qp.spec())  # converted once, when it was queued
             except InvalidRequest:
                 continue
             if q:
