@@ -295,7 +295,7 @@ def test_a_gang_does_not_land_in_a_room_nominated_for_a_higher_priority_pod(
     vip = w.pod("vip", 2, priority=100)
     held = w.s.queue.get(vip)
     assert held is not None
-    w.s.nominations.nominate(w.s._spec(held), "n0", ())  # its room: the 2 free GPUs
+    w.s.nominations.nominate(held.spec(), "n0", ())  # its room: the 2 free GPUs
     w.gang("g", 2, 1, priority=10)
     qp = w.s.queue.get("ns/g-0")
     assert qp is not None
@@ -362,7 +362,7 @@ def test_a_queued_pod_does_not_land_in_a_room_nominated_for_another(world: Calla
     vip = w.pod("vip", 2, ns="ns-b", priority=100)
     held = w.s.queue.get(vip)
     assert held is not None
-    w.s.nominations.nominate(w.s._spec(held), "n0", ())  # its room: the 2 free GPUs
+    w.s.nominations.nominate(held.spec(), "n0", ())  # its room: the 2 free GPUs
     key = w.pod("queued", 2, ns="ns-a", priority=10)
     qp = w.s.queue.get(key)
     assert qp is not None

@@ -141,10 +141,10 @@ class Gangs:
             return self._ref_of.get(qp.key)
 
     # ------------------------------------------------------------ the unit
-    def members(self, qp: QueuedPod, spec: Callable[[QueuedPod], PodSpec]) -> Members | Refusal | None:
-        """The group ``qp`` belongs to, with its pending members (``spec``: a queued pod's spec,
-        raising ``InvalidRequest``); a ``Refusal`` when the group cannot be decided; None when
-        ``qp`` is no gang member (decided alone)."""
+    def members(self, qp: QueuedPod) -> Members | Refusal | None:
+        """The group ``qp`` belongs to, with its pending members (each with its converted spec; one
+        that cannot be converted is listed invalid); a ``Refusal`` when the group cannot be decided;
+        None when ``qp`` is no gang member (decided alone)."""
         ref = self.group_of(qp) or qp.event.group
         if ref is None:
             return None
@@ -174,7 +174,7 @@ class Gangs:
             try:
                 if claims:
                     raise InvalidRequest(claims)
-                out.pending.append((m, _in_gang(spec(m), group)))
+                out.pending.append((m, _in_gang(m.spec(), group)))
             except InvalidRequest as e:
                 out.invalid.append((m, f"{group.ref.describe()}: member {m.key}: {e}"))
         return out

@@ -293,9 +293,6 @@ class StandaloneScheduler:
             self._last_state = seen
             self._tiebreak = np.arange(len(snap), dtype=np.int64)  # nodes are in name order
 
-    def _spec(self, qp: QueuedPod) -> PodSpec:
-        return qp.spec()
-
     def schedule(self, qp: QueuedPod) -> None:
         """One cycle for one popped pod: its unit (itself, or its gang's pending members) decided
         by ``core.batch.run_cycle`` and carried out by the actuator."""
@@ -304,7 +301,7 @@ class StandaloneScheduler:
             self.queue.done(qp.key, requeue=True)
             return
         try:
-            pod = self._spec(qp)
+            pod = qp.spec()
         except InvalidRequest as e:
             act.refuse(qp, str(e), reason="InvalidGPURequest", attempt="error")
             return
@@ -329,7 +326,7 @@ class StandaloneScheduler:
     def _popped(self, qp: QueuedPod, pod: PodSpec, t0: float) -> Popped | None:
         """The unit ``qp`` is decided in, with its queue; None when it cannot be decided (told)."""
         act = self.actuator
-        gang = self.gangs.members(qp, self._spec)
+        gang = self.gangs.members(qp)
         if isinstance(gang, Refusal):
             self.metrics.observe_attempt(gang.attempt, 0.0)
             if gang.group is None:
@@ -414,7 +411,7 @@ class StandaloneScheduler:
             pods = [a.pod for a in snap.allocations.values()]
         for qp in self.queue.pending():
             with contextlib.suppress(InvalidRequest):
-                pods.append(self._spec(qp))
+                pods.append(qp.spec())
         if not pods and extra is not None:
             pods.append(extra)
         return self.workloads.learnt(pods)
