@@ -379,3 +379,41 @@ def test_every_gpusched_io_name_is_defined_once_in_core_names() -> None:
         "x.py:1 A",
         "x.py:2 B",
     ]
+
+
+# ------------------------------------------------------------------------- the newcomer's two questions
+K8S = REPO / "src" / "gpusched" / "k8s"
+
+
+def _calls(root: Path, names: set[str]) -> list[tuple[str, str]]:
+    """(module path under ``root``, name) of every call of a function in ``names``, by name or attribute."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+                if name in names:
+                    out.append((path.relative_to(root).as_posix(), name))
+    return out
+
+
+def test_a_popped_pod_is_decided_at_one_place_of_the_kubernetes_side() -> None:
+    """README, Layout: "where does a popped pod get decided?" has one answer, ``core.batch.run_cycle``,
+    called once, by ``k8s/scheduler.py``; no other k8s module runs a cycle or a half of one."""
+    deciders = {"run_cycle", "schedule_one", "place_gang", "schedule_with_nominated", "pick_host", "feasible"}
+    assert _calls(K8S, deciders) == [("scheduler.py", "run_cycle")]
+
+
+def test_a_pod_event_is_parsed_and_converted_at_one_place_of_the_kubernetes_side() -> None:
+    """README, Layout: "where is a pod event parsed?" has one answer, ``k8s/podevents.py``: it alone
+    converts a pod of an event (``pod_from_k8s``, once per event); ``convert.py`` converts only the
+    pods it rebuilds books from (``allocation_from_k8s``)."""
+    assert {m for m, _ in _calls(K8S, {"pod_from_k8s"})} <= {"podevents.py", "convert.py"}
+    defined = [
+        p.relative_to(K8S).as_posix()
+        for p in sorted(K8S.rglob("*.py"))
+        for n in ast.walk(ast.parse(p.read_text()))
+        if isinstance(n, ast.FunctionDef) and n.name == "parse_pod_event"
+    ]
+    assert defined == ["podevents.py"]
