@@ -113,6 +113,10 @@ class NodeSpec:
     stay booked there until they leave."""
     gpu_topology: GpuTopology | None = None
     """NVLink peers and NUMA node per GPU (``core.topology``); None: GPU sets are chosen topology-blind."""
+    claimed_gpus: frozenset[int] = frozenset()
+    """Indices of GPUs a DRA ResourceClaim holds (allocated by another allocator on a node whose GPUs a
+    DRA driver also publishes, ``docs/dra.md``): they take no new pod, as unhealthy GPUs do; pods
+    already on them stay booked."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -129,6 +133,9 @@ class NodeSpec:
         bad = sorted(g for g in self.unhealthy_gpus if not isinstance(g, int) or not 0 <= g < self.gpu_count)
         if bad:
             raise InvalidSpec(f"node {self.name}: unhealthy GPU(s) {bad} not among its {self.gpu_count} GPUs")
+        bad = sorted(g for g in self.claimed_gpus if not isinstance(g, int) or not 0 <= g < self.gpu_count)
+        if bad:
+            raise InvalidSpec(f"node {self.name}: claimed GPU(s) {bad} not among its {self.gpu_count} GPUs")
         if self.gpu_topology is not None and self.gpu_topology.gpu_count != self.gpu_count:
             raise InvalidSpec(
                 f"node {self.name}: GPU topology describes {self.gpu_topology.gpu_count} GPUs, "

@@ -165,11 +165,15 @@ def healed(snap: ClusterState) -> ClusterState:
     """``snap`` with every GPU healthy: a copy of its arrays (``ClusterState.copy``) with every
     present GPU usable again, instead of books rebuilt pod by pod (at 5000 nodes that was 40000
     bookings). Unhealthy GPUs keep their capacity and their pods in the books, so only which GPUs
-    may take a pod changes; ``ClusterState.__init__`` derives it the same way."""
+    may take a pod changes; ``ClusterState.__init__`` derives it the same way. GPUs held by DRA
+    claims (``NodeSpec.claimed_gpus``) stay withheld: healing does not free them."""
     out = snap.copy()
     out.nodes = tuple(replace(n, unhealthy_gpus=frozenset()) if n.unhealthy_gpus else n for n in out.nodes)
     out.gpu_exists = np.arange(snap.max_gpus)[None, :] < snap.gpu_count[:, None]
-    out.any_unhealthy = False
+    for i, nd in enumerate(out.nodes):
+        if nd.claimed_gpus:
+            out.gpu_exists[i, list(nd.claimed_gpus)] = False
+    out.any_unhealthy = any(nd.claimed_gpus for nd in out.nodes)
     return out
 
 

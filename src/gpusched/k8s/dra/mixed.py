@@ -1,0 +1,115 @@
+"""Mixed nodes: GPUs that a DRA driver publishes in a ResourceSlice and gpusched's agent also serves
+through its device plugin (``nvidia.com/gpu``), matched by UUID (the slice's ``uuid`` attribute, the
+agent's ``gpusched.io/gpu-topology`` annotation).
+
+Another allocator (kube-scheduler with the DRA driver) may give such a GPU to a ResourceClaim. The
+GPU books of the device-plugin path must then count it as taken: ``MixedNodes.refresh`` hands the
+indices of the GPUs claims hold on each node to ``LiveCluster.set_claimed_gpus`` (they take no new
+pod, ``NodeSpec.claimed_gpus``). A GPU held by several claims (shares) is withheld once. Used by the
+standalone scheduler and the extender alike (docs/dra.md, "Mixed nodes").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from gpusched.core.dra.model import AllocatedState, DeviceId, ResourceSlice, qualify
+from gpusched.k8s.dra.books import DraBooks
+from gpusched.k8s.state import LiveCluster
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SharedGpu:
+    """One GPU both a DRA driver (``device``) and the agent's device plugin (``index``) serve."""
+
+    node: str
+    index: int
+    uuid: str
+    device: DeviceId
+    claimed: bool
+
+
+def device_uuid(s: ResourceSlice, attributes: Mapping[str, object]) -> str:
+    v = attributes.get(qualify(s.driver, "uuid"), attributes.get("uuid"))
+    return v if isinstance(v, str) else ""
+
+
+def shared_gpus(
+    slices: Iterable[ResourceSlice],
+    allocated: AllocatedState,
+    uuids: Mapping[str, Mapping[str, int]],
+) -> dict[str, tuple[SharedGpu, ...]]:
+    """Per node, the GPUs (by UUID) that a slice publishes and the agent serves there, and whether a
+    claim holds each (exclusively or a share of it). UUIDs are unique, so a slice's scope is not read."""
+    where = {u: (node, i) for node, by_uuid in uuids.items() for u, i in by_uuid.items()}
+    held = set(allocated.devices) | {d for d, used in allocated.consumed.items() if any(used.values())}
+    out: dict[str, dict[int, SharedGpu]] = {}
+    for s in slices:
+        for d in s.devices:
+            u = device_uuid(s, d.attributes)
+            if u not in where:
+                continue
+            node, index = where[u]
+            dev = DeviceId(s.driver, s.pool, d.name)
+            seen = out.setdefault(node, {}).get(index)
+            claimed = dev in held or (seen is not None and seen.claimed)
+            out[node][index] = SharedGpu(node, index, u, dev, claimed)
+    return {n: tuple(g for _, g in sorted(by.items())) for n, by in sorted(out.items())}
+
+
+def claimed_gpus(shared: Mapping[str, tuple[SharedGpu, ...]]) -> dict[str, frozenset[int]]:
+    """Per node, the indices of the shared GPUs a claim holds (nodes with none left out)."""
+    out = {n: frozenset(g.index for g in gs if g.claimed) for n, gs in shared.items()}
+    return {n: gs for n, gs in out.items() if gs}
+
+
+def describe(shared: Mapping[str, tuple[SharedGpu, ...]]) -> list[str]:
+    """One line per mixed node: which GPUs both serve, which of them claims hold, what gpusched does."""
+    lines = []
+    for node, gs in shared.items():
+        held = [g.index for g in gs if g.claimed]
+        dev = gs[0].device
+        lines.append(
+            f"node {node}: GPU(s) {', '.join(str(g.index) for g in gs)} are served both by gpusched's "
+            f"agent (nvidia.com/gpu) and by DRA driver {dev.driver} (ResourceSlice pool {dev.pool}); "
+            + (
+                f"GPU(s) {', '.join(map(str, held))} held by ResourceClaims are booked as taken, "
+                if held
+                else "none is held by a ResourceClaim now; those that will be are booked as taken, "
+            )
+            + "no device-plugin pod is placed on them (docs/dra.md, Mixed nodes)"
+        )
+    return lines
+
+
+class MixedNodes:
+    """Keeps ``LiveCluster``'s claimed GPUs in step with the DRA books (``refresh`` after every DRA
+    object delivered, and before the books are read)."""
+
+    def __init__(self, books: DraBooks, cluster: LiveCluster) -> None:
+        self.books = books
+        self.cluster = cluster
+        self._reported: dict[str, tuple[int, ...]] = {}
+        cluster.claimed_source = self  # a node whose GPU UUIDs change asks at once
+
+    def claimed(self, uuids: Mapping[str, Mapping[str, int]]) -> dict[str, frozenset[int]]:
+        return claimed_gpus(shared_gpus(self.books.inventory().slices, self.books.allocated(), uuids))
+
+    def shared(self) -> dict[str, tuple[SharedGpu, ...]]:
+        uuids = self.cluster.gpu_uuids()
+        if not uuids:
+            return {}
+        return shared_gpus(self.books.inventory().slices, self.books.allocated(), uuids)
+
+    def refresh(self) -> None:
+        shared = self.shared()
+        self.cluster.set_claimed_gpus(claimed_gpus(shared))
+        now = {n: tuple(g.index for g in gs) for n, gs in shared.items()}
+        if now != self._reported:  # once per change: the mixed nodes, at start and when they change
+            for line in describe({n: shared[n] for n in now if self._reported.get(n) != now[n]}):
+                log.warning("%s", line)
+            self._reported = now

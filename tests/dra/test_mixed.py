@@ -1,0 +1,155 @@
+"""Mixed nodes (k8s/dra/mixed.py): GPUs a DRA driver publishes and gpusched's agent also serves through
+its device plugin. GPUs that claims hold there are booked as taken in the device-plugin GPU books
+(``NodeSpec.claimed_gpus``), each once, and a device-plugin pod never gets one."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from k8s_objects import DRIVER, claim, device_class, gpu_device, gpu_slice, whole
+
+from builders import k8s_node, k8s_pod
+from gpusched.core.devices import pick_gpus
+from gpusched.core.dra.celexpr import CelCompiler
+from gpusched.core.model import PodSpec
+from gpusched.k8s.convert import pod_from_k8s
+from gpusched.k8s.dra.books import DraBooks
+from gpusched.k8s.dra.mixed import MixedNodes, describe
+from gpusched.k8s.state import LiveCluster
+
+NODE = "node-a"
+
+
+def uuid(i: int) -> str:
+    return f"GPU-{i:08d}-0000-0000-0000-000000000000"
+
+
+def agent_node(n: int, name: str = NODE) -> dict[str, Any]:
+    """A node served by gpusched's agent: nvidia.com/gpu and the topology annotation with UUIDs."""
+    obj = k8s_node(name, n)
+    topo = {"gpus": [{"index": i, "uuid": uuid(i), "numa": None, "nvlink": []} for i in range(n)]}
+    obj["metadata"]["annotations"] = {"gpusched.io/gpu-topology": json.dumps(topo)}
+    return obj
+
+
+def dra_gpu(i: int) -> dict[str, Any]:
+    d = gpu_device(i)
+    d["attributes"]["uuid"] = {"string": uuid(i)}
+    return d
+
+
+def held(name: str, *devices: str, shared: bool = False) -> dict[str, Any]:
+    """A claim allocated (by someone else: kube-scheduler) to ``devices`` of NODE's pool."""
+    results = []
+    for d in devices:
+        r: dict[str, Any] = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": d}
+        if shared:
+            r |= {"shareID": f"{name}-{d}", "consumedCapacity": {"memory": "10Gi"}}
+        results.append(r)
+    return claim(name, [whole()], allocation={"devices": {"results": results}})
+
+
+def setup(n: int, published: range | list[int] | None = None) -> tuple[DraBooks, LiveCluster, MixedNodes]:
+    books = DraBooks(CelCompiler())
+    books.upsert_class(device_class("gpu"))
+    books.upsert_slice(gpu_slice(NODE, [dra_gpu(i) for i in (range(n) if published is None else published)]))
+    lc = LiveCluster()
+    mixed = MixedNodes(books, lc)
+    lc.upsert_node(agent_node(n))
+    return books, lc, mixed
+
+
+def one_gpu_pod(name: str) -> PodSpec:
+    return pod_from_k8s(k8s_pod(name, {"nvidia.com/gpu": "1"}))
+
+
+def place_all(lc: LiveCluster, n: int) -> list[int]:
+    """Place one-GPU pods on NODE until none fits; the GPUs they got."""
+    got = []
+    with lc.live_books() as live:
+        snap = live.copy()  # the live books stay as they are
+        for k in range(n + 1):
+            p = one_gpu_pod(f"p{k}")
+            try:
+                gpus = pick_gpus(snap, p, 0)
+            except ValueError:
+                break
+            snap.assume(p, 0, gpus)
+            got.extend(gpus)
+    return got
+
+
+def test_a_gpu_a_claim_holds_is_never_given_to_a_device_plugin_pod() -> None:
+    books, lc, mixed = setup(4)
+    books.upsert_claim(held("c1", "gpu-1"))
+    mixed.refresh()
+    with lc.live_books() as snap:
+        assert snap.nodes[0].claimed_gpus == frozenset({1})
+    assert sorted(place_all(lc, 4)) == [0, 2, 3]
+    books.delete_claim(held("c1", "gpu-1"))  # deallocated: the GPU takes pods again
+    mixed.refresh()
+    assert sorted(place_all(lc, 4)) == [0, 1, 2, 3]
+
+
+def test_a_node_seen_after_the_claims_gets_them_at_once() -> None:
+    books = DraBooks(CelCompiler())
+    books.upsert_slice(gpu_slice(NODE, [dra_gpu(i) for i in range(2)]))
+    books.upsert_claim(held("c1", "gpu-0"))
+    lc = LiveCluster()
+    MixedNodes(books, lc)
+    lc.upsert_node(agent_node(2))  # no DRA event after it
+    assert place_all(lc, 2) == [1]
+
+
+def test_describe_names_the_node_the_gpus_and_what_gpusched_does() -> None:
+    books, _, mixed = setup(3)
+    books.upsert_claim(held("c1", "gpu-2"))
+    (line,) = describe(mixed.shared())
+    assert line.startswith(f"node {NODE}: GPU(s) 0, 1, 2 are served both by gpusched's agent")
+    assert f"DRA driver {DRIVER}" in line and "GPU(s) 2 held by ResourceClaims are booked as taken" in line
+
+
+def test_a_node_without_the_agents_uuids_or_a_slice_is_not_mixed() -> None:
+    books, lc, mixed = setup(2, published=[])
+    books.upsert_slice(
+        {**gpu_slice("other", [gpu_device(0)]), "metadata": {"name": "other-gpu"}}
+    )  # no uuid attribute
+    mixed.refresh()
+    assert mixed.shared() == {}
+    assert place_all(lc, 2) == [0, 1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(1, 8),
+    data=st.data(),
+)
+def test_claimed_gpus_are_subtracted_exactly_once(n: int, data: st.DataObject) -> None:
+    """Whatever claims hold (one GPU by several shares, several GPUs by one claim, GPUs the slice does
+    not publish), the GPUs withheld are exactly the published ones some claim holds, each once, and
+    the device-plugin pods get every other GPU and none of those."""
+    published = data.draw(st.lists(st.integers(0, n - 1), unique=True), label="published")
+    books, lc, mixed = setup(n, published)
+    claims = data.draw(
+        st.lists(
+            st.tuples(st.lists(st.integers(0, n - 1), min_size=1, max_size=3, unique=True), st.booleans()),
+            max_size=6,
+        ),
+        label="claims",
+    )
+    taken: set[int] = set()
+    for k, (gpus, shared) in enumerate(claims):
+        gpus = [g for g in gpus if g in published] or [g for g in gpus if not shared and g not in taken]
+        if not shared and any(g in taken for g in gpus):
+            continue  # an exclusive device is held by one claim only (the API's allocator sees to it)
+        books.upsert_claim(held(f"c{k}", *(f"gpu-{g}" for g in gpus), shared=shared))
+        taken |= {g for g in gpus if g in published}
+    mixed.refresh()
+    with lc.live_books() as snap:
+        assert snap.nodes[0].claimed_gpus == frozenset(taken)
+        assert snap.verify() == []
+    got = place_all(lc, n)
+    assert sorted(got) == [g for g in range(n) if g not in taken]
