@@ -15,6 +15,8 @@ from builders import k8s_node, k8s_pod
 from gpusched.core.devices import pick_gpus
 from gpusched.core.dra.celexpr import CelCompiler
 from gpusched.core.model import PodSpec
+from gpusched.doctor import Books, doctor_cluster, doctor_pod
+from gpusched.doctor.snapshot import Snapshot, parse_snapshot
 from gpusched.k8s.convert import pod_from_k8s
 from gpusched.k8s.dra.books import DraBooks
 from gpusched.k8s.dra.mixed import MixedNodes, describe
@@ -153,3 +155,68 @@ def test_claimed_gpus_are_subtracted_exactly_once(n: int, data: st.DataObject) -
         assert snap.verify() == []
     got = place_all(lc, n)
     assert sorted(got) == [g for g in range(n) if g not in taken]
+
+
+# ------------------------------------------------------------------ doctor
+def mixed_snapshot(pods: list[dict[str, Any]]) -> Snapshot:
+    return Snapshot(
+        [agent_node(2)],
+        pods,
+        "test",
+        dra={
+            "deviceClasses": [device_class("gpu")],
+            "resourceSlices": [gpu_slice(NODE, [dra_gpu(i) for i in range(2)])],
+            "resourceClaims": [held("c1", "gpu-0")],
+        },
+    )
+
+
+def test_doctor_names_the_mixed_node_and_explains_a_pod_waiting_for_a_claimed_gpu() -> None:
+    two = k8s_pod("two", {"nvidia.com/gpu": "2"})
+    b = Books.of(parse_snapshot(json.loads(json.dumps(mixed_snapshot([two]).to_json()))))  # a saved one
+    (f,) = [f for f in doctor_cluster(b).findings if f.code == "dra-mixed-node"]
+    assert f.subject == NODE and f.evidence["claimed"] == [0] and f.evidence["gpus"] == [0, 1]
+    assert "GPU(s) 0 held by ResourceClaims are booked as taken" in f.message
+    r = doctor_pod(b, "default/two")
+    cf = r.counterfactuals[0]
+    assert cf.kind == "claimed-gpu" and cf.node == NODE and cf.change["claimed"] == [0]
+
+
+def test_doctor_diagnoses_a_claim_pod_with_the_schedulers_plugin() -> None:
+    """A pending claim pod: its claims resolved against the snapshot's DRA objects, as the scheduler
+    resolves them, and diagnosed with its DynamicResources plugin: no GPU claim on the mixed node
+    (its event's reason), a claim for two GPUs nowhere, a claim not created yet named. The counter-
+    factuals are the other pods': a DRA-only node with a free GPU and a taint gives the toleration."""
+    snap = mixed_snapshot([])
+    claims = [
+        claim("want-two", [whole(count=2)], ns="default"),
+        claim("want-one", [whole(count=1)], ns="default"),
+    ]
+    pods = []
+    for name in ("want-two", "want-one", "missing"):
+        p = k8s_pod(name, {"cpu": "1"})
+        p["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
+        pods.append(p)
+    dra_only = k8s_node(
+        "node-b", 0, spec={"taints": [{"key": "dra", "value": "only", "effect": "NoSchedule"}]}
+    )
+    other = {**gpu_slice("node-b", [gpu_device(0)]), "metadata": {"name": "node-b-gpu"}}
+    snap = type(snap)(
+        [*snap.nodes, dra_only],
+        pods,
+        "test",
+        dra={
+            **snap.dra,
+            "resourceSlices": [*snap.dra["resourceSlices"], other],
+            "resourceClaims": [*snap.dra["resourceClaims"], *claims],
+        },
+    )
+    b = Books.of(snap)
+    r = doctor_pod(b, "default/want-two")
+    assert "cannot allocate all claims" in r.summary and "not together" in r.summary
+    r = doctor_pod(b, "default/want-one")
+    assert "also serves GPUs through the device plugin" in r.summary
+    cf = r.counterfactuals[0]
+    assert cf.kind == "toleration" and cf.node == "node-b"
+    r = doctor_pod(b, "default/missing")
+    assert {f.code for f in r.findings} == {"claims-waiting"} and "missing" in r.summary
