@@ -220,3 +220,35 @@ def test_doctor_diagnoses_a_claim_pod_with_the_schedulers_plugin() -> None:
     assert cf.kind == "toleration" and cf.node == "node-b"
     r = doctor_pod(b, "default/missing")
     assert {f.code for f in r.findings} == {"claims-waiting"} and "missing" in r.summary
+
+
+def test_a_node_without_the_agents_uuids_beside_a_gpu_driver_is_refused_in_the_books_and_doctor(
+    caplog: Any,
+) -> None:
+    """nvidia.com/gpu from a device plugin that does not publish UUIDs (NVIDIA's) and a GPU DRA driver's
+    slice on the same node: the claimed GPUs cannot be matched, so gpusched withholds every GPU there,
+    says so once (an error at start), and doctor names it; a node without a slice is untouched."""
+    books = DraBooks(CelCompiler())
+    books.upsert_slice(gpu_slice(NODE, [gpu_device(i) for i in range(2)]))  # no uuid attribute
+    lc = LiveCluster()
+    mixed = MixedNodes(books, lc)
+    lc.upsert_node(k8s_node(NODE, 2))  # no gpusched.io/gpu-topology
+    lc.upsert_node(k8s_node("plain", 2))
+    assert place_all(lc, 2) == []
+    with lc.live_books() as snap:
+        assert snap.nodes[snap.index["plain"]].claimed_gpus == frozenset()
+    mixed.refresh()
+    mixed.refresh()
+    (line,) = [r.message for r in caplog.records if r.levelname == "ERROR"]
+    assert line.startswith(f"node {NODE}: serves 2 nvidia.com/gpu without gpusched's agent's GPU UUIDs")
+    assert "refuses the combination" in line
+    b = Books.of(
+        Snapshot(
+            [k8s_node(NODE, 2), k8s_node("plain", 2)],
+            [],
+            "test",
+            dra={"resourceSlices": [gpu_slice(NODE, [gpu_device(0)])]},
+        )
+    )
+    refused = [f for f in doctor_cluster(b).findings if f.code == "dra-mixed-refused"]
+    assert [(f.subject, f.severity) for f in refused] == [(NODE, "error")]

@@ -22,7 +22,7 @@ from gpusched.doctor.queues import QueueBooks
 from gpusched.doctor.snapshot import Snapshot
 from gpusched.k8s.convert import InvalidRequest, node_from_k8s
 from gpusched.k8s.dra.books import DraBooks
-from gpusched.k8s.dra.mixed import MixedNodes, SharedGpu
+from gpusched.k8s.dra.mixed import MixedNodes, SharedGpu, UnmappedNode
 from gpusched.k8s.dra.podclaims import Invalid, Waiting, has_claims, resolve
 from gpusched.k8s.podevents import parse_pod_event
 from gpusched.k8s.state import LiveCluster, pod_key
@@ -62,6 +62,8 @@ class Books:
     """The snapshot's DRA objects as the scheduler books them (None: the snapshot has none)."""
     mixed: dict[str, tuple[SharedGpu, ...]] = field(default_factory=dict)
     """Nodes whose GPUs a DRA driver and gpusched's agent both serve (``k8s/dra/mixed.py``)."""
+    unmapped: dict[str, UnmappedNode] = field(default_factory=dict)
+    """Nodes serving GPUs without the agent's UUIDs beside a GPU DRA driver (refused: GPUs withheld)."""
     claim_waits: dict[str, str] = field(default_factory=dict)
     """Pending claim pods whose claims cannot be allocated yet (not created, being deleted...): why."""
     _profile: Profile | None = None
@@ -115,6 +117,7 @@ class Books:
         if snap.queues is not None:
             queues = QueueBooks.of(snap.queues, snap.namespaces, state, pending.values())
         shared = mixed.shared() if mixed is not None else {}
+        unmapped = mixed.unmapped() if mixed is not None else {}
         return cls(
             snap,
             state,
@@ -127,6 +130,7 @@ class Books:
             queues,
             dra,
             shared,
+            unmapped,
             claim_waits,
         )
 
@@ -155,6 +159,9 @@ class Books:
         out = self._findings.get(name)
         if out is None:
             out = node_findings(self.node_objs[name], self.node_spec(name))
-            out += mixed_findings({name: self.mixed[name]} if name in self.mixed else {})
+            out += mixed_findings(
+                {name: self.mixed[name]} if name in self.mixed else {},
+                {name: self.unmapped[name]} if name in self.unmapped else {},
+            )
             self._findings[name] = out
         return out

@@ -37,7 +37,7 @@ from gpusched.k8s.convert import (
     parse_assignment,
     pod_from_k8s,
 )
-from gpusched.k8s.dra.mixed import SharedGpu, describe
+from gpusched.k8s.dra.mixed import SharedGpu, UnmappedNode, describe, describe_unmapped
 from gpusched.k8s.state import share_without_slot
 
 ANN_UNHEALTHY = ANN_UNHEALTHY_GPUS
@@ -61,11 +61,19 @@ def _int(v: object) -> int | None:
 
 
 # ------------------------------------------------------------------------------------- DRA
-def mixed_findings(shared: Mapping[str, tuple[SharedGpu, ...]]) -> list[Finding]:
+def mixed_findings(
+    shared: Mapping[str, tuple[SharedGpu, ...]], unmapped: Mapping[str, UnmappedNode] | None = None
+) -> list[Finding]:
     """A warning per node whose GPUs a DRA driver's ResourceSlice and gpusched's agent (device plugin)
-    both serve, naming the GPUs, the claims' GPUs gpusched books as taken, and what it does."""
+    both serve, naming the GPUs, the claims' GPUs gpusched books as taken, and what it does; an
+    error per node where the two cannot be matched (``UnmappedNode``), which gpusched refuses."""
+    unmapped = unmapped or {}
     lines = describe(shared)
-    return [
+    refused = [
+        Finding("node", "error", "dra-mixed-refused", line, {"gpus": u.gpus, "driver": u.driver}, n)
+        for line, (n, u) in zip(describe_unmapped(unmapped), unmapped.items(), strict=True)
+    ]
+    return refused + [
         Finding(
             "node",
             "warn",

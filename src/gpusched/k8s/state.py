@@ -122,7 +122,9 @@ class Verdict(enum.Enum):
 class ClaimedGpus(Protocol):
     """Which GPUs DRA claims hold, per node, given each node's GPU UUIDs (``k8s/dra/mixed.py``)."""
 
-    def claimed(self, uuids: Mapping[str, Mapping[str, int]]) -> dict[str, frozenset[int]]: ...
+    def claimed(
+        self, uuids: Mapping[str, Mapping[str, int]], gpu_counts: Mapping[str, int]
+    ) -> dict[str, frozenset[int]]: ...
 
 
 class LiveCluster:
@@ -179,8 +181,14 @@ class LiveCluster:
         uuids = gpu_uuids(obj)
         source = self.claimed_source
         fresh = None
-        if source is not None and uuids and self._gpu_uuids.get(name) != uuids:
-            fresh = source.claimed({name: uuids}).get(name, frozenset())  # outside the lock
+        if source is not None and spec.gpu_count:
+            with self.lock:
+                known = self._nodes.get(name)
+                changed = self._gpu_uuids.get(name, {}) != uuids or known is None
+                changed = changed or (known is not None and known.gpu_count != spec.gpu_count)
+            if changed:  # outside the lock: the DRA books have their own
+                got = source.claimed({name: uuids} if uuids else {}, {name: spec.gpu_count})
+                fresh = got.get(name, frozenset())
         with self.lock:
             (self._gpu_uuids.__setitem__(name, uuids) if uuids else self._gpu_uuids.pop(name, None))
             if fresh is not None:
@@ -246,6 +254,11 @@ class LiveCluster:
                 self._nodes[name] = withheld
                 self.node_version += 1
                 self._state = None
+
+    def gpu_counts(self) -> dict[str, int]:
+        """Per node that serves GPUs (``nvidia.com/gpu``): how many."""
+        with self.lock:
+            return {n: s.gpu_count for n, s in self._nodes.items() if s.gpu_count}
 
     def gpu_uuids(self) -> dict[str, dict[str, int]]:
         """Per node with the agent's topology annotation: GPU UUID -> index."""

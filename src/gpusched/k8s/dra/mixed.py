@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from gpusched.core.dra.model import AllocatedState, DeviceId, ResourceSlice, qualify
+from gpusched.core.plugins.dynamicresources import GPU_DRIVERS
 from gpusched.k8s.dra.books import DraBooks
 from gpusched.k8s.state import LiveCluster
 
@@ -61,10 +62,54 @@ def shared_gpus(
     return {n: tuple(g for _, g in sorted(by.items())) for n, by in sorted(out.items())}
 
 
-def claimed_gpus(shared: Mapping[str, tuple[SharedGpu, ...]]) -> dict[str, frozenset[int]]:
-    """Per node, the indices of the shared GPUs a claim holds (nodes with none left out)."""
+@dataclass(frozen=True)
+class UnmappedNode:
+    """A node that serves ``gpus`` GPUs as ``nvidia.com/gpu`` without gpusched's agent's GPU UUIDs
+    (NVIDIA's device plugin, or an agent without its topology annotation) where a GPU DRA driver
+    publishes devices too: which GPUs claims hold cannot be told, so gpusched withholds them all."""
+
+    node: str
+    gpus: int
+    driver: str
+    pool: str
+
+
+def unmapped_nodes(
+    slices: Iterable[ResourceSlice], uuids: Mapping[str, Mapping[str, int]], gpu_counts: Mapping[str, int]
+) -> dict[str, UnmappedNode]:
+    """The nodes of ``gpu_counts`` (nodes serving ``nvidia.com/gpu``) without UUIDs in ``uuids``
+    for which a slice (``nodeName``) of a GPU driver, or with devices carrying a ``uuid``, exists."""
+    out: dict[str, UnmappedNode] = {}
+    for s in slices:
+        node = s.scope.node_name
+        if node is None or uuids.get(node) or not gpu_counts.get(node) or node in out:
+            continue
+        if s.driver in GPU_DRIVERS or any(device_uuid(s, d.attributes) for d in s.devices):
+            out[node] = UnmappedNode(node, gpu_counts[node], s.driver, s.pool)
+    return dict(sorted(out.items()))
+
+
+def claimed_gpus(
+    shared: Mapping[str, tuple[SharedGpu, ...]], unmapped: Mapping[str, UnmappedNode] | None = None
+) -> dict[str, frozenset[int]]:
+    """Per node, the indices of the shared GPUs a claim holds, and every GPU of an unmapped node
+    (nodes with none left out)."""
     out = {n: frozenset(g.index for g in gs if g.claimed) for n, gs in shared.items()}
+    for n, u in (unmapped or {}).items():
+        out[n] = frozenset(range(u.gpus))
     return {n: gs for n, gs in out.items() if gs}
+
+
+def describe_unmapped(unmapped: Mapping[str, UnmappedNode]) -> list[str]:
+    return [
+        f"node {u.node}: serves {u.gpus} nvidia.com/gpu without gpusched's agent's GPU UUIDs "
+        f"(annotation gpusched.io/gpu-topology) while DRA driver {u.driver} publishes GPUs there "
+        f"(ResourceSlice pool {u.pool}): gpusched cannot tell which GPUs ResourceClaims hold, so it "
+        "refuses the combination and places no device-plugin GPU pod there (all its GPUs withheld); "
+        "run gpusched's agent as the node's device plugin, or serve its GPUs by DRA alone (docs/dra.md, "
+        "Mixed nodes)"
+        for u in unmapped.values()
+    ]
 
 
 def describe(shared: Mapping[str, tuple[SharedGpu, ...]]) -> list[str]:
@@ -96,8 +141,13 @@ class MixedNodes:
         self._reported: dict[str, tuple[int, ...]] = {}
         cluster.claimed_source = self  # a node whose GPU UUIDs change asks at once
 
-    def claimed(self, uuids: Mapping[str, Mapping[str, int]]) -> dict[str, frozenset[int]]:
-        return claimed_gpus(shared_gpus(self.books.inventory().slices, self.books.allocated(), uuids))
+    def claimed(
+        self, uuids: Mapping[str, Mapping[str, int]], gpu_counts: Mapping[str, int]
+    ) -> dict[str, frozenset[int]]:
+        slices = self.books.inventory().slices
+        return claimed_gpus(
+            shared_gpus(slices, self.books.allocated(), uuids), unmapped_nodes(slices, uuids, gpu_counts)
+        )
 
     def shared(self) -> dict[str, tuple[SharedGpu, ...]]:
         uuids = self.cluster.gpu_uuids()
@@ -105,11 +155,20 @@ class MixedNodes:
             return {}
         return shared_gpus(self.books.inventory().slices, self.books.allocated(), uuids)
 
+    def unmapped(self) -> dict[str, UnmappedNode]:
+        return unmapped_nodes(
+            self.books.inventory().slices, self.cluster.gpu_uuids(), self.cluster.gpu_counts()
+        )
+
     def refresh(self) -> None:
-        shared = self.shared()
-        self.cluster.set_claimed_gpus(claimed_gpus(shared))
-        now = {n: tuple(g.index for g in gs) for n, gs in shared.items()}
+        shared, unmapped = self.shared(), self.unmapped()
+        self.cluster.set_claimed_gpus(claimed_gpus(shared, unmapped))
+        now: dict[str, tuple[int, ...]] = {n: tuple(g.index for g in gs) for n, gs in shared.items()}
+        now |= {n: (-1, u.gpus) for n, u in unmapped.items()}
         if now != self._reported:  # once per change: the mixed nodes, at start and when they change
-            for line in describe({n: shared[n] for n in now if self._reported.get(n) != now[n]}):
+            new = {n for n in now if self._reported.get(n) != now[n]}
+            for line in describe({n: shared[n] for n in new if n in shared}):
                 log.warning("%s", line)
+            for line in describe_unmapped({n: unmapped[n] for n in new if n in unmapped}):
+                log.error("%s", line)
             self._reported = now
