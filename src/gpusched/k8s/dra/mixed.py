@@ -39,27 +39,52 @@ def device_uuid(s: ResourceSlice, attributes: Mapping[str, object]) -> str:
     return v if isinstance(v, str) else ""
 
 
+@dataclass(frozen=True)
+class SliceIndex:
+    """What the slices say about GPUs: the devices publishing each UUID, and per node (slice
+    ``nodeName``) the (driver, pool) of a slice of a GPU driver or with devices carrying a ``uuid``."""
+
+    by_uuid: Mapping[str, tuple[DeviceId, ...]]
+    gpu_nodes: Mapping[str, tuple[str, str]]
+
+    @classmethod
+    def of(cls, slices: Iterable[ResourceSlice]) -> SliceIndex:
+        by_uuid: dict[str, list[DeviceId]] = {}
+        gpu_nodes: dict[str, tuple[str, str]] = {}
+        for s in slices:
+            gpu_like = s.driver in GPU_DRIVERS
+            for d in s.devices:
+                u = device_uuid(s, d.attributes)
+                if u:
+                    by_uuid.setdefault(u, []).append(DeviceId(s.driver, s.pool, d.name))
+                    gpu_like = True
+            if gpu_like and s.scope.node_name is not None:
+                gpu_nodes.setdefault(s.scope.node_name, (s.driver, s.pool))
+        return cls({u: tuple(ds) for u, ds in by_uuid.items()}, gpu_nodes)
+
+
+def held_devices(allocated: AllocatedState) -> frozenset[DeviceId]:
+    """Devices a claim holds: exclusively, or a share of (capacity consumed)."""
+    shared = {d for d, used in allocated.consumed.items() if any(used.values())}
+    return frozenset(allocated.devices) | frozenset(shared)
+
+
 def shared_gpus(
-    slices: Iterable[ResourceSlice],
-    allocated: AllocatedState,
-    uuids: Mapping[str, Mapping[str, int]],
+    index: SliceIndex, held: frozenset[DeviceId], uuids: Mapping[str, Mapping[str, int]]
 ) -> dict[str, tuple[SharedGpu, ...]]:
     """Per node, the GPUs (by UUID) that a slice publishes and the agent serves there, and whether a
-    claim holds each (exclusively or a share of it). UUIDs are unique, so a slice's scope is not read."""
-    where = {u: (node, i) for node, by_uuid in uuids.items() for u, i in by_uuid.items()}
-    held = set(allocated.devices) | {d for d, used in allocated.consumed.items() if any(used.values())}
-    out: dict[str, dict[int, SharedGpu]] = {}
-    for s in slices:
-        for d in s.devices:
-            u = device_uuid(s, d.attributes)
-            if u not in where:
-                continue
-            node, index = where[u]
-            dev = DeviceId(s.driver, s.pool, d.name)
-            seen = out.setdefault(node, {}).get(index)
-            claimed = dev in held or (seen is not None and seen.claimed)
-            out[node][index] = SharedGpu(node, index, u, dev, claimed)
-    return {n: tuple(g for _, g in sorted(by.items())) for n, by in sorted(out.items())}
+    claim holds each (exclusively or a share of it). UUIDs are unique, so a slice's scope is not read;
+    a UUID published twice (an old pool generation) is claimed when either device is held."""
+    out: dict[str, tuple[SharedGpu, ...]] = {}
+    for node, by_uuid in sorted(uuids.items()):
+        gs = []
+        for u, i in sorted(by_uuid.items(), key=lambda kv: kv[1]):
+            devs = index.by_uuid.get(u)
+            if devs:
+                gs.append(SharedGpu(node, i, u, devs[0], any(d in held for d in devs)))
+        if gs:
+            out[node] = tuple(gs)
+    return out
 
 
 @dataclass(frozen=True)
@@ -75,18 +100,15 @@ class UnmappedNode:
 
 
 def unmapped_nodes(
-    slices: Iterable[ResourceSlice], uuids: Mapping[str, Mapping[str, int]], gpu_counts: Mapping[str, int]
+    index: SliceIndex, uuids: Mapping[str, Mapping[str, int]], gpu_counts: Mapping[str, int]
 ) -> dict[str, UnmappedNode]:
     """The nodes of ``gpu_counts`` (nodes serving ``nvidia.com/gpu``) without UUIDs in ``uuids``
     for which a slice (``nodeName``) of a GPU driver, or with devices carrying a ``uuid``, exists."""
-    out: dict[str, UnmappedNode] = {}
-    for s in slices:
-        node = s.scope.node_name
-        if node is None or uuids.get(node) or not gpu_counts.get(node) or node in out:
-            continue
-        if s.driver in GPU_DRIVERS or any(device_uuid(s, d.attributes) for d in s.devices):
-            out[node] = UnmappedNode(node, gpu_counts[node], s.driver, s.pool)
-    return dict(sorted(out.items()))
+    out = {}
+    for node, (driver, pool) in sorted(index.gpu_nodes.items()):
+        if gpu_counts.get(node) and not uuids.get(node):
+            out[node] = UnmappedNode(node, gpu_counts[node], driver, pool)
+    return out
 
 
 def claimed_gpus(
@@ -139,29 +161,38 @@ class MixedNodes:
         self.books = books
         self.cluster = cluster
         self._reported: dict[str, tuple[int, ...]] = {}
+        self._index: tuple[int, SliceIndex] | None = None
+        self._held: tuple[int, frozenset[DeviceId]] | None = None
         cluster.claimed_source = self  # a node whose GPU UUIDs change asks at once
+
+    def _state(self) -> tuple[SliceIndex, frozenset[DeviceId]]:
+        """The slice index and the held devices, cached by the books' versions."""
+        sv, v = self.books.slices_version, self.books.version
+        if self._index is None or self._index[0] != sv:
+            self._index = (sv, SliceIndex.of(self.books.slices()))
+        if self._held is None or self._held[0] != v:
+            self._held = (v, held_devices(self.books.allocated()))
+        return self._index[1], self._held[1]
 
     def claimed(
         self, uuids: Mapping[str, Mapping[str, int]], gpu_counts: Mapping[str, int]
     ) -> dict[str, frozenset[int]]:
-        slices = self.books.inventory().slices
-        return claimed_gpus(
-            shared_gpus(slices, self.books.allocated(), uuids), unmapped_nodes(slices, uuids, gpu_counts)
-        )
+        index, held = self._state()
+        return claimed_gpus(shared_gpus(index, held, uuids), unmapped_nodes(index, uuids, gpu_counts))
 
     def shared(self) -> dict[str, tuple[SharedGpu, ...]]:
-        uuids = self.cluster.gpu_uuids()
-        if not uuids:
-            return {}
-        return shared_gpus(self.books.inventory().slices, self.books.allocated(), uuids)
+        index, held = self._state()
+        return shared_gpus(index, held, self.cluster.gpu_uuids())
 
     def unmapped(self) -> dict[str, UnmappedNode]:
-        return unmapped_nodes(
-            self.books.inventory().slices, self.cluster.gpu_uuids(), self.cluster.gpu_counts()
-        )
+        index, _ = self._state()
+        return unmapped_nodes(index, self.cluster.gpu_uuids(), self.cluster.gpu_counts())
 
     def refresh(self) -> None:
-        shared, unmapped = self.shared(), self.unmapped()
+        index, held = self._state()
+        uuids = self.cluster.gpu_uuids()
+        shared = shared_gpus(index, held, uuids)
+        unmapped = unmapped_nodes(index, uuids, self.cluster.gpu_counts())
         self.cluster.set_claimed_gpus(claimed_gpus(shared, unmapped))
         now: dict[str, tuple[int, ...]] = {n: tuple(g.index for g in gs) for n, gs in shared.items()}
         now |= {n: (-1, u.gpus) for n, u in unmapped.items()}
