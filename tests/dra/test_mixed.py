@@ -19,7 +19,14 @@ from gpusched.doctor import Books, doctor_cluster, doctor_pod
 from gpusched.doctor.snapshot import Snapshot, parse_snapshot
 from gpusched.k8s.convert import pod_from_k8s
 from gpusched.k8s.dra.books import DraBooks
-from gpusched.k8s.dra.mixed import MixedNodes, describe
+from gpusched.k8s.dra.mixed import (
+    MixedNodes,
+    SliceIndex,
+    claimed_gpus,
+    describe,
+    held_devices,
+    shared_gpus,
+)
 from gpusched.k8s.state import LiveCluster
 
 NODE = "node-a"
@@ -155,6 +162,75 @@ def test_claimed_gpus_are_subtracted_exactly_once(n: int, data: st.DataObject) -
         assert snap.verify() == []
     got = place_all(lc, n)
     assert sorted(got) == [g for g in range(n) if g not in taken]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["claim", "share", "delete", "slice"]),
+            st.integers(0, 5),  # which claim
+            st.integers(0, 1),  # which node
+            st.lists(st.integers(0, 3), min_size=1, max_size=2, unique=True),
+        ),
+        max_size=12,
+    )
+)
+def test_refreshing_after_each_change_books_what_a_fresh_pass_finds(
+    ops: list[tuple[str, int, int, list[int]]],
+) -> None:
+    """Claims allocated, shared, deallocated and slices republished on two mixed nodes, a refresh
+    after each change (the incremental path while only claims change): the claimed GPUs in the
+    books are always what a pass from scratch over the same objects finds."""
+    books = DraBooks(CelCompiler())
+    lc = LiveCluster()
+    mixed = MixedNodes(books, lc)
+    nodes = ["node-a", "node-b"]
+    for j, name in enumerate(nodes):
+        obj = agent_node(4, name)
+        topo = {
+            "gpus": [{"index": i, "uuid": f"{uuid(i)}-{j}", "numa": None, "nvlink": []} for i in range(4)]
+        }
+        obj["metadata"]["annotations"]["gpusched.io/gpu-topology"] = json.dumps(topo)
+        lc.upsert_node(obj)
+
+    def publish(j: int, generation: int) -> None:
+        devs = [dra_gpu(i) for i in range(4)]
+        for i, d in enumerate(devs):
+            d["attributes"]["uuid"] = {"string": f"{uuid(i)}-{j}"}
+        sl = gpu_slice(nodes[j], devs)
+        sl["spec"]["pool"]["generation"] = generation
+        books.upsert_slice(sl)
+
+    for j in range(2):
+        publish(j, 1)
+    mixed.refresh()
+    holder: dict[int, dict[str, Any]] = {}
+    for step, (op, k, j, gpus) in enumerate(ops):
+        if op == "delete":
+            if k in holder:
+                books.delete_claim(holder.pop(k))
+        elif op == "slice":
+            publish(j, step + 2)
+        else:
+            results = [
+                {"request": "gpu", "driver": DRIVER, "pool": nodes[j], "device": f"gpu-{g}"}
+                | (
+                    {"shareID": f"s{step}-{g}", "consumedCapacity": {"memory": "1Gi"}}
+                    if op == "share"
+                    else {}
+                )
+                for g in gpus
+            ]
+            holder[k] = claim(f"c{k}", [whole()], allocation={"devices": {"results": results}})
+            books.upsert_claim(holder[k])
+        mixed.refresh()
+        want = claimed_gpus(
+            shared_gpus(SliceIndex.of(books.slices()), held_devices(books.allocated()), lc.gpu_uuids())
+        )
+        with lc.live_books() as snap:
+            got = {nd.name: nd.claimed_gpus for nd in snap.nodes if nd.claimed_gpus}
+        assert got == want
 
 
 # ------------------------------------------------------------------ doctor

@@ -12,8 +12,9 @@ standalone scheduler and the extender alike (docs/dra.md, "Mixed nodes").
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpusched.core.dra.model import AllocatedState, DeviceId, ResourceSlice, qualify
 from gpusched.core.plugins.dynamicresources import GPU_DRIVERS
@@ -153,6 +154,18 @@ def describe(shared: Mapping[str, tuple[SharedGpu, ...]]) -> list[str]:
     return lines
 
 
+@dataclass(frozen=True)
+class _Pass:
+    """The last ``refresh``: at which slice and node versions, what was held, what it found, and
+    which nodes each held-or-not device's UUID belongs to."""
+
+    key: tuple[int, int]
+    held: frozenset[DeviceId]
+    shared: Mapping[str, tuple[SharedGpu, ...]]
+    unmapped: Mapping[str, UnmappedNode]
+    nodes_of: Mapping[DeviceId, set[str]]
+
+
 class MixedNodes:
     """Keeps ``LiveCluster``'s claimed GPUs in step with the DRA books (``refresh`` after every DRA
     object delivered, and before the books are read)."""
@@ -163,6 +176,8 @@ class MixedNodes:
         self._reported: dict[str, tuple[int, ...]] = {}
         self._index: tuple[int, SliceIndex] | None = None
         self._held: tuple[int, frozenset[DeviceId]] | None = None
+        self._lock = threading.Lock()
+        self._last: _Pass | None = None
         cluster.claimed_source = self  # a node whose GPU UUIDs change asks at once
 
     def _state(self) -> tuple[SliceIndex, frozenset[DeviceId]]:
@@ -189,11 +204,39 @@ class MixedNodes:
         return unmapped_nodes(index, self.cluster.gpu_uuids(), self.cluster.gpu_counts())
 
     def refresh(self) -> None:
-        index, held = self._state()
-        uuids = self.cluster.gpu_uuids()
-        shared = shared_gpus(index, held, uuids)
-        unmapped = unmapped_nodes(index, uuids, self.cluster.gpu_counts())
-        self.cluster.set_claimed_gpus(claimed_gpus(shared, unmapped))
+        """Hand ``LiveCluster`` the GPUs claims hold now. When only claims changed since the last full
+        pass (same slices, same nodes), only the nodes of the devices whose hold changed are redone."""
+        with self._lock:
+            key = (self.books.slices_version, self.cluster.node_version)  # read first: conservative
+            index, held = self._state()
+            last = self._last
+            incremental = last is not None and last.key == key
+            if last is not None and incremental:
+                shared, unmapped, nodes_of = dict(last.shared), last.unmapped, last.nodes_of
+                for n in {n for d in held ^ last.held for n in nodes_of.get(d, ())}:
+                    shared[n] = tuple(
+                        replace(g, claimed=any(d in held for d in index.by_uuid.get(g.uuid, ())))
+                        for g in shared[n]
+                    )
+            else:
+                uuids = self.cluster.gpu_uuids()
+                shared = shared_gpus(index, held, uuids)
+                unmapped = unmapped_nodes(index, uuids, self.cluster.gpu_counts())
+                by_device: dict[DeviceId, set[str]] = {}
+                for n, gs in shared.items():
+                    for g in gs:
+                        for d in index.by_uuid.get(g.uuid, ()):
+                            by_device.setdefault(d, set()).add(n)
+                nodes_of = by_device
+            changed = self.cluster.set_claimed_gpus(claimed_gpus(shared, unmapped))
+            ours = key[1] + (1 if changed else 0)  # set_claimed_gpus moves node_version by one
+            after = (key[0], ours) if self.cluster.node_version == ours else (-1, -1)  # else: redo all
+            self._last = _Pass(after, held, shared, unmapped, nodes_of)
+            self._report(shared, unmapped)
+
+    def _report(
+        self, shared: Mapping[str, tuple[SharedGpu, ...]], unmapped: Mapping[str, UnmappedNode]
+    ) -> None:
         now: dict[str, tuple[int, ...]] = {n: tuple(g.index for g in gs) for n, gs in shared.items()}
         now |= {n: (-1, u.gpus) for n, u in unmapped.items()}
         if now != self._reported:  # once per change: the mixed nodes, at start and when they change
