@@ -369,9 +369,16 @@ def test_rbac_is_least_privilege(rbac: ControlPlane) -> None:
     )
     check(
         "gpusched-extender",
-        common_allowed,
+        [
+            *common_allowed,
+            ("watch", "resourceslices.resource.k8s.io"),  # DRA: claimed GPUs of mixed nodes (docs/dra.md)
+            ("list", "resourceclaims.resource.k8s.io"),
+            ("watch", "deviceclasses.resource.k8s.io"),
+            ("watch", "devicetaintrules.resource.k8s.io"),
+        ],
         [
             *common_denied,
+            ("update", "resourceclaims.resource.k8s.io/status"),  # it reads DRA, kube-scheduler allocates
             ("delete", "pods"),  # kube-scheduler evicts preemption victims, not the extender
             ("patch", "pods/status"),
             ("create", "leases.coordination.k8s.io", NAMESPACE),

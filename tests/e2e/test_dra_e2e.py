@@ -442,3 +442,85 @@ def test_consumable_capacity_shares_never_exceed_the_device(dra: DraEnv) -> None
     dra.pod("share-c", group, [{"name": "gpu", "resourceClaimName": "share-c"}])
     dra.failure("share-c", contains="cannot allocate all claims")
     assert not dra.read_pod("share-c")["spec"].get("nodeName")
+
+
+def test_a_gpu_kube_scheduler_gave_to_a_claim_is_not_given_to_a_device_plugin_pod(dra: DraEnv) -> None:
+    """A mixed node (docs/dra.md, Mixed nodes): gpusched's agent serves its two GPUs as nvidia.com/gpu
+    (UUIDs in gpusched.io/gpu-topology) and a DRA driver publishes the same GPUs in a ResourceSlice.
+    A claim allocated by another allocator (written here, as kube-scheduler would) holds gpu-0: the
+    device-plugin pod gets GPU 1, and a second one waits."""
+    group = f"mixed-{dra.tag}"
+    node = f"dra-{dra.tag}-mixed"
+    uuids = [f"GPU-{uuid.uuid4()}" for _ in range(2)]
+    topo = {"gpus": [{"index": i, "uuid": u, "numa": None, "nvlink": []} for i, u in enumerate(uuids)]}
+    res = {"cpu": "32", "memory": "128Gi", "pods": "110", "nvidia.com/gpu": "2"}
+    labels = {
+        "type": "kwok",
+        GROUP: group,
+        "nvidia.com/gpu.product": "A100",
+        "nvidia.com/gpu.memory": "40960",
+    }
+    ann = {"node.alpha.kubernetes.io/ttl": "0", "gpusched.io/gpu-topology": json.dumps(topo)}
+    dra.v1.create_node(
+        {
+            "metadata": {"name": node, "labels": labels, "annotations": ann},
+            "status": {"capacity": res, "allocatable": res},
+        },
+        _preload_content=False,
+    )
+    dra.nodes.append(node)
+    devices = [gpu(i, A100) for i in range(2)]
+    for d, u in zip(devices, uuids, strict=True):
+        d["attributes"]["uuid"] = {"string": u}
+    pool = {"name": node, "generation": 1, "resourceSliceCount": 1}
+    dra.res.create_resource_slice(
+        {
+            "metadata": {"name": f"{node}-{DRIVER}"},
+            "spec": {"driver": DRIVER, "nodeName": node, "pool": pool, "devices": devices},
+        }
+    )
+    dra.claim("held-by-kube-scheduler", [{"name": "gpu", "exactly": exactly(dra.gpu_class)}])
+    c = dra.read_claim("held-by-kube-scheduler")
+    c["status"] = {
+        "allocation": {
+            "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": "gpu-0"}]},
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                ]
+            },
+        }
+    }
+    dra.res.replace_namespaced_resource_claim_status("held-by-kube-scheduler", dra.ns, c)
+
+    def claimed() -> frozenset[int] | None:
+        with dra.sched.cluster.live_books() as snap:
+            i = snap.index.get(node)
+            return snap.nodes[i].claimed_gpus if i is not None and snap.nodes[i].claimed_gpus else None
+
+    assert wait_until(claimed, timeout=30, what="gpu-0 booked as claimed", control_plane=dra.cp) == {0}
+
+    def gpu_pod(name: str) -> None:
+        dra.v1.create_namespaced_pod(
+            dra.ns,
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "schedulerName": dra.scheduler_name,
+                    "nodeSelector": {GROUP: group},
+                    "containers": [
+                        {"name": "c", "image": "pause", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+                    ],
+                },
+            },
+            _preload_content=False,
+        )
+
+    from gpusched.k8s.convert import parse_assignment
+
+    gpu_pod("dp-1")
+    assert dra.bound("dp-1") == node
+    assert parse_assignment(dra.read_pod("dp-1")) == (node, (1,))
+    gpu_pod("dp-2")
+    assert "1 Insufficient GPU" in dra.failure("dp-2")
+    assert not dra.read_pod("dp-2")["spec"].get("nodeName")

@@ -356,3 +356,83 @@ def test_whole_gpu_with_a_memory_figure_never_shares_a_gpu_through_the_extender(
         core.delete_namespaced_pod(p, NAMESPACE, grace_period_seconds=0)
     for n in nodes:
         core.delete_node(n)
+
+
+def test_a_gpu_a_dra_claim_holds_on_a_mixed_node_is_not_given_through_the_extender(
+    env: Env, unique_name: Callable[[str], str]
+) -> None:
+    """A mixed node (docs/dra.md): the agent's UUIDs in gpusched.io/gpu-topology, a ResourceSlice of
+    gpu.nvidia.com for the same GPUs, a claim allocated to gpu-0 (as kube-scheduler's DRA plugin would
+    write it). The extender reads DRA, books GPU 0 as taken: the pod gets GPU 1, the next one waits."""
+    import uuid
+
+    from kubernetes import client
+
+    from gpusched.k8s.convert import parse_assignment
+
+    core, res = env.core, client.ResourceV1Api(env.cp.api_client())
+    n = unique_name("mixed")
+    uuids = [f"GPU-{uuid.uuid4()}" for _ in range(GPUS)]
+    node = gpu_node(n)
+    topo = {"gpus": [{"index": i, "uuid": u, "numa": None, "nvlink": []} for i, u in enumerate(uuids)]}
+    node["metadata"]["annotations"]["gpusched.io/gpu-topology"] = json.dumps(topo)
+    core.create_node(node)
+    devices = [
+        {"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}, "uuid": {"string": u}}}
+        for i, u in enumerate(uuids)
+    ]
+    pool = {"name": n, "generation": 1, "resourceSliceCount": 1}
+    res.create_resource_slice(
+        {
+            "metadata": {"name": n},
+            "spec": {"driver": "gpu.nvidia.com", "nodeName": n, "pool": pool, "devices": devices},
+        }
+    )
+    claim = unique_name("claim")
+    request = {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+    res.create_namespaced_resource_claim(
+        NAMESPACE, {"metadata": {"name": claim}, "spec": {"devices": {"requests": [request]}}}
+    )
+    c = json.loads(res.read_namespaced_resource_claim(claim, NAMESPACE, _preload_content=False).data)
+    c["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": n, "device": "gpu-0"}]
+            }
+        }
+    }
+    res.replace_namespaced_resource_claim_status(claim, NAMESPACE, c)
+    wait_until(
+        lambda: json.loads(env.get("/state")[1]).get("claimed_gpus", 0) >= 1,
+        timeout=60,
+        what="the extender to book the claimed GPU",
+        control_plane=env.cp,
+    )
+    first, second = unique_name("dp"), unique_name("dp")
+    pod = whole_gpu_pod(first, 1)
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": n}
+    core.create_namespaced_pod(NAMESPACE, pod)
+
+    def assigned(name: str) -> tuple[str, tuple[int, ...]] | None:
+        obj = json.loads(core.read_namespaced_pod(name, NAMESPACE, _preload_content=False).data)
+        return parse_assignment(obj) if obj["spec"].get("nodeName") else None
+
+    assert wait_until(lambda: assigned(first), timeout=60, what=f"{first} bound", control_plane=env.cp) == (
+        n,
+        (1,),
+    )
+    pod = whole_gpu_pod(second, 1)
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": n}
+    core.create_namespaced_pod(NAMESPACE, pod)
+
+    def refused() -> bool:
+        evs = core.list_namespaced_event(NAMESPACE, field_selector=f"involvedObject.name={second}").items
+        return any(e.reason == "FailedScheduling" for e in evs)
+
+    wait_until(refused, timeout=60, what=f"{second} refused", control_plane=env.cp)
+    assert assigned(second) is None
+    for p in (first, second):
+        core.delete_namespaced_pod(p, NAMESPACE, grace_period_seconds=0)
+    res.delete_namespaced_resource_claim(claim, NAMESPACE)
+    res.delete_resource_slice(n)
+    core.delete_node(n)

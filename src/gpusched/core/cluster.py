@@ -70,11 +70,12 @@ class ClusterState:
         gmem = np.array([nd.gpu_memory_mib for nd in nodes], dtype=np.int64)
         self.gpu_mem_cap: I64 = np.where(present, gmem[:, None], 0).astype(np.int64)
         self.gpu_exists: BoolArr = present.copy()
-        """GPUs that can take a pod: present and not unhealthy (``NodeSpec.unhealthy_gpus``). An
-        unhealthy GPU keeps its capacity, so the pods still on it are booked as usual."""
+        """GPUs that can take a pod: present, not unhealthy (``NodeSpec.unhealthy_gpus``) and not held
+        by a DRA claim (``NodeSpec.claimed_gpus``). Such a GPU keeps its capacity, so the pods still on
+        it are booked as usual."""
         for i, nd in enumerate(nodes):
-            self.gpu_exists[i, list(nd.unhealthy_gpus)] = False
-        self.any_unhealthy = any(nd.unhealthy_gpus for nd in nodes)
+            self.gpu_exists[i, list(nd.unhealthy_gpus | nd.claimed_gpus)] = False
+        self.any_unhealthy = any(nd.unhealthy_gpus or nd.claimed_gpus for nd in nodes)
         by_topology: dict[GpuTopology, list[int]] = {}
         for i, nd in enumerate(nodes):
             if nd.gpu_topology is not None:

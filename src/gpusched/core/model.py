@@ -135,6 +135,10 @@ class NodeSpec:
     mig: NodeMig | None = None
     """The node's MIG GPUs and the instances present (``core.mig.books``); None: MIG slices are booked as
     counts only (``extended``), as where no gpusched agent publishes the geometry."""
+    claimed_gpus: frozenset[int] = frozenset()
+    """Indices of GPUs a DRA ResourceClaim holds (allocated by another allocator on a node whose GPUs a
+    DRA driver also publishes, ``docs/dra.md``): they take no new pod, as unhealthy GPUs do; pods
+    already on them stay booked."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -151,6 +155,9 @@ class NodeSpec:
         bad = sorted(g for g in self.unhealthy_gpus if not isinstance(g, int) or not 0 <= g < self.gpu_count)
         if bad:
             raise InvalidSpec(f"node {self.name}: unhealthy GPU(s) {bad} not among its {self.gpu_count} GPUs")
+        bad = sorted(g for g in self.claimed_gpus if not isinstance(g, int) or not 0 <= g < self.gpu_count)
+        if bad:
+            raise InvalidSpec(f"node {self.name}: claimed GPU(s) {bad} not among its {self.gpu_count} GPUs")
         if self.gpu_topology is not None and self.gpu_topology.gpu_count != self.gpu_count:
             raise InvalidSpec(
                 f"node {self.name}: GPU topology describes {self.gpu_topology.gpu_count} GPUs, "

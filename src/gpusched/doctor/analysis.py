@@ -258,6 +258,11 @@ def doctor_pod(books: Books, key: str) -> PodReport:
         return PodReport(
             key, phase, node, (), summary=f"pod {key} is {phase or 'not pending'}; nothing to diagnose"
         )
+    wait = books.claim_waits.get(key)
+    if wait is not None:  # its claims are not ready to allocate: the scheduler does not decide it yet
+        msg = f"pod {key} waits for its ResourceClaims: {wait}"
+        findings.append(Finding("scheduling", "error", "claims-waiting", msg, {}, key))
+        return PodReport(key, phase, node, tuple(findings), summary=msg)
     diag = diagnosis(books, pod)
     quota = None
     adm = _admission(books, pod, diag)

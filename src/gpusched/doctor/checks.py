@@ -37,6 +37,7 @@ from gpusched.k8s.convert import (
     parse_assignment,
     pod_from_k8s,
 )
+from gpusched.k8s.dra.mixed import SharedGpu, UnmappedNode, describe, describe_unmapped
 from gpusched.k8s.state import share_without_slot
 
 ANN_UNHEALTHY = ANN_UNHEALTHY_GPUS
@@ -57,6 +58,37 @@ def _int(v: object) -> int | None:
         return int(str(v))
     except ValueError:
         return None
+
+
+# ------------------------------------------------------------------------------------- DRA
+def mixed_findings(
+    shared: Mapping[str, tuple[SharedGpu, ...]], unmapped: Mapping[str, UnmappedNode] | None = None
+) -> list[Finding]:
+    """A warning per node whose GPUs a DRA driver's ResourceSlice and gpusched's agent (device plugin)
+    both serve, naming the GPUs, the claims' GPUs gpusched books as taken, and what it does; an
+    error per node where the two cannot be matched (``UnmappedNode``), which gpusched refuses."""
+    unmapped = unmapped or {}
+    lines = describe(shared)
+    refused = [
+        Finding("node", "error", "dra-mixed-refused", line, {"gpus": u.gpus, "driver": u.driver}, n)
+        for line, (n, u) in zip(describe_unmapped(unmapped), unmapped.items(), strict=True)
+    ]
+    return refused + [
+        Finding(
+            "node",
+            "warn",
+            "dra-mixed-node",
+            line,
+            {
+                "gpus": [g.index for g in gs],
+                "claimed": [g.index for g in gs if g.claimed],
+                "driver": gs[0].device.driver,
+                "pool": gs[0].device.pool,
+            },
+            node,
+        )
+        for line, (node, gs) in zip(lines, shared.items(), strict=True)
+    ]
 
 
 # ------------------------------------------------------------------------------------- node

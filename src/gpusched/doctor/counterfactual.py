@@ -165,11 +165,15 @@ def healed(snap: ClusterState) -> ClusterState:
     """``snap`` with every GPU healthy: a copy of its arrays (``ClusterState.copy``) with every
     present GPU usable again, instead of books rebuilt pod by pod (at 5000 nodes that was 40000
     bookings). Unhealthy GPUs keep their capacity and their pods in the books, so only which GPUs
-    may take a pod changes; ``ClusterState.__init__`` derives it the same way."""
+    may take a pod changes; ``ClusterState.__init__`` derives it the same way. GPUs held by DRA
+    claims (``NodeSpec.claimed_gpus``) stay withheld: healing does not free them."""
     out = snap.copy()
     out.nodes = tuple(replace(n, unhealthy_gpus=frozenset()) if n.unhealthy_gpus else n for n in out.nodes)
     out.gpu_exists = np.arange(snap.max_gpus)[None, :] < snap.gpu_count[:, None]
-    out.any_unhealthy = False
+    for i, nd in enumerate(out.nodes):
+        if nd.claimed_gpus:
+            out.gpu_exists[i, list(nd.claimed_gpus)] = False
+    out.any_unhealthy = any(nd.claimed_gpus for nd in out.nodes)
     return out
 
 
@@ -193,6 +197,47 @@ def healthy_counterfactual(profile: Profile, pod: PodSpec, snap: ClusterState) -
             {
                 "node": nd.name,
                 "unhealthy": sorted(nd.unhealthy_gpus),
+                "nodes": len(fits),
+                "fits_on": [snap.names[i] for i in fits],
+            },
+        )
+    ]
+
+
+def unclaimed(snap: ClusterState) -> ClusterState:
+    """``snap`` with the GPUs DRA claims hold (``NodeSpec.claimed_gpus``) usable again, unhealthy
+    ones still withheld (as ``healed`` does the other way round)."""
+    out = snap.copy()
+    out.nodes = tuple(replace(n, claimed_gpus=frozenset()) if n.claimed_gpus else n for n in out.nodes)
+    out.gpu_exists = np.arange(snap.max_gpus)[None, :] < snap.gpu_count[:, None]
+    for i, nd in enumerate(out.nodes):
+        if nd.unhealthy_gpus:
+            out.gpu_exists[i, list(nd.unhealthy_gpus)] = False
+    out.any_unhealthy = any(nd.unhealthy_gpus for nd in out.nodes)
+    return out
+
+
+def claimed_counterfactual(profile: Profile, pod: PodSpec, snap: ClusterState) -> list[Counterfactual]:
+    """Nodes where the pod would fit were the GPUs DRA claims hold there released (a mixed node:
+    docs/dra.md)."""
+    if not pod.num_gpu or not any(nd.claimed_gpus for nd in snap.nodes):
+        return []
+    fits = [i for i in feasible_nodes(profile, pod, unclaimed(snap)) if snap.nodes[i].claimed_gpus]
+    if not fits:
+        return []
+    nd = snap.nodes[fits[0]]
+    held = ", ".join(map(str, sorted(nd.claimed_gpus)))
+    return [
+        Counterfactual(
+            "claimed-gpu",
+            f"fits on {nd.name} once the ResourceClaims holding its GPU(s) {held} release them (a DRA "
+            "driver publishes the same GPUs as gpusched's agent there; gpusched books claimed GPUs as taken)",
+            1,
+            True,
+            nd.name,
+            {
+                "node": nd.name,
+                "claimed": sorted(nd.claimed_gpus),
                 "nodes": len(fits),
                 "fits_on": [snap.names[i] for i in fits],
             },
@@ -284,6 +329,7 @@ def physical_counterfactuals(
     if diag is not None:
         out += toleration_counterfactual(profile, pod, snap, diag)
     out += healthy_counterfactual(profile, pod, snap)
+    out += claimed_counterfactual(profile, pod, snap)
     resolvable = diag is None or any(f.code == Code.UNSCHEDULABLE for f in diag.failures)
     if resolvable and not any(c.kind in ("gpu-model", "gpu-memory", "gpu-count") for c in out):
         out += moves_counterfactual(profile, pod, snap)

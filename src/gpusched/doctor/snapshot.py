@@ -5,7 +5,9 @@ The file format is JSON (``SNAPSHOT_KIND``, version 1)::
     {"kind": "gpusched.io/doctor-snapshot", "version": 1, "source": "...",
      "nodes": [<Node as the API shows it>, ...], "pods": [<Pod as the API shows it>, ...],
      "queues": [<Queue (gpusched.io/v1alpha1) as the API shows it>, ...],
-     "namespaces": [{"metadata": {"name": ..., "labels": {...}}}, ...]}
+     "namespaces": [{"metadata": {"name": ..., "labels": {...}}}, ...],
+     "dra": {"deviceClasses": [...], "resourceSlices": [...], "resourceClaims": [...],
+             "deviceTaintRules": [...]}}
 
 ``queues`` is optional: absent (an older snapshot, or a cluster that does not serve the Queue
 CRD) means no queues, and the scheduler then ignores ``gpusched.io/queue``; ``namespaces`` (their
@@ -47,6 +49,7 @@ from gpusched.k8s.convert import (
 )
 
 SNAPSHOT_KIND = "gpusched.io/doctor-snapshot"
+DRA_KINDS = ("deviceClasses", "resourceSlices", "resourceClaims", "deviceTaintRules")
 SNAPSHOT_VERSION = 1
 
 
@@ -64,6 +67,9 @@ class Snapshot:
     """The Namespaces (name and labels), for the queue a namespace's label names."""
     queues_unreadable: str = ""
     """Why the Queues could not be listed (the API refused: 403), "" otherwise."""
+    dra: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
+    """``resource.k8s.io`` objects by kind (``DRA_KINDS``): DeviceClasses, ResourceSlices,
+    ResourceClaims, DeviceTaintRules; empty: none served or an older snapshot."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -77,6 +83,8 @@ class Snapshot:
             out["queues"] = list(self.queues)
         if self.queues_unreadable:
             out["queues_unreadable"] = self.queues_unreadable
+        if any(self.dra.values()):
+            out["dra"] = {k: list(v) for k, v in self.dra.items()}
         if self.namespaces:
             out["namespaces"] = [
                 {"metadata": {k: v for k, v in (n.get("metadata") or {}).items() if k in ("name", "labels")}}
@@ -238,6 +246,10 @@ def parse_snapshot(data: object, where: str = "snapshot") -> Snapshot:
         raise SnapshotError(f"{where}: field version is {data.get('version')!r}; this doctor reads version 1")
     queues = _objects(data, "queues", where) if data.get("queues") is not None else None
     namespaces = _objects(data, "namespaces", where) if data.get("namespaces") is not None else []
+    dra_data = data.get("dra") or {}
+    if not isinstance(dra_data, dict):
+        raise SnapshotError(f"{where}: field 'dra' must be an object of {', '.join(DRA_KINDS)}")
+    dra = {k: _objects(dra_data, k, f"{where} dra") for k in DRA_KINDS if dra_data.get(k) is not None}
     return Snapshot(
         _objects(data, "nodes", where),
         _objects(data, "pods", where),
@@ -245,6 +257,7 @@ def parse_snapshot(data: object, where: str = "snapshot") -> Snapshot:
         queues=queues,
         namespaces=namespaces,
         queues_unreadable=str(data.get("queues_unreadable") or ""),
+        dra=dra,
     )
 
 

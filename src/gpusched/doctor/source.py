@@ -39,6 +39,7 @@ def from_api(
         raw_pods: Any = v1.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=timeout_s)
         nodes, pods = json.loads(raw_nodes.data), json.loads(raw_pods.data)
         queue_objs, namespaces, unreadable = _queues(api, timeout_s) if queues else (None, [], "")
+        dra = _dra(api, timeout_s)
     except ApiException as e:
         raise ApiUnreachable(f"Kubernetes API at {host}: {e.status} {e.reason}") from None
     except (HTTPError, OSError) as e:
@@ -52,7 +53,33 @@ def from_api(
         queues=queue_objs,
         namespaces=namespaces,
         queues_unreadable=unreadable,
+        dra=dra,
     )
+
+
+def _dra(api: Any, timeout_s: float) -> dict[str, list[Any]]:
+    """The ``resource.k8s.io/v1`` objects by kind (``snapshot.DRA_KINDS``); a kind the API does not
+    serve (404) or refuses doctor (403) is left out. Other errors propagate."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    r = client.ResourceV1Api(api)
+    lists: dict[str, Any] = {
+        "deviceClasses": r.list_device_class,
+        "resourceSlices": r.list_resource_slice,
+        "resourceClaims": r.list_resource_claim_for_all_namespaces,
+        "deviceTaintRules": r.list_device_taint_rule,
+    }
+    out: dict[str, list[Any]] = {}
+    for kind, fn in lists.items():
+        try:
+            raw: Any = fn(_preload_content=False, _request_timeout=timeout_s)
+        except ApiException as e:
+            if e.status in (403, 404):
+                continue
+            raise
+        out[kind] = json.loads(raw.data).get("items") or []
+    return out
 
 
 def _queues(api: Any, timeout_s: float) -> tuple[list[Any] | None, list[Any], str]:

@@ -473,6 +473,7 @@ async def state(request: web.Request) -> web.Response:
             "pods": len(snap.allocations),
             "allocated_gpu_milli": snap.allocated_gpu_milli(),
             "gpu_allocation_ratio": snap.gpu_allocation_ratio(),
+            "claimed_gpus": sum(len(nd.claimed_gpus) for nd in snap.nodes),  # held by DRA claims
         }
     return _json(summary)
 

@@ -94,6 +94,7 @@ def serve_extender(
     from gpusched.extender.app import limit_heap_growth, make_app
     from gpusched.extender.handlers import Extender
     from gpusched.k8s.binder import APIBinder
+    from gpusched.k8s.claims import DraClaims
     from gpusched.k8s.client import api_client
     from gpusched.k8s.events import EventRecorder
     from gpusched.k8s.heap import freeze_heap, freeze_when
@@ -137,12 +138,15 @@ def serve_extender(
     )
     # each pod event parsed once (k8s/podevents.py), for the books, then the extender's UIDs and pods
     reflectors = start_informers(core, cluster, PodFeed([cluster, extender]))
+    # DRA: GPUs that claims hold on nodes the agent also serves are booked as taken (docs/dra.md)
+    dra = DraClaims(core.api_client, cluster=cluster)
+    dra.start()
     pool = ThreadPoolExecutor(max_workers=bind_threads, thread_name_prefix="gpusched-bind")
     limit_heap_growth()
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
     def synced() -> bool:
-        return all(r.synced.is_set() for r in reflectors)
+        return all(r.synced.is_set() for r in reflectors) and dra.synced()
 
     app = make_app(
         extender,
@@ -170,6 +174,7 @@ def serve_extender(
     finally:
         for r in reflectors:
             r.stop()
+        dra.stop()
         pool.shutdown(wait=False, cancel_futures=True)
 
 

@@ -28,9 +28,11 @@ from typing import Any
 from gpusched.core.dra.celexpr import CelCompiler
 from gpusched.core.model import PodSpec
 from gpusched.k8s.dra.books import DraBooks
+from gpusched.k8s.dra.mixed import MixedNodes
 from gpusched.k8s.dra.podclaims import ClaimRef, Invalid, Waiting, has_claims, resolve
 from gpusched.k8s.dra.writer import ClaimWriter, WriteOutcome, Written
 from gpusched.k8s.informer import Handlers, Reflector
+from gpusched.k8s.state import LiveCluster
 
 
 def claims_message(pod: Mapping[str, Any]) -> str:
@@ -67,9 +69,11 @@ class DraClaims:
         on_change: Callable[[], None] = lambda: None,
         books: DraBooks | None = None,
         writer: ClaimWriter | None = None,
+        cluster: LiveCluster | None = None,
     ) -> None:
         """``on_change``: called after every DRA object the informers deliver (a claim created or
-        deallocated, a slice published): claim pods that waited may be decided now."""
+        deallocated, a slice published): claim pods that waited may be decided now. ``cluster``: the
+        GPU books, told which GPUs claims hold on nodes the agent also serves (``k8s/dra/mixed.py``)."""
         from kubernetes import client
 
         self._on_change = on_change
@@ -79,6 +83,7 @@ class DraClaims:
         self._refs: dict[str, tuple[ClaimRef, ...]] = {}  # pod key -> its claims at its last prepare
         self._lock = threading.Lock()
         self._reflectors: list[Reflector] = []
+        self.mixed = MixedNodes(self.books, cluster) if cluster is not None else None
 
     # ------------------------------------------------------------------ informers
     def start(self) -> None:
@@ -89,6 +94,8 @@ class DraClaims:
             def then(fn: Callable[[Any], None]) -> Callable[[Any], None]:
                 def call(arg: Any) -> None:
                     fn(arg)
+                    if self.mixed is not None:
+                        self.mixed.refresh()
                     self._on_change()
 
                 return call

@@ -504,6 +504,23 @@ def gpu_topology(node: Mapping[str, Any], gpu_count: int) -> GpuTopology | None:
         return None
 
 
+def gpu_uuids(node: Mapping[str, Any]) -> dict[str, int]:
+    """UUID -> GPU index, from the agent's ``gpusched.io/gpu-topology`` annotation (each GPU's
+    ``uuid``); empty without one or for one that cannot be read (``gpu_topology`` warns about it)."""
+    raw = ((node.get("metadata") or {}).get("annotations") or {}).get(ANN_TOPOLOGY)
+    if not isinstance(raw, str) or len(raw) > 65536:
+        return {}
+    try:
+        gpus = orjson.loads(raw).get("gpus")
+    except (orjson.JSONDecodeError, AttributeError):
+        return {}
+    out: dict[str, int] = {}
+    for g in gpus if isinstance(gpus, list) else ():
+        if isinstance(g, Mapping) and isinstance(g.get("uuid"), str) and type(g.get("index")) is int:
+            out[g["uuid"]] = g["index"]
+    return out
+
+
 def _parse_topology(raw: object, gpu_count: int) -> GpuTopology:
     if not isinstance(raw, str) or len(raw) > 65536:
         raise ValueError("is not a JSON document of at most 64 KiB")

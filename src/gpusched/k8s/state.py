@@ -43,6 +43,7 @@ from gpusched.k8s.convert import (
     RES_MILLI,
     RES_SHARE,
     InvalidRequest,
+    gpu_uuids,
     node_from_k8s,
 )
 from gpusched.k8s.migconvert import assignment_mig
@@ -120,6 +121,14 @@ class Verdict(enum.Enum):
     """The API shows the pod unbound; the booking is still held."""
 
 
+class ClaimedGpus(Protocol):
+    """Which GPUs DRA claims hold, per node, given each node's GPU UUIDs (``k8s/dra/mixed.py``)."""
+
+    def claimed(
+        self, uuids: Mapping[str, Mapping[str, int]], gpu_counts: Mapping[str, int]
+    ) -> dict[str, frozenset[int]]: ...
+
+
 class LiveCluster:
     def __init__(
         self,
@@ -144,6 +153,10 @@ class LiveCluster:
         self._on_invalid = on_invalid
         self.conflicts: list[str] = []
         """Pods whose recorded assignment did not fit the books on rebuild (never expected)."""
+        self._gpu_uuids: dict[str, dict[str, int]] = {}  # node -> GPU UUID -> index (the agent's)
+        self._claimed: dict[str, frozenset[int]] = {}  # node -> GPUs DRA claims hold (``set_claimed_gpus``)
+        self.claimed_source: ClaimedGpus | None = None
+        """Asked for a node's claimed GPUs when its GPU UUIDs change (set by ``MixedNodes``)."""
         self.node_version = 0
         """Bumped whenever a node is added, changed or removed (a relabelled node keeps the
         snapshot: compare this, not snapshots, to notice that nodes changed)."""
@@ -168,7 +181,24 @@ class LiveCluster:
             return
         name = spec.name
         alloc = (obj.get("status") or {}).get("allocatable") or {}
+        uuids = gpu_uuids(obj)
+        source = self.claimed_source
+        fresh = None
+        if source is not None and spec.gpu_count:
+            with self.lock:
+                known = self._nodes.get(name)
+                changed = self._gpu_uuids.get(name, {}) != uuids or known is None
+                changed = changed or (known is not None and known.gpu_count != spec.gpu_count)
+            if changed:  # outside the lock: the DRA books have their own
+                got = source.claimed({name: uuids} if uuids else {}, {name: spec.gpu_count})
+                fresh = got.get(name, frozenset())
         with self.lock:
+            (self._gpu_uuids.__setitem__(name, uuids) if uuids else self._gpu_uuids.pop(name, None))
+            if fresh is not None:
+                (self._claimed.__setitem__(name, fresh) if fresh else self._claimed.pop(name, None))
+            claimed = frozenset(g for g in self._claimed.get(name, ()) if g < spec.gpu_count)
+            if claimed:
+                spec = replace(spec, claimed_gpus=claimed)
             (self._share_nodes.add if RES_SHARE in alloc else self._share_nodes.discard)(name)
             was = self.unreadable.pop(name, None)
             reporter = self._reporter
@@ -228,8 +258,41 @@ class LiveCluster:
                 self.node_version += 1
                 self._state = None
 
+    def gpu_counts(self) -> dict[str, int]:
+        """Per node that serves GPUs (``nvidia.com/gpu``): how many."""
+        with self.lock:
+            return {n: s.gpu_count for n, s in self._nodes.items() if s.gpu_count}
+
+    def gpu_uuids(self) -> dict[str, dict[str, int]]:
+        """Per node with the agent's topology annotation: GPU UUID -> index."""
+        with self.lock:
+            return {n: dict(u) for n, u in self._gpu_uuids.items()}
+
+    def set_claimed_gpus(self, claimed: Mapping[str, frozenset[int]]) -> list[str]:
+        """The GPUs DRA claims hold, per node (every node not named holds none): they take no new
+        pod (``NodeSpec.claimed_gpus``). Returns the nodes whose set changed; the books are rebuilt
+        on the next snapshot when any did."""
+        changed = []
+        with self.lock:
+            for name in set(self._claimed) | set(claimed):
+                gpus = frozenset(claimed.get(name, ()))
+                if self._claimed.get(name, frozenset()) == gpus:
+                    continue
+                changed.append(name)
+                (self._claimed.__setitem__(name, gpus) if gpus else self._claimed.pop(name, None))
+                spec = self._nodes.get(name)
+                if spec is not None:
+                    self._nodes[name] = replace(
+                        spec, claimed_gpus=frozenset(g for g in gpus if g < spec.gpu_count)
+                    )
+            if changed:
+                self.node_version += 1
+                self._state = None
+        return sorted(changed)
+
     def delete_node(self, name: str) -> None:
         with self.lock:
+            self._gpu_uuids.pop(name, None)
             self.unreadable.pop(name, None)
             self._share_nodes.discard(name)
             if self._nodes.pop(name, None) is not None:

@@ -87,6 +87,10 @@ class DraBooks:
         self._reserved: dict[str, Reservation] = {}  # pod key -> its decision
         self._problems: dict[str, str] = {}  # "Kind name" -> why it cannot be read
         self._inventory: DraInventory | None = None
+        self.version = 0
+        """Moves forward with every change of the objects or the devices held (``MixedNodes`` caches)."""
+        self.slices_version = 0
+        """Moves forward with every change of the ResourceSlices."""
 
     # ------------------------------------------------------------------ informer side
     def upsert_class(self, obj: Obj) -> None:
@@ -100,10 +104,14 @@ class DraBooks:
             self._drop("DeviceClass", obj, self._classes)
 
     def upsert_slice(self, obj: Obj) -> None:
-        self._convert("ResourceSlice", obj, slice_from_k8s, self._slices)
+        with self.lock:
+            self._convert("ResourceSlice", obj, slice_from_k8s, self._slices)
+            self.slices_version += 1
 
     def delete_slice(self, obj: Obj) -> None:
-        self._drop("ResourceSlice", obj, self._slices)
+        with self.lock:
+            self._drop("ResourceSlice", obj, self._slices)
+            self.slices_version += 1
 
     def upsert_rule(self, obj: Obj) -> None:
         self._convert("DeviceTaintRule", obj, taint_rule_from_k8s, self._rules)
@@ -126,7 +134,7 @@ class DraBooks:
             else:
                 self._held[key] = held
                 self._written(key)
-            self._inventory = None
+            self._changed()
 
     def delete_claim(self, obj: Obj) -> None:
         key = claim_key(obj)
@@ -134,7 +142,7 @@ class DraBooks:
             self._claims.pop(key, None)
             self._held.pop(key, None)
             self._written(key)
-            self._inventory = None
+            self._changed()
 
     def sync(self, kind: str, items: list[Obj]) -> None:
         """After a (re)list: drop the objects of ``kind`` that are gone."""
@@ -149,6 +157,8 @@ class DraBooks:
                 "DeviceTaintRule": self._rules,
             }
             book = books[kind]
+            if kind == "ResourceSlice":
+                self.slices_version += 1
             names = {str((o.get("metadata") or {}).get("name")) for o in items}
             for name in set(book) - names:
                 del book[name]
@@ -158,7 +168,7 @@ class DraBooks:
                 p for p in self._problems if p.startswith(kind + " ") and p.split(" ", 1)[1] not in names
             ]:
                 del self._problems[p]
-            self._inventory = None
+            self._changed()
 
     def _convert(self, kind: str, obj: Obj, fn: Callable[[Obj], Any], book: dict[str, Any]) -> None:
         name = str((obj.get("metadata") or {}).get("name"))
@@ -171,14 +181,18 @@ class DraBooks:
                 if self._problems.get(f"{kind} {name}") != str(e):
                     log.warning("%s", e)
                 self._problems[f"{kind} {name}"] = str(e)
-            self._inventory = None
+            self._changed()
 
     def _drop(self, kind: str, obj: Obj, book: dict[str, Any]) -> None:
         name = str((obj.get("metadata") or {}).get("name"))
         with self.lock:
             book.pop(name, None)
             self._problems.pop(f"{kind} {name}", None)
-            self._inventory = None
+            self._changed()
+
+    def _changed(self) -> None:
+        self._inventory = None
+        self.version += 1
 
     # ------------------------------------------------------------------ reads
     def claim(self, key: str) -> Obj | None:
@@ -197,6 +211,11 @@ class DraBooks:
     def problems(self) -> dict[str, str]:
         with self.lock:
             return dict(self._problems)
+
+    def slices(self) -> tuple[ResourceSlice, ...]:
+        """The slices as converted (without DeviceTaintRules' taints; no inventory built)."""
+        with self.lock:
+            return tuple(self._slices.values())
 
     def inventory(self) -> DraInventory:
         with self.lock:
@@ -241,10 +260,12 @@ class DraBooks:
     def reserve(self, pod: str, node: str, allocations: tuple[ClaimAllocation, ...]) -> None:
         with self.lock:
             self._reserved[pod] = Reservation(pod, node, allocations)
+            self.version += 1
 
     def unreserve(self, pod: str) -> None:
         with self.lock:
-            self._reserved.pop(pod, None)
+            if self._reserved.pop(pod, None) is not None:
+                self.version += 1
 
     def reservation(self, pod: str) -> Reservation | None:
         with self.lock:
@@ -273,6 +294,7 @@ class DraBooks:
             keys = {a.claim for a in res.allocations}
             if claim in keys and all(k in self._held or k not in self._claims for k in keys):
                 del self._reserved[pod]
+                self.version += 1
 
     def _expire(self) -> None:
         """Held reservations past their grace, whose claims the API still shows unallocated, are
@@ -281,6 +303,7 @@ class DraBooks:
         for pod, res in list(self._reserved.items()):
             if res.held_since is not None and now - res.held_since >= self.grace_s:
                 del self._reserved[pod]
+                self.version += 1
 
     def reservations(self) -> list[str]:
         with self.lock:
