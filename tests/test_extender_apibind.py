@@ -15,12 +15,14 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from gpusched.core.mig.books import MigSlot
 from gpusched.core.model import PodSpec
 from gpusched.core.status import Code, Status
 from gpusched.extender.apibind import AsyncAPIBinder
 from gpusched.extender.app import make_app
 from gpusched.extender.serve import EVENT_LOOPS, new_event_loop
 from gpusched.k8s.convert import ANN_ASSIGNMENT, parse_assignment
+from gpusched.k8s.migconvert import assignment_mig
 from test_extender_handlers import FakeBinder, make, node, pod
 
 
@@ -284,3 +286,34 @@ def test_a_stalled_first_attempt_ends_within_the_budget_and_keeps_the_gpus() -> 
     assert e.filter(args)["NodeNames"] == ["n2"]
     r = e.filter({**args, "NodeNames": ["n1"]})
     assert r["NodeNames"] == [] and "held on node n2" in r["FailedNodes"]["n1"]
+
+
+class Slices:
+    """The books' MIG slices of one pod (``k8s.binder.MigBooks``)."""
+
+    def __init__(self, slots: dict[str, tuple[MigSlot, ...]]) -> None:
+        self.slots = slots
+
+    def mig_of(self, key: str) -> tuple[MigSlot, ...]:
+        return self.slots.get(key, ())
+
+
+def test_a_mig_pods_binding_carries_the_slices_the_books_placed(
+    api: tuple[FakeAPI, TestServer, asyncio.AbstractEventLoop],
+) -> None:
+    """The extender's first binder writes the MIG slices its books chose into the assignment, as the
+    standalone scheduler's does, so the agent hands the container exactly those instances."""
+    fake, server, loop = api
+    mig_pod = PodSpec(name="m", namespace="ns", uid="uid-m", mig=("1g.10gb", "3g.40gb"))
+    placed = (MigSlot(0, 6, "1g.10gb"), MigSlot(2, 4, "3g.40gb"))
+    binder = AsyncAPIBinder(cfg(str(server.make_url(""))), mig=Slices({"ns/m": placed}))
+
+    async def go() -> Status:
+        try:
+            return await binder.bind(mig_pod, "n1", ())
+        finally:
+            await binder.close()
+
+    assert loop.run_until_complete(go()).ok
+    (body,) = fake.bodies
+    assert assignment_mig({"metadata": {"annotations": body["metadata"]["annotations"]}}) == placed

@@ -26,9 +26,10 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 
+from gpusched.core.mig.books import MigSlot
 from gpusched.core.model import PodSpec
 from gpusched.core.status import Code, Status
-from gpusched.k8s.binder import REQUEST_TIMEOUT_S, outcome_code
+from gpusched.k8s.binder import REQUEST_TIMEOUT_S, MigBooks, outcome_code
 from gpusched.k8s.convert import ANN_ASSIGNMENT, assignment_annotation
 
 CONNECTIONS = 64
@@ -45,12 +46,12 @@ class AsyncBinder(Protocol):
     async def close(self) -> None: ...
 
 
-def binding_body(pod: PodSpec, node: str, gpus: tuple[int, ...]) -> bytes:
-    """The v1 Binding of ``pod`` to ``node``, the assignment of ``gpus`` in its annotations."""
+def binding_body(pod: PodSpec, node: str, gpus: tuple[int, ...], mig: tuple[MigSlot, ...] = ()) -> bytes:
+    """The v1 Binding of ``pod`` to ``node``, the assignment of ``gpus`` and ``mig`` in its annotations."""
     meta: dict[str, Any] = {"name": pod.name, "namespace": pod.namespace}
     if pod.uid:
         meta["uid"] = pod.uid
-    meta["annotations"] = {ANN_ASSIGNMENT: assignment_annotation(node, gpus, pod)}
+    meta["annotations"] = {ANN_ASSIGNMENT: assignment_annotation(node, gpus, pod, mig)}
     return orjson.dumps(
         {
             "apiVersion": "v1",
@@ -81,11 +82,18 @@ class AsyncAPIBinder:
     name = "APIBinder"
 
     def __init__(
-        self, cfg: Any, *, timeout_s: float = REQUEST_TIMEOUT_S, connections: int = CONNECTIONS
+        self,
+        cfg: Any,
+        *,
+        timeout_s: float = REQUEST_TIMEOUT_S,
+        connections: int = CONNECTIONS,
+        mig: MigBooks | None = None,
     ) -> None:
         """``cfg``: the ``kubernetes.client.Configuration`` of the extender's API client (its host,
-        TLS files and credentials, refreshed tokens included)."""
+        TLS files and credentials, refreshed tokens included); ``mig``: the books' MIG slices, written
+        into the assignment (None: MIG slices are not placed)."""
         self.cfg = cfg
+        self.mig = mig
         self.host = str(cfg.host).rstrip("/")
         self.ssl = _ssl_context(cfg)
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -108,7 +116,8 @@ class AsyncAPIBinder:
     async def bind(self, pod: PodSpec, node: str, gpus: tuple[int, ...]) -> Status:
         ns, name = quote(pod.namespace, safe=""), quote(pod.name, safe="")
         url = f"{self.host}/api/v1/namespaces/{ns}/pods/{name}/binding"
-        body = binding_body(pod, node, gpus)
+        mig = self.mig.mig_of(pod.key) if self.mig is not None and pod.mig else ()
+        body = binding_body(pod, node, gpus, mig)
         try:
             async with self.session().post(url, data=body, headers=self._headers()) as r:
                 status, reason, body = r.status, r.reason or "", await r.read()

@@ -132,7 +132,7 @@ def serve_extender(
     extender = Extender(
         cluster,
         build_profile(policy),
-        binder=APIBinder(core, in_binding=True),
+        binder=APIBinder(core, in_binding=True, mig=cluster),  # MIG slices from the books (issue 31)
         pod_getter=get_pod,
         pick=pick_in_filter,
     )
@@ -154,7 +154,7 @@ def serve_extender(
         executor=pool,
         sync_wait_s=sync_wait_s,
         max_body_bytes=max_body_bytes,
-        first_binder=AsyncAPIBinder(core.api_client.configuration),
+        first_binder=AsyncAPIBinder(core.api_client.configuration, mig=cluster),
     )
     freeze_heap("start-up")  # the modules: out of every full pass of the cycle collector
     freeze_when(synced, "informers synced")  # and the books of the nodes and pods listed
