@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -249,12 +249,12 @@ def _assigned_amounts(pod: Mapping[str, Any]) -> tuple[int, int]:
     return a.milli, a.memory_mib
 
 
-def holdings(
+def live_allocations(
     pods: Sequence[Mapping[str, Any]], node: str, exclude_uid: str, unwritten: Mapping[str, str]
-) -> list[Holding]:
-    """What the live pods on ``node`` but ``exclude_uid`` hold, per GPU: from ``gpusched.io/allocated``, or
-    ``unwritten`` (pod key -> the annotation's value not yet written) where the agent remembers more."""
-    out: list[Holding] = []
+) -> Iterator[tuple[Mapping[str, Any], str, dict[str, Any]]]:
+    """(pod, key, what the agent handed it) for each live pod on ``node`` but ``exclude_uid``: from
+    ``gpusched.io/allocated``, or ``unwritten`` (pod key -> the annotation's value not yet written) where
+    the agent remembers more."""
     for pod in pods:
         meta = pod.get("metadata") or {}
         if (pod.get("spec") or {}).get("nodeName") != node or str(meta.get("uid", "")) == exclude_uid:
@@ -267,7 +267,15 @@ def holdings(
             if key in unwritten
             else {}
         )
-        done = done or allocated_of(pod)
+        yield pod, key, done or allocated_of(pod)
+
+
+def holdings(
+    pods: Sequence[Mapping[str, Any]], node: str, exclude_uid: str, unwritten: Mapping[str, str]
+) -> list[Holding]:
+    """What the live pods on ``node`` but ``exclude_uid`` hold, per GPU (``live_allocations``)."""
+    out: list[Holding] = []
+    for pod, key, done in live_allocations(pods, node, exclude_uid, unwritten):
         whole: set[str] = set()
         shared: set[str] = set()
         for per_resource in done.values():

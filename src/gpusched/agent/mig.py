@@ -25,11 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpusched.agent.allocation import (
-    ANN_ALLOCATED,
-    LIVE_DONE,
     AllocationError,
     OverlapError,
-    allocated_of,
+    live_allocations,
     pod_key,
 )
 from gpusched.agent.allocation import container_requests as container_requests
@@ -175,19 +173,8 @@ def held_mig(
 ) -> dict[str, str]:
     """MIG UUID -> the live pod on ``node`` (but ``exclude_uid``) the agent handed it to."""
     out: dict[str, str] = {}
-    for pod in pods:
-        meta = pod.get("metadata") or {}
-        if (pod.get("spec") or {}).get("nodeName") != node or str(meta.get("uid", "")) == exclude_uid:
-            continue
-        if (pod.get("status") or {}).get("phase") in LIVE_DONE:
-            continue
-        key = pod_key(pod)
-        done = (
-            allocated_of({"metadata": {"annotations": {ANN_ALLOCATED: unwritten[key]}}})
-            if key in unwritten
-            else {}
-        )
-        for per_resource in (done or allocated_of(pod)).values():
+    for _pod, key, done in live_allocations(pods, node, exclude_uid, unwritten):
+        for per_resource in done.values():
             if isinstance(per_resource, dict):
                 for resource, ids in per_resource.items():
                     if resource.startswith(RES_MIG_PREFIX) and isinstance(ids, list):

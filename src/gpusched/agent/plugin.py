@@ -289,22 +289,30 @@ class Allocator:
                     self.pods.warn(pod, "GPUAllocationFailed", msg)
                     raise AllocationError(msg) from None
             resp = self._response(uuids, share)
-            self._allocated.setdefault(uid, set()).add((container, resource))
-            done = allocated_of(pod)
-            done.setdefault(container, {})[resource] = uuids
-            meta = pod.get("metadata") or {}
-            ns, name = str(meta.get("namespace", "default")), str(meta.get("name"))
-            self._unwritten[(ns, name)] = json.dumps(done, separators=(",", ":"), sort_keys=True)
-            self.flush_annotations()
-            log.info(
-                "Allocate %s %s -> pod %s container %s: %s",
-                resource,
-                device_ids,
-                pod_key(pod),
-                container,
-                uuids,
-            )
+            self._record(pod, uid, container, resource, device_ids, uuids)
             return resp
+
+    def _record(
+        self,
+        pod: Mapping[str, Any],
+        uid: str,
+        container: str,
+        resource: str,
+        device_ids: list[str],
+        uuids: list[str],
+    ) -> None:
+        """What ``container`` was handed: kept for the pod's ``gpusched.io/allocated`` (written in the
+        background), and logged."""
+        self._allocated.setdefault(uid, set()).add((container, resource))
+        done = allocated_of(pod)
+        done.setdefault(container, {})[resource] = uuids
+        meta = pod.get("metadata") or {}
+        ns, name = str(meta.get("namespace", "default")), str(meta.get("name"))
+        self._unwritten[(ns, name)] = json.dumps(done, separators=(",", ":"), sort_keys=True)
+        self.flush_annotations()
+        log.info(
+            "Allocate %s %s -> pod %s container %s: %s", resource, device_ids, pod_key(pod), container, uuids
+        )
 
     def _mig_for(self, pod: Mapping[str, Any], container: str, resource: str) -> list[str] | None:
         """The MIG UUIDs the pod's assignment gives ``container`` (``agent.mig``); None without a ``mig``
@@ -345,21 +353,7 @@ class Allocator:
                          resource, pod_key(pod), device_ids)  # fmt: skip
                 uuids = list(device_ids)
             uid = str((pod.get("metadata") or {}).get("uid", pod_key(pod)))
-            self._allocated.setdefault(uid, set()).add((container, resource))
-            done = allocated_of(pod)
-            done.setdefault(container, {})[resource] = uuids
-            meta = pod.get("metadata") or {}
-            ns, name = str(meta.get("namespace", "default")), str(meta.get("name"))
-            self._unwritten[(ns, name)] = json.dumps(done, separators=(",", ":"), sort_keys=True)
-            self.flush_annotations()
-            log.info(
-                "Allocate %s %s -> pod %s container %s: %s",
-                resource,
-                device_ids,
-                pod_key(pod),
-                container,
-                uuids,
-            )
+            self._record(pod, uid, container, resource, device_ids, uuids)
             return self._response(uuids)
 
     def _response(
