@@ -5,7 +5,8 @@ domain (``nvidia.com/gpu.clique``, GPU feature discovery's label on GB200/NVL sy
 rack, then a block (``TopologyLevels``; the keys are configurable, ``DEFAULT_LEVELS``). As in
 Kueue's Topology Aware Scheduling, a domain at a level is named by the node's values of that
 level's key *and of every wider level's key* (two racks called ``r1`` in two blocks are two
-racks), and a node that lacks one of those labels is in no domain of that level.
+racks). A node without a level's label is in no domain of that level; a wider label it lacks
+counts as the value "" (cliques work on nodes that carry no rack or block label).
 
 A gang asks for one level (``GangTopology``):
 
@@ -115,16 +116,20 @@ class Domain:
 
 
 def domains(snap: ClusterState, keys: Sequence[str]) -> list[Domain]:
-    """The domains of the level ``keys[0]`` (wider levels' keys after it): nodes grouped by their
-    values of every key; nodes lacking one of the labels are in none."""
+    """The domains of the level ``keys[0]`` (wider levels' keys after it): the nodes carrying label
+    ``keys[0]``, grouped by their values of every key (a wider label a node lacks counts as the
+    value "", so GPU feature discovery's cliques work on nodes without rack or block labels)."""
     codes = np.stack([snap.domains(k)[0] for k in keys], axis=1) if len(snap) else np.zeros((0, len(keys)))
-    labelled = np.flatnonzero((codes >= 0).all(axis=1))
     groups: dict[tuple[int, ...], list[int]] = {}
-    for n in labelled.tolist():
+    for n in np.flatnonzero(codes[:, 0] >= 0).tolist():
         groups.setdefault(tuple(int(c) for c in codes[n]), []).append(n)
     values = [snap.domains(k)[1] for k in keys]
     out = [
-        Domain(keys[0], tuple(values[i][c] for i, c in enumerate(path)), np.array(ns, dtype=np.int64))
+        Domain(
+            keys[0],
+            tuple(values[i][c] if c >= 0 else "" for i, c in enumerate(path)),
+            np.array(ns, dtype=np.int64),
+        )
         for path, ns in groups.items()
     ]
     out.sort(key=lambda d: d.values)
@@ -245,7 +250,7 @@ def _why(
     all_ = domains(snap, request.keys)
     head = f"{request.describe()}: no {request.key} domain takes {need} member(s) at once"
     if not all_:
-        return f"{head}: no node carries the label(s) {', '.join(request.keys)}"
+        return f"{head}: no node carries the label {request.key}"
     if anchor:
         head += f" beside the {len(anchor)} node(s) its bound members hold"
     if tried:
