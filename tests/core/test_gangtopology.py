@@ -179,3 +179,21 @@ def test_a_required_gang_is_never_split_across_domains_of_its_level_and_is_place
     assert len(paths) == 1 and next(iter(paths))[0] is not None, f"split across {paths}"
     assert r.domain is not None and tuple(v or "" for v in next(iter(paths))) == r.domain.values
     assert len(r.result.placed) == size
+
+
+def test_gang_preemption_frees_room_inside_one_domain() -> None:
+    """A required gang on a full cluster: the victims chosen let it land in one clique (the
+    what-if runs the topology-aware placement), evicted now, it lands there."""
+    from gpusched.core.batch import Outcome, run_cycle
+
+    snap = cluster()
+    for n, prio in enumerate([0, 1, 0, 5, 5, 5, 5, 5]):  # the two cheapest victims are in c0 and c1
+        snap.assume(whole(f"low-{n}", 4, priority=prio), n, [0, 1, 2, 3])
+    pods = [whole(f"g-{i}", 4, gang="g", priority=10) for i in range(2)]
+    u = group_units(
+        pods, {"default/g": GangSpec("g", min_member=2, topology=LEVELS.request(Mode.REQUIRED, LABEL_CLIQUE))}
+    )[0]
+    (o,) = run_cycle(profile(preemption=True), snap, [u], evict_now=True)
+    assert o.outcome is Outcome.PLACED, o.reason
+    assert {snap.nodes[x.node].labels[LABEL_CLIQUE] for x in o.placed} == {"c0"}
+    assert {"default/low-0", "default/low-1"} <= set(o.victims)
