@@ -63,7 +63,9 @@ def scheduler(
         typer.Option(
             metavar="KEY,KEY,...",
             help="node label keys of the topology domains gangs may ask for "
-            "(gpusched.io/topology-required|preferred), narrowest first",
+            "(gpusched.io/topology-required|preferred), narrowest first "
+            "(default: nvidia.com/gpu.clique, gpusched.io/rack, gpusched.io/block)",
+            show_default=False,
         ),
     ] = "nvidia.com/gpu.clique,gpusched.io/rack,gpusched.io/block",
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING")] = "INFO",
