@@ -197,3 +197,24 @@ def test_gang_preemption_frees_room_inside_one_domain() -> None:
     assert o.outcome is Outcome.PLACED, o.reason
     assert {snap.nodes[x.node].labels[LABEL_CLIQUE] for x in o.placed} == {"c0"}
     assert {"default/low-0", "default/low-1"} <= set(o.victims)
+
+
+def test_a_preferred_gang_no_block_holds_spreads_over_the_fewest_blocks() -> None:
+    """3 blocks of 2 nodes; blocks b1 and b2 half taken. A preferred gang of 6 x 2 GPUs (12; a block
+    has 8) lands on 2 blocks (b0 whole, then b1), where blind best fit takes the tight GPUs of b1
+    and b2 first and spans all 3."""
+
+    def blocks() -> ClusterState:
+        snap = ClusterState([labelled(f"n{i}", f"c{i}", f"r{i}", f"b{i // 2}") for i in range(6)])  # type: ignore[misc]
+        for n in range(2, 6):
+            snap.assume(whole(f"x{n}", 2), n, [0, 1])
+        return snap
+
+    def spread(mode: Mode | None) -> set[str]:
+        snap = blocks()
+        r = place_gang(profile(), unit("g", 6, 2, mode), snap)
+        assert r.scheduled and len(r.placed) == 6
+        return {snap.nodes[x.node].labels[LABEL_BLOCK] for x in r.placed}
+
+    assert spread(None) == {"b0", "b1", "b2"}
+    assert spread(Mode.PREFERRED) == {"b0", "b1"}

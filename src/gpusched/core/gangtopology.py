@@ -13,7 +13,8 @@ A gang asks for one level (``GangTopology``):
 - **required**: every member it places now lands in one domain of that level, or the gang waits
   and the reason names the level (``topology-required <key>``);
 - **preferred**: one domain of that level if one holds the gang, else one domain of the next wider
-  level, and so on; else anywhere (topology-blind, as without a request).
+  level, and so on; else the fewest domains of the widest level whose room adds up to the gang
+  (``fewest_domains``); else anywhere (topology-blind, as without a request).
 
 The choice (``place_in_domain``): the candidate domains are those whose nodes could take the gang's
 minimum (an upper bound of how many members fit per node, ``member_room``), the tightest first
@@ -223,6 +224,13 @@ def place_in_domain(
                 return TopologyPlacement(r, d)
             most = max(most, sum(1 for x in r.results if x.scheduled))
     if request.mode is Mode.PREFERRED:
+        few = fewest_domains(snap, pods, need, request.keys[-1:]) if not anchor else None
+        if few is not None:
+            r = schedule_all(
+                profile, pods, snap, tiebreak=tiebreak, min_count=need, diagnose_failures=False, nodes=few
+            )
+            if r.scheduled:
+                return TopologyPlacement(r, None)
         r = schedule_all(profile, pods, snap, tiebreak=tiebreak, min_count=need, diagnose_failures=diagnose)
         return TopologyPlacement(r, None)
     return TopologyPlacement(
@@ -231,6 +239,27 @@ def place_in_domain(
         ),
         None,
     )
+
+
+def fewest_domains(snap: ClusterState, pods: Sequence[PodSpec], need: int, keys: Sequence[str]) -> I64 | None:
+    """The nodes of the fewest domains of level ``keys[0]`` whose room adds up to ``need`` members
+    (the roomiest first, then the fewest free GPUs, then by name), for a preferred gang no single
+    domain holds; None when even all of them fall short."""
+    room = member_room(snap, pods)
+    free = np.where(snap.gpu_exists, snap.gpu_free, 0).sum(axis=1)
+    ranked = sorted(
+        domains(snap, keys), key=lambda d: (-int(room[d.nodes].sum()), int(free[d.nodes].sum()), d.values)
+    )
+    chosen: list[I64] = []
+    total = 0
+    for d in ranked:
+        if total >= need:
+            break
+        chosen.append(d.nodes)
+        total += int(room[d.nodes].sum())
+    if total < need or not chosen:
+        return None
+    return np.sort(np.concatenate(chosen))
 
 
 def bound_nodes(snap: ClusterState, gang: str) -> list[int]:
