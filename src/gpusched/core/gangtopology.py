@@ -120,18 +120,23 @@ def domains(snap: ClusterState, keys: Sequence[str]) -> list[Domain]:
     """The domains of the level ``keys[0]`` (wider levels' keys after it): the nodes carrying label
     ``keys[0]``, grouped by their values of every key (a wider label a node lacks counts as the
     value "", so GPU feature discovery's cliques work on nodes without rack or block labels)."""
-    codes = np.stack([snap.domains(k)[0] for k in keys], axis=1) if len(snap) else np.zeros((0, len(keys)))
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for n in np.flatnonzero(codes[:, 0] >= 0).tolist():
-        groups.setdefault(tuple(int(c) for c in codes[n]), []).append(n)
+    if not len(snap):
+        return []
+    codes = np.stack([snap.domains(k)[0] for k in keys], axis=1)
+    labelled = np.flatnonzero(codes[:, 0] >= 0)
+    if not len(labelled):
+        return []
+    paths, group = np.unique(codes[labelled], axis=0, return_inverse=True)
+    order = np.argsort(group.reshape(-1), kind="stable")
+    bounds = np.cumsum(np.bincount(group.reshape(-1), minlength=len(paths)))[:-1]
     values = [snap.domains(k)[1] for k in keys]
     out = [
         Domain(
             keys[0],
-            tuple(values[i][c] if c >= 0 else "" for i, c in enumerate(path)),
-            np.array(ns, dtype=np.int64),
+            tuple(values[i][c] if c >= 0 else "" for i, c in enumerate(path.tolist())),
+            np.sort(labelled[members]).astype(np.int64),
         )
-        for path, ns in groups.items()
+        for path, members in zip(paths, np.split(order, bounds), strict=True)
     ]
     out.sort(key=lambda d: d.values)
     return out
