@@ -1100,3 +1100,15 @@ def test_every_example_lands_on_nodes_labelled_as_the_agent_labels_them(
         assert not live(never)["spec"].get("nodeName")
     finally:
         cluster.down()
+
+
+def test_helm_passes_the_gang_topology_levels(helm: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """gangTopologyLevels reaches the scheduler's config (default: its own), in order."""
+    from gpusched.core.gangtopology import TopologyLevels
+
+    default = rendered_configs(helm, monkeypatch)
+    assert default["scheduler"].gang_topology_levels == TopologyLevels()
+    given = rendered_configs(
+        helm, monkeypatch, "--set", "gangTopologyLevels={example.com/tray,example.com/row}"
+    )
+    assert given["scheduler"].gang_topology_levels.keys == ("example.com/tray", "example.com/row")
