@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from gpusched.core.errors import InvalidInput
 from gpusched.core.mig.geometry import (
     Geometry,
     Instance,
@@ -52,6 +53,31 @@ from gpusched.core.mig.profiles import ALL_PROFILE_NAMES
 class ReshapeScope(enum.Enum):
     FREE_SLICES = "free-slices"  # keep instances in use, re-cut the rest of the GPU (NVML)
     WHOLE_GPU = "whole-gpu"  # re-cut only GPUs with nothing in use, as a whole (mig-manager)
+
+
+class ReshapeWay(enum.Enum):
+    """How a node's MIG geometry is reshaped, per node pool (the node label ``gpusched.io/mig-reshape-way``;
+    docs/mig.md, "Reshaping", says when to take which)."""
+
+    NVML = "nvml"  # way (a): the agent creates and destroys GPU and compute instances through NVML
+    MIG_MANAGER = "mig-manager"  # way (b): NVIDIA's mig-manager applies a mig-parted configuration
+    OFF = "off"  # the geometry is the operator's: never reshaped
+
+    @property
+    def scope(self) -> ReshapeScope | None:
+        """What the planner may re-cut on a node reshaped this way (None: nothing)."""
+        return {
+            ReshapeWay.NVML: ReshapeScope.FREE_SLICES,
+            ReshapeWay.MIG_MANAGER: ReshapeScope.WHOLE_GPU,
+        }.get(self)
+
+    @staticmethod
+    def parse(value: str, where: str) -> ReshapeWay:
+        try:
+            return ReshapeWay(value)
+        except ValueError:
+            allowed = ", ".join(w.value for w in ReshapeWay)
+            raise InvalidInput(f"{where}: {value!r} is not a MIG reshape way ({allowed})") from None
 
 
 @dataclass(frozen=True)
@@ -362,14 +388,21 @@ def plan_gpu(
 
 
 def plan_node(
-    node: NodeGpus, books: Mapping[int, MigGpu], pending: Sequence[str], demand: DemandMix
+    node: NodeGpus,
+    books: Mapping[int, MigGpu],
+    pending: Sequence[str],
+    demand: DemandMix,
+    scope: ReshapeScope = ReshapeScope.FREE_SLICES,
 ) -> GpuRecut | None:
     """The GPU of ``node`` to re-cut for ``pending`` (requests that find no free instance), or None;
-    ``books[i]`` holds the instances pods hold on GPU ``i``."""
+    ``books[i]`` holds the instances pods hold on GPU ``i``. ``WHOLE_GPU`` (mig-manager re-creates every
+    instance of a GPU it changes): only a GPU that no pod holds anything of is re-cut."""
     best: tuple[tuple[int, int, int], GpuRecut] | None = None
     if node.reshaping:
         return None  # one re-cut at a time per node
     for i, g in zip(node.indices, node.gpus, strict=True):
+        if scope is ReshapeScope.WHOLE_GPU and books[i].instances:
+            continue
         plan = plan_gpu(i, g, books[i], pending, demand)
         if plan is None:
             continue
@@ -377,3 +410,26 @@ def plan_node(
         if best is None or key < best[0]:
             best = (key, plan)
     return best[1] if best else None
+
+
+def plan_node_batch(
+    node: NodeGpus,
+    books: Mapping[int, MigGpu],
+    requests: Sequence[Sequence[str]],
+    demand: DemandMix,
+    scope: ReshapeScope = ReshapeScope.FREE_SLICES,
+) -> tuple[GpuRecut, tuple[int, ...]] | None:
+    """One re-cut of ``node`` for a batch of pending pods (``requests``: each pod's profiles, in the order
+    they are to be served, most important first): each pod in turn joins the batch when one re-cut of one GPU
+    (``plan_node``) still serves every slice of the pods taken so far and of it; a pod that does not fit
+    with them is left for a later re-cut, never displacing one before it. Returns the re-cut and the indices
+    of the requests it serves, or None when it serves none."""
+    taken: list[int] = []
+    plan: GpuRecut | None = None
+    for k, req in enumerate(requests):
+        want = [p for j in (*taken, k) for p in requests[j]]
+        trial = plan_node(node, books, want, demand, scope) if req else None
+        if trial is not None and Counter(trial.serves) == Counter(want):
+            taken.append(k)
+            plan = trial
+    return (plan, tuple(taken)) if plan is not None else None
