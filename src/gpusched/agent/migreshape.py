@@ -45,16 +45,27 @@ class MigReshaper(Protocol):
 
 
 def request_step(
-    inv: Inventory, gpu: int, destroy: Sequence[tuple[str, int]], create: Sequence[tuple[str, int]]
+    inv: Inventory,
+    gpu: int,
+    destroy: Sequence[tuple[str, int]],
+    create: Sequence[tuple[str, int]],
+    name: str = "",
 ) -> GpuReshape:
-    """The step a request makes of GPU ``gpu``'s present layout: destroy, then create (no mode switch)."""
+    """The step a request makes of GPU ``gpu``'s present layout: destroy, then create (no mode switch);
+    ``name``: the GPU's device name (default ``<hostname>/<gpu>``)."""
     d = inv.by_index(gpu)
     before = layout_of(d) if d is not None else ()
     gone = tuple(Instance(p, s) for p, s in destroy)
     made = tuple(Instance(p, s) for p, s in create)
     kept = tuple(i for i in before if i not in gone)  # a GPU holds an instance at a start once
     return GpuReshape(
-        f"{inv.hostname}/{gpu}", False, gone, made, tuple(i.profile for i in made), before, (*kept, *made)
+        name or f"{inv.hostname}/{gpu}",
+        False,
+        gone,
+        made,
+        tuple(i.profile for i in made),
+        before,
+        (*kept, *made),
     )
 
 
