@@ -126,17 +126,21 @@ def test_with_the_cores_plan_a_pending_slice_fits_after_the_recut() -> None:
 
 
 # ------------------------------------------------------------- the request on the Node (the agent loop)
-@pytest.fixture
-def agent_env() -> Iterator[dict[str, Any]]:
-    d = Path(tempfile.mkdtemp(prefix="gp", dir="/tmp"))
-    kubelet = FakeKubelet(d).start()
-    holder = {
+def holder() -> dict[str, Any]:
+    """A running pod that was handed the 3g (MIG-3g)."""
+    return {
         "metadata": {"name": "holder", "namespace": "t", "uid": "u-h", "annotations": {
             ANN_ALLOCATED: json.dumps({"main": {"nvidia.com/mig-3g.40gb": ["MIG-3g"]}})}},
         "spec": {"nodeName": "n", "containers": [{"name": "main"}]},
         "status": {"phase": "Running"},
     }  # fmt: skip
-    pods = MemoryPods([holder])
+
+
+@pytest.fixture
+def agent_env() -> Iterator[dict[str, Any]]:
+    d = Path(tempfile.mkdtemp(prefix="gp", dir="/tmp"))
+    kubelet = FakeKubelet(d).start()
+    pods = MemoryPods([holder()])
     agent = Agent(AgentConfig(node="n", plugin_dir=d), backend(), pods, pods)
     agent.plugin.start(watch_interval_s=0.05)
     yield {"agent": agent, "pods": pods, "kubelet": kubelet}
@@ -220,13 +224,7 @@ def test_way_b_goes_through_mig_manager_and_never_recuts_a_gpu_a_live_pod_holds_
     from test_agent_mig_manager import MemoryConfigMaps
 
     b = backend()
-    holder = {
-        "metadata": {"name": "holder", "namespace": "t", "uid": "u-h", "annotations": {
-            ANN_ALLOCATED: json.dumps({"main": {"nvidia.com/mig-3g.40gb": ["MIG-3g"]}})}},
-        "spec": {"nodeName": "n", "containers": [{"name": "main"}]},
-        "status": {"phase": "Running"},
-    }  # fmt: skip
-    pods = MemoryPods([holder], nodes={"n": {"metadata": {"name": "n", "labels": {}}}})
+    pods = MemoryPods([holder()], nodes={"n": {"metadata": {"name": "n", "labels": {}}}})
     label_way(pods, "mig-manager")
     cms = MemoryConfigMaps()
     settings = ManagerSettings(timeout_s=10, poll_s=0.01)

@@ -26,12 +26,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpusched.agent import mig
+from gpusched.agent.inventory import Inventory
 from gpusched.agent.migreshape import MigReshaper, ReshapeError, apply, request_step
 from gpusched.agent.plugin import DevicePlugin
 from gpusched.agent.pods import NodeWriter, PodSource
+from gpusched.agent.reshape.apply import why_stale
 from gpusched.agent.reshape.manager import MigManagerWay
 from gpusched.agent.reshape.way import ReshapeWay, reshape_way
 from gpusched.core.errors import GpuschedError
+from gpusched.core.mig.reshape import GpuReshape
 from gpusched.core.names import ANN_MIG_RESHAPE, ANN_MIG_RESHAPE_STATUS
 
 log = logging.getLogger(__name__)
@@ -148,26 +151,25 @@ class MigReshapes:
             raise ReshapeError(f"node {self.node}: the mig-manager way is not set up on its agent")
         inv = self.backend.inventory()
         d = inv.by_index(req.gpu)
-        if d is None or not d.mig_enabled:
-            raise ReshapeError(f"GPU {req.gpu}: not a GPU in MIG mode on {self.node}")
-        present = {(m.profile.split("c.", 1)[-1], m.placement_start) for m in d.mig_instances}
-        gone = [f"{p} at slice {s}" for p, s in req.destroy if (p, s) not in present]
-        if gone:
-            raise ReshapeError(f"GPU {req.gpu}: no MIG {', '.join(gone)} to destroy (the plan is stale)")
+        if d is None:
+            raise ReshapeError(f"GPU {req.gpu}: no such GPU on {self.node}")
+        step = request_step(inv, req.gpu, req.destroy, req.create, name=f"{self.node}/{req.gpu}")
+        why = why_stale(d, step, held, self.node)
+        if why:
+            raise ReshapeError(f"GPU {req.gpu}: {why}")
         taken = sorted(m.uuid for m in d.mig_instances if m.uuid in held)
         if taken:
             raise ReshapeError(
                 f"GPU {req.gpu}: mig-manager re-creates every instance of the GPU, and live pods hold "
                 f"{', '.join(taken)}"
             )
-        step = request_step(inv, req.gpu, req.destroy, req.create, name=f"{self.node}/{req.gpu}")
         with self._lock:
             self._waiting = req.id
         threading.Thread(
             target=self._manager_job, args=(req, inv, step), daemon=True, name="gpusched-mig-manager"
         ).start()
 
-    def _manager_job(self, req: ReshapeRequest, inv: Any, step: Any) -> None:
+    def _manager_job(self, req: ReshapeRequest, inv: Inventory, step: GpuReshape) -> None:
         assert self.manager is not None
         try:
             res = self.manager.apply(self.node, inv, [step])

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from gpusched.core.cluster import ClusterState
 from gpusched.core.errors import GpuschedError
 from gpusched.core.mig.books import demand_of
+from gpusched.core.mig.measure import DemandMix
 from gpusched.core.mig.reshape import GpuRecut, ReshapeWay, plan_node_batch
 from gpusched.core.model import PodSpec
 from gpusched.core.names import ANN_MIG_RESHAPE, ANN_MIG_RESHAPE_STATUS, LABEL_MIG_RESHAPE_WAY
@@ -40,6 +41,8 @@ log = logging.getLogger(__name__)
 
 REASON = "MIGReshapeFailed"
 MAX_BATCH = 32  # pods planned together per node (one GPU hosts at most 7 slices on an A100)
+MAX_PEERS = 256  # pending pods that fit nowhere taken into one consider, in the queue's order
+MAX_ASKS = 4  # requests written by one consider (the pods left ask when they are tried)
 
 
 class Warner(Protocol):
@@ -84,6 +87,9 @@ class _Waiting:
     spec: PodSpec
     obj: Mapping[str, Any]
     nodes: tuple[int, ...]  # the nodes with a MIG geometry its nodeSelector matches
+
+
+_Plans = dict[int, "tuple[GpuRecut, tuple[str, ...]] | None"]  # node -> its re-cut, the pods it serves
 
 
 def node_way(labels: Mapping[str, str]) -> ReshapeWay | None:
@@ -147,14 +153,25 @@ class MigReshapes:
             if me is None:
                 return ""  # its slices find instances: something else keeps it off (a taint, CPU...)
             batch: list[_Waiting] = []
+            nowhere: dict[tuple[tuple[tuple[str, str], ...], tuple[str, ...]], tuple[int, ...] | None] = {}
             for spec, o in peers:
-                w = me if spec.key == pod.key else self._waiting(snap, spec, o)
-                if w is not None:
-                    batch.append(w)
+                if spec.key == pod.key:
+                    batch.append(me)
+                    continue
+                like = (tuple(sorted(spec.node_selector.items())), spec.mig)  # pods alike fit alike
+                if like not in nowhere:
+                    nowhere[like] = self._nowhere(snap, spec)
+                mine = nowhere[like]
+                if mine is not None and spec.key not in snap.allocations:
+                    batch.append(_Waiting(spec, o, mine))
+                    if len(batch) >= MAX_PEERS:
+                        break
             if not any(w is me for w in batch):
                 batch.insert(0, me)  # not in the queue (being decided): first
-            while batch:
-                best = self._best(snap, batch, busy)
+            demand = demand_of(snap.mig_demand, [p for w in batch for p in w.spec.mig])
+            plans: _Plans = {}
+            while batch and len(asks) < MAX_ASKS:
+                best = self._best(snap, batch, busy, demand, plans)
                 if best is None:
                     break
                 node, plan, served, timeout = best
@@ -184,27 +201,32 @@ class MigReshapes:
                 out.append((spec, q.obj))
         return out
 
-    @staticmethod
-    def _waiting(snap: ClusterState, pod: PodSpec, obj: Mapping[str, Any]) -> _Waiting | None:
+    @classmethod
+    def _waiting(cls, snap: ClusterState, pod: PodSpec, obj: Mapping[str, Any]) -> _Waiting | None:
         """The pod as a member of the batch: unbooked, its slices find no free instance on any node its
         nodeSelector matches (None otherwise)."""
-        if pod.key in snap.allocations:
-            return None
+        mine = cls._nowhere(snap, pod)
+        return None if mine is None or pod.key in snap.allocations else _Waiting(pod, obj, mine)
+
+    @staticmethod
+    def _nowhere(snap: ClusterState, pod: PodSpec) -> tuple[int, ...] | None:
+        """The nodes with a MIG geometry that the pod's nodeSelector matches, when its slices find no free
+        instance on any of them; None when they do."""
         mine = tuple(
             n
             for n, nd in enumerate(snap.nodes)
             if nd.mig is not None and all(nd.labels.get(k) == v for k, v in pod.node_selector.items())
         )
-        if any(snap.mig_fits(pod, n) for n in mine):
-            return None
-        return _Waiting(pod, obj, mine)
+        return None if any(snap.mig_fits(pod, n) for n in mine) else mine
 
     def _best(
-        self, snap: ClusterState, batch: list[_Waiting], busy: set[str]
+        self, snap: ClusterState, batch: list[_Waiting], busy: set[str], demand: DemandMix, plans: _Plans
     ) -> tuple[str, GpuRecut, tuple[int, ...], float] | None:
         """The node whose one re-cut serves the first pod of ``batch`` it can, then the most, then destroys
-        the fewest instances, then by name; with that re-cut, the pods it serves and the answer's timeout."""
-        demand = demand_of(snap.mig_demand, [p for w in batch for p in w.spec.mig])
+        the fewest instances, then by name; with that re-cut, the pods it serves and the answer's timeout.
+        ``plans``: each node's re-cut and the pods it serves, kept across the calls of one ``consider`` (a
+        node's stays right while none of its pods is served elsewhere: the others were refused already)."""
+        at = {w.spec.key: k for k, w in enumerate(batch)}
         best: tuple[tuple[int, int, int, str], str, GpuRecut, tuple[int, ...], float] | None = None
         for n, nd in enumerate(snap.nodes):
             if nd.mig is None or nd.name in busy:
@@ -212,20 +234,32 @@ class MigReshapes:
             way = node_way(nd.labels)
             if way is None or way.scope is None:
                 continue
-            members = [k for k, w in enumerate(batch) if n in w.nodes][:MAX_BATCH]
-            if not members:
+            had = plans.get(n)
+            if n not in plans or (had is not None and any(k not in at for k in had[1])):
+                plans[n] = self._plan(snap, n, batch, demand, way)
+            got = plans[n]
+            if got is None:
                 continue
-            found = plan_node_batch(
-                nd.mig, snap.mig_books[n], [batch[k].spec.mig for k in members], demand, way.scope
-            )
-            if found is None:
-                continue
-            plan, served = found[0], tuple(members[i] for i in found[1])
+            plan, served = got[0], tuple(at[k] for k in got[1])
             key = (served[0], -len(served), len(plan.destroy), nd.name)
             if best is None or key < best[0]:
                 timeout = self.manager_timeout_s if way is ReshapeWay.MIG_MANAGER else self.timeout_s
                 best = (key, nd.name, plan, served, timeout)
         return None if best is None else best[1:]
+
+    @staticmethod
+    def _plan(
+        snap: ClusterState, n: int, batch: list[_Waiting], demand: DemandMix, way: ReshapeWay
+    ) -> tuple[GpuRecut, tuple[str, ...]] | None:
+        """Node ``n``'s one re-cut for the pods of ``batch`` it may host, and the pods (keys) it serves."""
+        nd = snap.nodes[n]
+        members = [k for k, w in enumerate(batch) if n in w.nodes][:MAX_BATCH]
+        if nd.mig is None or way.scope is None or not members:
+            return None
+        found = plan_node_batch(
+            nd.mig, snap.mig_books[n], [batch[k].spec.mig for k in members], demand, way.scope
+        )
+        return None if found is None else (found[0], tuple(batch[members[i]].spec.key for i in found[1]))
 
     def _ask(self, node: str, plan: GpuRecut, served: list[_Waiting], timeout_s: float) -> bool:
         first = served[0].spec

@@ -117,8 +117,8 @@ def apply_reshape(ops: MigOps, step: GpuReshape, held: Collection[str] = ()) -> 
     if dev is None:
         return ReshapeResult(step.gpu, ReshapeOutcome.STALE, (), (), step.target, (), f"no GPU index {index}")
     before = layout_of(dev)
-    uuids = {(m.profile.split("c.", 1)[-1], m.placement_start): m.uuid for m in dev.mig_instances}
-    why = _stale(ops, dev, step, before, uuids, held)
+    uuids = _uuids(dev)
+    why = why_stale(dev, step, held, ops.inventory().hostname)
     if why:
         return ReshapeResult(step.gpu, ReshapeOutcome.STALE, before, before, step.target, (), why)
     done: list[str] = []
@@ -145,18 +145,16 @@ def apply_reshape(ops: MigOps, step: GpuReshape, held: Collection[str] = ()) -> 
     return ReshapeResult(step.gpu, ReshapeOutcome.APPLIED, before, after, step.target, tuple(done))
 
 
-def _stale(
-    ops: MigOps,
-    dev: GpuDevice,
-    step: GpuReshape,
-    before: tuple[Instance, ...],
-    uuids: Mapping[tuple[str, int], str],
-    held: Collection[str],
-) -> str:
+def _uuids(dev: GpuDevice) -> dict[tuple[str, int], str]:
+    return {(m.profile.split("c.", 1)[-1], m.placement_start): m.uuid for m in dev.mig_instances}
+
+
+def why_stale(dev: GpuDevice, step: GpuReshape, held: Collection[str], host: str) -> str:
     """Why ``step`` may not be applied to ``dev`` ("" when it may): not in MIG mode, not the layout the plan
-    was made from, an instance to destroy that is not there or that a live pod holds."""
+    was made from, an instance to destroy that is not there or that a live pod holds (``held``: MIG UUIDs)."""
+    before, uuids = layout_of(dev), _uuids(dev)
     if not (dev.mig_enabled or step.enable_mig):
-        return f"not a GPU in MIG mode on {ops.inventory().hostname}"
+        return f"not a GPU in MIG mode on {host}"
     if set(before) != set(step.before):
         return f"it holds [{_names(before)}], the plan was made for [{_names(step.before)}]"
     gone = [i for i in step.destroy if (i.profile, i.start) not in uuids]
