@@ -7,14 +7,16 @@ with a known geometry, one re-cut of one GPU that serves as many of them as it c
 ``gpusched.io/mig-reshape-way``: ``nvml``, or none, re-cuts free slices next to the instances pods hold;
 ``mig-manager`` re-cuts only a GPU no pod holds anything of, as a whole; ``off``, never). The node whose
 re-cut serves the first pod of the batch, then the most pods, then destroys the fewest instances (then its
-name) is asked (``gpusched.io/mig-reshape``), and so on for the pods left, one request per node. While the
-agent has not answered, the books place nothing on that GPU (``NodeMig.reshaping``, read from the Node by
-``k8s/migconvert.py``); its answer (``gpusched.io/mig-reshape-status``) and the new geometry come back through
-the Node, and the pod is tried again. A request the agent answers ``failed`` (it rolled back) or does not
-answer within ``timeout_s`` (withdrawn) leaves a ``MIGReshapeFailed`` Warning event on the pod. One request
-per pod and per node at a time. Only a pod whose slices find no free instance on any node its
-``nodeSelector`` matches is considered (one kept off by a taint or CPU is not); its other constraints
-(taints, affinity) are not checked on the node re-cut: a re-cut they forbid is wasted, never wrong.
+name) is asked (``gpusched.io/mig-reshape``), and so on for the pods left (one request per node, at most
+``MAX_ASKS`` per try). While the agent has not answered, the books place nothing on that GPU
+(``NodeMig.reshaping``, read from the Node by ``k8s/migconvert.py``); its answer
+(``gpusched.io/mig-reshape-status``) and the new geometry come back through the Node, and the pods are tried
+again. A request the agent answers ``failed`` (it rolled back) or does not answer in time (``timeout_s``;
+``manager_timeout_s`` on a mig-manager node, whose agent waits for mig-manager; then withdrawn) leaves a
+``MIGReshapeFailed`` Warning event on each pod it was for. One request per pod and per node at a time. Only a
+pod whose slices find no free instance on any node its ``nodeSelector`` matches is considered (one kept off
+by a taint or CPU is not); its other constraints (taints, affinity) are not checked on the node re-cut: a
+re-cut they forbid is wasted, never wrong.
 """
 
 from __future__ import annotations
