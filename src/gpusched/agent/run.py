@@ -22,6 +22,8 @@ from gpusched.agent.migreshape import MigReshaper
 from gpusched.agent.mps import DEFAULT_CONTROL, DEFAULT_ROOT, MpsDaemons
 from gpusched.agent.plugin import DEFAULT_PLUGIN_DIR, DEFAULT_SLOTS, DevicePlugin, NodeDevices
 from gpusched.agent.pods import NodeWriter, PodSource
+from gpusched.agent.reshape.manager import ConfigMaps, ManagerSettings, MigManagerWay
+from gpusched.agent.reshape.way import ReshapeWay
 from gpusched.agent.sharing import (
     ANN_ISOLATION,
     DEFAULT_HAMI_LIB,
@@ -67,8 +69,12 @@ class AgentConfig:
     """The agent as a DRA driver (``--dra``): ResourceSlices and the kubelet's DRA service instead of the
     device plugin (``gpusched.agent.dra``)."""
     reshape_check_s: float = 2.0
-    """Where the backend can re-cut MIG GPUs (the fake one, for now): how often the Node is read for a request
-    (``agent.migrequest``; a node read per look)."""
+    """Where the backend can re-cut MIG GPUs: how often the Node is read for a request (``agent.migrequest``;
+    a node read per look)."""
+    reshape_way: ReshapeWay = ReshapeWay.NVML
+    """How this node pool's GPUs are re-cut unless the Node's label ``gpusched.io/mig-reshape-way`` says."""
+    mig_manager: ManagerSettings = field(default_factory=ManagerSettings)
+    """Way (b): mig-manager's ConfigMap and how long to wait for it (with ``Agent.configmaps``)."""
 
 
 @dataclass
@@ -79,6 +85,8 @@ class Agent:
     nodes: NodeWriter
     dra_api: DraApi | None = None
     """Where the DRA driver publishes slices and reads claims (with ``config.dra``)."""
+    configmaps: ConfigMaps | None = None
+    """Where mig-manager's configuration is written (way (b) of MIG re-cuts); None: way (b) is refused."""
     last_xid: dict[int, int] = field(default_factory=dict)
     _owners: Owners = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -116,9 +124,14 @@ class Agent:
             if self.dra_api is None:
                 raise DraConfigError("the agent in DRA mode needs an API for its slices and claims")
             self.dra = DraNode(c.node, inv, c.dra, self.dra_api, self.dra_api)
-        reshaper = self.backend if isinstance(self.backend, MigReshaper) else None  # way (a): fake, for now
+        reshaper = self.backend if isinstance(self.backend, MigReshaper) else None
+        manager = MigManagerWay(self.nodes, self.configmaps, c.mig_manager) if self.configmaps else None
         self.reshapes = (
-            MigReshapes(reshaper, self.plugin, self.pods, self.nodes, c.node) if reshaper else None
+            MigReshapes(
+                reshaper, self.plugin, self.pods, self.nodes, c.node, way=c.reshape_way, manager=manager
+            )
+            if reshaper
+            else None
         )
         self.registry = CollectorRegistry()
         self.registry.register(GpuCollector(self.backend, lambda: self._owners, self.last_xid))

@@ -124,7 +124,7 @@ class StandaloneScheduler:
         )
         self.queue = SchedulingQueue(flush_s=cfg.flush_s)
         self.events = EventRecorder(self.fast, cfg.scheduler_name, cfg.identity)
-        self.mig_reshapes = MigReshapes(self.core, self.cluster, self.events)  # MIG re-cuts (issue 31)
+        self.mig_reshapes = MigReshapes(self.core, self.cluster, self.events, pending=self.queue)  # issue 31
         self.metrics = metrics or SchedulerMetrics(profile=cfg.scheduler_name)
         self.metrics.set_leader(cfg.lease_name, False)
         self.metrics.watch_event_writes(self.events.counts)
