@@ -857,6 +857,48 @@ def test_helm_agent_sharing_modes(
     dry_run(api_server, rendered)
 
 
+def test_helm_agent_mig_manager_way_gets_its_flags_and_a_role_on_one_configmap(
+    api_server: ControlPlane, helm: list[str], tmp_path: Path
+) -> None:
+    """agent.migReshape.migManager.enabled: the agent gets mig-manager's ConfigMap settings as its own flags
+    and a Role in that namespace whose get/update name only that ConfigMap, bound to the agent's account."""
+    text = helm_template(
+        helm, "standalone",
+        "--set", "agent.migReshape.migManager.enabled=true",
+        "--set", "agent.migReshape.migManager.namespace=gpu-operator",
+        "--set", "agent.migReshape.migManager.configMap=my-mig-config",
+    )  # fmt: skip
+    docs = load_docs(text)
+    (c,) = daemonset(docs)["spec"]["template"]["spec"]["containers"]
+    args = c["args"]
+    assert {a for a in args if a.startswith("--")} <= agent_run_options()
+    assert args[args.index("--mig-manager-configmap") + 1] == "my-mig-config"
+    assert args[args.index("--mig-reshape-way") + 1] == "nvml"  # the node label picks mig-manager per pool
+    (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-mig-parted")]
+    assert role["metadata"]["namespace"] == "gpu-operator"
+    named = [r for r in role["rules"] if "resourceNames" in r]
+    assert named == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["my-mig-config"],
+            "verbs": ["get", "update"],
+        }
+    ]
+    (binding,) = [
+        d for d in docs if d["kind"] == "RoleBinding" and d["roleRef"]["name"] == role["metadata"]["name"]
+    ]
+    assert binding["subjects"][0]["name"] == daemonset(docs)["spec"]["template"]["spec"]["serviceAccountName"]
+    plain = load_docs(helm_template(helm, "standalone"))
+    assert not [d for d in plain if d["kind"] == "Role" and d["metadata"]["name"].endswith("-mig-parted")]
+    assert (
+        "--mig-manager-configmap" not in daemonset(plain)["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    rendered = tmp_path / "agent.yaml"
+    rendered.write_text(text.replace("namespace: gpu-operator", "namespace: default"))
+    dry_run(api_server, rendered)
+
+
 def webhooks(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     (config,) = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
     return list(config["webhooks"])
