@@ -17,6 +17,7 @@ from gpusched.doctor.checks import drift_findings
 from gpusched.doctor.counterfactual import counterfactuals
 from gpusched.doctor.errors import UnknownObject
 from gpusched.doctor.findings import ClusterReport, Finding, NodeReport, PodReport
+from gpusched.doctor.mig import mig_findings
 from gpusched.doctor.queues import (
     Admission,
     admission,
@@ -277,6 +278,7 @@ def doctor_pod(books: Books, key: str) -> PodReport:
     cfs = counterfactuals(books.profile, pod, books.state, diag, quota)
     healed = {n for c in cfs if c.kind == "healthy-gpu" for n in c.change.get("fits_on", [c.node])}
     findings += _scheduling_causes(books, pod, diag, healed)
+    findings += mig_findings(books.profile, pod, books.state)
     findings += room_findings(books, pod)  # defragmentation rooms held against it, or its own
     failed = {f.node: f for f in diag.failures}
     shown = 0

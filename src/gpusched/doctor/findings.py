@@ -39,7 +39,8 @@ class Counterfactual:
 
     ``kind``: fits-now, quota, queue (its queue is unknown or invalid: not checked), toleration,
     gpu-model, gpu-memory, gpu-count, moves, kept (no move plan: the pods that may not move),
-    healthy-gpu, claimed-gpu, none. ``cost`` orders them: the smallest change first (a move counts one per pod
+    healthy-gpu, claimed-gpu, mig-recut (a GPU's free MIG slices re-cut), none. ``cost`` orders them:
+    the smallest change first (a move counts one per pod
     moved)."""
 
     kind: str
