@@ -21,9 +21,11 @@ from gpusched.core.mig.reshape import GpuRecut
 from gpusched.core.mig.whatif import recut, with_node_mig
 from gpusched.core.model import NodeSpec, PodSpec, Taint
 from gpusched.core.scheduler import feasible
-from gpusched.doctor import Books, doctor_pod, snapshot_of_state
+from gpusched.doctor import Books, doctor_node, doctor_pod, snapshot_of_state
+from gpusched.doctor.analysis import gpu_map
+from gpusched.doctor.demo import mig_demo_snapshot
 from gpusched.doctor.mig import mig_counterfactual, mig_findings
-from gpusched.doctor.render import render_pod
+from gpusched.doctor.render import render_node, render_pod
 
 A100 = Geometry.of("a100-80gb")
 BALANCED = (("2g.20gb", 0), ("1g.10gb", 2), ("1g.10gb", 3), ("3g.40gb", 4))
@@ -247,3 +249,31 @@ def test_a_re_cut_that_would_destroy_a_held_slice_is_refused() -> None:
     bad = recut(nm, GpuRecut(0, everything, (Instance("7g.80gb", 0),), ("7g.80gb",)))
     with pytest.raises(MigPlacementError, match=r"would destroy held 3g\.40gb at slice 4"):
         with_node_mig(snap, 0, bad)
+
+
+# ------------------------------------------------------------------------------------------- the GPU map
+def test_the_map_and_doctor_node_show_each_slice_and_who_holds_it() -> None:
+    books = Books.of(mig_demo_snapshot())
+    (node,) = gpu_map(books)["nodes"]
+    slices = {(g["index"], x["profile"], x["start"]): x["pod"] for g in node["mig"] for x in g["slices"]}
+    assert slices == {
+        (0, "2g.20gb", 0): None,
+        (0, "1g.10gb", 2): None,
+        (0, "1g.10gb", 3): None,
+        (0, "3g.40gb", 4): "team-a/infer-3g",
+        (1, "4g.40gb", 0): "team-a/train-4g",
+        (1, "3g.40gb", 4): "team-a/infer-3g-b",
+    }
+    r = doctor_node(books, "a100-mig-0")
+    assert r.to_dict()["mig"] == node["mig"]
+    assert "device-plugin-not-registered" not in codes(list(r.findings))  # mixed: slices, no nvidia.com/gpu
+    out = Console(record=True, width=400)
+    render_node(r, out)
+    text = out.export_text()
+    assert "1g.10gb@2: free" in text and "4g.40gb@0: team-a/train-4g" in text
+    pending = doctor_pod(books, "team-b/needs-4g")
+    assert "mig-all-held" in codes(list(pending.findings))
+    assert pending.counterfactuals[0].message.startswith(
+        "waits for a 4g.40gb slice: GPU 0 of node a100-mig-0 could host it after re-cutting its free slices "
+        "(beside 1 slice(s) in use: 3g.40gb at 4)"
+    )

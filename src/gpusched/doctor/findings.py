@@ -87,9 +87,16 @@ class NodeReport:
     node: str
     findings: tuple[Finding, ...]
     gpus: tuple[Mapping[str, Any], ...] = ()
+    mig: tuple[Mapping[str, Any], ...] = ()
+    """Per MIG GPU: its slices (profile, start, size) and the pod holding each or None (``doctor.mig``)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "findings": [f.to_dict() for f in self.findings], "gpus": list(self.gpus)}
+        return {
+            "node": self.node,
+            "findings": [f.to_dict() for f in self.findings],
+            "gpus": list(self.gpus),
+            "mig": list(self.mig),
+        }
 
 
 @dataclass(frozen=True)

@@ -196,3 +196,35 @@ def mig_counterfactual(profile: Profile, pod: PodSpec, snap: ClusterState) -> li
         "in_use": [{"profile": x.profile, "start": x.start} for x in in_use],
     }
     return [Counterfactual("mig-recut", msg, RECUT_COST, True, name, change)]
+
+
+# ------------------------------------------------------------------------------------------- the GPU map
+def mig_map(snap: ClusterState, node: int) -> list[dict[str, Any]]:
+    """Per MIG GPU of ``node``: index, model, MIG mode, whether it is being re-cut, and its slices in start
+    order (profile, start, memory slices, the pod holding it or None when free); empty for a node without a
+    MIG geometry."""
+    nm = snap.nodes[node].mig
+    if nm is None:
+        return []
+    holder = {
+        (s.gpu, s.start, s.profile): key for key in snap.node_pods[node] for s in snap.allocations[key].mig
+    }
+    return [
+        {
+            "index": i,
+            "model": g.geometry.model,
+            "mig_enabled": g.mig_enabled,
+            "reshaping": i in nm.reshaping,
+            "mem_slices": g.geometry.mem_slices,
+            "slices": [
+                {
+                    "profile": x.profile,
+                    "start": x.start,
+                    "size": g.geometry.kind(x.profile).mem_slices,
+                    "pod": holder.get((i, x.start, x.profile)),
+                }
+                for x in sorted(g.instances, key=lambda x: x.start)
+            ],
+        }
+        for i, g in zip(nm.indices, nm.gpus, strict=True)
+    ]
