@@ -256,8 +256,17 @@ def test_doctor_names_the_re_cut_a_pending_slice_needs_and_the_pod_lands_there(m
     assert cf["kind"] == "mig-recut" and cf["verified"] and cf["node"] == mig.node, cf
     assert f"GPU 0 of node {mig.node} could host it after re-cutting its free slices (idle)" in cf["message"]
     assert cf["change"]["create"] == [{"profile": "7g.80gb", "start": 0}]
-    sched = StandaloneScheduler(mig.api, SchedulerConfig(scheduler_name=mig.scheduler)).start()
+    config = SchedulerConfig(scheduler_name=mig.scheduler, frag_interval_s=0.0)
+    sched = StandaloneScheduler(mig.api, config).start()
     try:
+
+        def gauges() -> bool:  # what /metrics shows: the pending slice, the one 3g slice held on the node
+            sched.refresh_gauges()
+            text = sched.metrics.exposition().decode()
+            held = f'model="a100-80gb",node="{mig.node}",pool="default",profile="3g.40gb",state="held"}} 1.0'
+            return 'gpusched_mig_pending_slices{profile="7g.80gb"} 1.0' in text and held in text
+
+        wait_until(gauges, timeout=60, what="the MIG gauges", interval=1)
 
         def asked() -> dict[str, Any] | None:
             node = json.loads(mig.v1.read_node(mig.node, _preload_content=False).data)
