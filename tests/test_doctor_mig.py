@@ -15,50 +15,18 @@ from rich.console import Console
 
 from builders import profile
 from gpusched.core.cluster import ClusterState
-from gpusched.core.mig.books import MigSlot, NodeMig
-from gpusched.core.mig.geometry import Geometry, Instance, MigGpu, MigPlacementError
+from gpusched.core.mig.books import NodeMig
+from gpusched.core.mig.geometry import Instance, MigGpu, MigPlacementError
 from gpusched.core.mig.reshape import GpuRecut
 from gpusched.core.mig.whatif import recut, with_node_mig
-from gpusched.core.model import NodeSpec, PodSpec, Taint
+from gpusched.core.model import PodSpec, Taint
 from gpusched.core.scheduler import feasible
 from gpusched.doctor import Books, doctor_node, doctor_pod, snapshot_of_state
 from gpusched.doctor.analysis import gpu_map
 from gpusched.doctor.demo import mig_demo_snapshot
 from gpusched.doctor.mig import mig_counterfactual, mig_findings
 from gpusched.doctor.render import render_node, render_pod
-
-A100 = Geometry.of("a100-80gb")
-BALANCED = (("2g.20gb", 0), ("1g.10gb", 2), ("1g.10gb", 3), ("3g.40gb", 4))
-HALVES = (("4g.40gb", 0), ("3g.40gb", 4))
-
-
-def res(p: str) -> str:
-    return "nvidia.com/mig-" + p.replace("+", ".")
-
-
-def mig_node(name: str, *layouts: tuple[tuple[str, int], ...], **kw: Any) -> NodeSpec:
-    gpus = []
-    counts: dict[str, int] = {}
-    for i, lay in enumerate(layouts):
-        g = MigGpu(f"{name}/{i}", A100)
-        for p, s in lay:
-            g = g.place(p, s)
-            counts[res(p)] = counts.get(res(p), 0) + 1
-        gpus.append(g)
-    reshaping = kw.pop("reshaping", frozenset())
-    mig = NodeMig(tuple(gpus), tuple(range(len(layouts))), reshaping)
-    return NodeSpec(name, 64000, 256000, extended=counts, mig=mig, **kw)
-
-
-def mig_pod(name: str, *profiles: str, **kw: Any) -> PodSpec:
-    ext: dict[str, int] = {}
-    for p in profiles:
-        ext[res(p)] = ext.get(res(p), 0) + 1
-    return PodSpec(name, cpu_milli=100, mig=tuple(sorted(profiles)), extended=ext, **kw)
-
-
-def held(snap: ClusterState, name: str, node: int, *slots: tuple[int, int, str]) -> None:
-    snap.assume(mig_pod(name, *(p for _g, _s, p in slots)), node, (), mig=tuple(MigSlot(*s) for s in slots))
+from migbuilders import A100, BALANCED, HALVES, held, mig_node, mig_pod, res
 
 
 def codes(fs: list[Any]) -> set[str]:

@@ -26,6 +26,7 @@ from types import TracebackType
 from gpusched.core.cluster import I64, AccountingError, ClusterState
 from gpusched.core.devices import fitting_gpus, pick_gpus
 from gpusched.core.framework import Profile
+from gpusched.core.mig.books import MigSlot
 from gpusched.core.model import Allocation, PodSpec
 from gpusched.core.scheduler import ScheduleResult, schedule_one
 from gpusched.core.status import Code, Status
@@ -53,11 +54,20 @@ class Statement:
         self._open = True
 
     # --------------------------------------------------------------- operations
-    def assume(self, pod: PodSpec, node: int, gpus: Sequence[int], *, check: bool = True) -> Allocation:
+    def assume(
+        self,
+        pod: PodSpec,
+        node: int,
+        gpus: Sequence[int],
+        *,
+        check: bool = True,
+        mig: Sequence[MigSlot] | None = None,
+    ) -> Allocation:
         """Book ``pod`` on ``node``/``gpus`` within the statement (AccountingError if it does not fit;
-        ``check=False``: booked even beyond what is free, as ``ClusterState.assume`` says)."""
+        ``check=False``: booked even beyond what is free, as ``ClusterState.assume`` says; ``mig``: its
+        MIG slices, else placed by the books)."""
         self._check_open()
-        alloc = self.snap.assume(pod, node, gpus, check=check)
+        alloc = self.snap.assume(pod, node, gpus, check=check, mig=mig)
         self._ops.append(Operation(OpKind.ASSUME, alloc))
         return alloc
 

@@ -90,4 +90,3 @@ def with_node_mig(snap: ClusterState, node: int, mig: NodeMig) -> ClusterState:
 
 def _present(node: NodeMig) -> Counter[str]:
     return Counter(x.profile for g in node.gpus if g.mig_enabled for x in g.instances)
-
