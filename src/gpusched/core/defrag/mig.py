@@ -101,7 +101,8 @@ class _Work:
 def _slices_on(snap: ClusterState, el: Eligibility, n: int, gpu: int) -> tuple[list[str], list[str]]:
     """The pods holding slices of GPU ``gpu`` of node ``n`` (by key): those that may move (movable, not in a
     gang, one MIG slice and no GPU) and those that stay."""
-    movable, stuck = [], []
+    movable: list[str] = []
+    stuck: list[str] = []
     for key in sorted(snap.node_pods[n]):
         a = snap.allocations[key]
         if not any(s.gpu == gpu for s in a.mig):
