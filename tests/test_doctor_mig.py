@@ -15,11 +15,11 @@ from rich.console import Console
 
 from builders import profile
 from gpusched.core.cluster import ClusterState
-from gpusched.core.mig.books import NodeMig
+from gpusched.core.mig.books import MigSlot, NodeMig
 from gpusched.core.mig.geometry import Instance, MigGpu, MigPlacementError
 from gpusched.core.mig.reshape import GpuRecut
 from gpusched.core.mig.whatif import recut, with_node_mig
-from gpusched.core.model import PodSpec, Taint
+from gpusched.core.model import Controller, PodSpec, Taint
 from gpusched.core.scheduler import feasible
 from gpusched.doctor import Books, doctor_node, doctor_pod, snapshot_of_state
 from gpusched.doctor.analysis import gpu_map
@@ -245,3 +245,24 @@ def test_the_map_and_doctor_node_show_each_slice_and_who_holds_it() -> None:
         "waits for a 4g.40gb slice: GPU 0 of node a100-mig-0 could host it after re-cutting its free slices "
         "(beside 1 slice(s) in use: 3g.40gb at 4)"
     )
+
+
+def test_when_no_re_cut_alone_serves_doctor_names_the_slice_moves_that_make_room() -> None:
+    """Node x (the only one the pod may use) holds a 3g another pod could hold on node y: moving it frees the
+    instance; the plan is carried out independently and the pod then fits on x."""
+    snap = ClusterState([mig_node("x", HALVES, labels={"pool": "x"}), mig_node("y", BALANCED)])
+    held(snap, "holder", 0, (0, 4, "3g.40gb"), controller=Controller("ReplicaSet", "web", "apps"))
+    held(snap, "big", 0, (0, 0, "4g.40gb"))
+    pod = mig_pod("w", "3g.40gb", node_selector={"pool": "x"})
+    books = Books.of(snapshot_of_state(snap, [pod]))
+    r = doctor_pod(books, "default/w")
+    cf = r.counterfactuals[0]
+    assert cf.kind == "moves" and cf.verified and cf.node == "x"
+    assert cf.message.startswith(
+        "fits on x if MIG pods move (1 move: default/holder to 3g.40gb at 4 of GPU 0 of y)"
+    )
+    after = books.state.copy()
+    for m in cf.change["plan"]["moves"]:
+        a = after.forget(m["pod"])
+        after.assume(a.pod, after.index[m["to_node"]], (), mig=tuple(MigSlot(**s) for s in m["to_mig"]))
+    assert after.verify() == [] and after.index["x"] in feasible(profile(), pod, after).indices().tolist()

@@ -21,6 +21,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpusched.core.cluster import ClusterState
+from gpusched.core.defrag import Rules
+from gpusched.core.defrag.mig import room_for
 from gpusched.core.framework import Profile
 from gpusched.core.mig.books import NodeMig, demand_of
 from gpusched.core.mig.geometry import Instance
@@ -33,6 +35,8 @@ from gpusched.doctor.findings import Counterfactual, Finding
 
 RECUT_COST = 2
 """A re-cut changes one GPU's geometry: more than a toleration (1), less than two moves."""
+MAX_MOVES = 8
+"""As doctor's other move plans (``doctor.counterfactual.MAX_MOVES``)."""
 
 
 def without_slices(pod: PodSpec) -> PodSpec:
@@ -196,6 +200,37 @@ def mig_counterfactual(profile: Profile, pod: PodSpec, snap: ClusterState) -> li
         "in_use": [{"profile": x.profile, "start": x.start} for x in in_use],
     }
     return [Counterfactual("mig-recut", msg, RECUT_COST, True, name, change)]
+
+
+def mig_moves_counterfactual(profile: Profile, pod: PodSpec, snap: ClusterState) -> list[Counterfactual]:
+    """The fewest moves of MIG pods to free instances elsewhere after which the pod lands, on a freed instance
+    or after a re-cut (``core.defrag.mig.room_for``, checked step by step on a copy of the books)."""
+    if not pod.mig:
+        return []
+    room = room_for(profile, snap, pod, Rules(max_moves=MAX_MOVES))
+    plan = room.plan
+    if not plan.feasible or not plan.moves:
+        return []
+    n = len(plan.moves)
+    where = ", ".join(
+        f"{m.pod} to {m.to_mig[0].profile} at {m.to_mig[0].start} of GPU {m.to_mig[0].gpu} of {m.to_node}"
+        for m in plan.moves
+    )
+    then = ""
+    change: dict[str, Any] = {"plan": plan.to_dict(), "moves": n}
+    if room.recut is not None:
+        cut = room.recut
+        then = (
+            f", then GPU {cut.gpu} of {room.node} is re-cut (destroy {_layout(cut.destroy)}; create "
+            f"{_layout(cut.create)})"
+        )
+        change["recut"] = {
+            "gpu": cut.gpu,
+            "destroy": [{"profile": x.profile, "start": x.start} for x in cut.destroy],
+            "create": [{"profile": x.profile, "start": x.start} for x in cut.create],
+        }
+    msg = f"fits on {room.node} if MIG pods move ({n} move{'s' * (n != 1)}: {where}){then}"
+    return [Counterfactual("moves", msg, n + (RECUT_COST if room.recut else 0), True, room.node, change)]
 
 
 # ------------------------------------------------------------------------------------------- the GPU map
