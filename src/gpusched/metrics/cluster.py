@@ -102,10 +102,10 @@ class MigCount:
 
 def mig_counts(snap: ClusterState) -> tuple[MigCount, ...]:
     """Per node with a MIG geometry and per (model class, profile) present there: instances held, free and
-    on a GPU being re-cut (``core.mig.books``; nodes in name order, then model, then profile)."""
+    on a GPU being re-cut (``core.mig.books``; nodes in the books' order, then model, then profile)."""
     out: list[MigCount] = []
-    for n in sorted(range(len(snap)), key=lambda n: snap.names[n]):
-        nm = snap.nodes[n].mig
+    for n, nd in enumerate(snap.nodes):
+        nm = nd.mig
         if nm is None:
             continue
         tally: dict[tuple[str, str], list[int]] = {}

@@ -17,6 +17,7 @@ budgets, the move cap) and that hold exactly one MIG slice are moved. Pure: no I
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -47,11 +48,31 @@ class MigRoom:
 
 
 class _Work:
-    """The copy of the books a plan is built on, with an undo log."""
+    """The copy of the books a plan is built on, with an undo log, and the instances free when it began, per
+    profile (a move's candidates: those still free in the copy)."""
 
     def __init__(self, snap: ClusterState) -> None:
         self.snap = snap.copy()
         self._log: list[tuple[Allocation, Allocation]] = []
+        self.free: dict[str, list[tuple[int, int, Instance]]] = {}
+        self._on: Counter[tuple[int, int, str]] = Counter()
+        for n, nd in enumerate(snap.nodes):
+            nm = nd.mig
+            if nm is None:
+                continue
+            for i, g in zip(nm.indices, nm.gpus, strict=True):
+                if i in nm.reshaping or not g.mig_enabled:
+                    continue
+                held = snap.mig_books[n][i].instances
+                for x in g.instances:
+                    if x not in held:
+                        self.free.setdefault(x.profile, []).append((n, i, x))
+                        self._on[(n, i, x.profile)] += 1
+        self._total = Counter({p: len(xs) for p, xs in self.free.items()})
+
+    def free_count(self, profile: str, avoid: tuple[int, int]) -> int:
+        """Instances of ``profile`` free when the work began, outside GPU ``avoid`` ((node, GPU index))."""
+        return self._total[profile] - self._on[(*avoid, profile)]
 
     def move(self, profile: Profile, key: str, avoid: set[tuple[int, int]]) -> Move | None:
         """Move pod ``key`` (one MIG slice) to a free instance of its profile on a GPU outside ``avoid``
@@ -61,21 +82,16 @@ class _Work:
         old = snap.allocations[key]
         (slot,) = old.mig
         best: tuple[tuple[int, str, int, int], int, MigSlot] | None = None
-        for n, nd in enumerate(snap.nodes):
-            nm = nd.mig
-            if nm is None or snap.mig_free[n][slot.profile] < 1:
+        for n, i, x in self.free.get(slot.profile, ()):
+            if (n, i) in avoid:
                 continue
-            for i, g in zip(nm.indices, nm.gpus, strict=True):
-                if (n, i) in avoid or i in nm.reshaping or not g.mig_enabled:
-                    continue
-                held = snap.mig_books[n][i]
-                for x in g.instances:
-                    if x.profile != slot.profile or x in held.instances:
-                        continue
-                    after = held.place(x.profile, x.start)
-                    rank = (free_slices(g.geometry, after.code), snap.names[n], i, x.start)
-                    if best is None or rank < best[0]:
-                        best = (rank, n, MigSlot(i, x.start, x.profile))
+            held = snap.mig_books[n][i]
+            if x in held.instances:
+                continue  # taken by an earlier move of this plan
+            after = held.place(x.profile, x.start)
+            rank = (free_slices(held.geometry, after.code), snap.names[n], i, x.start)
+            if best is None or rank < best[0]:
+                best = (rank, n, MigSlot(i, x.start, x.profile))
         if best is None:
             return None
         _r, to, target = best
@@ -150,8 +166,9 @@ def free_a_gpu(profile: Profile, snap: ClusterState, rules: Rules) -> Plan:
         if held > rules.max_moves:
             continue
         keys, stuck = _slices_on(snap, el, n, i)
-        if stuck:
-            continue
+        need = Counter(snap.allocations[k].mig[0].profile for k in keys)
+        if stuck or any(work.free_count(p, (n, i)) < c for p, c in need.items()):
+            continue  # a pod that stays, or too few free instances elsewhere even before any move
         tally = BudgetTally(rules)
         units = [el.units[el.unit_of[k]] for k in keys]
         if not tally.allows(units):
@@ -221,6 +238,7 @@ def room_for(profile: Profile, snap: ClusterState, pod: PodSpec, rules: Rules) -
             if i in nm.reshaping or not g.mig_enabled or not set(pod.mig) & set(g.geometry.kinds):
                 continue
             keys, _stuck = _slices_on(snap, el, n, i)
+            keys = [k for k in keys if work.free_count(snap.allocations[k].mig[0].profile, (n, i))]
             if not keys or len(keys) > MAX_HELD_TRIED:
                 continue
             for size in range(1, min(len(keys), rules.max_moves) + 1):
