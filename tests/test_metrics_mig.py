@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from gpusched.core.cluster import ClusterState
 from gpusched.core.mig.books import NodeMig
 from gpusched.core.model import PodSpec
@@ -14,6 +12,7 @@ from gpusched.doctor import Books
 from gpusched.doctor.demo import mig_demo_snapshot
 from gpusched.metrics.cluster import MigCount, cluster_stats
 from gpusched.metrics.scheduling import SchedulerMetrics
+from test_metrics_cluster import _samples
 
 
 def _mig_pod(name: str, *profiles: str) -> PodSpec:
@@ -33,14 +32,6 @@ def _state(reshaping: frozenset[int] = frozenset()) -> ClusterState:
     out = ClusterState([replace(nd, mig=NodeMig(nd.mig.gpus, nd.mig.indices, reshaping))])
     for a in books.allocations.values():
         out.assume(a.pod, a.node, a.gpus, mig=a.mig)
-    return out
-
-
-def _samples(m: SchedulerMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    out = {}
-    for fam in text_string_to_metric_families(m.exposition().decode()):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return out
 
 

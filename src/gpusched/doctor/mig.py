@@ -17,18 +17,18 @@ pass the pod on that node. Pure: core objects in, findings out.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from gpusched.core.cluster import ClusterState
 from gpusched.core.defrag import Rules
-from gpusched.core.defrag.mig import room_for
+from gpusched.core.defrag.mig import room_for, without_slices
 from gpusched.core.framework import Profile
 from gpusched.core.mig.books import NodeMig, demand_of
 from gpusched.core.mig.geometry import Instance
 from gpusched.core.mig.profiles import MigError
 from gpusched.core.mig.reshape import GpuRecut, plan_node
-from gpusched.core.mig.whatif import MIG_RESOURCE_PREFIX, recut, with_node_mig
+from gpusched.core.mig.whatif import recut, with_node_mig
 from gpusched.core.model import PodSpec
 from gpusched.core.scheduler import feasible
 from gpusched.doctor.findings import Counterfactual, Finding
@@ -37,12 +37,6 @@ RECUT_COST = 2
 """A re-cut changes one GPU's geometry: more than a toleration (1), less than two moves."""
 MAX_MOVES = 8
 """As doctor's other move plans (``doctor.counterfactual.MAX_MOVES``)."""
-
-
-def without_slices(pod: PodSpec) -> PodSpec:
-    """``pod`` asking for everything but its MIG slices."""
-    ext = {k: v for k, v in pod.extended.items() if not k.startswith(MIG_RESOURCE_PREFIX)}
-    return replace(pod, mig=(), extended=ext)
 
 
 def candidate_nodes(profile: Profile, pod: PodSpec, snap: ClusterState) -> list[int]:

@@ -193,7 +193,8 @@ def free_a_gpu(profile: Profile, snap: ClusterState, rules: Rules) -> Plan:
 
 
 # ------------------------------------------------------------------------------------ room for a pod
-def _without_slices(pod: PodSpec) -> PodSpec:
+def without_slices(pod: PodSpec) -> PodSpec:
+    """``pod`` asking for everything but its MIG slices."""
     ext = {k: v for k, v in pod.extended.items() if not k.startswith(MIG_RESOURCE_PREFIX)}
     return replace(pod, mig=(), extended=ext)
 
@@ -224,7 +225,7 @@ def room_for(profile: Profile, snap: ClusterState, pod: PodSpec, rules: Rules) -
     within ``rules.max_moves`` makes room."""
     if not pod.mig:
         return MigRoom(Plan((pod.key,), False, Method.NONE, reason="the pod asks for no MIG slice"))
-    ok = feasible(profile, _without_slices(pod), snap).indices().tolist()
+    ok = feasible(profile, without_slices(pod), snap).indices().tolist()
     nodes = [n for n in ok if snap.nodes[n].mig is not None]
     if any(_lands(profile, pod, snap, n)[0] for n in nodes):
         return MigRoom(Plan((pod.key,), False, Method.NONE, reason="it lands without moving a slice"))
