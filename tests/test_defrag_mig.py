@@ -5,6 +5,7 @@ never books a slice twice and only moves pods to instances that are free at that
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from hypothesis import given, settings
@@ -184,3 +185,39 @@ def test_a_plan_never_books_a_slice_twice_and_moves_only_to_free_instances(
             after.assume(pod, after.index[pl.node], (), mig=pl.mig)  # the freed slice is free
         assert after.verify() == []
     assert snap.verify() == []  # the planner left the books as they were
+
+
+# ------------------------------------------------------------------------------- gpusched defrag plan
+def test_the_dry_run_plans_for_a_pending_mig_pod_and_leaves_the_books() -> None:
+    from gpusched.defrag.dryrun import dry_run
+    from gpusched.doctor import Books, snapshot_of_state
+
+    snap = ClusterState([mig_node("x", HALVES, labels={"pool": "x"}), mig_node("y", BALANCED)])
+    moved(snap, "holder", 0, (0, 4, "3g.40gb"))
+    held(snap, "big", 0, (0, 0, "4g.40gb"))
+    books = Books.of(snapshot_of_state(snap, [mig_pod("w", "3g.40gb", node_selector={"pool": "x"})]))
+    before = {k: a.mig for k, a in books.state.allocations.items()}
+    run = dry_run(books)
+    (pf,) = run.plans
+    assert pf.pods == ("default/w",) and pf.plan.feasible
+    assert [(m.pod, m.to_node, m.to_mig) for m in pf.plan.moves] == [
+        ("default/holder", "y", (MigSlot(0, 4, "3g.40gb"),))
+    ]
+    assert run.to_dict()["plans"][0]["placements"][0]["mig"] == [{"gpu": 0, "start": 4, "profile": "3g.40gb"}]
+    assert {k: a.mig for k, a in books.state.allocations.items()} == before
+
+
+def test_gpusched_defrag_plan_names_the_slices_a_move_takes(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gpusched.cli.commands import app
+    from gpusched.doctor.snapshot import save_snapshot
+
+    snap = ClusterState([mig_node("x", HALVES, labels={"pool": "x"}), mig_node("y", BALANCED)])
+    moved(snap, "holder", 0, (0, 4, "3g.40gb"))
+    held(snap, "big", 0, (0, 0, "4g.40gb"))
+    path = save_snapshot(tmp_path / "s.json", snap, [mig_pod("w", "3g.40gb", node_selector={"pool": "x"})])
+    r = CliRunner().invoke(app, ["defrag", "plan", "--snapshot", str(path)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "x 3g.40gb@4 of GPU 0" in r.output and "y 3g.40gb@4 of GPU 0" in r.output
+    assert "then default/w lands on x MIG 3g.40gb@4 of GPU 0" in r.output
