@@ -660,6 +660,13 @@ def defrag_planner(report: Mapping[str, Any], json_out: bool) -> None:
     out_console.print(table)
 
 
+def _held(gpus: list[int], mig: list[dict[str, Any]] | None) -> str:
+    """A move's GPUs, or its MIG slices as ``profile@start of GPU g``."""
+    if not mig:
+        return str(gpus)
+    return ", ".join(f"{x['profile']}@{x['start']} of GPU {x['gpu']}" for x in mig)
+
+
 def defrag_plan(report: Mapping[str, Any], json_out: bool) -> None:
     """``defrag plan``: the whole dry run as JSON, or a table of moves per plan, the gain and the
     PodDisruptionBudgets."""
@@ -692,13 +699,16 @@ def defrag_plan(report: Mapping[str, Any], json_out: bool) -> None:
                 table.add_row(
                     str(i),
                     m["pod"],
-                    f"{m['from_node']} {m['from_gpus']}",
-                    f"{m['to_node']} {m['to_gpus']}",
+                    f"{m['from_node']} {_held(m['from_gpus'], m.get('from_mig'))}",
+                    f"{m['to_node']} {_held(m['to_gpus'], m.get('to_mig'))}",
                     f"{m['gpu_milli'] / 1000:g}",
                 )
             out_console.print(table)
         for pl in p["placements"]:
-            out_console.print(f"  then {pl['pod']} lands on {pl['node']} GPUs {pl['gpus']}", soft_wrap=True)
+            where = f"GPUs {pl['gpus']}" if not pl.get("mig") else f"MIG {_held([], pl['mig'])}"
+            out_console.print(f"  then {pl['pod']} lands on {pl['node']} {where}", soft_wrap=True)
+        if p["moves"] and p["reason"]:
+            out_console.print(f"  {p['reason']}", soft_wrap=True)
         for k in p.get("kept", []):
             out_console.print(f"  kept in place: {k['pod']}: {k['reason']}", soft_wrap=True)
     out_console.print(

@@ -443,5 +443,9 @@ class StandaloneScheduler:
             return
         self._gauges_at = now
         tw = (self._profile.workload if self._profile is not None else None) or self.workload()
+        pending = []
+        for qp in self.queue.pending():
+            with contextlib.suppress(InvalidRequest):
+                pending.append(qp.spec())
         with self.cluster.live_books() as snap:
-            self.metrics.set_cluster(cluster_stats(snap, tw))
+            self.metrics.set_cluster(cluster_stats(snap, tw, pending))
