@@ -20,6 +20,7 @@ import pytest
 from gpusched.agent.dra.cdi import CdiSpecs
 from gpusched.agent.dra.claims import ClaimRef
 from gpusched.agent.dra.driver import Preparer
+from gpusched.agent.dra.migprepare import MigClaims, MigInstances
 from gpusched.agent.dra.node import DraConfig, DraNode, refuse_device_plugin_beside
 from gpusched.agent.dra.pluginregistration_v1 import api_pb2 as regpb
 from gpusched.agent.dra.pluginregistration_v1 import api_pb2_grpc as regpbg
@@ -212,15 +213,17 @@ def test_a_critical_xid_in_dra_mode_taints_the_device_in_the_published_slice(tmp
 
 
 class Env:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, backend: Any = None, mig: str = "static") -> None:
         self.root = root
         self.api = MemorySlices()
         self.dev = root / "dev"
-        self.dev.mkdir()
+        self.dev.mkdir(exist_ok=True)
         self.config = DraConfig(
-            cdi_dir=root / "cdi", dev_root=self.dev, registry_dir=root / "reg", plugins_dir=root / "plugins"
-        )
-        self.node = DraNode(NODE, inventory(), self.config, self.api, self.api)
+            cdi_dir=root / "cdi", dev_root=self.dev, registry_dir=root / "reg", plugins_dir=root / "plugins",
+            mig=mig,
+        )  # fmt: skip
+        inv = backend.inventory() if backend is not None else inventory()
+        self.node = DraNode(NODE, inv, self.config, self.api, self.api, backend)
 
     def channel(self, path: Path) -> grpc.Channel:
         return grpc.insecure_channel(f"unix://{path}")
@@ -486,3 +489,218 @@ def test_committed_dra_stubs_are_what_the_generation_script_writes(tmp_path: Pat
             assert (tmp_path / pkg / f).read_text() == (
                 REPO / "src/gpusched/agent/dra" / pkg / f
             ).read_text(), f
+
+
+# ------------------------------------------------------------------------------------------ dynamic MIG
+
+DYN_DOC: dict[str, Any] = {
+    "hostname": NODE,
+    "driverVersion": "550.107.02",
+    "cudaVersion": "12.4",
+    "gpus": [
+        {"model": "NVIDIA H100 80GB HBM3", "uuid": UUIDS[0]},
+        {"model": "NVIDIA A100-SXM4-80GB", "uuid": UUIDS[1], "migMode": True, "mig": []},
+    ],
+}
+
+
+def dyn_backend(**gpu1: Any) -> FakeBackend:
+    doc = json.loads(json.dumps(DYN_DOC))
+    doc["gpus"][1].update(gpu1)
+    return FakeBackend.from_dict(doc, "t")
+
+
+def test_dynamic_mig_publishes_every_placement_consuming_its_gpus_counter_set_in_nvidias_shape() -> None:
+    s = build_slice(dyn_backend().inventory(), NODE, DRIVER, mig="dynamic")
+    specs = dict(s.specs(4))
+    assert list(specs) == [f"{NODE}-{DRIVER}", f"{NODE}-{DRIVER}-counters"]
+    assert all(
+        sp["pool"] == {"name": NODE, "generation": 4, "resourceSliceCount": 2} for sp in specs.values()
+    )
+    (cset,) = specs[f"{NODE}-{DRIVER}-counters"]["sharedCounters"]
+    assert "devices" not in specs[f"{NODE}-{DRIVER}-counters"]
+    assert cset["name"] == "gpu-1-counter-set"
+    slices = {f"memory-slice-{i}": {"value": "1"} for i in range(8)}
+    assert cset["counters"] == {
+        "multiprocessors": {"value": "98"}, "copy-engines": {"value": "7"}, "decoders": {"value": "5"},
+        "encoders": {"value": "0"}, "jpeg-engines": {"value": "1"}, "ofa-engines": {"value": "1"},
+        "memory": {"value": "81920Mi"}, **slices,
+    }  # fmt: skip
+    devices = {d["name"]: d for d in specs[f"{NODE}-{DRIVER}"]["devices"]}
+    assert "gpu-0" in devices and "gpu-1" not in devices  # the MIG-mode GPU: placements instead
+    mig = sorted(n for n in devices if n.startswith("gpu-1-mig-"))
+    assert len(mig) == 7 + 7 + 4 + 3 + 2 + 1 + 1  # every start of every profile (mig.md §2a)
+    assert {
+        "gpu-1-mig-1g10gb-19-6",
+        "gpu-1-mig-1g10gb-me-20-0",
+        "gpu-1-mig-3g40gb-9-4",
+        "gpu-1-mig-7g80gb-0-0",
+    } < set(mig)
+    d = devices["gpu-1-mig-3g40gb-9-4"]
+    attrs = {k: next(iter(v.values())) for k, v in d["attributes"].items()}
+    assert attrs["type"] == "mig" and attrs["profile"] == "3g.40gb" and attrs["parentUUID"] == UUIDS[1]
+    assert "uuid" not in attrs  # the instance does not exist until Prepare
+    assert d["capacity"]["multiprocessors"] == {"value": "42"} and d["capacity"]["memory"] == {
+        "value": "40960Mi"
+    }
+    (use,) = d["consumesCounters"]
+    assert use["counterSet"] == "gpu-1-counter-set"
+    assert {k for k in use["counters"] if k.startswith("memory-slice")} == {
+        f"memory-slice-{i}" for i in (4, 5, 6, 7)
+    }
+    assert use["counters"]["multiprocessors"] == {"value": "42"} and use["counters"]["copy-engines"] == {
+        "value": "3"
+    }
+    assert "consumesCounters" not in devices["gpu-0"]
+    static = build_slice(dyn_backend().inventory(), NODE, DRIVER)  # static: no placements, no counters
+    assert [n for n, _ in static.specs(1)] == [f"{NODE}-{DRIVER}"] and not static.counter_sets
+
+
+def _fits(parts: list[Any], counters: dict[str, int]) -> bool:
+    used: dict[str, int] = {}
+    for p in parts:
+        for k, v in p.counters.items():
+            used[k] = used.get(k, 0) + v
+    return all(v <= counters[k] for k, v in used.items())
+
+
+@pytest.mark.parametrize(
+    "model",
+    ["NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA B200",
+     "NVIDIA A30"],
+)  # fmt: skip
+def test_the_counters_admit_exactly_the_legal_mig_layouts(model: str) -> None:
+    """Over every set of placements with disjoint memory slices: the counters fit it exactly when the
+    GPU can hold it (the profile table's rules: starts, overlaps, per-profile maxima, SM slices)."""
+    from gpusched.agent import migprofiles
+    from gpusched.agent.dra.migdynamic import partitions
+
+    gpu = {
+        "model": model,
+        "migMode": True,
+        **({"memoryMiB": 183360, "computeCapability": "10.0"} if "B200" in model else {}),
+    }
+    dev = FakeBackend.from_dict({"gpus": [gpu]}, "t").inventory().devices[0]
+    gp = partitions(dev)
+    assert gp is not None
+    parts = list(gp.parts)
+    checked = legal = 0
+
+    def walk(i: int, chosen: list[Any], used: set[int]) -> None:
+        nonlocal checked, legal
+        if i == len(parts):
+            insts = [
+                migprofiles.instance(dev.name, dev.memory_mib, p.placement.profile, p.placement.start, "u")
+                for p in chosen
+            ]
+            try:
+                migprofiles.validate(dev.name, dev.memory_mib, insts)
+                ok = True
+            except migprofiles.MigError:
+                ok = False
+            assert _fits(chosen, gp.counters) == ok, [p.name for p in chosen]
+            checked += 1
+            legal += ok
+            return
+        walk(i + 1, chosen, used)
+        span = set(range(parts[i].placement.start, parts[i].placement.start + parts[i].placement.size))
+        if not span & used:
+            walk(i + 1, [*chosen, parts[i]], used | span)
+
+    walk(0, [], set())
+    assert checked > legal > 10  # illegal layouts were among them (two +me, ...)
+    # two placements sharing a memory slice never fit together
+    at0 = [p for p in parts if p.placement.start == 0]
+    assert len(at0) > 2 and all(not _fits([a, b], gp.counters) for a in at0 for b in at0 if a is not b)
+
+
+def test_a_placement_under_an_instance_no_claim_made_is_withheld() -> None:
+    backend = dyn_backend(mig=[{"profile": "3g.40gb", "start": 4}])
+    s = build_slice(backend.inventory(), NODE, DRIVER, mig="dynamic")
+    names = {d.name for d in s.devices}
+    assert "gpu-1-mig-3g40gb-9-0" in names and "gpu-1-mig-1g10gb-19-3" in names
+    assert not names & {"gpu-1-mig-3g40gb-9-4", "gpu-1-mig-1g10gb-19-5", "gpu-1-mig-7g80gb-0-0"}
+    (inst,) = backend.inventory().devices[1].mig_instances
+    ours = build_slice(backend.inventory(), NODE, DRIVER, mig="dynamic", ours={inst.uuid})
+    assert "gpu-1-mig-3g40gb-9-4" in {d.name for d in ours.devices}  # a prepared claim's: still published
+
+
+def test_the_pool_of_several_slices_is_written_whole_with_one_generation() -> None:
+    backend = dyn_backend()
+    api = MemorySlices({NODE: "node-uid"})
+    pub = SlicePublisher(api)
+    assert pub.sync(build_slice(backend.inventory(), NODE, DRIVER, mig="dynamic"))
+    assert sorted(api.slices) == [f"{NODE}-{DRIVER}", f"{NODE}-{DRIVER}-counters"]
+    assert not pub.sync(build_slice(backend.inventory(), NODE, DRIVER, mig="dynamic"))
+    backend.create_mig_instance(1, "1g.10gb", 0)  # made by hand: its placements go, the pool is rewritten
+    assert pub.sync(build_slice(backend.inventory(), NODE, DRIVER, mig="dynamic"))
+    gens = {n: s["spec"]["pool"]["generation"] for n, s in api.slices.items()}
+    assert gens == {f"{NODE}-{DRIVER}": 2, f"{NODE}-{DRIVER}-counters": 2}
+    assert pub.sync(build_slice(backend.inventory(), NODE, DRIVER))  # back to static: the counters slice goes
+    assert sorted(api.slices) == [f"{NODE}-{DRIVER}"]
+    assert api.slices[f"{NODE}-{DRIVER}"]["spec"]["pool"]["resourceSliceCount"] == 1
+
+
+@pytest.fixture
+def dyn() -> Iterator[Env]:
+    root = Path(tempfile.mkdtemp(prefix="dra", dir="/tmp"))
+    e = Env(root, dyn_backend(), mig="dynamic")
+    e.node.start()
+    try:
+        yield e
+    finally:
+        e.node.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _instances(e: Env) -> list[tuple[str, int, str]]:
+    assert e.node.mig is not None
+    return [
+        (m.profile, m.placement_start, m.uuid) for m in e.node.mig.ops.inventory().devices[1].mig_instances
+    ]
+
+
+def test_prepare_creates_the_placements_instance_and_unprepare_destroys_it(dyn: Env) -> None:
+    dyn.api.claims[("ns1", "c1")] = claim("uid-m", [result("gpu-1-mig-3g40gb-9-4")])
+    ref = ClaimRef("ns1", "c1", "uid-m")
+    got = dyn.prepare(ref).claims["uid-m"]
+    assert got.error == ""
+    ((profile, start, mig_uuid),) = _instances(dyn)
+    assert (profile, start) == ("3g.40gb", 4) and mig_uuid.startswith("MIG-")
+    spec = json.loads((dyn.config.cdi_dir / "k8s.gpu.nvidia.com-claim_uid-m.json").read_text())
+    assert spec["devices"][0]["name"] == "uid-m-gpu-1-mig-3g40gb-9-4"
+    assert f"NVIDIA_VISIBLE_DEVICES={mig_uuid}" in spec["devices"][0]["containerEdits"]["env"]
+    checkpoint = dyn.config.plugins_dir / DRIVER / "mig-claims.json"
+    assert json.loads(checkpoint.read_text())["claims"]["uid-m"][0]["uuid"] == mig_uuid
+    # its placement stays published (the claim's allocation holds the counters), the slice unchanged
+    assert "gpu-1-mig-3g40gb-9-4" in dyn.node.current_slice().by_name
+    assert dyn.prepare(ref).claims["uid-m"].error == "" and len(_instances(dyn)) == 1  # idempotent
+    # a restarted agent (a new Preparer, the checkpoint read again) answers with the same instance
+    assert dyn.node.mig is not None
+    again = Preparer(dyn.api, CdiSpecs(dyn.config.cdi_dir, DRIVER, dyn.dev), dyn.node.current_slice,
+                     MigInstances(dyn.node.mig.ops, MigClaims(checkpoint)))  # fmt: skip
+    assert again.prepare(ref).devices[0].visible_id == mig_uuid and len(_instances(dyn)) == 1
+    assert again.unprepare(ref) is None  # the restarted one destroys it, from the checkpoint
+    assert _instances(dyn) == [] and json.loads(checkpoint.read_text())["claims"] == {}
+    assert dyn.unprepare(ref).claims["uid-m"].error == ""  # again: nothing left, no error
+
+
+def test_a_failed_create_rolls_back_the_claims_instances_and_is_the_prepare_error(dyn: Env) -> None:
+    from gpusched.agent.reshape.fakeops import CREATE, Failing, FailSpec
+
+    assert dyn.node.mig is not None
+    dyn.node.mig.ops = Failing(dyn.node.mig.ops, FailSpec(CREATE, nth=2))
+    dyn.api.claims[("ns1", "c1")] = claim(
+        "uid-f", [result("gpu-1-mig-1g10gb-19-0"), result("gpu-1-mig-3g40gb-9-4", "b")]
+    )
+    err = dyn.prepare(ClaimRef("ns1", "c1", "uid-f")).claims["uid-f"].error
+    assert "ResourceClaim ns1/c1 (uid uid-f): cannot create MIG 3g.40gb at memory slice 4 of GPU 1" in err
+    assert "injected failure" in err and "rolled back: destroyed MIG-" in err
+    assert _instances(dyn) == []  # the 1g made first was destroyed again
+    assert not (dyn.config.cdi_dir / "k8s.gpu.nvidia.com-claim_uid-f.json").exists()
+    # a placement the GPU cannot take now (overlapping an instance made meanwhile) fails the same way
+    dyn.node.mig.ops.create_mig_instance(1, "1g.10gb", 5)
+    dyn.api.claims[("ns1", "c2")] = claim("uid-g", [result("gpu-1-mig-3g40gb-9-4")], name="c2")
+    err = dyn.prepare(ClaimRef("ns1", "c2", "uid-g")).claims["uid-g"].error
+    assert "not published" in err  # the hand-made instance withholds the placement: never created
+    assert [(p, s) for p, s, _ in _instances(dyn)] == [("1g.10gb", 5)]

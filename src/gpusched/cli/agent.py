@@ -186,6 +186,13 @@ def run_cmd(
             help="--dra: the device taint's effect on an unhealthy GPU: NoSchedule, NoExecute, None."
         ),
     ] = "NoSchedule",
+    dra_mig: Annotated[
+        str,
+        typer.Option(
+            help="--dra: MIG GPUs as their configured MIG devices (static) or every placement, the instance "
+            "created at Prepare (dynamic)."
+        ),
+    ] = "static",
 ) -> None:
     """Run the device plugin (or, with --dra, the DRA driver), the node labeller, GPU health on the Node
     and the metrics exporter."""
@@ -201,7 +208,7 @@ def run_cmd(
     if dra:
         from gpusched.agent.dra.node import DraConfig
         from gpusched.agent.dra.publish import KubeSlices, MemorySlices
-        from gpusched.agent.dra.slices import check_driver_name, check_effect
+        from gpusched.agent.dra.slices import check_driver_name, check_effect, check_mig_mode
 
         dra_config = DraConfig(
             driver=check_driver_name(dra_driver),
@@ -211,6 +218,7 @@ def run_cmd(
             plugins_dir=dra_plugins_dir,
             unhealthy_effect=check_effect(dra_unhealthy_effect),
             shares=dra_shares,
+            mig=check_mig_mode(dra_mig),
         )
         dra_api = MemorySlices() if no_api else KubeSlices(kubeconfig)
     cfg = AgentConfig(

@@ -18,9 +18,11 @@ from gpusched.agent.dra.cdi import DEFAULT_CDI_DIR, CdiSpecs
 from gpusched.agent.dra.claims import ClaimSource
 from gpusched.agent.dra.driver import Preparer
 from gpusched.agent.dra.kubeletplugin import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, KubeletPlugin
+from gpusched.agent.dra.migprepare import CHECKPOINT, MigClaims, MigInstances
 from gpusched.agent.dra.publish import SliceApi, SlicePublisher
 from gpusched.agent.dra.slices import DEFAULT_DRIVER, DraConfigError, NodeSlice, build_slice
 from gpusched.agent.inventory import Inventory
+from gpusched.agent.migreshape import MigReshaper
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,8 @@ class DraConfig:
     unhealthy_effect: str = "NoSchedule"
     shares: bool = False
     """Whole GPUs as shared devices with consumable capacity ``milli`` and ``memory``."""
+    mig: str = "static"
+    """``static``: the MIG devices configured; ``dynamic``: every placement, created at Prepare."""
     resync_s: float = 30.0
 
 
@@ -71,6 +75,8 @@ class DraNode:
     config: DraConfig
     slices: SliceApi
     claims: ClaimSource
+    mig_ops: MigReshaper | None = None
+    """The backend that creates and destroys MIG instances (``config.mig == "dynamic"``)."""
     unhealthy: dict[str, int] = field(default_factory=dict)
     """GPU UUID -> the XID that made it unhealthy."""
     _dirty: threading.Event = field(default_factory=threading.Event)
@@ -79,8 +85,14 @@ class DraNode:
 
     def __post_init__(self) -> None:
         self.publisher = SlicePublisher(self.slices)
-        cdi = CdiSpecs(self.config.cdi_dir, self.config.driver, self.config.dev_root)
-        self.preparer = Preparer(self.claims, cdi, self.current_slice)
+        c = self.config
+        cdi = CdiSpecs(c.cdi_dir, c.driver, c.dev_root)
+        self.mig: MigInstances | None = None
+        if c.mig == "dynamic":
+            if self.mig_ops is None:
+                raise DraConfigError("--dra-mig dynamic: this GPU backend cannot create MIG instances")
+            self.mig = MigInstances(self.mig_ops, MigClaims(c.plugins_dir / c.driver / CHECKPOINT))
+        self.preparer = Preparer(self.claims, cdi, self.current_slice, self.mig)
         self.plugin = KubeletPlugin(
             self.config.driver,
             self.preparer,
@@ -93,9 +105,11 @@ class DraNode:
         with self._lock:
             bad: Mapping[str, int] = dict(self.unhealthy)
         c = self.config
+        inv, ours = self.mig.snapshot() if self.mig is not None else (self.inventory, frozenset[str]())
         return build_slice(
-            self.inventory, self.node, c.driver, unhealthy=bad, effect=c.unhealthy_effect, shares=c.shares
-        )
+            inv, self.node, c.driver, unhealthy=bad, effect=c.unhealthy_effect, shares=c.shares, mig=c.mig,
+            ours=ours,
+        )  # fmt: skip
 
     def mark(self, gpu_uuid: str, *, healthy: bool, xid: int = 0) -> bool:
         """A GPU's health changed; True when it did (the slice is published again soon)."""
