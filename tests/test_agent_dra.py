@@ -33,6 +33,7 @@ from gpusched.agent.inventory import Inventory, XidEvent
 from gpusched.agent.plugin import wait_until
 from gpusched.agent.pods import MemoryPods
 from gpusched.agent.run import Agent, AgentConfig
+from gpusched.agent.sharing import Sharing
 from gpusched.agent.testing import FakeKubelet
 
 REPO = Path(__file__).resolve().parents[1]
@@ -213,7 +214,7 @@ def test_a_critical_xid_in_dra_mode_taints_the_device_in_the_published_slice(tmp
 
 
 class Env:
-    def __init__(self, root: Path, backend: Any = None, mig: str = "static") -> None:
+    def __init__(self, root: Path, backend: Any = None, mig: str = "static", sharing: Any = None) -> None:
         self.root = root
         self.api = MemorySlices()
         self.dev = root / "dev"
@@ -223,7 +224,7 @@ class Env:
             mig=mig,
         )  # fmt: skip
         inv = backend.inventory() if backend is not None else inventory()
-        self.node = DraNode(NODE, inv, self.config, self.api, self.api, backend)
+        self.node = DraNode(NODE, inv, self.config, self.api, self.api, backend, sharing or Sharing())
 
     def channel(self, path: Path) -> grpc.Channel:
         return grpc.insecure_channel(f"unix://{path}")
@@ -333,10 +334,13 @@ def test_a_share_gets_its_consumed_capacity_as_env_and_a_cdi_device_of_its_own(e
     ]
     spec = CdiSpecs(env.config.cdi_dir, DRIVER).read("uid-s")
     assert spec is not None
+    # --sharing none: the device plugin's share variables, as information (nothing enforces them)
     assert [(d["name"], d["containerEdits"]["env"][2:]) for d in spec["devices"]] == [
-        ("uid-s-gpu-0-s-1", ["GPUSCHED_GPU_MILLI=250", "GPUSCHED_GPU_MEMORY_MIB=10240"]),
-        ("uid-s-gpu-0-s-2", ["GPUSCHED_GPU_MILLI=1000"]),
-    ]
+        ("uid-s-gpu-0-s-1", ["GPUSCHED_GPU_MILLI=250", "GPUSCHED_GPU_MEMORY_MIB=10240",
+                             "CUDA_DEVICE_MEMORY_LIMIT_0=10240m", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M",
+                             "CUDA_DEVICE_SM_LIMIT=25", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25"]),
+        ("uid-s-gpu-0-s-2", ["GPUSCHED_GPU_MILLI=1000", "GPUSCHED_GPU_MEMORY_MIB=0"]),
+    ]  # fmt: skip
     bad = [{**result("gpu-1"), "shareID": "s-3", "consumedCapacity": {"milli": "lots"}}]
     env.api.claims[("ns1", "bad")] = claim("uid-bad", bad, name="bad")
     err = env.prepare(ClaimRef("ns1", "bad", "uid-bad")).claims["uid-bad"].error
@@ -420,6 +424,7 @@ def test_dra_beside_a_device_plugin_is_refused_naming_what_serves_the_gpus() -> 
         refuse_device_plugin_beside(nvidia_resources=False, sharing="none", other_plugins=[])
     with pytest.raises(DraConfigError, match="--sharing mps"):
         refuse_device_plugin_beside(nvidia_resources=True, sharing="mps", other_plugins=[])
+    refuse_device_plugin_beside(nvidia_resources=True, sharing="hami-core", other_plugins=[])
     refuse_device_plugin_beside(nvidia_resources=True, sharing="none", other_plugins=[])
     # a live device plugin listing this node's GPUs (gpusched's own, in device-plugin mode, stands in for
     # NVIDIA's) in the kubelet's directory: the DRA agent does not start
@@ -704,3 +709,34 @@ def test_a_failed_create_rolls_back_the_claims_instances_and_is_the_prepare_erro
     err = dyn.prepare(ClaimRef("ns1", "c2", "uid-g")).claims["uid-g"].error
     assert "not published" in err  # the hand-made instance withholds the placement: never created
     assert [(p, s) for p, s, _ in _instances(dyn)] == [("1g.10gb", 5)]
+
+
+def test_with_hami_core_a_dra_share_gets_the_same_enforced_limits_as_a_device_plugin_share() -> None:
+    """``--sharing hami-core`` under DRA: the share's consumed capacity becomes HAMi-core's limits and
+    library in the container's CDI edits, exactly as ``Sharing.container`` gives a device-plugin share."""
+    from gpusched.agent.allocation import Assignment
+
+    root = Path(tempfile.mkdtemp(prefix="dra", dir="/tmp"))
+    lib = root / "libvgpu.so"
+    lib.write_bytes(b"")
+    sharing = Sharing("hami-core", None, lib)
+    e = Env(root, sharing=sharing)
+    e.node.start()
+    try:
+        share = {**result("gpu-1"), "shareID": "s-9", "consumedCapacity": {"milli": "300", "memory": "20Gi"}}
+        e.api.claims[("ns1", "c1")] = claim("uid-h", [share])
+        assert e.prepare(ClaimRef("ns1", "c1", "uid-h")).claims["uid-h"].error == ""
+        spec = CdiSpecs(e.config.cdi_dir, DRIVER).read("uid-h")
+        assert spec is not None
+        (dev,) = spec["devices"]
+        want = sharing.container(UUIDS[1], Assignment(NODE, (1,), 300, 20480), ("x", "y"))
+        assert dev["containerEdits"]["env"][2:] == [f"{k}={v}" for k, v in want.envs.items()]
+        assert "CUDA_DEVICE_MEMORY_LIMIT_0=20480m" in dev["containerEdits"]["env"]
+        assert "CUDA_DEVICE_SM_LIMIT=30" in dev["containerEdits"]["env"]
+        assert f"LD_PRELOAD={lib}" in dev["containerEdits"]["env"]
+        assert dev["containerEdits"]["mounts"] == [
+            {"hostPath": str(lib), "containerPath": str(lib), "options": ["ro", "nosuid", "nodev", "bind"]}
+        ]
+    finally:
+        e.node.stop()
+        shutil.rmtree(root, ignore_errors=True)

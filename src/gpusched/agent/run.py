@@ -116,7 +116,7 @@ class Agent:
             if self.dra_api is None:
                 raise DraConfigError("the agent in DRA mode needs an API for its slices and claims")
             ops = self.backend if isinstance(self.backend, MigReshaper) else None
-            self.dra = DraNode(c.node, inv, c.dra, self.dra_api, self.dra_api, ops)
+            self.dra = DraNode(c.node, inv, c.dra, self.dra_api, self.dra_api, ops, self.sharing)
         reshaper = self.backend if isinstance(self.backend, MigReshaper) else None  # way (a): fake, for now
         self.reshapes = (
             MigReshapes(reshaper, self.plugin, self.pods, self.nodes, c.node) if reshaper else None

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpusched.agent.allocation import Assignment
 from gpusched.agent.dra.cdi import CdiSpecs, PreparedDevice
 from gpusched.agent.dra.claims import AllocationResult, ClaimError, ClaimRef, ClaimSource, results_for
 from gpusched.agent.dra.migdynamic import Placement
@@ -30,6 +31,7 @@ from gpusched.agent.dra.migprepare import MigInstances
 from gpusched.agent.dra.slices import NodeSlice
 from gpusched.agent.dra.v1 import api_pb2 as pb
 from gpusched.agent.dra.v1 import api_pb2_grpc as pbg
+from gpusched.agent.sharing import Mount, Sharing
 from gpusched.k8s.quantity import parse_quantity
 
 log = logging.getLogger(__name__)
@@ -82,6 +84,8 @@ class Preparer:
     current_slice: Callable[[], NodeSlice]
     mig: MigInstances | None = None
     """Dynamic MIG: creates a placement's instance at Prepare, destroys it at Unprepare."""
+    sharing: Sharing = field(default_factory=Sharing)
+    """What enforces a share's consumed capacity (``--sharing``): its container's env and mounts."""
     prepared: dict[str, PreparedClaim] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -104,10 +108,17 @@ class Preparer:
             for r in results:
                 dev = pool.by_name[r.device]
                 milli, memory = consumed(r, pool.driver, ref)
+                visible = made.get(r.device, dev.visible_id)
+                env: tuple[tuple[str, str], ...] = ()
+                mounts: tuple[Mount, ...] = ()
+                if r.share_id:
+                    a = Assignment(pool.node, (dev.gpu_index,), 1000 if milli is None else milli, memory or 0)
+                    share = self.sharing.container(visible, a, (ref.uid, f"{r.device}-{r.share_id}"))
+                    env, mounts = tuple(share.envs.items()), share.mounts
                 devices.append(
                     PreparedDevice(
-                        base_request(r.request), r.pool, r.device, made.get(r.device, dev.visible_id),
-                        dev.gpu_index, r.share_id, milli, memory,
+                        base_request(r.request), r.pool, r.device, visible, dev.gpu_index, r.share_id,
+                        milli, memory, env, mounts,
                     )
                 )  # fmt: skip
             ids = self.cdi.write(ref.uid, f"{ref.namespace}/{ref.name}", devices)

@@ -23,6 +23,7 @@ from gpusched.agent.dra.publish import SliceApi, SlicePublisher
 from gpusched.agent.dra.slices import DEFAULT_DRIVER, DraConfigError, NodeSlice, build_slice
 from gpusched.agent.inventory import Inventory
 from gpusched.agent.migreshape import MigReshaper
+from gpusched.agent.sharing import Sharing
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +55,10 @@ def refuse_device_plugin_beside(
             "served by a device plugin or by DRA, never both; run the agent as the DRA driver or beside the "
             "plugin"
         )
-    if sharing != "none":
+    if sharing == "mps":
         raise DraConfigError(
-            f"--dra with --sharing {sharing}: GPU shares are served as device-plugin slots "
-            "(gpusched.io/gpu-share), which DRA mode does not serve; use --sharing none with --dra"
+            "--dra with --sharing mps: the MPS daemons are kept for device-plugin share pods, not for DRA "
+            "shares; use --sharing hami-core (or none) with --dra"
         )
     found = sorted(other_plugins)
     if found:
@@ -77,6 +78,8 @@ class DraNode:
     claims: ClaimSource
     mig_ops: MigReshaper | None = None
     """The backend that creates and destroys MIG instances (``config.mig == "dynamic"``)."""
+    sharing: Sharing = field(default_factory=Sharing)
+    """What enforces a share's consumed capacity (the agent's ``--sharing``)."""
     unhealthy: dict[str, int] = field(default_factory=dict)
     """GPU UUID -> the XID that made it unhealthy."""
     _dirty: threading.Event = field(default_factory=threading.Event)
@@ -92,7 +95,7 @@ class DraNode:
             if self.mig_ops is None:
                 raise DraConfigError("--dra-mig dynamic: this GPU backend cannot create MIG instances")
             self.mig = MigInstances(self.mig_ops, MigClaims(c.plugins_dir / c.driver / CHECKPOINT))
-        self.preparer = Preparer(self.claims, cdi, self.current_slice, self.mig)
+        self.preparer = Preparer(self.claims, cdi, self.current_slice, self.mig, self.sharing)
         self.plugin = KubeletPlugin(
             self.config.driver,
             self.preparer,
