@@ -740,3 +740,66 @@ def test_with_hami_core_a_dra_share_gets_the_same_enforced_limits_as_a_device_pl
     finally:
         e.node.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+# ------------------------------------------------------- mixed nodes: GPUs device-plugin pods hold, tainted
+
+
+def _dp_pod(
+    name: str, *, assigned: list[int] | None = None, allocated: str = "", phase: str = "Running"
+) -> dict[str, Any]:
+    ann = {}
+    if assigned is not None:
+        ann["gpusched.io/assignment"] = json.dumps(
+            {"node": NODE, "gpus": assigned, "milli": 1000, "memoryMiB": 0}
+        )
+    if allocated:
+        ann["gpusched.io/allocated"] = json.dumps({"main": {"nvidia.com/gpu": [allocated]}})
+    return {
+        "metadata": {"namespace": "ns1", "name": name, "uid": f"uid-{name}", "annotations": ann},
+        "spec": {"nodeName": NODE},
+        "status": {"phase": phase},
+    }
+
+
+def test_gpus_device_plugin_pods_hold_get_a_taint_rule_for_other_drivers_devices_until_free() -> None:
+    from gpusched.agent.dra.heldtaints import TAINT_KEY, HeldTaints, MemoryTaintRules, held_gpus
+
+    inv = inventory()
+    pods = [
+        _dp_pod("handed", allocated=UUIDS[1]),  # the agent handed it GPU 1
+        _dp_pod("bound", assigned=[0]),  # assigned GPU 0, not started yet
+        _dp_pod("done", allocated=UUIDS[2], phase="Succeeded"),  # holds nothing any more
+    ]
+    assert held_gpus(pods, NODE, inv, {}) == {UUIDS[0], UUIDS[1]}
+    nvidia = {  # NVIDIA's driver publishes the node's GPUs (and a MIG device of GPU 1) in its own slice
+        "spec": {
+            "driver": "gpu.nvidia.com", "nodeName": NODE, "pool": {"name": NODE},
+            "devices": [
+                {"name": "gpu-0", "attributes": {"uuid": {"string": UUIDS[0]}}},
+                {"name": "gpu-1", "attributes": {"gpu.nvidia.com/uuid": {"string": UUIDS[1]}}},
+                {"name": "gpu-1-mig-1g10gb-19-0",
+                 "attributes": {"uuid": {"string": "MIG-x"}, "parentUUID": {"string": UUIDS[1]}}},
+                {"name": "gpu-2", "attributes": {"uuid": {"string": UUIDS[2]}}},
+            ],
+        }
+    }  # fmt: skip
+    other_node = {"spec": {**nvidia["spec"], "nodeName": "elsewhere", "pool": {"name": "elsewhere"}}}
+    api = MemoryTaintRules([nvidia, other_node])
+    held = HeldTaints(api, NODE)
+    created, deleted = held.sync({UUIDS[1]})
+    assert len(created) == 2 and deleted == []
+    rules = sorted(api.rules.values(), key=lambda r: r["spec"]["deviceSelector"]["device"])
+    assert [r["spec"]["deviceSelector"] for r in rules] == [
+        {"driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-1"},
+        {"driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-1-mig-1g10gb-19-0"},
+    ]
+    assert all(
+        r["spec"]["taint"] == {"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"} for r in rules
+    )
+    assert all(r["metadata"]["labels"] == {"gpusched.io/held-gpu-node": NODE} for r in rules)
+    assert held.sync({UUIDS[1]}) == ([], [])  # nothing changed: nothing written
+    created, deleted = held.sync({UUIDS[0]})  # GPU 1 free, GPU 0 held
+    assert len(created) == 1 and len(deleted) == 2
+    assert [r["spec"]["deviceSelector"]["device"] for r in api.rules.values()] == ["gpu-0"]
+    assert held.sync(set())[1] and api.rules == {}

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from gpusched.agent import coexist, health, labels, mig, migsingle
 from gpusched.agent.allocation import ANN_ALLOCATED
+from gpusched.agent.dra.heldtaints import HeldTaints, TaintRuleApi, held_gpus
 from gpusched.agent.dra.node import DraConfig, DraNode, refuse_device_plugin_beside
 from gpusched.agent.dra.publish import DraApi
 from gpusched.agent.dra.slices import DraConfigError
@@ -79,6 +80,9 @@ class Agent:
     nodes: NodeWriter
     dra_api: DraApi | None = None
     """Where the DRA driver publishes slices and reads claims (with ``config.dra``)."""
+    taint_api: TaintRuleApi | None = None
+    """Device-plugin mode: where the GPUs its pods hold are tainted for other DRA drivers
+    (``agent.dra.heldtaints``); None: not done."""
     last_xid: dict[int, int] = field(default_factory=dict)
     _owners: Owners = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -117,6 +121,9 @@ class Agent:
                 raise DraConfigError("the agent in DRA mode needs an API for its slices and claims")
             ops = self.backend if isinstance(self.backend, MigReshaper) else None
             self.dra = DraNode(c.node, inv, c.dra, self.dra_api, self.dra_api, ops, self.sharing)
+        self.held_taints = (
+            HeldTaints(self.taint_api, c.node) if self.taint_api is not None and self.dra is None else None
+        )
         reshaper = self.backend if isinstance(self.backend, MigReshaper) else None  # way (a): fake, for now
         self.reshapes = (
             MigReshapes(reshaper, self.plugin, self.pods, self.nodes, c.node) if reshaper else None
@@ -236,6 +243,19 @@ class Agent:
             return
         self.sharing.reconcile(pods, self.config.node)
 
+    def sync_held_taints(self) -> None:
+        """Device-plugin mode: a DeviceTaintRule for each GPU a pod here holds, for other DRA drivers
+        publishing the same GPUs (``agent.dra.heldtaints``); errors logged, retried."""
+        if self.held_taints is None:
+            return
+        try:
+            pods = self.pods.pods_on_node(self.config.node)
+        except Exception as e:
+            log.warning("could not list pods on %s: %s", self.config.node, e)
+            return
+        unwritten = {f"{ns}/{name}": v for (ns, name), v in self.plugin.allocator._unwritten.items()}
+        self.held_taints.sync(held_gpus(pods, self.config.node, self.devices.inventory, unwritten))
+
     def refuse_dra_beside_a_device_plugin(self) -> None:
         """DRA mode: ``DraConfigError`` when a device plugin serves this node's GPUs too
         (``--no-nvidia-resources``, share slots, or a live plugin socket listing a GPU or MIG UUID of this
@@ -261,6 +281,7 @@ class Agent:
             start_http_server(self.config.metrics_port, self.config.metrics_addr, registry=self.registry)
         self.sync_node()
         self.refresh_owners()
+        self.sync_held_taints()
         threading.Thread(target=self._xid_loop, daemon=True, name="gpusched-xids").start()
         threading.Thread(target=self._sync_loop, daemon=True, name="gpusched-sync").start()
         threading.Thread(target=self._plugins_loop, daemon=True, name="gpusched-other-plugins").start()
@@ -308,6 +329,7 @@ class Agent:
             if since_sharing >= self.config.sharing_sync_s:
                 since_sharing = 0.0
                 self.reconcile_sharing()
+                self.sync_held_taints()
             if self.plugin.allocator._unwritten:
                 self.plugin.allocator.flush_annotations()
             if waited >= self.config.resync_s:

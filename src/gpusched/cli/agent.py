@@ -193,6 +193,13 @@ def run_cmd(
             "created at Prepare (dynamic)."
         ),
     ] = "static",
+    held_gpu_taints: Annotated[
+        bool,
+        typer.Option(
+            help="Device-plugin mode: a DeviceTaintRule for every GPU a pod here holds, so that another DRA "
+            "driver publishing the same GPUs gets no claim on it from kube-scheduler (docs/dra.md)."
+        ),
+    ] = True,
 ) -> None:
     """Run the device plugin (or, with --dra, the DRA driver), the node labeller, GPU health on the Node
     and the metrics exporter."""
@@ -239,7 +246,12 @@ def run_cmd(
         toolkit_config=toolkit_config,
         dra=dra_config,
     )
-    agent = Agent(cfg, backend_from(fake), kube, kube, dra_api)
+    taint_api = None
+    if held_gpu_taints and not dra and not no_api:
+        from gpusched.agent.dra.heldtaints import KubeTaintRules
+
+        taint_api = KubeTaintRules(kubeconfig)
+    agent = Agent(cfg, backend_from(fake), kube, kube, dra_api, taint_api=taint_api)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
