@@ -803,3 +803,41 @@ def test_gpus_device_plugin_pods_hold_get_a_taint_rule_for_other_drivers_devices
     assert len(created) == 1 and len(deleted) == 2
     assert [r["spec"]["deviceSelector"]["device"] for r in api.rules.values()] == ["gpu-0"]
     assert held.sync(set())[1] and api.rules == {}
+
+
+def test_gpuscheds_allocator_places_mig_claims_on_the_agents_dynamic_pool_through_its_counters() -> None:
+    """The agent's dynamic-MIG pool, as the API would store it, converted and allocated by gpusched's own
+    allocator claim after claim (each seeing the earlier ones): two 3g.40gb take the two halves, then no 1g
+    and no 7g fit; kube-scheduler takes the same pool in tests/kubelet/test_dra_node.py."""
+    from gpusched.core.dra.allocator import Allocator, DoesNotFit, Fits
+    from gpusched.core.dra.celexpr import CelCompiler
+    from gpusched.core.dra.model import AllocatedState, DeviceClass, DeviceId, Node
+    from gpusched.k8s.dra.convert import claim_from_k8s, slice_from_k8s
+
+    pool = build_slice(dyn_backend().inventory(), NODE, DRIVER, mig="dynamic")
+    slices = [slice_from_k8s({"metadata": {"name": n}, "spec": sp}) for n, sp in pool.specs(1)]
+    mig = DeviceClass("mig", (f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'mig'",))
+
+    def place(profiles: list[str]) -> list[str | None]:
+        held: set[DeviceId] = set()
+        got: list[str | None] = []
+        for i, profile in enumerate(profiles):
+            sel = {"cel": {"expression": f"device.attributes['{DRIVER}'].profile == '{profile}'"}}
+            request = {"name": "g", "exactly": {"deviceClassName": "mig", "selectors": [sel]}}
+            meta = {"namespace": "ns1", "name": f"c{i}", "uid": f"u{i}"}
+            c = claim_from_k8s({"metadata": meta, "spec": {"devices": {"requests": [request]}}})
+            state = AllocatedState(frozenset(held))
+            out = Allocator({"mig": mig}, slices, CelCompiler(), state).allocate(Node(NODE), [c])
+            if isinstance(out, Fits):
+                (r,) = out.allocations[0].results
+                held.add(DeviceId(r.driver, r.pool, r.device))
+                got.append(r.device)
+            else:
+                assert isinstance(out, DoesNotFit)
+                got.append(None)
+        return got
+
+    got = place(["3g.40gb", "3g.40gb", "1g.10gb", "7g.80gb"])
+    assert got == ["gpu-1-mig-3g40gb-9-0", "gpu-1-mig-3g40gb-9-4", None, None]
+    # one +me profile per GPU: memory slices are left, its OFA engine counter is not
+    assert place(["1g.10gb+me", "1g.10gb+me"]) == ["gpu-1-mig-1g10gb-me-20-0", None]
