@@ -841,3 +841,39 @@ def test_gpuscheds_allocator_places_mig_claims_on_the_agents_dynamic_pool_throug
     assert got == ["gpu-1-mig-3g40gb-9-0", "gpu-1-mig-3g40gb-9-4", None, None]
     # one +me profile per GPU: memory slices are left, its OFA engine counter is not
     assert place(["1g.10gb+me", "1g.10gb+me"]) == ["gpu-1-mig-1g10gb-me-20-0", None]
+
+
+class _CountingPods(MemoryPods):
+    listed = 0
+
+    def pods_on_node(self, node: str) -> list[dict[str, Any]]:
+        self.listed += 1
+        return super().pods_on_node(node)
+
+
+def test_the_device_plugin_agent_taints_held_gpus_only_where_a_dra_driver_publishes_them(
+    tmp_path: Path,
+) -> None:
+    from gpusched.agent.dra.heldtaints import MemoryTaintRules
+
+    backend = FakeBackend.from_dict(json.loads(json.dumps(DOC)), "t")
+    pods = _CountingPods([_dp_pod("handed", allocated=UUIDS[0])])
+    rules = MemoryTaintRules()
+    agent = Agent(AgentConfig(node=NODE, plugin_dir=tmp_path / "dp"), backend, pods, pods, taint_api=rules)
+    agent.sync_held_taints()
+    agent.sync_held_taints()  # rules of an earlier agent looked for once; then no DRA slice: nothing read
+    assert rules.rules == {} and pods.listed == 1
+    rules.slices.append(
+        {"spec": {"driver": "gpu.nvidia.com", "nodeName": NODE, "pool": {"name": NODE},
+                  "devices": [{"name": "gpu-0", "attributes": {"uuid": {"string": UUIDS[0]}}}]}}
+    )  # fmt: skip
+    agent.sync_held_taints()
+    assert [r["spec"]["deviceSelector"]["device"] for r in rules.rules.values()] == ["gpu-0"]
+    pods.pods.clear()  # the pod went
+    agent.sync_held_taints()
+    assert rules.rules == {}
+    dra_agent = Agent(
+        AgentConfig(node=NODE, plugin_dir=tmp_path / "dp2", dra=DraConfig(plugins_dir=tmp_path / "p")),
+        backend, pods, pods, MemorySlices(), taint_api=rules,
+    )  # fmt: skip
+    assert dra_agent.held_taints is None  # the DRA driver serves the GPUs itself: no device-plugin pods

@@ -64,6 +64,9 @@ class AgentConfig:
     hami_lib: Path = DEFAULT_HAMI_LIB
     toolkit_config: Path = DEFAULT_TOOLKIT_CONFIG
     sharing_sync_s: float = 5.0  # how often MPS daemons without shares are looked for (a pod list per look)
+    held_taints_s: float = 10.0
+    """How often the GPUs pods hold are tainted for other DRA drivers (a slice list per look; pods and rules
+    are listed only where a slice on the node names a GPU)."""
     dra: DraConfig | None = None
     """The agent as a DRA driver (``--dra``): ResourceSlices and the kubelet's DRA service instead of the
     device plugin (``gpusched.agent.dra``)."""
@@ -248,13 +251,16 @@ class Agent:
         publishing the same GPUs (``agent.dra.heldtaints``); errors logged, retried."""
         if self.held_taints is None:
             return
+        slices = self.held_taints.slices()
+        if slices is None or not self.held_taints.needed(slices):
+            return  # no DRA driver publishes this node's GPUs: no pod list, no rule list
         try:
             pods = self.pods.pods_on_node(self.config.node)
         except Exception as e:
             log.warning("could not list pods on %s: %s", self.config.node, e)
             return
         unwritten = {f"{ns}/{name}": v for (ns, name), v in self.plugin.allocator._unwritten.items()}
-        self.held_taints.sync(held_gpus(pods, self.config.node, self.devices.inventory, unwritten))
+        self.held_taints.sync(held_gpus(pods, self.config.node, self.devices.inventory, unwritten), slices)
 
     def refuse_dra_beside_a_device_plugin(self) -> None:
         """DRA mode: ``DraConfigError`` when a device plugin serves this node's GPUs too
@@ -315,7 +321,7 @@ class Agent:
             self.sync_node()
 
     def _sync_loop(self) -> None:
-        waited = since_sharing = since_reshape = 0.0
+        waited = since_sharing = since_reshape = since_held = 0.0
         while not self._stop.is_set():
             if self._health_dirty.wait(1.0):
                 self._health_dirty.clear()
@@ -329,6 +335,9 @@ class Agent:
             if since_sharing >= self.config.sharing_sync_s:
                 since_sharing = 0.0
                 self.reconcile_sharing()
+            since_held += 1.0
+            if since_held >= self.config.held_taints_s:
+                since_held = 0.0
                 self.sync_held_taints()
             if self.plugin.allocator._unwritten:
                 self.plugin.allocator.flush_annotations()

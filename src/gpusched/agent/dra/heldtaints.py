@@ -130,14 +130,41 @@ class HeldTaints:
     def __init__(self, api: TaintRuleApi, node: str) -> None:
         self.api, self.node = api, node
         self._last_error = ""
+        self._rules_left = True  # unknown at start: an earlier agent may have left rules
 
-    def sync(self, held: Collection[str]) -> tuple[list[str], list[str]]:
-        """Creates the missing rules and deletes those of GPUs no longer held; returns (created, deleted)
-        rule names. API errors are logged (once while they repeat) and retried at the next call."""
+    def _failed(self, e: Exception) -> None:
+        if str(e) != self._last_error:  # logged once while it repeats
+            log.warning("could not keep the DeviceTaintRules of GPUs held on %s: %s", self.node, e)
+        self._last_error = str(e)
+
+    def slices(self) -> list[dict[str, Any]] | None:
+        """The ResourceSlices on this node; None (logged) when the API did not answer."""
         try:
-            want = {
-                rule_name(self.node, d): d for d in held_devices(self.api.slices_on_node(self.node), held)
-            }
+            return self.api.slices_on_node(self.node)
+        except Exception as e:  # the API unreachable, resource.k8s.io not served, RBAC: retried
+            self._failed(e)
+            return None
+
+    def needed(self, slices: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether a pass can change anything: a device on this node names a GPU, or rules are left. On a
+        node no DRA driver publishes, the agent thus reads no pods and no rules for this."""
+        return self._rules_left or any(
+            _attr(d.get("attributes") or {}, str((s.get("spec") or {}).get("driver", "")), k) is not None
+            for s in slices
+            for d in (s.get("spec") or {}).get("devices") or []
+            for k in ("uuid", "parentUUID")
+        )
+
+    def sync(
+        self, held: Collection[str], slices: Sequence[Mapping[str, Any]] | None = None
+    ) -> tuple[list[str], list[str]]:
+        """Creates the missing rules and deletes those of GPUs no longer held (``slices``: the node's, read
+        now when not given); returns (created, deleted) rule names. API errors are logged (once while they
+        repeat) and retried at the next call."""
+        try:
+            if slices is None:
+                slices = self.api.slices_on_node(self.node)
+            want = {rule_name(self.node, d): d for d in held_devices(slices, held)}
             have = {str((r.get("metadata") or {}).get("name")) for r in self.api.list_rules(self.node)}
             created, deleted = [], []
             for name in sorted(set(want) - have):
@@ -150,12 +177,11 @@ class HeldTaints:
                 self.api.delete_rule(name)
                 log.info("DeviceTaintRule %s deleted: its GPU is no longer held by a device-plugin pod", name)
                 deleted.append(name)
-        except Exception as e:  # the API unreachable, resource.k8s.io not served, RBAC: retried
-            if str(e) != self._last_error:
-                log.warning("could not keep the DeviceTaintRules of GPUs held on %s: %s", self.node, e)
-            self._last_error = str(e)
+        except Exception as e:
+            self._failed(e)
             return [], []
         self._last_error = ""
+        self._rules_left = bool(want)
         return created, deleted
 
 
