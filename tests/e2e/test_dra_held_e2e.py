@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from test_dra_e2e import A100, DRIVER, DraEnv, exactly, gpu
+from test_dra_e2e import A100, DRIVER, DraEnv, dra, exactly, gpu
 
 from gpusched.agent.dra.heldtaints import LABEL_NODE, TAINT_KEY, HeldTaints, KubeTaintRules, held_gpus
 from gpusched.agent.fake import FakeBackend
@@ -26,13 +25,7 @@ pytestmark = pytest.mark.e2e
 GROUP = "gpusched.io/e2e-group"
 
 
-@pytest.fixture(scope="module")
-def dra(control_plane: ControlPlane) -> Iterator[DraEnv]:
-    env = DraEnv(control_plane)
-    try:
-        yield env
-    finally:
-        env.cleanup()
+__all__ = ["dra"]  # test_dra_e2e's fixture, a DraEnv of this module's own
 
 
 def test_devicetaintrules_are_served_as_resource_k8s_io_v1(control_plane: ControlPlane) -> None:
