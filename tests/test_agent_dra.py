@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from gpusched.agent.dra.cdi import CdiSpecs
-from gpusched.agent.dra.claims import ClaimRef
+from gpusched.agent.dra.claims import ClaimError, ClaimRef
 from gpusched.agent.dra.driver import Preparer
 from gpusched.agent.dra.migprepare import MigClaims, MigInstances
 from gpusched.agent.dra.node import DraConfig, DraNode, refuse_device_plugin_beside
@@ -35,6 +35,8 @@ from gpusched.agent.pods import MemoryPods
 from gpusched.agent.run import Agent, AgentConfig
 from gpusched.agent.sharing import Sharing
 from gpusched.agent.testing import FakeKubelet
+from test_agent_mig_reshape import backends  # noqa: F401 (fixture: the fake backend and NVML's)
+from test_agent_nvml_lib import fake_nvml_lib, nvml_env  # noqa: F401 (its fixtures)
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = "gpu.nvidia.com"
@@ -877,3 +879,37 @@ def test_the_device_plugin_agent_taints_held_gpus_only_where_a_dra_driver_publis
         backend, pods, pods, MemorySlices(), taint_api=rules,
     )  # fmt: skip
     assert dra_agent.held_taints is None  # the DRA driver serves the GPUs itself: no device-plugin pods
+
+
+def test_dynamic_mig_instances_are_made_and_undone_through_nvml_as_through_the_fake(
+    backends: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The same Prepare/Unprepare of placements on both backends: the fake one, and NvmlBackend over the
+    fake libnvidia-ml (``test_agent_mig_reshape``'s fixture: the NVML calls of ``agent/reshape/nvmlops.py``).
+    GPU 2 is an A30 with a 2g.12gb at slice 2 that no claim made."""
+    ops = backends.start(fail="nvmlDeviceCreateGpuInstanceWithPlacement:2")
+    mig = MigInstances(ops, MigClaims(tmp_path / "mig-claims.json"))
+    inv, ours = mig.snapshot()
+    node = inv.hostname
+    pool = build_slice(inv, node, DRIVER, mig="dynamic", ours=ours)
+    names = {d.name for d in pool.devices if d.gpu_index == 2}
+    assert "gpu-2-mig-2g12gb-5-0" in names and "gpu-2-mig-2g12gb-5-2" not in names  # under the 2g at 2
+    want = [(n, pool.by_name[n].placement) for n in ("gpu-2-mig-1g6gb-14-0", "gpu-2-mig-1g6gb-14-1")]
+    ref = ClaimRef("ns1", "c1", "uid-n")
+    with pytest.raises(
+        ClaimError, match=r"cannot create MIG 1g\.6gb at memory slice 1 of GPU 2.*rolled back"
+    ):
+        mig.create(ref, want)  # the second creation fails: the first instance goes again
+
+    def layout() -> list[tuple[str, int]]:
+        dev = mig.ops.inventory().by_index(2)
+        assert dev is not None
+        return sorted((m.profile, m.placement_start) for m in dev.mig_instances)
+
+    assert layout() == [("2g.12gb", 2)]
+    made = mig.create(ref, want)  # the injected failure was once: now both are made
+    assert layout() == [("1g.6gb", 0), ("1g.6gb", 1), ("2g.12gb", 2)]
+    assert set(made) == {n for n, _ in want} and all(u.startswith("MIG-") for u in made.values())
+    assert mig.destroy(ref) and layout() == [("2g.12gb", 2)]
+    assert not mig.destroy(ref)  # nothing left of it
