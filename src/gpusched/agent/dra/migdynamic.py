@@ -29,6 +29,7 @@ mig-parted) is not published: creating it would fail.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ GI_PROFILE_IDS = {
 CAPACITIES = ("multiprocessors", "copyEngines", "decoders", "encoders", "jpegEngines", "ofaEngines", "memory")
 
 
+@functools.cache
 def counter_name(capacity: str) -> str:
     """A capacity's counter: its name in DNS form (``copyEngines`` -> ``copy-engines``), as NVIDIA has it."""
     return re.sub(r"([a-z0-9])([A-Z])", r"\1-\2", capacity).lower()

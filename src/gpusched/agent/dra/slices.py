@@ -302,7 +302,7 @@ def mig_device(dev: GpuDevice, mig: MigInstance, inv: Inventory, taints: tuple[T
 
 
 def dynamic_mig_device(
-    dev: GpuDevice, part: MigPart, inv: Inventory, taints: tuple[Taint, ...], cset: str
+    dev: GpuDevice, part: MigPart, common: Mapping[str, Attribute], taints: tuple[Taint, ...], cset: str
 ) -> DraDevice:
     """A placement not yet created (``migdynamic``): no ``uuid`` until Prepare makes the instance."""
     attrs = {
@@ -310,7 +310,7 @@ def dynamic_mig_device(
         "parentUUID": Attribute("string", dev.uuid),
         "parentIndex": Attribute("int", dev.index),
         "profile": Attribute("string", part.placement.profile),
-        **_common(dev, inv),
+        **common,
     }
     cap = {k: Capacity(_quantity(k, v)) for k, v in part.capacity.items()}
     counters = {k: _quantity(k, v) for k, v in part.counters.items()}
@@ -357,7 +357,8 @@ def build_slice(
         parts = partitions(dev, foreign) if mig == "dynamic" else None
         if parts is not None:
             counter_sets.append(_counter_set(parts))
-            devices += [dynamic_mig_device(dev, p, inv, taints, parts.counter_set) for p in parts.parts]
+            common = _common(dev, inv)  # the parent's attributes, once per GPU
+            devices += [dynamic_mig_device(dev, p, common, taints, parts.counter_set) for p in parts.parts]
             continue
         for m in sorted(dev.mig_instances, key=lambda m: (m.placement_start, m.profile)):
             if m.slices_ci == m.slices_gi:  # a CI spanning its GI: a device (as the device plugin)
