@@ -652,8 +652,10 @@ def can_agent(cp: ControlPlane, verb: str, resource: str, namespace: str = "defa
 
 def test_agent_rbac_is_least_privilege(rbac: ControlPlane) -> None:
     allowed = [("get", "nodes"), ("patch", "nodes"), ("list", "pods"), ("watch", "pods"), ("patch", "pods")]
-    allowed += [("create", "events")]
+    allowed += [("create", "events"), ("list", "resourceslices.resource.k8s.io")]
+    allowed += [(v, "devicetaintrules.resource.k8s.io") for v in ("list", "create", "delete")]
     denied = [
+        ("create", "resourceslices.resource.k8s.io"), ("update", "devicetaintrules.resource.k8s.io"),
         ("list", "nodes"), ("update", "nodes"), ("delete", "nodes"), ("patch", "nodes/status"),
         ("create", "pods"), ("delete", "pods"), ("update", "pods"), ("create", "pods/binding"),
         ("get", "secrets"), ("list", "configmaps"), ("patch", "events"), ("create", "events.events.k8s.io"),
