@@ -86,6 +86,11 @@ decides."""
 TAINT_UNHEALTHY = "gpusched.io/gpu-unhealthy"
 """On a node whose every GPU failed (the node agent's)."""
 TAINT_NODE_UNREADABLE = "gpusched.io/node-unreadable"
+# DeviceTaintRules the agent writes, in device-plugin mode, for another DRA driver's devices that are GPUs its
+# pods hold (agent/dra/heldtaints.py): the taint's key, the rule's node label, the GPU's UUID annotation.
+TAINT_HELD_BY_DEVICE_PLUGIN = "gpusched.io/held-by-device-plugin"
+LABEL_HELD_GPU_NODE = "gpusched.io/held-gpu-node"
+ANN_HELD_GPU = "gpusched.io/held-gpu"
 """The scheduler's own NoSchedule taint on a node whose object it cannot read."""
 LABEL_TESTENV = "gpusched.io/testenv"
 """On what the test environment (``gpusched up``, ``gpusched.testenv``) creates."""

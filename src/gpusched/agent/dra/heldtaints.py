@@ -23,12 +23,13 @@ from typing import Any, Protocol
 
 from gpusched.agent.allocation import ANN_ASSIGNMENT, LIVE_DONE, AllocationError, holdings, parse_assignment
 from gpusched.agent.inventory import Inventory
+from gpusched.core.names import ANN_HELD_GPU, LABEL_HELD_GPU_NODE, TAINT_HELD_BY_DEVICE_PLUGIN
 
 log = logging.getLogger(__name__)
 
-TAINT_KEY = "gpusched.io/held-by-device-plugin"
-LABEL_NODE = "gpusched.io/held-gpu-node"
-ANN_GPU = "gpusched.io/held-gpu"
+TAINT_KEY = TAINT_HELD_BY_DEVICE_PLUGIN
+LABEL_NODE = LABEL_HELD_GPU_NODE
+ANN_GPU = ANN_HELD_GPU
 API_VERSION = "resource.k8s.io/v1"
 
 
