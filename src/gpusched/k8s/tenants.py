@@ -47,6 +47,7 @@ from gpusched.core.queues.quota import QueueBook
 from gpusched.core.queues.spec import ANY_MODEL, ResourceKey
 from gpusched.core.queues.status import QueueStatus, queue_statuses
 from gpusched.core.queues.usage import Usage, charge_of
+from gpusched.core.scheduler import undo
 from gpusched.core.statement import Statement, schedule_all
 from gpusched.k8s.convert import InvalidRequest
 from gpusched.k8s.events import EventRecorder
@@ -367,5 +368,5 @@ def landing(
         )
         placed = [(x.pod, x.node_name) for x in r.placed]
         for x in r.placed:  # booked by schedule_all's own statement: undone before the victims return
-            snap.forget(x.pod.key)
+            undo(snap, x)  # (with what Reserve took: a claim pod's DRA devices)
     return placed

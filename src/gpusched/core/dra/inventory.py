@@ -16,15 +16,16 @@ prepared against. The DynamicResources plugin runs the allocator per node from i
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from gpusched.core.dra.allocator import Allocator, Outcome
+from gpusched.core.dra.allocator import Allocator, DoesNotFit, Outcome
 from gpusched.core.dra.model import (
     AllocatedState,
     Claim,
     ClaimAllocation,
     DeviceClass,
+    DeviceId,
     Node,
     NodeSelector,
     ResourceSlice,
@@ -105,6 +106,11 @@ class PodClaims:
     allocated_on: tuple[NodeSelector, ...]
     """The node selectors of its claims already allocated (shared claims): the node must match each."""
     inventory: DraInventory
+    avoid_nodes: frozenset[str] = frozenset()
+    """Nodes this decision keeps the pod off (a gang's joint search, ``core.gangclaims``)."""
+    avoid_devices: frozenset[DeviceId] = frozenset()
+    """Devices this decision does not offer the pod's claims (a gang's joint search): left out of
+    the slices as if not published, so they are neither taken nor charged to counters."""
 
     def reaches(self, node: Node) -> bool:
         return all(selector_matches(s, node) for s in self.allocated_on)
@@ -112,7 +118,13 @@ class PodClaims:
     def allocate(self, node: Node, allocated: AllocatedState) -> Outcome:
         """The claims to allocate on ``node`` (kube-scheduler's first solution) where ``allocated``
         is held already; raises ``DraError``."""
-        return self.inventory.allocator(node.name, allocated).allocate(node, self.to_allocate)
+        if node.name in self.avoid_nodes:
+            return DoesNotFit(f"the gang's joint search keeps this member off node {node.name}")
+        inv = self.inventory
+        if not self.avoid_devices:
+            return inv.allocator(node.name, allocated).allocate(node, self.to_allocate)
+        slices = tuple(_without(s, self.avoid_devices) for s in inv.slices_for(node.name))
+        return Allocator(inv.classes, slices, inv.compiler, allocated).allocate(node, self.to_allocate)
 
     def check(self) -> None:
         """Raise ``DraError`` for what no node can change: an unknown or missing class, a selector
@@ -120,6 +132,11 @@ class PodClaims:
         Allocator(self.inventory.classes, (), self.inventory.compiler).allocate(
             Node(name=""), self.to_allocate
         )
+
+
+def _without(s: ResourceSlice, devices: frozenset[DeviceId]) -> ResourceSlice:
+    kept = tuple(d for d in s.devices if DeviceId(s.driver, s.pool, d.name) not in devices)
+    return s if len(kept) == len(s.devices) else replace(s, devices=kept)
 
 
 def claim_names(claims: Sequence[Claim]) -> str:

@@ -73,6 +73,16 @@ MIXED = (
 )
 
 
+def chosen(state: CycleState, node: int) -> tuple[DeviceId, ...]:
+    """The devices the pod's claims were given on ``node`` in the cycle of ``state`` (after
+    Reserve), in result order; () when it has no claims or they did not fit there."""
+    outcomes = state.read(OUTCOMES)
+    out = outcomes.by_node.get(node) if outcomes is not None else None
+    if not isinstance(out, Fits):
+        return ()
+    return tuple(r.device_id for a in out.allocations for r in a.results)
+
+
 def _takes_gpus(fits: Fits) -> bool:
     return any(r.driver in GPU_DRIVERS for a in fits.allocations for r in a.results)
 
