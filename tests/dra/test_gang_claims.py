@@ -5,17 +5,20 @@ quota refusing after placement) gives back what Reserve took."""
 from __future__ import annotations
 
 from dra_builders import claim, cls, dev, ex, first, req, slc
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from builders import node, profile, whole
 from gpusched.core.batch import Outcome, run_cycle
 from gpusched.core.cluster import ClusterState
 from gpusched.core.dra.celexpr import CelCompiler
 from gpusched.core.dra.inventory import ClaimLedger, DraInventory, PodClaims
-from gpusched.core.dra.model import Claim, ResourceSlice
+from gpusched.core.dra.model import Claim, DeviceId, ResourceSlice
 from gpusched.core.gang import GangSpec, group_units, place_gang
 from gpusched.core.gangclaims import JOINT_PASSES
 from gpusched.core.model import NodeSpec, PodSpec
 from gpusched.core.queues import QueueBook, QueueSpec, QueueTree, Quota
+from gpusched.core.scheduler import undo
 from gpusched.core.statement import schedule_all
 from gpusched.k8s.dra.books import DraBooks
 
@@ -143,3 +146,101 @@ def test_unreserving_on_discard_leaves_devices_held_by_others_alone() -> None:
     schedule_all(profile(), pods, snap)  # a fits, b does not: a's devices go back, not others'
     assert not snap.allocations
     assert held(b) == {"ns/other": []}
+
+
+def test_a_claim_two_members_share_is_allocated_once_and_both_go_where_it_is() -> None:
+    """a and c name one claim (not allocated yet); c has one more claim of its own. The shared
+    claim is allocated once, by a; c is not given it again, and lands on the node it is on."""
+    b = books()
+    inv = inventory(
+        b, slc("n1", "n1", "n1", D, dev("gpu-0")), slc("n2", "n2", "n2", D, dev("gpu-0"), dev("gpu-1"))
+    )
+    shared = claim("ns/shared", req("gpu", "gpu", 1))
+    a = claim_pod("a", inv, shared)
+    c = PodSpec("c", cpu_milli=100, namespace="ns", gang="g",
+                claims=PodClaims((shared, claim("ns/own", req("gpu", "gpu", 1))), (), inv))  # fmt: skip
+    snap = ClusterState([NodeSpec("n1", 8000, 16384), NodeSpec("n2", 8000, 16384)])
+    r = place_gang(profile(), group_units([a, c], {"ns/g": GangSpec("g", "ns", 2)})[0], snap)
+    assert r.scheduled, r.status.message()
+    assert {x.pod.key: x.node_name for x in r.placed} == {"ns/a": "n2", "ns/c": "n2"}
+    assert held(b) == {"ns/a": ["n2/gpu-0"], "ns/c": ["n2/gpu-1"]}
+    (own,) = b.reservation("ns/c").allocations  # type: ignore[union-attr]
+    assert own.claim == "ns/own"
+
+
+@st.composite
+def gang_case(draw: st.DrawFn) -> tuple[ClusterState, list[PodSpec], DraBooks, int]:
+    """1-3 nodes with 1-4 devices each (some big, some already held by others), 2-4 members each
+    with one claim: 1-2 devices (any or big), or firstAvailable two big else any one; some members
+    share a claim."""
+    b = books()
+    names = [f"n{i}" for i in range(draw(st.integers(1, 3)))]
+    slices, held_by_others = [], []
+    for n in names:
+        devs = [dev(f"gpu-{j}", attrs={"big": draw(st.booleans())}) for j in range(draw(st.integers(1, 4)))]
+        slices.append(slc(n, n, n, D, *devs))
+        held_by_others += [DeviceId(D, n, d.name) for d in devs if draw(st.integers(0, 5)) == 0]
+    if held_by_others:
+        b.upsert_claim({  # allocated by someone else, in the API
+            "metadata": {"namespace": "other", "name": "x", "uid": "u"},
+            "spec": {"devices": {"requests": []}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "r", "driver": D, "pool": d.pool, "device": d.device} for d in held_by_others
+            ]}}},
+        })  # fmt: skip
+    inv = inventory(b, *slices)
+    claims: list[Claim] = []
+    pods = []
+    for i in range(draw(st.integers(2, 4))):
+        if claims and draw(st.integers(0, 4)) == 0:
+            c = draw(st.sampled_from(claims))  # shared with an earlier member
+        else:
+            kind = draw(st.sampled_from(["any", "big", "first"]))
+            count = draw(st.integers(1, 2))
+            if kind == "first":
+                c = claim(f"ns/c{i}", first("gpu", ex("two", "gpu", 2, BIG), ex("one", "gpu", 1)))
+            else:
+                c = claim(f"ns/c{i}", req("gpu", "gpu", count, *((BIG,) if kind == "big" else ())))
+            claims.append(c)
+        pods.append(claim_pod(f"m{i}", inv, c))
+    snap = ClusterState([NodeSpec(n, 8000, 16384) for n in names])
+    return snap, pods, b, len(held_by_others)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(gang_case())
+def test_a_gang_of_claim_pods_is_placed_whole_with_each_device_once_or_holds_nothing(
+    case: tuple[ClusterState, list[PodSpec], DraBooks, int],
+) -> None:
+    snap, pods, b, others = case
+    before = b.allocated().devices
+    assert len(before) == others
+    greedy = schedule_all(profile(), pods, snap)  # pod by pod, as kube-scheduler would allocate
+    for x in greedy.placed:
+        undo(snap, x)
+    assert not snap.allocations and b.allocated().devices == before
+    unit = group_units(pods, {"ns/g": GangSpec("g", "ns", len(pods))})[0]
+    (o,) = run_cycle(profile(), snap, [unit])
+    event(f"{o.outcome.value}, pod by pod {'fits' if greedy.scheduled else 'does not fit'}")
+    assert o.outcome is Outcome.PLACED or not greedy.scheduled
+    if o.outcome is not Outcome.PLACED:
+        assert not snap.allocations and not b.reservations() and b.allocated().devices == before
+        return
+    assert sorted(snap.allocations) == sorted(p.key for p in pods)
+    given: list[DeviceId] = []
+    claim_node: dict[str, str] = {}
+    for p in pods:
+        res = b.reservation(p.key)
+        assert res is not None and res.node == snap.names[snap.allocations[p.key].node]
+        for a in res.allocations:
+            assert a.claim not in claim_node  # a shared claim is allocated once
+            claim_node[a.claim] = res.node
+            given += [r.device_id for r in a.results]
+            assert all(r.pool == res.node for r in a.results)  # node-local devices of its node
+    assert len(given) == len(set(given))  # no device given twice
+    assert not set(given) & before  # nor one another claim holds
+    assert b.allocated().devices == before | set(given)  # the ledger: the union, nothing else
+    for p in pods:  # every claim of every member is allocated, where the member runs
+        assert p.claims is not None
+        for c in p.claims.to_allocate:
+            assert claim_node[c.name] == snap.names[snap.allocations[p.key].node]

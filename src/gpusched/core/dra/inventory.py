@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from gpusched.core.dra.allocator import Allocator, DoesNotFit, Outcome
+from gpusched.core.dra.allocator import Allocator, DoesNotFit, Fits, Outcome
 from gpusched.core.dra.model import (
     AllocatedState,
     Claim,
@@ -117,14 +117,26 @@ class PodClaims:
 
     def allocate(self, node: Node, allocated: AllocatedState) -> Outcome:
         """The claims to allocate on ``node`` (kube-scheduler's first solution) where ``allocated``
-        is held already; raises ``DraError``."""
+        is held already; a claim another pod's decision in flight allocated (``in_flight``: a gang's
+        shared claim) is not allocated again, and the pod must go where it is; raises ``DraError``."""
         if node.name in self.avoid_nodes:
             return DoesNotFit(f"the gang's joint search keeps this member off node {node.name}")
+        claims = self.to_allocate
+        if allocated.in_flight:  # a claim shared with a pod decided before: allocated once, there
+            for c in claims:
+                a = allocated.in_flight.get(c.name)
+                if a is not None and a.node_name is not None and a.node_name != node.name:
+                    return DoesNotFit(
+                        f"claim {c.name} is being allocated on node {a.node_name} for another pod"
+                    )
+            claims = tuple(c for c in claims if c.name not in allocated.in_flight)
+            if not claims:
+                return Fits(())
         inv = self.inventory
         if not self.avoid_devices:
-            return inv.allocator(node.name, allocated).allocate(node, self.to_allocate)
+            return inv.allocator(node.name, allocated).allocate(node, claims)
         slices = tuple(_without(s, self.avoid_devices) for s in inv.slices_for(node.name))
-        return Allocator(inv.classes, slices, inv.compiler, allocated).allocate(node, self.to_allocate)
+        return Allocator(inv.classes, slices, inv.compiler, allocated).allocate(node, claims)
 
     def check(self) -> None:
         """Raise ``DraError`` for what no node can change: an unknown or missing class, a selector
