@@ -15,7 +15,6 @@ from kubernetes import client
 
 from builders import k8s_node, k8s_pod
 from gpusched.core.gang import GangSpec, partly_bound
-from gpusched.k8s.claims import claims_message
 from gpusched.k8s.convert import pod_from_k8s
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.gangs import Gangs
@@ -310,13 +309,19 @@ def test_a_malformed_group_binds_nothing(h: Harness) -> None:
     assert not h.bound
 
 
-def test_dra_claims_are_named_and_never_bound(h: Harness) -> None:
-    h.groups.add(API.COSCHEDULING, "g", {"minMember": 1})
+def test_a_member_whose_claims_are_not_ready_is_told_why_and_the_gang_waits_for_it(h: Harness) -> None:
+    """Members with DRA claims are decided (jointly: tests/dra/test_gang_claims.py, e2e in
+    tests/e2e/test_dra_gang_e2e.py); one whose claims cannot be resolved yet (here: the DRA informers
+    have not listed) is told why and left out, and a gang short of its minimum binds nothing."""
+    h.groups.add(API.COSCHEDULING, "g", {"minMember": 2})
+    h.pod("plain", 1, "g")
     h.pod("claims", 1, "g", resourceClaims=[{"name": "gpu", "resourceClaimName": "c"}])
     h.drain()
     assert not h.bound
-    assert "spec.resourceClaims (gpu)" in claims_message(h.queue.get("ns/claims").obj)  # type: ignore[union-attr]
-    assert any("cannot allocate DRA" in m for n, m in h.events_of("FailedScheduling") if n == "claims")
+    msgs = [m for n, m in h.events_of("FailedScheduling") if n == "claims"]
+    assert any("member ns/claims: waiting for the DRA informers" in m for m in msgs), msgs
+    plain = [m for n, m in h.events_of("FailedScheduling") if n == "plain"]
+    assert any("1 member(s) can be decided, 0 bound, minimum 2; nothing is bound" in m for m in plain), plain
 
 
 def test_group_status_per_api() -> None:
