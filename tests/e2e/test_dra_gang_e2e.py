@@ -141,3 +141,32 @@ def test_a_gang_pod_by_pod_allocation_splits_is_placed_jointly_by_gpusched(
         assert not dra.read_pod(name)["spec"].get("nodeName") and results(dra, name) == []
     assert not [d for d in dra.devices_held() if d[0] == n_node]
     assert not [k for k in dra.sched.claims.books.reservations() if k.startswith(f"{dra.ns}/n-")]
+
+
+def test_a_gang_members_written_claim_is_taken_back_on_the_real_api(dra: DraEnv) -> None:  # noqa: F811
+    """What ``DraClaims.write_all`` does to the members written before one that failed, against the
+    real apiserver's validation: the claim is deallocated (allocation and reservedFor cleared in one
+    status update), the delete-protection finalizer removed; the devices show free again."""
+    import uuid
+
+    from gpusched.core.dra.model import ClaimAllocation, DeviceResult
+    from gpusched.k8s.dra.podclaims import ClaimRef
+    from gpusched.k8s.dra.writer import FINALIZER
+
+    node = dra.node_with_gpus(f"undo-{dra.tag}", "undo", [gpu(0, A100)])
+    dra.claim("undo-me", [{"name": "gpu", "exactly": exactly(dra.gpu_class)}])
+    obj = dra.read_claim("undo-me")
+    pod = {"metadata": {"name": "ghost", "namespace": dra.ns, "uid": str(uuid.uuid4())}}
+    mine = ClaimAllocation(f"{dra.ns}/undo-me", (DeviceResult("gpu", "gpu.nvidia.com", node, "gpu-0"),), node)
+    ref = ClaimRef("gpu", f"{dra.ns}/undo-me", obj["metadata"]["uid"], False)
+    books, writer = dra.sched.claims.books, dra.sched.claims.writer
+    books.reserve(f"{dra.ns}/ghost", node, (mine,))
+    assert writer.write(pod, (ref,), keep_trying=lambda: True).ok
+    written = dra.read_claim("undo-me")
+    assert written["status"]["allocation"] and FINALIZER in written["metadata"]["finalizers"]
+    writer.undo(pod, (ref,), {mine.claim: mine})
+    books.unreserve(f"{dra.ns}/ghost")
+    after = dra.read_claim("undo-me")
+    assert not after["status"].get("allocation") and not after["status"].get("reservedFor")
+    assert FINALIZER not in (after["metadata"].get("finalizers") or [])
+    wait_until(lambda: not [d for d in dra.devices_held() if d[0] == node], timeout=10, what="gpu-0 free")
