@@ -81,6 +81,8 @@ def schedule_gang(
             own = {p.key: p for p in pods}
             return GroupResult(r.status, tuple(replace(x, pod=own[x.pod.key]) for x in r.results))
         _branch(stack, seen, r, steer, pods, snap)
+    if passes == 1:  # no member's claim choice to change (none was placed)
+        return first
     st = first.status
     note = (
         f" (no joint choice of the members' claims fits either: {passes} pass(es) tried, "
