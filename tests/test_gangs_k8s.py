@@ -324,6 +324,42 @@ def test_a_member_whose_claims_are_not_ready_is_told_why_and_the_gang_waits_for_
     assert any("1 member(s) can be decided, 0 bound, minimum 2; nothing is bound" in m for m in plain), plain
 
 
+@pytest.mark.parametrize("written", [True, False])
+def test_a_gang_with_claims_binds_only_once_every_members_claims_are_written(
+    h: Harness, written: bool
+) -> None:
+    """The actuator writes every member's claims (``DraClaims.write_all``) before it binds any; when
+    a member's write fails no member is bound, their bookings are forgotten and each is told why."""
+    import dataclasses
+
+    from gpusched.core.dra.celexpr import CelCompiler
+    from gpusched.core.dra.inventory import DraInventory, FixedLedger, PodClaims
+    from gpusched.k8s.claims import GangWrite
+    from gpusched.k8s.dra.writer import WriteOutcome, Written
+
+    inv = DraInventory({}, (), FixedLedger(), CelCompiler())
+    h.s.claims.prepare = lambda obj, pod: dataclasses.replace(pod, claims=PodClaims((), (), inv))  # type: ignore[method-assign]
+    failed = GangWrite("ns/b", WriteOutcome(Written.REFUSED, "422 invalid"))
+    h.s.claims.write_all = lambda members, keep_trying: GangWrite() if written else failed  # type: ignore[method-assign]
+    bound: list[str] = []
+    h.s.actuator._bind_written = lambda _p, qp, *rest: bound.append(qp.key)  # type: ignore[method-assign]
+    h.groups.add(API.COSCHEDULING, "g", {"minMember": 2})
+    h.pod("a", 1, "g")
+    h.pod("b", 1, "g")
+    h.drain()
+    if written:
+        assert sorted(bound) == ["ns/a", "ns/b"]
+        return
+    assert not bound
+    assert not h.cluster.is_bound_or_assumed("ns/a") and not h.cluster.is_bound_or_assumed("ns/b")
+    for name in ("a", "b"):
+        (msg,) = [m for n, m in h.events_of("FailedScheduling") if n == name]
+        assert (
+            "writing the ResourceClaims of member ns/b failed (refused: 422 invalid); no member is bound"
+            in msg
+        )
+
+
 def test_group_status_per_api() -> None:
     assert status_body(API.COSCHEDULING, True, 2, "")["status"] == {"phase": "Scheduled"}
     cond = status_body(API.WORKLOAD, False, 0, "why")["status"]["conditions"][0]

@@ -312,6 +312,7 @@ class Actuator:
                 "written for the others were taken back"
             )
             log.warning("%s", msg)
+            self.gangs.waited(group, msg)  # the group told too (its status: not placed)
             for qp, pod, _, _ in binds:
                 self.cluster.forget(pod.key)
                 self.events.failed(qp.obj, msg)
