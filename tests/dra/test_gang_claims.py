@@ -231,7 +231,9 @@ def test_a_gang_of_claim_pods_is_placed_whole_with_each_device_once_or_holds_not
     claim_node: dict[str, str] = {}
     for p in pods:
         res = b.reservation(p.key)
-        assert res is not None and res.node == snap.names[snap.allocations[p.key].node]
+        if res is None:  # its claims are shared ones an earlier member allocated (checked below)
+            continue
+        assert res.node == snap.names[snap.allocations[p.key].node]
         for a in res.allocations:
             assert a.claim not in claim_node  # a shared claim is allocated once
             claim_node[a.claim] = res.node

@@ -133,7 +133,8 @@ class DynamicResources:
         out = self._outcomes(state, pod, snap).at(snap, node)
         if not isinstance(out, Fits):
             return Status(Code.UNSCHEDULABLE, (f"claims no longer fit on node {snap.names[node]}",), NAME)
-        pod.claims.inventory.ledger.reserve(pod.key, snap.names[node], out.allocations)
+        if out.allocations:  # none: its claims are a gang member's shared ones, allocated before it
+            pod.claims.inventory.ledger.reserve(pod.key, snap.names[node], out.allocations)
         return Status.success()
 
     def unreserve(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> None:
