@@ -195,7 +195,7 @@ def gang_case(draw: st.DrawFn) -> tuple[ClusterState, list[PodSpec], DraBooks, i
         if claims and draw(st.integers(0, 4)) == 0:
             c = draw(st.sampled_from(claims))  # shared with an earlier member
         else:
-            kind = draw(st.sampled_from(["any", "big", "first"]))
+            kind = draw(st.sampled_from(["any", "big", "first", "first"]))
             count = draw(st.integers(1, 2))
             if kind == "first":
                 c = claim(f"ns/c{i}", first("gpu", ex("two", "gpu", 2, BIG), ex("one", "gpu", 1)))
