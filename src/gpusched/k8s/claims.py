@@ -14,7 +14,7 @@
 - ``release(obj)`` when the binding did not happen: the pod leaves ``reservedFor``.
 - ``write_all(members)`` for a gang (its members' claims allocated jointly by the core,
   ``core/gangclaims.py``): every member's claims written before any member is bound, or none: when
-  one member's write fails, what the members before it wrote is taken back and every member's
+  one member's write fails, what it and the members before it wrote is taken back and every member's
   devices are given back.
 """
 
