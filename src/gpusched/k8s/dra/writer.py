@@ -286,7 +286,8 @@ class ClaimWriter:
                 log.warning("taking back ResourceClaim %s for pod %s: %s", ref.key, uid, e)
 
     def _undo_one(self, ns: str, name: str, uid: Any, mine: ClaimAllocation | None) -> None:
-        for _ in range(8):  # conflicts: read again and redo
+        deallocated = False
+        for _ in range(8):  # conflicts (the resourceclaim controller writes too): read again and redo
             obj = self._read(ns, name)
             status = obj.setdefault("status", {})
             reserved = [r for r in status.get("reservedFor") or [] if isinstance(r, Mapping)]
@@ -297,13 +298,19 @@ class ClaimWriter:
                     status.pop("allocation", None)
                     status.pop("reservedFor", None)
                     obj = self._call(self.api.replace_namespaced_resource_claim_status, name, ns, obj)
-                    finalizers = list(obj["metadata"].get("finalizers") or [])
-                    if FINALIZER in finalizers:
-                        obj["metadata"]["finalizers"] = [f for f in finalizers if f != FINALIZER]
-                        self._call(self.api.replace_namespaced_resource_claim, name, ns, obj)
+                    deallocated = True
                 elif len(others) != len(reserved):
                     status["reservedFor"] = others
                     self._call(self.api.replace_namespaced_resource_claim_status, name, ns, obj)
+                    return
+                finalizers = list(obj["metadata"].get("finalizers") or [])
+                if (
+                    deallocated
+                    and (obj.get("status") or {}).get("allocation") is None
+                    and FINALIZER in finalizers
+                ):
+                    obj["metadata"]["finalizers"] = [f for f in finalizers if f != FINALIZER]
+                    self._call(self.api.replace_namespaced_resource_claim, name, ns, obj)
                 return
             except Exception as e:
                 if _status(e) != 409:
