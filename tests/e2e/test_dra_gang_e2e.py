@@ -146,9 +146,9 @@ def test_a_gang_pod_by_pod_allocation_splits_is_placed_jointly_by_gpusched(
 def test_a_gang_members_written_claim_is_taken_back_on_the_real_api(dra: DraEnv) -> None:  # noqa: F811
     """What ``DraClaims.write_all`` does to the members written before one that failed, against the
     real apiserver's validation: the claim is deallocated (allocation and reservedFor cleared in one
-    status update), the delete-protection finalizer removed; the devices show free again."""
-    import uuid
-
+    status update), the delete-protection finalizer removed; the devices show free again. The pod is
+    real (left pending: no scheduler serves its name), so the resourceclaim controller keeps it in
+    ``reservedFor`` meanwhile."""
     from gpusched.core.dra.model import ClaimAllocation, DeviceResult
     from gpusched.k8s.dra.podclaims import ClaimRef
     from gpusched.k8s.dra.writer import FINALIZER
@@ -156,16 +156,19 @@ def test_a_gang_members_written_claim_is_taken_back_on_the_real_api(dra: DraEnv)
     node = dra.node_with_gpus(f"undo-{dra.tag}", "undo", [gpu(0, A100)])
     dra.claim("undo-me", [{"name": "gpu", "exactly": exactly(dra.gpu_class)}])
     obj = dra.read_claim("undo-me")
-    pod = {"metadata": {"name": "ghost", "namespace": dra.ns, "uid": str(uuid.uuid4())}}
+    dra.pod(
+        "holder", f"undo-{dra.tag}", [{"name": "gpu", "resourceClaimName": "undo-me"}], scheduler="nobody"
+    )
+    pod = dra.read_pod("holder")
     mine = ClaimAllocation(f"{dra.ns}/undo-me", (DeviceResult("gpu", "gpu.nvidia.com", node, "gpu-0"),), node)
     ref = ClaimRef("gpu", f"{dra.ns}/undo-me", obj["metadata"]["uid"], False)
     books, writer = dra.sched.claims.books, dra.sched.claims.writer
-    books.reserve(f"{dra.ns}/ghost", node, (mine,))
+    books.reserve(f"{dra.ns}/holder", node, (mine,))
     assert writer.write(pod, (ref,), keep_trying=lambda: True).ok
     written = dra.read_claim("undo-me")
     assert written["status"]["allocation"] and FINALIZER in written["metadata"]["finalizers"]
     writer.undo(pod, (ref,), {mine.claim: mine})
-    books.unreserve(f"{dra.ns}/ghost")
+    books.unreserve(f"{dra.ns}/holder")
     after = dra.read_claim("undo-me")
     assert not after["status"].get("allocation") and not after["status"].get("reservedFor")
     assert FINALIZER not in (after["metadata"].get("finalizers") or [])
