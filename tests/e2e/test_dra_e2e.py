@@ -144,13 +144,16 @@ class DraEnv:
             self.ns, {"metadata": {"name": name}, "spec": {"devices": {"requests": requests}}}
         )
 
-    def pod(self, name: str, group: str, claims: list[dict[str, str]]) -> None:
+    def pod(
+        self, name: str, group: str, claims: list[dict[str, str]], *, scheduler: str = "", **labels: str
+    ) -> None:
+        """A pod with ``claims`` on the nodes of ``group``, for gpusched (or ``scheduler``)."""
         self.v1.create_namespaced_pod(
             self.ns,
             {
-                "metadata": {"name": name},
+                "metadata": {"name": name, "labels": labels},
                 "spec": {
-                    "schedulerName": self.scheduler_name,
+                    "schedulerName": scheduler or self.scheduler_name,
                     "nodeSelector": {GROUP: group},
                     "containers": [
                         {

@@ -10,7 +10,9 @@ its minimum member count (``minMember``) and how long its pods may wait for it
   half the free GPUs cannot deadlock, the first one runs and the second waits as a unit;
 - ``place_gang`` places a unit through ``statement.schedule_all``: at least the members still
   missing from ``min_member`` fit at once, or nothing stays booked and the reason names the gang,
-  how many fit and the pod that did not.
+  how many fit and the pod that did not. Members with DRA claims are allocated jointly
+  (``gangclaims.schedule_gang``: the members' claim choices searched, within a bound, when the
+  first choices do not fit together).
 
 The core reads no clock: ``GangSpec.expired`` compares times the caller gives (seconds), so a
 front end drops what a gang holds once its timeout passes.
@@ -24,10 +26,11 @@ from dataclasses import dataclass, replace
 from gpusched.core.cluster import I64, ClusterState
 from gpusched.core.errors import InvalidSpec
 from gpusched.core.framework import Profile
+from gpusched.core.gangclaims import schedule_gang
 from gpusched.core.gangtopology import GangTopology, place_in_domain
 from gpusched.core.model import GPU_MILLI, PodSpec
 from gpusched.core.pending import pending_order
-from gpusched.core.statement import GroupResult, schedule_all
+from gpusched.core.statement import GroupResult
 from gpusched.core.status import Code, Status
 
 
@@ -165,7 +168,7 @@ def place_gang(
             need=unit.need, gang=unit.key, tiebreak=tiebreak, diagnose=diagnose,
         ).result  # fmt: skip
     else:
-        r = schedule_all(
+        r = schedule_gang(
             without_post_filters(profile),
             unit.pods,
             snap,

@@ -37,9 +37,10 @@ import numpy as np
 from gpusched.core.cluster import I64, ClusterState
 from gpusched.core.errors import InvalidSpec
 from gpusched.core.framework import Profile
+from gpusched.core.gangclaims import schedule_gang
 from gpusched.core.model import GPU_MILLI, PodSpec
 from gpusched.core.names import LABEL_BLOCK, LABEL_CLIQUE, LABEL_RACK
-from gpusched.core.statement import GroupResult, schedule_all
+from gpusched.core.statement import GroupResult
 from gpusched.core.status import Code, Status
 
 DEFAULT_LEVELS: tuple[str, ...] = (LABEL_CLIQUE, LABEL_RACK, LABEL_BLOCK)
@@ -222,7 +223,7 @@ def place_in_domain(
     for keys in levels:
         for d in candidates(snap, pods, need, keys, anchor):
             tried += 1
-            r = schedule_all(
+            r = schedule_gang(
                 profile, pods, snap, tiebreak=tiebreak, min_count=need, diagnose_failures=False, nodes=d.nodes
             )
             if r.scheduled:
@@ -231,12 +232,12 @@ def place_in_domain(
     if request.mode is Mode.PREFERRED:
         few = fewest_domains(snap, pods, need, request.keys[-1:]) if not anchor else None
         if few is not None:
-            r = schedule_all(
+            r = schedule_gang(
                 profile, pods, snap, tiebreak=tiebreak, min_count=need, diagnose_failures=False, nodes=few
             )
             if r.scheduled:
                 return TopologyPlacement(r, None)
-        r = schedule_all(profile, pods, snap, tiebreak=tiebreak, min_count=need, diagnose_failures=diagnose)
+        r = schedule_gang(profile, pods, snap, tiebreak=tiebreak, min_count=need, diagnose_failures=diagnose)
         return TopologyPlacement(r, None)
     return TopologyPlacement(
         GroupResult(

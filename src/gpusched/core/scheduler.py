@@ -31,7 +31,7 @@ tie-break order and what they do with the result (bind or not).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -63,6 +63,16 @@ class Filtered:
     """With ``explain``: one per failed node, in filter order, then node order."""
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class Reserved:
+    """What Reserve took for a placed pod: the profile and cycle state it ran with, so that an undo
+    of the placement (a gang given back, a per-model quota refusing after placement) unreserves it
+    as a failed bind does (``undo``)."""
+
+    profile: Profile
+    state: CycleState
+
+
 @dataclass(frozen=True, slots=True)
 class ScheduleResult:
     pod: PodSpec
@@ -75,6 +85,8 @@ class ScheduleResult:
     diagnosis: Diagnosis | None = None
     nominated_node: int = -1
     victims: tuple[str, ...] = ()
+    reserved: Reserved | None = field(default=None, repr=False, compare=False)
+    """Set when Reserve ran for the chosen node (``undo`` gives it back)."""
 
     @property
     def scheduled(self) -> bool:
@@ -334,6 +346,15 @@ def unreserve(state: CycleState, profile: Profile, pod: PodSpec, snap: ClusterSt
         rp.unreserve(state, pod, snap, node)
 
 
+def undo(snap: ClusterState, r: ScheduleResult) -> None:
+    """Take back a placement ``schedule_one`` made: its Reserve plugins unreserved (the DRA devices
+    given back to the front end's ledger), then its booking forgotten when it is in ``snap``."""
+    if r.reserved is not None:
+        unreserve(r.reserved.state, r.reserved.profile, r.pod, snap, r.node)
+    if r.pod.key in snap.allocations:
+        snap.forget(r.pod.key)
+
+
 # ------------------------------------------------------------------ the cycle
 def schedule_one(
     profile: Profile,
@@ -367,7 +388,10 @@ def schedule_one(
         return ScheduleResult(pod, st, feasible_nodes=p.feasible)
     if assume:
         snap.assume(pod, p.node, p.gpus)
-    return ScheduleResult(pod, Status.success(), p.node, p.node_name, p.gpus, p.score, p.feasible)
+    return ScheduleResult(
+        pod, Status.success(), p.node, p.node_name, p.gpus, p.score, p.feasible,
+        reserved=Reserved(profile, f.state),
+    )  # fmt: skip
 
 
 def _post_filter(

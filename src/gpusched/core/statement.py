@@ -9,7 +9,9 @@ in the same statement see the earlier ones) and then either
 - ``commit()``: keeps them and returns the operations, in order, for the front end to carry
   out (bind the assumed pods, delete the evicted ones); or
 - ``discard()``: undoes them in reverse order, restoring every free amount, allocation and
-  per-node pod set exactly (generation counters move forward, so score caches recompute).
+  per-node pod set exactly (generation counters move forward, so score caches recompute), and
+  unreserving what the Reserve plugins took for the pods it scheduled (``scheduler.undo``: a
+  gang's DRA devices go back to the front end's ledger).
 
 Used as a context manager a statement that is neither committed nor discarded when the block
 ends is discarded, so an exception half-way through a gang never leaves half a gang booked.
@@ -28,7 +30,7 @@ from gpusched.core.devices import fitting_gpus, pick_gpus
 from gpusched.core.framework import Profile
 from gpusched.core.mig.books import MigSlot
 from gpusched.core.model import Allocation, PodSpec
-from gpusched.core.scheduler import ScheduleResult, schedule_one
+from gpusched.core.scheduler import ScheduleResult, schedule_one, undo
 from gpusched.core.status import Code, Status
 
 
@@ -41,6 +43,8 @@ class OpKind(enum.Enum):
 class Operation:
     kind: OpKind
     allocation: Allocation
+    scheduled: ScheduleResult | None = None
+    """An ASSUME made by ``Statement.schedule``: its cycle's result (what Reserve took)."""
 
 
 class StatementClosed(RuntimeError):
@@ -94,7 +98,7 @@ class Statement:
             profile, pod, self.snap, tiebreak=tiebreak, diagnose_failures=diagnose_failures, nodes=nodes
         )
         if r.scheduled:  # schedule_one assumed it
-            self._ops.append(Operation(OpKind.ASSUME, self.snap.allocations[pod.key]))
+            self._ops.append(Operation(OpKind.ASSUME, self.snap.allocations[pod.key], r))
         return r
 
     # --------------------------------------------------------------- outcome
@@ -118,7 +122,9 @@ class Statement:
         self._open = False
         for op in reversed(self._ops):
             a = op.allocation
-            if op.kind is OpKind.ASSUME:
+            if op.scheduled is not None:
+                undo(self.snap, op.scheduled)
+            elif op.kind is OpKind.ASSUME:
                 self.snap.forget(a.pod.key)
             else:  # what it held: a fact, restored as it was (a held room may overbook its GPUs)
                 self.snap.assume(a.pod, a.node, a.gpus, check=False, mig=a.mig)

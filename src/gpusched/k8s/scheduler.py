@@ -24,8 +24,8 @@ standby keeps its informers warm. Becoming leader rebuilds the books from the AP
 Gangs hold nothing while they wait: a PodGroup member is decided with its group's pending pods,
 all or nothing, in one cycle (``k8s/gangs.py``: membership and group status; within its tenant
 queue's quota, a preemptor as a unit). A pod with DRA claims has them resolved before it is decided
-and written before it is bound (``k8s/claims.py``, ``DraClaims``; the actuator writes them); a gang
-member with claims is never bound.
+and written before it is bound (``k8s/claims.py``, ``DraClaims``; the actuator writes them); a gang's
+members' claims are resolved each, allocated jointly and all written before any member is bound.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from gpusched.k8s.claims import ClaimsRefusal, DraClaims
 from gpusched.k8s.convert import InvalidRequest
 from gpusched.k8s.disruption import BudgetReader
 from gpusched.k8s.events import EventRecorder
-from gpusched.k8s.gangs import Gangs, Refusal
+from gpusched.k8s.gangs import Gangs, Members, Refusal
 from gpusched.k8s.gangtopology import gang_topology
 from gpusched.k8s.informer import Reflector
 from gpusched.k8s.migreshape import MigReshapes
@@ -355,8 +355,16 @@ class StandaloneScheduler:
         group = gang.group
         for m, why in gang.invalid:
             act.refuse(m, why, attempt="error")
+        gang = self._with_claims(gang, qp, pod)
         if not gang.pending:
             act.gang_waits(group, gang.keys, f"{group.ref.describe()}: no member can be decided")
+            return None
+        if gang.bound + len(gang.pending) < group.min_member:
+            act.gang_waits(
+                group, [m.key for m, _ in gang.pending],
+                f"{group.ref.describe()}: {len(gang.pending)} member(s) can be decided, {gang.bound} bound, "
+                f"minimum {group.min_member}; nothing is bound",
+            )  # fmt: skip
             return None
         keys = [m.key for m, _ in gang.pending]
         queue, problem = self.tenants.queue_of(gang.pending[0][1])
@@ -382,6 +390,22 @@ class StandaloneScheduler:
         pods = tuple(dataclasses.replace(p, queue=queue) if queue else p for _, p in gang.pending)
         unit = Unit(spec.key, pods, max(0, group.min_member - gang.bound), spec)
         return Popped(unit, {m.key: m for m, _ in gang.pending}, group, gang.bound, queue)
+
+    def _with_claims(self, gang: Members, qp: QueuedPod, pod: PodSpec) -> Members:
+        """The gang's pending members with their DRA claims resolved and attached (``qp`` as ``pod``,
+        prepared already); a member whose claims are not ready is told why and left out."""
+        pending: list[tuple[QueuedPod, PodSpec]] = []
+        for m, spec in gang.pending:
+            if m.key == qp.key:
+                prepared: PodSpec | ClaimsRefusal = dataclasses.replace(spec, claims=pod.claims)
+            else:
+                prepared = self.claims.prepare(m.obj, spec)
+            if isinstance(prepared, ClaimsRefusal):
+                self.actuator.refuse(m, f"{gang.group.ref.describe()}: member {m.key}: {prepared.message}",
+                                     reason=prepared.reason)  # fmt: skip
+                continue
+            pending.append((m, prepared))
+        return dataclasses.replace(gang, pending=pending)
 
     def _decide(self, popped: Popped, snap: ClusterState) -> Decision:
         """The one decision (``core.batch.run_cycle``) of ``popped``, under the cluster lock: with its

@@ -240,9 +240,11 @@ class DraBooks:
         with self.lock:
             self._expire()
             per_claim = dict(self._held)
+            in_flight: dict[str, ClaimAllocation] = {}
             for res in self._reserved.values():
                 for key, devices in held_devices(res.allocations).items():
                     per_claim.setdefault(key, devices)  # the API's copy wins once it is seen
+                in_flight.update((a.claim, a) for a in res.allocations if a.claim not in self._held)
             exclusive: set[DeviceId] = set()
             consumed: dict[DeviceId, dict[str, int]] = {}
             for devices in per_claim.values():
@@ -255,7 +257,7 @@ class DraBooks:
                             book[name] = book.get(name, 0) + v
                     else:
                         exclusive.add(d.device)
-            return AllocatedState(frozenset(exclusive), consumed)
+            return AllocatedState(frozenset(exclusive), consumed, in_flight)
 
     def reserve(self, pod: str, node: str, allocations: tuple[ClaimAllocation, ...]) -> None:
         with self.lock:
