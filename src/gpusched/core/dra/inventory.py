@@ -30,6 +30,7 @@ from gpusched.core.dra.model import (
     ResourceSlice,
 )
 from gpusched.core.dra.pools import selector_matches
+from gpusched.core.dra.score import SCORED, SearchBudget
 from gpusched.core.dra.selector import SelectorCompiler
 
 
@@ -70,6 +71,8 @@ class DraInventory:
     slices: tuple[ResourceSlice, ...]
     ledger: ClaimLedger
     compiler: SelectorCompiler
+    budget: SearchBudget = SCORED
+    """How many solutions the allocator scores per node (``FIRST_FIT``: kube-scheduler's choice)."""
     _by_node: dict[str, tuple[ResourceSlice, ...]] = field(init=False, repr=False)
     _everywhere: tuple[ResourceSlice, ...] = field(init=False, repr=False)
 
@@ -93,7 +96,7 @@ class DraInventory:
         return self._by_node.get(node, ()) + self._everywhere
 
     def allocator(self, node: str, allocated: AllocatedState) -> Allocator:
-        return Allocator(self.classes, self.slices_for(node), self.compiler, allocated)
+        return Allocator(self.classes, self.slices_for(node), self.compiler, allocated, self.budget)
 
 
 @dataclass(frozen=True, eq=False)
@@ -110,8 +113,9 @@ class PodClaims:
         return all(selector_matches(s, node) for s in self.allocated_on)
 
     def allocate(self, node: Node, allocated: AllocatedState) -> Outcome:
-        """The claims to allocate on ``node`` (kube-scheduler's first solution) where ``allocated``
-        is held already; raises ``DraError``."""
+        """The claims to allocate on ``node`` where ``allocated`` is held already: the best of the
+        solutions the inventory's budget enumerates (it fits where kube-scheduler's first solution
+        does); raises ``DraError``."""
         return self.inventory.allocator(node.name, allocated).allocate(node, self.to_allocate)
 
     def check(self) -> None:

@@ -41,6 +41,10 @@ class Pool:
     incomplete: bool
     invalid: str | None
     every_device: tuple[Candidate, ...]  # also those on other nodes: they consume the same counters
+    notes: tuple[str, ...] = ()
+    """What makes devices of the pool unusable, naming the field: the pool is incomplete (fewer
+    slices than ``spec.pool.resourceSliceCount``), or a device consumes more of a counter than its
+    set declares (it can never be allocated). Added to a refusal's reason."""
 
 
 def _requirement_matches(req: Requirement, node: Node) -> bool:
@@ -101,10 +105,38 @@ def gather_pools(slices: Sequence[ResourceSlice], node: Node) -> list[Pool]:
                 elif reach:
                     devices.append(Candidate(driver, name, d, s.scope.node_name is not None))
         counters = {cs.name: cs for s in current for cs in s.shared_counters}
-        incomplete = len(current) < max(s.slice_count for s in current)
+        announced = max(s.slice_count for s in current)
+        incomplete = len(current) < announced
         everything = tuple(Candidate(driver, name, d, False) for s in current for d in s.devices)
-        pools.append(Pool(driver, name, tuple(devices), counters, incomplete, _invalid(current), everything))
+        notes = _overdrawn(current, counters)
+        if incomplete:
+            notes = (
+                f"resource pool {driver}/{name} is incomplete: {len(current)} of {announced} slices"
+                f" (spec.pool.resourceSliceCount) of generation {generation} are published, so its"
+                " devices are not used until all are",
+                *notes,
+            )
+        pools.append(
+            Pool(driver, name, tuple(devices), counters, incomplete, _invalid(current), everything, notes)
+        )
     return pools
+
+
+def _overdrawn(current: list[ResourceSlice], sets: dict[str, CounterSet]) -> tuple[str, ...]:
+    """Devices that consume more of a counter than their set declares (never allocatable)."""
+    out = []
+    for s in current:
+        for i, d in enumerate(s.devices):
+            for j, use in enumerate(d.consumes_counters):
+                found = sets.get(use.counter_set)
+                for counter, value in sorted(use.counters.items()):
+                    if found is not None and counter in found.counters and value > found.counters[counter]:
+                        out.append(
+                            f"ResourceSlice {s.name}: spec.devices[{i}].consumesCounters[{j}].counters"
+                            f".{counter}: device {d.name} consumes {value}, more than counter set"
+                            f" {use.counter_set} declares ({found.counters[counter]})"
+                        )
+    return tuple(out)
 
 
 def _invalid(current: list[ResourceSlice]) -> str | None:
@@ -117,15 +149,22 @@ def _invalid(current: list[ResourceSlice]) -> str | None:
                 return f"counter set {cs.name} is published twice"
             sets[cs.name] = cs
     for s in current:
-        for d in s.devices:
+        for i, d in enumerate(s.devices):
             if d.name in names:
                 return f"device {d.name} appears twice"
             names.add(d.name)
-            for use in d.consumes_counters:
+            for j, use in enumerate(d.consumes_counters):
+                field = f"ResourceSlice {s.name}: spec.devices[{i}].consumesCounters[{j}]"
                 found = sets.get(use.counter_set)
                 if found is None:
-                    return f"device {d.name} consumes from unknown counter set {use.counter_set}"
+                    return (
+                        f"{field}.counterSet: device {d.name} consumes from unknown counter set"
+                        f" {use.counter_set} (no slice of the pool declares it in spec.sharedCounters)"
+                    )
                 unknown = sorted(set(use.counters) - set(found.counters))
                 if unknown:
-                    return f"device {d.name} consumes unknown counters {unknown} of {use.counter_set}"
+                    return (
+                        f"{field}.counters: device {d.name} consumes unknown counters {unknown} of"
+                        f" {use.counter_set}"
+                    )
     return None
