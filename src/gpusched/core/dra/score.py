@@ -26,9 +26,10 @@ profile's span at a legal start; the device consuming every memory slice is the 
 measured by the core's MIG fragmentation (``core/mig/measure.py``): the growth of F, the free memory
 slices the demand cannot use. Any other counter set gets a generic measure: the devices consuming it
 are grouped in kinds (by profile attribute, else by what they consume); a kind can still take
-``fit`` more devices (free ones that fit what is left, bounded per counter), each worth its per-mille
-share of the set; the measure is the weighted worth lost. The **demand seen** weighs each kind: one
-for every kind the set offers, plus one for each device of that kind held on the node's pools.
+``fit`` more devices (free ones that fit what is left, bounded by what is left of the counters all
+its devices consume alike, e.g. multiprocessors), each worth its per-mille share of the set; the
+measure is the weighted worth lost. The **demand seen** weighs each kind: one for every kind the set
+offers, plus one for each device of that kind held on the node's pools.
 
 Everything is an integer; nothing here reads a clock or does I/O.
 """
@@ -120,6 +121,16 @@ class _CounterMeasure:
         self.cap = cap
         self.devices = [(c, _did(c), _use(c.device, name)) for c in devs]
         self.mig = _mig_map(cap, self.devices)
+        self.kinds = [_kind(c, use) for c, _, use in self.devices]
+        common: dict[str, dict[str, int]] = {}  # per kind, the counters all its devices consume alike
+        self.worth: dict[str, int] = {}  # per kind, one device's per-mille share of the set, summed
+        for kk, (_, _, use) in zip(self.kinds, self.devices, strict=True):
+            if kk not in common:
+                common[kk] = dict(use)
+                self.worth[kk] = sum(v * 1000 // cap[n] for n, v in use.items() if cap.get(n))
+            else:
+                common[kk] = {n: v for n, v in common[kk].items() if use.get(n) == v}
+        self.common = {kk: {n: v for n, v in c.items() if v > 0} for kk, c in common.items()}
 
     def value(self, usage: Usage, demand: Counter[str]) -> int:
         """How usable the set is; the score is the loss of it."""
@@ -145,16 +156,14 @@ class _CounterMeasure:
             return -fragmentation(geom, code, mix)
         left = {n: v - usage.counters.get(self.key, {}).get(n, 0) for n, v in self.cap.items()}
         fits: Counter[str] = Counter()
-        bound: dict[str, int] = {}
-        worth: dict[str, int] = {}
-        for c, did, use in self.devices:
-            kk = _kind(c, use)
-            if kk not in bound:
-                bound[kk] = min((left.get(n, 0) // v for n, v in use.items() if v > 0), default=0)
-                worth[kk] = sum(v * 1000 // self.cap[n] for n, v in use.items() if self.cap.get(n))
+        for kk, (_, did, use) in zip(self.kinds, self.devices, strict=True):
             if not usage.in_use(did) and all(left.get(n, 0) >= v for n, v in use.items()):
                 fits[kk] += 1
-        return sum(demand.get(k, 0) * worth[k] * min(f, bound[k]) for k, f in fits.items())
+        total = 0
+        for kk, f in fits.items():
+            bound = min((left.get(n, 0) // v for n, v in self.common[kk].items()), default=f)
+            total += demand.get(kk, 0) * self.worth[kk] * min(f, bound)
+        return total
 
 
 def _use(device: Device, counter_set: str) -> dict[str, int]:
