@@ -111,7 +111,7 @@ class Allocator:
         invalid = [f"{p.driver}/{p.name} ({p.invalid})" for p in pools if p.invalid is not None]
         if invalid:
             raise DraError("invalid resource pools were encountered: " + ", ".join(invalid))
-        notes = [n for p in pools for n in p.notes]
+        notes = [n for p in pools for n in p.notes()]
         reason = _reason(node, claims, plans)
         return DoesNotFit(reason + "; " + "; ".join(notes) if notes else reason)
 

@@ -41,10 +41,23 @@ class Pool:
     incomplete: bool
     invalid: str | None
     every_device: tuple[Candidate, ...]  # also those on other nodes: they consume the same counters
-    notes: tuple[str, ...] = ()
-    """What makes devices of the pool unusable, naming the field: the pool is incomplete (fewer
-    slices than ``spec.pool.resourceSliceCount``), or a device consumes more of a counter than its
-    set declares (it can never be allocated). Added to a refusal's reason."""
+    slices: tuple[ResourceSlice, ...] = ()  # of the generation used
+
+    def notes(self) -> tuple[str, ...]:
+        """What makes devices of the pool unusable, naming the field: the pool is incomplete (fewer
+        slices than ``spec.pool.resourceSliceCount``), or a device consumes more of a counter than
+        its set declares (it can never be allocated). Added to a refusal's reason."""
+        notes = _overdrawn(self.slices, self.counter_sets)
+        if not self.incomplete:
+            return notes
+        announced = max(s.slice_count for s in self.slices)
+        generation = self.slices[0].generation
+        return (
+            f"resource pool {self.driver}/{self.name} is incomplete: {len(self.slices)} of {announced}"
+            f" slices (spec.pool.resourceSliceCount) of generation {generation} are published, so its"
+            " devices are not used until all are",
+            *notes,
+        )
 
 
 def _requirement_matches(req: Requirement, node: Node) -> bool:
@@ -105,24 +118,24 @@ def gather_pools(slices: Sequence[ResourceSlice], node: Node) -> list[Pool]:
                 elif reach:
                     devices.append(Candidate(driver, name, d, s.scope.node_name is not None))
         counters = {cs.name: cs for s in current for cs in s.shared_counters}
-        announced = max(s.slice_count for s in current)
-        incomplete = len(current) < announced
+        incomplete = len(current) < max(s.slice_count for s in current)
         everything = tuple(Candidate(driver, name, d, False) for s in current for d in s.devices)
-        notes = _overdrawn(current, counters)
-        if incomplete:
-            notes = (
-                f"resource pool {driver}/{name} is incomplete: {len(current)} of {announced} slices"
-                f" (spec.pool.resourceSliceCount) of generation {generation} are published, so its"
-                " devices are not used until all are",
-                *notes,
-            )
         pools.append(
-            Pool(driver, name, tuple(devices), counters, incomplete, _invalid(current), everything, notes)
+            Pool(
+                driver,
+                name,
+                tuple(devices),
+                counters,
+                incomplete,
+                _invalid(current),
+                everything,
+                tuple(current),
+            )
         )
     return pools
 
 
-def _overdrawn(current: list[ResourceSlice], sets: dict[str, CounterSet]) -> tuple[str, ...]:
+def _overdrawn(current: Sequence[ResourceSlice], sets: dict[str, CounterSet]) -> tuple[str, ...]:
     """Devices that consume more of a counter than their set declares (never allocatable)."""
     out = []
     for s in current:

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from gpusched.core.dra.model import AttrValue, Device, DeviceId, DeviceResult, qualify
 from gpusched.core.dra.pools import Candidate, Pool
 from gpusched.core.mig.geometry import ME_BIT, SM_SHIFT, Geometry, span
-from gpusched.core.mig.measure import DemandMix, fragmentation
+from gpusched.core.mig.measure import I64, DemandMix, lost_table
 from gpusched.core.mig.profiles import MODEL_CLASSES, Kind
 
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
@@ -110,6 +110,12 @@ def _did(c: Candidate) -> DeviceId:
     return DeviceId(c.driver, c.pool, c.device.name)
 
 
+@dataclass(frozen=True)
+class _Demand:
+    counts: Counter[str]
+    weights: I64 | None  # the MIG measure's, per kind of the model's layout
+
+
 class _CounterMeasure:
     """One counter set: how usable it is in a given state (higher: more usable), by the MIG measure
     when the devices map to a MIG model, else generically."""
@@ -132,8 +138,18 @@ class _CounterMeasure:
                 common[kk] = {n: v for n, v in common[kk].items() if use.get(n) == v}
         self.common = {kk: {n: v for n, v in c.items() if v > 0} for kk, c in common.items()}
 
-    def value(self, usage: Usage, demand: Counter[str]) -> int:
-        """How usable the set is; the score is the loss of it."""
+    def weigh(self, demand: Counter[str]) -> _Demand:
+        """The demand seen (a weight per kind), with the MIG measure's weight vector."""
+        if self.mig is None:
+            return _Demand(demand, None)
+        mix = DemandMix()
+        for name, n in demand.items():
+            mix.add(name, n)
+        return _Demand(demand, mix.weights(self.mig[0]))
+
+    def value(self, usage: Usage, weighed: _Demand) -> int:
+        """How usable the set is for the demand; the score is the loss of it."""
+        demand = weighed.counts
         if self.mig is not None:
             geom, kinds = self.mig
             mem = sm = me = 0
@@ -150,10 +166,8 @@ class _CounterMeasure:
                 if kind.key == "1g+me":
                     me = ME_BIT
             code = mem | me | min(sm, geom.sm_slices) << SM_SHIFT
-            mix = DemandMix()
-            for name, n in demand.items():
-                mix.add(name, n)
-            return -fragmentation(geom, code, mix)
+            assert weighed.weights is not None
+            return -int(lost_table(geom.model)[code] @ weighed.weights)  # measure.fragmentation
         left = {n: v - usage.counters.get(self.key, {}).get(n, 0) for n, v in self.cap.items()}
         fits: Counter[str] = Counter()
         for kk, (_, did, use) in zip(self.kinds, self.devices, strict=True):
@@ -220,55 +234,92 @@ def _mig_map(
     return None
 
 
+class _Layout:
+    """What a pool's devices are, for scoring (no state): counter sets with their measures, the
+    sets each device consumes, shared devices' capacities, PCIe root / NUMA node of each device,
+    the connected group of each whole device, each counter consumer's kind."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.attrs: dict[DeviceId, tuple[AttrValue | None, AttrValue | None]] = {}
+        self.group: dict[DeviceId, AttrValue] = {}
+        self.sets: dict[tuple[str, str, str], _CounterMeasure] = {}
+        self.consumes: dict[DeviceId, tuple[tuple[str, str, str], ...]] = {}
+        self.caps: dict[DeviceId, dict[str, int]] = {}
+        self.kind: dict[DeviceId, str] = {}
+        by_set: dict[str, list[Candidate]] = {}
+        for c in pool.every_device:
+            did = _did(c)
+            sets = []
+            for use in c.device.consumes_counters:
+                by_set.setdefault(use.counter_set, []).append(c)
+                sets.append((c.driver, c.pool, use.counter_set))
+            self.consumes[did] = tuple(dict.fromkeys(sets))
+            if c.device.consumes_counters:
+                self.kind[did] = _kind(c, _use(c.device, c.device.consumes_counters[0].counter_set))
+        for name, devs in by_set.items():
+            cset = pool.counter_sets.get(name)
+            if cset is not None:
+                self.sets[(pool.driver, pool.name, name)] = _CounterMeasure(
+                    pool.driver, pool.name, name, cset.counters, devs
+                )
+        for c in pool.devices:
+            did = _did(c)
+            pcie, numa = _attr(c, PCIE_ROOT), _attr(c, NUMA_NODE)
+            self.attrs[did] = (pcie, numa)
+            if c.device.allow_multiple_allocations:
+                self.caps[did] = {qualify(c.driver, n): cap.value for n, cap in c.device.capacity.items()}
+            elif not c.device.consumes_counters:
+                group = pcie if pcie is not None else numa
+                if group is not None:
+                    self.group[did] = group
+
+
+_LAYOUTS: dict[tuple[object, ...], tuple[tuple[object, ...], _Layout]] = {}
+"""A pool's layout depends only on its slices and the devices that reach the node: kept by their
+identity (holding them, so an id is never reused while kept); cleared when large."""
+
+
+def _layout(pool: Pool) -> _Layout:
+    refs = (*pool.slices, *(c.device for c in pool.devices))
+    key = (pool.driver, pool.name, len(pool.slices), *map(id, refs))
+    hit = _LAYOUTS.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], refs, strict=True)):
+        return hit[1]
+    if len(_LAYOUTS) > 1024:
+        _LAYOUTS.clear()
+    layout = _Layout(pool)
+    if pool.slices:
+        _LAYOUTS[key] = (refs, layout)
+    return layout
+
+
 class Scorer:
     """Scores full solutions on one node's pools, against what was held before the search."""
 
     def __init__(self, pools: Sequence[Pool], before: Usage) -> None:
         self._attrs: dict[DeviceId, tuple[AttrValue | None, AttrValue | None]] = {}
         self._group: dict[DeviceId, AttrValue] = {}
-        self._free: Counter[AttrValue] = Counter()
         self._sets: dict[tuple[str, str, str], _CounterMeasure] = {}
         self._consumes: dict[DeviceId, tuple[tuple[str, str, str], ...]] = {}
         self._caps: dict[DeviceId, dict[str, int]] = {}
-        self._shared_before = {did for did, n in before.shares.items() if n}
-        self._demand: dict[tuple[str, str, str], Counter[str]] = {}
         held: Counter[str] = Counter()
         for pool in pools:
             if pool.invalid is not None:
                 continue
-            by_set: dict[str, list[Candidate]] = {}
-            for c in pool.every_device:
-                did = _did(c)
-                sets = []
-                for use in c.device.consumes_counters:
-                    by_set.setdefault(use.counter_set, []).append(c)
-                    sets.append((c.driver, c.pool, use.counter_set))
-                self._consumes[did] = tuple(dict.fromkeys(sets))
-                if before.in_use(did) and c.device.consumes_counters:
-                    held[_kind(c, _use(c.device, c.device.consumes_counters[0].counter_set))] += 1
-            for name, devs in by_set.items():
-                cset = pool.counter_sets.get(name)
-                if cset is not None:
-                    self._sets[(pool.driver, pool.name, name)] = _CounterMeasure(
-                        pool.driver, pool.name, name, cset.counters, devs
-                    )
-            for c in pool.devices:
-                did = _did(c)
-                pcie, numa = _attr(c, PCIE_ROOT), _attr(c, NUMA_NODE)
-                self._attrs[did] = (pcie, numa)
-                if c.device.allow_multiple_allocations:
-                    self._caps[did] = {
-                        qualify(c.driver, n): cap.value for n, cap in c.device.capacity.items()
-                    }
-                elif not c.device.consumes_counters:
-                    group = pcie if pcie is not None else numa
-                    if group is not None:
-                        self._group[did] = group
-                        if not before.in_use(did):
-                            self._free[group] += 1
-        for key, m in self._sets.items():
-            kinds = Counter(_kind(c, use) for c, _, use in m.devices)
-            self._demand[key] = Counter({k: 1 + held[k] for k in kinds})
+            layout = _layout(pool)
+            self._attrs.update(layout.attrs)
+            self._group.update(layout.group)
+            self._sets.update(layout.sets)
+            self._consumes.update(layout.consumes)
+            self._caps.update(layout.caps)
+            held.update(k for did, k in layout.kind.items() if before.in_use(did))
+        self._shared_before = {did for did, n in before.shares.items() if n}
+        self._free: Counter[AttrValue] = Counter(
+            g for did, g in self._group.items() if not before.in_use(did)
+        )
+        self._demand = {
+            key: m.weigh(Counter({k: 1 + held[k] for k in m.worth})) for key, m in self._sets.items()
+        }
         self._before = {key: m.value(before, self._demand[key]) for key, m in self._sets.items()}
         self._untouched = {
             key for key, m in self._sets.items() if not any(before.in_use(d) for _, d, _ in m.devices)
