@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from gpusched.core.cluster import I64, ClusterState
 from gpusched.core.errors import InvalidSpec
 from gpusched.core.framework import Profile
+from gpusched.core.gangtopology import GangTopology, place_in_domain
 from gpusched.core.model import GPU_MILLI, PodSpec
 from gpusched.core.pending import pending_order
 from gpusched.core.statement import GroupResult, schedule_all
@@ -45,6 +46,8 @@ class GangSpec:
     namespace: str = "default"
     min_member: int = 1
     timeout_s: int = 0
+    topology: GangTopology | None = None
+    """Keep the members in one topology domain (``core.gangtopology``); None: anywhere."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -156,14 +159,20 @@ def place_gang(
     short = _whole_gpus_short(unit, snap)
     if short:
         return GroupResult(Status(Code.UNSCHEDULABLE, (short,), "Gang"), ())
-    r = schedule_all(
-        without_post_filters(profile),
-        unit.pods,
-        snap,
-        tiebreak=tiebreak,
-        min_count=unit.need,
-        diagnose_failures=diagnose,
-    )
+    if unit.gang is not None and unit.gang.topology is not None:
+        r = place_in_domain(
+            without_post_filters(profile), unit.pods, snap, unit.gang.topology,
+            need=unit.need, gang=unit.key, tiebreak=tiebreak, diagnose=diagnose,
+        ).result  # fmt: skip
+    else:
+        r = schedule_all(
+            without_post_filters(profile),
+            unit.pods,
+            snap,
+            tiebreak=tiebreak,
+            min_count=unit.need,
+            diagnose_failures=diagnose,
+        )
     if r.scheduled or unit.gang is None:
         return r
     why = f"gang {unit.key} waits as a unit (minMember {unit.gang.min_member}): {r.status.message()}"

@@ -127,11 +127,16 @@ def filter_nodes(
     return Filtered(mask)
 
 
-def diagnose(state: CycleState, profile: Profile, pod: PodSpec, snap: ClusterState) -> Diagnosis:
-    """Per-node reasons for a pod that fits nowhere: the first failing filter names each node."""
-    failures = filter_nodes(state, profile, pod, snap, explain=True).failures
+def diagnose(
+    state: CycleState, profile: Profile, pod: PodSpec, snap: ClusterState, nodes: I64 | None = None
+) -> Diagnosis:
+    """Per-node reasons for a pod that fits nowhere (among ``nodes``, default every node): the
+    first failing filter names each node."""
+    failures = filter_nodes(state, profile, pod, snap, nodes, explain=True).failures
+    where = range(len(snap)) if nodes is None else nodes.tolist()
     return Diagnosis(
-        len(snap), tuple(NodeFailure(snap.names[f.position], f.reason, f.code, f.plugin) for f in failures)
+        len(where),
+        tuple(NodeFailure(snap.names[where[f.position]], f.reason, f.code, f.plugin) for f in failures),
     )
 
 
@@ -338,6 +343,7 @@ def schedule_one(
     tiebreak: I64 | None = None,
     diagnose_failures: bool = True,
     assume: bool = True,
+    nodes: I64 | None = None,
 ) -> ScheduleResult:
     """Run one scheduling cycle for ``pod`` against ``snap``: ``feasible``, then ``pick_host``
     among the nodes that pass and Reserve there, or the PostFilter plugins when none does.
@@ -345,14 +351,17 @@ def schedule_one(
     On success the pod is assumed in ``snap`` (unless ``assume`` is False) and the result
     names the node and the GPU indices on it. ``tiebreak[n]`` orders nodes of equal score
     (the simulator passes a seeded permutation; Kubernetes front ends pass name order).
+    ``nodes``: only these snapshot indices are candidates (a gang kept in one topology domain,
+    ``core.gangtopology``); None: every node.
     """
-    f = feasible(profile, pod, snap)
+    f = feasible(profile, pod, snap, nodes)
     if not f.status.ok:
-        return ScheduleResult(pod, f.status, diagnosis=Diagnosis(len(snap), (), pre_filter=f.status))
-    nodes = f.indices()
-    if len(nodes) == 0:
-        return _post_filter(f.state, profile, pod, snap, diagnose_failures)
-    p = pick_host(f.state, profile, pod, snap, nodes, tiebreak=tiebreak)
+        total = len(snap) if nodes is None else len(nodes)
+        return ScheduleResult(pod, f.status, diagnosis=Diagnosis(total, (), pre_filter=f.status))
+    passed = f.indices()
+    if len(passed) == 0:
+        return _post_filter(f.state, profile, pod, snap, diagnose_failures, nodes)
+    p = pick_host(f.state, profile, pod, snap, passed, tiebreak=tiebreak)
     st = reserve(f.state, profile, pod, snap, p.node)
     if not st.ok:
         return ScheduleResult(pod, st, feasible_nodes=p.feasible)
@@ -362,14 +371,20 @@ def schedule_one(
 
 
 def _post_filter(
-    state: CycleState, profile: Profile, pod: PodSpec, snap: ClusterState, diagnose_failures: bool
+    state: CycleState,
+    profile: Profile,
+    pod: PodSpec,
+    snap: ClusterState,
+    diagnose_failures: bool,
+    nodes: I64 | None = None,
 ) -> ScheduleResult:
     """No node passes: the diagnosis (when asked for), then the PostFilter plugins in order; the
     first that succeeds names the nominated node and the victims."""
-    diag = diagnose(state, profile, pod, snap) if diagnose_failures else None
-    msg = diag.message() if diag else f"0/{len(snap)} nodes are available"
+    total = len(snap) if nodes is None else len(nodes)
+    diag = diagnose(state, profile, pod, snap, nodes) if diagnose_failures else None
+    msg = diag.message() if diag else f"0/{total} nodes are available"
     code = Code.UNSCHEDULABLE
-    if diag is not None and len(diag.unresolvable_nodes()) == len(snap):
+    if diag is not None and len(diag.unresolvable_nodes()) == total:
         code = Code.UNSCHEDULABLE_AND_UNRESOLVABLE
     status = Status(code, (msg,), "Filter")
     for pfp in profile.post_filters:

@@ -26,6 +26,7 @@ from types import TracebackType
 from gpusched.core.cluster import I64, AccountingError, ClusterState
 from gpusched.core.devices import fitting_gpus, pick_gpus
 from gpusched.core.framework import Profile
+from gpusched.core.mig.books import MigSlot
 from gpusched.core.model import Allocation, PodSpec
 from gpusched.core.scheduler import ScheduleResult, schedule_one
 from gpusched.core.status import Code, Status
@@ -53,11 +54,20 @@ class Statement:
         self._open = True
 
     # --------------------------------------------------------------- operations
-    def assume(self, pod: PodSpec, node: int, gpus: Sequence[int], *, check: bool = True) -> Allocation:
+    def assume(
+        self,
+        pod: PodSpec,
+        node: int,
+        gpus: Sequence[int],
+        *,
+        check: bool = True,
+        mig: Sequence[MigSlot] | None = None,
+    ) -> Allocation:
         """Book ``pod`` on ``node``/``gpus`` within the statement (AccountingError if it does not fit;
-        ``check=False``: booked even beyond what is free, as ``ClusterState.assume`` says)."""
+        ``check=False``: booked even beyond what is free, as ``ClusterState.assume`` says; ``mig``: its
+        MIG slices, None places them by the measure)."""
         self._check_open()
-        alloc = self.snap.assume(pod, node, gpus, check=check)
+        alloc = self.snap.assume(pod, node, gpus, check=check, mig=mig)
         self._ops.append(Operation(OpKind.ASSUME, alloc))
         return alloc
 
@@ -69,11 +79,20 @@ class Statement:
         return alloc
 
     def schedule(
-        self, profile: Profile, pod: PodSpec, *, tiebreak: I64 | None = None, diagnose_failures: bool = False
+        self,
+        profile: Profile,
+        pod: PodSpec,
+        *,
+        tiebreak: I64 | None = None,
+        diagnose_failures: bool = False,
+        nodes: I64 | None = None,
     ) -> ScheduleResult:
-        """One ``schedule_one`` cycle whose booking belongs to this statement."""
+        """One ``schedule_one`` cycle (among ``nodes``, default every node) whose booking belongs to
+        this statement."""
         self._check_open()
-        r = schedule_one(profile, pod, self.snap, tiebreak=tiebreak, diagnose_failures=diagnose_failures)
+        r = schedule_one(
+            profile, pod, self.snap, tiebreak=tiebreak, diagnose_failures=diagnose_failures, nodes=nodes
+        )
         if r.scheduled:  # schedule_one assumed it
             self._ops.append(Operation(OpKind.ASSUME, self.snap.allocations[pod.key]))
         return r
@@ -151,6 +170,7 @@ def schedule_all(
     tiebreak: I64 | None = None,
     min_count: int | None = None,
     diagnose_failures: bool = True,
+    nodes: I64 | None = None,
 ) -> GroupResult:
     """Place every pod of ``pods`` or none of them (gang semantics).
 
@@ -163,7 +183,8 @@ def schedule_all(
     placed when at least ``min_count`` fit at once (``GroupResult.left_out`` names the others),
     and otherwise nothing stays booked. The profile's PostFilters (preemption) run for pods that
     do not fit as in ``schedule_one``; gangs pass a profile without them. Without
-    ``diagnose_failures`` the reason says less (no per-node reasons) and costs less.
+    ``diagnose_failures`` the reason says less (no per-node reasons) and costs less. ``nodes``:
+    only these snapshot indices are candidates (default every node).
     """
     keys = [p.key for p in pods]
     if len(set(keys)) != len(keys):
@@ -176,7 +197,7 @@ def schedule_all(
     placed = 0
     with Statement(snap) as st:
         for i, pod in enumerate(pods):
-            r = st.schedule(profile, pod, tiebreak=tiebreak, diagnose_failures=diagnose_failures)
+            r = st.schedule(profile, pod, tiebreak=tiebreak, diagnose_failures=diagnose_failures, nodes=nodes)
             results.append(r)
             if r.scheduled:
                 placed += 1
