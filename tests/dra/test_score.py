@@ -27,6 +27,9 @@ from gpusched.core.dra.model import (
     ResourceSlice,
 )
 from gpusched.core.dra.score import FIRST_FIT, SCORED, Score, SearchBudget
+from gpusched.core.mig.geometry import Geometry, MigGpu
+from gpusched.core.mig.measure import DemandMix
+from gpusched.core.mig.placement import MigFleet, MigPolicy
 from gpusched.core.model import NodeSpec, PodSpec
 from gpusched.core.policies import make_profile
 from gpusched.core.scheduler import schedule_one
@@ -90,6 +93,33 @@ def test_a_generic_counter_set_is_cut_where_it_is_already_cut() -> None:
     assert devices(slices, one, held) == ["small-1-1"]
     two_sets_whole = devices(slices, one, None)  # nothing cut yet: first-fit's answer (a tie)
     assert two_sets_whole == ["small-0-0"]
+
+
+def test_the_mig_placement_is_the_core_mig_policys_under_the_same_demand() -> None:
+    """For every A100 40GB profile, on an empty GPU and on one holding a 2g.10gb at 0, the scored
+    start is the one the core's MIG placement (``MigFleet.choose``, policy gpusched) picks with the
+    demand the scorer sees (each profile once, plus the held ones)."""
+    geom = Geometry.of("a100-40gb")
+    slices = q.node_slices(NODE1.name, gpus=1)
+    for held in ((), (("2g.10gb", 0),)):
+        state = AllocatedState(
+            frozenset(
+                DeviceId(q.DRIVER, NODE1.name, f"gpu-0-mig-{p.replace('.', '')}-{st}") for p, st in held
+            )
+        )
+        gpu = MigGpu("n/0", geom)
+        for p, st in held:
+            gpu = gpu.place(p, st)
+        demand = DemandMix([*geom.kinds, *(p for p, _ in held)])
+        for profile in geom.kinds:
+            want = MigFleet([gpu], ["n"]).choose(profile, MigPolicy.GPUSCHED, demand)
+            out = Allocator(q.CLASSES, slices, COMPILER, state, SCORED).allocate(NODE1, (mig(profile),))
+            if want is None:
+                assert isinstance(out, DoesNotFit), profile
+                continue
+            assert isinstance(out, Fits), profile
+            name = f"gpu-0-mig-{profile.replace('.', '')}-{want.start}"
+            assert [r.device for r in out.allocations[0].results] == [name], (held, profile)
 
 
 # -- consumable capacity: best fit -------------------------------------------------------------------
@@ -220,9 +250,9 @@ def test_nodes_are_ranked_by_what_the_chosen_solution_leaves_before_packing() ->
 
 
 def test_the_score_orders_alignment_before_counters_and_shares() -> None:
-    assert Score(misaligned=1) > Score(sets_opened=5, counters_lost=100, slack=1000)
-    assert Score(sets_opened=1) > Score(counters_lost=100)
-    assert Score(counters_lost=1) > Score(opened=1)
+    assert Score(misaligned=1) > Score(counters_lost=100, sets_opened=5, slack=1000)
+    assert Score(counters_lost=1) > Score(sets_opened=100)
+    assert Score(sets_opened=1) > Score(opened=1)
     assert Score(opened=1) > Score(slack=999)
 
 
@@ -230,3 +260,17 @@ def test_constraints_still_bind_the_scored_choice() -> None:
     slices = gpus("a", "b", "a")
     c = [claim("c", req("r", "gpu", 2), constraints=(Constraint(distinct_attribute=ROOT),))]
     assert devices(slices, c) == ["gpu-0", "gpu-1"]
+
+
+def test_the_core_experiment_offers_the_same_stream_to_both_and_renders_both() -> None:
+    """``gpusched bench dra-score``'s core: one NVIDIA-shaped node, a mixed stream past saturation."""
+    from gpusched.bench.allocator_score import measure, render
+
+    rows = measure(["mixed"], [0], nodes=1, pods=14)
+    assert [r.outcome.policy for r in rows] == ["first-fit", "scored"]
+    for r in rows:
+        o = r.outcome
+        assert o.offered == 14 and o.before_refusal <= o.placed < o.offered and o.one_root <= o.multi_gpu
+    assert rows[0].outcome.allocations == rows[1].outcome.allocations == 14  # one node: one call a pod
+    text = render(rows, 1, json_out=False)
+    assert "first-fit" in text and "scored" in text and "before refusal" in text

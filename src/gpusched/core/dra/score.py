@@ -7,10 +7,10 @@ compared field by field (lower is better; a tie keeps the earlier solution, so f
 1. ``misaligned`` -- per claim, the PCIe roots beyond the first and the NUMA nodes beyond the first
    over its devices (the standard attributes ``resource.kubernetes.io/pcieRoot`` and
    ``resource.kubernetes.io/numaNode``; devices without them count for nothing);
-2. ``sets_opened`` -- counter sets (GPUs in dynamic-MIG mode) wholly free before and consumed after:
-   a placement goes onto a GPU already cut when one can take it, keeping whole GPUs whole;
-3. ``counters_lost`` -- how much less usable the counter sets the solution consumes are left, for
+2. ``counters_lost`` -- how much less usable the counter sets the solution consumes are left, for
    the demand seen (below);
+3. ``sets_opened`` -- counter sets (GPUs in dynamic-MIG mode) wholly free before and consumed after:
+   of placements that lose as much, one on a GPU already cut, keeping whole GPUs whole;
 4. ``opened`` -- devices that allow multiple allocations and were not shared before (best fit for
    consumable capacity: a share goes onto a device already shared when it fits, keeping whole
    devices free);
@@ -57,8 +57,8 @@ class Score:
     """A solution's cost, compared field by field; lower is better (see the module's docstring)."""
 
     misaligned: int = 0
-    sets_opened: int = 0
     counters_lost: int = 0
+    sets_opened: int = 0
     opened: int = 0
     slack: int = 0
     broken: int = 0
@@ -75,9 +75,10 @@ class SearchBudget:
 
 
 FIRST_FIT = SearchBudget(1, 0)
-SCORED = SearchBudget(32, 2000)
-"""The scheduler's default: up to 32 solutions, 2000 device tries after the first (measured in
-docs/dra.md: on NVIDIA-shaped nodes of 8 A100s with dynamic MIG, about ... per pod)."""
+SCORED = SearchBudget(8, 500)
+"""The scheduler's default: up to 8 solutions, 500 device tries after the first (measured in
+docs/dra.md with ``gpusched bench dra-score``: as good as 32 / 2000 on NVIDIA-shaped dynamic-MIG
+nodes, at a third of the extra cost)."""
 
 
 class Usage:
@@ -365,4 +366,4 @@ class Scorer:
             if key in self._sets
         )
         broken = sum(self._free[g] ** 2 - (self._free[g] - t) ** 2 for g, t in taken.items())
-        return Score(misaligned, sets_opened, lost, opened, slack, broken)
+        return Score(misaligned, lost, sets_opened, opened, slack, broken)
