@@ -122,6 +122,17 @@ def test_the_mig_placement_is_the_core_mig_policys_under_the_same_demand() -> No
             assert [r.device for r in out.allocations[0].results] == [name], (held, profile)
 
 
+def test_of_placements_that_lose_as_much_the_one_on_a_set_already_cut_wins() -> None:
+    """Two sets of two units, devices of one unit only: every placement loses one unit's worth; the
+    one on the set already cut keeps the other set whole (first-fit cuts it)."""
+    devs = [dev(f"small-{k}-{u}", counters={f"s-{k}": {"u": 1}}) for k in (0, 1) for u in range(2)]
+    slices = [slc("a", "node-1", "pool", D, *devs, counter_sets={"s-0": {"u": 2}, "s-1": {"u": 2}})]
+    held = AllocatedState(frozenset({DeviceId(D, "pool", "small-1-0")}))
+    one = [claim("c", req("r", "gpu", 1))]
+    assert devices(slices, one, held, FIRST_FIT) == ["small-0-0"]
+    assert devices(slices, one, held) == ["small-1-1"]
+
+
 # -- consumable capacity: best fit -------------------------------------------------------------------
 def shareable(name: str, gi: int = 40) -> Device:
     policy = RequestPolicy(default=GI, min=GI, step=GI)
