@@ -2,7 +2,8 @@
 its own; kube-scheduler (the real one of the control plane) schedules a pod with the claim, and gpusched's
 allocator (the adapter's conversion, then ``core.dra``, as the DynamicResources plugin runs it) answers on
 the same objects. Where one says "fits" the other must too, and the other way round; where both fit, the
-devices must be the same (both take the first solution in device order).
+devices must be the same (both take the first solution in device order). The scored allocator (``SCORED``,
+the standalone scheduler's) must give the same outcome (fits, does not fit, error); its devices may differ.
 
 Cases are drawn from a fixed seed: whole GPUs shaped like NVIDIA's driver (productName, index, memory),
 some tainted; claims of one or two requests (ExactCount 1-3 or All, CEL selectors on product and memory,
@@ -25,6 +26,7 @@ import pytest
 from gpusched.core.dra.allocator import Allocator, Fits
 from gpusched.core.dra.celexpr import CelCompiler
 from gpusched.core.dra.model import Node
+from gpusched.core.dra.score import FIRST_FIT, SCORED, SearchBudget
 from gpusched.core.dra.selector import DraError
 from gpusched.k8s.dra.convert import claim_from_k8s, device_class_from_k8s, slice_from_k8s
 from gpusched.testenv import ControlPlane, wait_until
@@ -302,12 +304,15 @@ def diff(control_plane: ControlPlane) -> Iterator[Differential]:
         d.cleanup()
 
 
-def ours(cls_obj: Any, slices: list[Any], claim_obj: Any, node: str) -> tuple[str, list[tuple[str, str]]]:
+def ours(
+    cls_obj: Any, slices: list[Any], claim_obj: Any, node: str, budget: SearchBudget = FIRST_FIT
+) -> tuple[str, list[tuple[str, str]]]:
+    """gpusched's answer: first-fit (kube-scheduler's devices), or with ``budget`` the scored choice."""
     cls = device_class_from_k8s(cls_obj)
     try:
-        out = Allocator({cls.name: cls}, [slice_from_k8s(s) for s in slices], CelCompiler()).allocate(
-            Node(node, {"kubernetes.io/hostname": node}), [claim_from_k8s(claim_obj)]
-        )
+        out = Allocator(
+            {cls.name: cls}, [slice_from_k8s(s) for s in slices], CelCompiler(), budget=budget
+        ).allocate(Node(node, {"kubernetes.io/hostname": node}), [claim_from_k8s(claim_obj)])
     except DraError:
         return ERROR, []
     if isinstance(out, Fits):
@@ -360,9 +365,10 @@ def test_kube_scheduler_and_gpusched_agree_on_generated_claims(diff: Differentia
     disagree = []
     for i, (slices, claim_obj, node) in published.items():
         mine = ours(diff.cls, slices, claim_obj, node)
-        if mine != theirs[i]:
+        scored = ours(diff.cls, slices, claim_obj, node, SCORED)  # the scheduler's choice: same outcome
+        if mine != theirs[i] or scored[0] != theirs[i][0]:
             names = [d["name"] for sl in slices for d in sl["spec"].get("devices") or []]
-            disagree.append((i, mine, theirs[i], diff.messages.get(i), claim_obj["spec"], names))
+            disagree.append((i, mine, scored, theirs[i], diff.messages.get(i), claim_obj["spec"], names))
     said = Counter(o for o, _ in theirs.values())
     print(f"differential {shape}: {CASES} cases, kube-scheduler {dict(said)}, {len(disagree)} disagree")
     assert not disagree, "\n".join(map(repr, disagree))

@@ -87,6 +87,7 @@ class DraEnv:
         name: str,
         gpus: list[dict[str, Any]],
         counters: list[dict[str, Any]] = (),  # type: ignore[assignment]
+        slice_count: int | None = None,
     ) -> str:
         node = f"dra-{self.tag}-{name}"
         res = {"cpu": "32", "memory": "128Gi", "pods": "110"}
@@ -102,7 +103,7 @@ class DraEnv:
             _preload_content=False,
         )
         self.nodes.append(node)
-        pool = {"name": node, "generation": 1, "resourceSliceCount": 1 + len(counters)}
+        pool = {"name": node, "generation": 1, "resourceSliceCount": slice_count or 1 + len(counters)}
         spec = {"driver": DRIVER, "nodeName": node, "pool": pool}
         self.res.create_resource_slice(
             {"metadata": {"name": f"{node}-{DRIVER}"}, "spec": {**spec, "devices": gpus}}
@@ -527,3 +528,84 @@ def test_a_gpu_kube_scheduler_gave_to_a_claim_is_not_given_to_a_device_plugin_po
     gpu_pod("dp-2")
     assert "1 Insufficient GPU" in dra.failure("dp-2")
     assert not dra.read_pod("dp-2")["spec"].get("nodeName")
+
+
+def _mig_devices(cset: str, consumed_set: str, full_sm: int) -> list[dict[str, Any]]:
+    """A GPU in NVIDIA's dynamic-MIG shape (the full GPU and its 1g.5gb placements) consuming
+    ``consumed_set``, the full GPU ``full_sm`` multiprocessors."""
+    devices = [
+        {
+            "name": "gpu-0",
+            "attributes": {"type": {"string": "gpu"}, "index": {"int": 0}},
+            "consumesCounters": [{"counterSet": consumed_set, "counters": _counters(0, 8, full_sm)}],
+        }
+    ]
+    for start in range(7):
+        devices.append(
+            {
+                "name": f"gpu-0-mig-1g5gb-{start}",
+                "attributes": {"type": {"string": "mig"}, "profile": {"string": "1g.5gb"}},
+                "consumesCounters": [{"counterSet": consumed_set, "counters": _counters(start, 1, 14)}],
+            }
+        )
+    return devices
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("incomplete", "spec.pool.resourceSliceCount"),
+        ("unknown-set", "consumesCounters[0].counterSet"),
+        ("overdrawn", "consumesCounters[0].counters.multiprocessors"),
+    ],
+)
+def test_bad_slices_are_named_in_an_event_nothing_is_bound_and_kube_scheduler_agrees(
+    dra: DraEnv, case: str, expected: str
+) -> None:
+    """An incomplete pool (resourceSliceCount 2, one slice published) is not used, as kube-scheduler
+    does not use it, until its second slice appears; a slice that lies about counters (a device
+    consuming a counter set no slice declares, or more of a counter than its set declares) is never
+    allocated. Each gets a FailedScheduling event naming the field, nothing is bound or allocated, and
+    kube-scheduler, given a twin pod and claim on the same node, binds nothing either."""
+    group = f"badslice-{case}-{dra.tag}"
+    cset = "gpu-0-counter-set"
+    declared = [{"name": cset, "counters": _counters(0, 8, 98)}]
+    cls = dra.gpu_class
+    if case == "incomplete":
+        node = dra.node_with_gpus(group, f"bs-{case}", [gpu(0, A100)], slice_count=2)
+    elif case == "unknown-set":
+        devices = _mig_devices(cset, "gpu-9-counter-set", 98)
+        node = dra.node_with_gpus(group, f"bs-{case}", devices, counters=declared)
+        cls = dra.mig_class
+    else:
+        node = dra.node_with_gpus(group, f"bs-{case}", _mig_devices(cset, cset, 200), counters=declared)
+    for who, scheduler in (("ours", ""), ("theirs", "default-scheduler")):
+        dra.claim(f"bs-{case}-{who}", [{"name": "gpu", "exactly": exactly(cls)}])
+        dra.pod(
+            f"bs-{case}-{who}", group, [{"name": "gpu", "resourceClaimName": f"bs-{case}-{who}"}], scheduler
+        )
+    msg = dra.failure(f"bs-{case}-ours", contains=expected)
+    theirs = dra.failure(f"bs-{case}-theirs")
+    print(f"{case}: gpusched: {msg}\n{case}: kube-scheduler: {theirs}")
+    for who in ("ours", "theirs"):
+        assert not dra.read_pod(f"bs-{case}-{who}")["spec"].get("nodeName"), who
+        assert not (dra.read_claim(f"bs-{case}-{who}").get("status") or {}).get("allocation"), who
+    held = [d for pool, d in dra.devices_held() if pool == node]
+    assert held == [], held
+    if case != "incomplete":
+        return
+    # the pool's second slice appears: the pool is used (kube-scheduler's twin is deleted first: two
+    # schedulers allocating one node's devices at once could give a device twice, kubernetes#128980)
+    dra.v1.delete_namespaced_pod(f"bs-{case}-theirs", dra.ns, grace_period_seconds=0, _preload_content=False)
+    spec = {
+        "driver": DRIVER,
+        "nodeName": node,
+        "pool": {"name": node, "generation": 1, "resourceSliceCount": 2},
+    }
+    dra.res.create_resource_slice(
+        {"metadata": {"name": f"{node}-second"}, "spec": {**spec, "devices": [gpu(1, A100)]}}
+    )
+    dra.counter_slices.append(f"{node}-second")
+    assert dra.bound(f"bs-{case}-ours") == node
+    held = [d for pool, d in dra.devices_held() if pool == node]
+    assert held == ["gpu-0"], held

@@ -78,6 +78,23 @@ def bench_mig_cmd(
     render.mig_bench(report, rows, churn_rows, json_out)
 
 
+@bench_app.command("dra-score")
+@reports_errors
+def bench_dra_score_cmd(
+    nodes: Annotated[int, typer.Option(help="NVIDIA-shaped nodes of 8 A100 40GB (dynamic MIG).")] = 4,
+    pods: Annotated[int, typer.Option(help="Claim pods offered per stream (past saturation).")] = 160,
+    seeds: Annotated[str, typer.Option(help="Seeds, e.g. 0-4.")] = "0-4",
+    stream: Annotated[list[str] | None, typer.Option(help="mig (MIG-heavy) and/or mixed.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """DRA allocation in the core: kube-scheduler's first-fit against the scored choice (docs/dra.md)."""
+    from gpusched.bench.allocator_score import measure
+    from gpusched.bench.allocator_score import render as render_rows
+
+    rows = measure(stream or ["mig", "mixed"], parse_seeds(seeds), nodes, pods)
+    typer.echo(render_rows(rows, nodes, json_out))
+
+
 @bench_app.command("topology")
 @reports_errors
 def bench_topology_cmd(

@@ -3,7 +3,13 @@
 Claims are taken in the order given, each claim's requests in order, and each wanted device is
 searched depth first with backtracking across devices, ``firstAvailable`` alternatives, requests and
 claims. Pools are visited by (driver, pool) name, devices in their slice's order, as upstream does
-(k8s.io/dynamic-resource-allocation/structured). There is no scoring: the first solution wins.
+(k8s.io/dynamic-resource-allocation/structured). With ``FIRST_FIT`` (the default) the first solution
+wins, as in kube-scheduler. With a larger ``SearchBudget`` (the scheduler's ``SCORED``) the search goes
+on after the first solution, up to the budget's solutions and device tries, and keeps the solution with
+the least ``score.Score`` (ties keep the earlier one); only solutions with the first solution's
+``firstAvailable`` alternatives are ranked (the claim's order of preference is kept). Whether the
+claims fit, and every error raised before the first solution, is the same either way: the first
+solution is found exactly as before, and an error met after it only ends the enumeration.
 
 Outcomes: ``Fits`` with one ``ClaimAllocation`` per claim, ``DoesNotFit`` with a reason, or a
 ``DraError`` for input that can never be allocated as written (unknown class, bad CEL, ``All`` over a
@@ -34,6 +40,7 @@ from gpusched.core.dra.model import (
     qualify,
 )
 from gpusched.core.dra.pools import Candidate, Pool, gather_pools
+from gpusched.core.dra.score import FIRST_FIT, Score, Scorer, SearchBudget, Usage
 from gpusched.core.dra.selector import (
     CompiledSelector,
     DraError,
@@ -46,6 +53,7 @@ from gpusched.core.dra.selector import (
 @dataclass(frozen=True)
 class Fits:
     allocations: tuple[ClaimAllocation, ...]
+    score: Score | None = None  # the chosen solution's score (None: first-fit, not scored)
 
 
 @dataclass(frozen=True)
@@ -82,26 +90,30 @@ class Allocator:
         slices: Sequence[ResourceSlice],
         compiler: SelectorCompiler,
         allocated: AllocatedState | None = None,
+        budget: SearchBudget = FIRST_FIT,
     ) -> None:
         self._classes = classes
         self._slices = tuple(slices)
         self._compiler = compiler
         self._allocated = allocated or AllocatedState()
+        self._budget = budget
 
     def allocate(self, node: Node, claims: Sequence[Claim]) -> Outcome:
         pools = gather_pools(self._slices, node)
-        search = _Search(pools, self._allocated)
+        search = _Search(pools, self._allocated, self._budget)
         plans = [[self._choices(c, r, pools) for r in c.requests] for c in claims]
         for claim, plan in zip(claims, plans, strict=True):
             _check_claim_limit(claim, plan)
         if not claims:
             return Fits(())
         if search.run(claims, plans):
-            return Fits(search.allocations(claims, node))
+            return Fits(search.allocations(claims, node), search.best_score)
         invalid = [f"{p.driver}/{p.name} ({p.invalid})" for p in pools if p.invalid is not None]
         if invalid:
             raise DraError("invalid resource pools were encountered: " + ", ".join(invalid))
-        return DoesNotFit(_reason(node, claims, plans))
+        notes = [n for p in pools for n in p.notes()]
+        reason = _reason(node, claims, plans)
+        return DoesNotFit(reason + "; " + "; ".join(notes) if notes else reason)
 
     def _choices(self, claim: Claim, request: Request, pools: list[Pool]) -> list[_Choice]:
         if request.exactly is not None:
@@ -227,10 +239,16 @@ def _tolerated(exact: ExactRequest, cand: Candidate) -> bool:
     return True
 
 
+class _Stop(Exception):
+    """The search budget is spent: keep the best solution found."""
+
+
 class _Search:
     """The mutable state of one depth-first search (undone step by step when it backtracks)."""
 
-    def __init__(self, pools: list[Pool], allocated: AllocatedState) -> None:
+    def __init__(
+        self, pools: list[Pool], allocated: AllocatedState, budget: SearchBudget = FIRST_FIT
+    ) -> None:
         self.pools = {(p.driver, p.name): p for p in pools}
         self.exclusive: set[DeviceId] = set(allocated.devices)
         self.consumed: dict[DeviceId, dict[str, int]] = {k: dict(v) for k, v in allocated.consumed.items()}
@@ -244,6 +262,15 @@ class _Search:
         self.results: list[list[DeviceResult]] = []
         self.books: list[ConstraintBook] = []
         self.selected: dict[tuple[int, str, DeviceId], bool] = {}  # lazily evaluated selectors
+        self.budget = budget
+        self.usage = Usage(self.exclusive, self.consumed, self.shares, self.counters)
+        self.scorer = Scorer(pools, self.usage) if budget.solutions > 1 else None
+        self.found = 0
+        self.tries_left = budget.tries
+        self.best: list[list[DeviceResult]] = []
+        self.best_score: Score | None = None
+        self.alternatives: list[str] = []  # per flat request, the alternative being searched
+        self.first: tuple[str, ...] | None = None  # the first solution's alternatives
 
     # -- counters -----------------------------------------------------------------------------
     def _charge(self, cand: Candidate, sign: int) -> None:
@@ -277,15 +304,41 @@ class _Search:
         self.claims, self.plans = claims, plans
         self.results = [[] for _ in claims]
         self.books = [ConstraintBook(c) for c in claims]
-        return self._request(0)
+        self.alternatives = [""] * len(self.flat)
+        try:
+            done = self._request(0)
+        except _Stop:
+            done = True
+        except DraError:
+            if not self.found:
+                raise
+            done = True  # met after the first solution (kube-scheduler would have stopped there)
+        if self.scorer is None:
+            return done
+        self.results = self.best
+        return self.found > 0
+
+    def _solution(self) -> bool:
+        """A full solution while scoring: keep it if it beats the best; True ends the search."""
+        assert self.scorer is not None
+        score = self.scorer.score(self.results, self.usage)
+        self.found += 1
+        if self.first is None:
+            self.first = tuple(self.alternatives)
+        if self.best_score is None or score < self.best_score:
+            self.best, self.best_score = [list(r) for r in self.results], score
+        return self.found >= self.budget.solutions or (score == Score() and self.scorer.floor_is_zero)
 
     def _request(self, k: int) -> bool:
         if k == len(self.flat):
-            return True
+            return True if self.scorer is None else self._solution()
         ci, ri = self.flat[k]
         parent = self.claims[ci].requests[ri].name
         rest = sum(_least(c) for c in self.plans[ci][ri + 1 :])
         for choice in self.plans[ci][ri]:
+            if self.first is not None and choice.result_name != self.first[k]:
+                continue  # scored solutions keep the first solution's firstAvailable alternatives
+            self.alternatives[k] = choice.result_name
             want = choice.exact.count
             if choice.exact.mode is AllocationMode.ALL:
                 want = len(choice.candidates)
@@ -311,6 +364,10 @@ class _Search:
             cands, first, last = (cands[got],), 0, 1
             self.books[ci].last_refusal = None
         for i in range(first, last):
+            if self.found:
+                self.tries_left -= 1
+                if self.tries_left < 0:
+                    raise _Stop
             cand = cands[i]
             share = self._take(ci, parent, choice, cand)
             if share is None:

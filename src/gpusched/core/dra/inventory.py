@@ -31,6 +31,7 @@ from gpusched.core.dra.model import (
     ResourceSlice,
 )
 from gpusched.core.dra.pools import selector_matches
+from gpusched.core.dra.score import SCORED, SearchBudget
 from gpusched.core.dra.selector import SelectorCompiler
 
 
@@ -71,6 +72,8 @@ class DraInventory:
     slices: tuple[ResourceSlice, ...]
     ledger: ClaimLedger
     compiler: SelectorCompiler
+    budget: SearchBudget = SCORED
+    """How many solutions the allocator scores per node (``FIRST_FIT``: kube-scheduler's choice)."""
     _by_node: dict[str, tuple[ResourceSlice, ...]] = field(init=False, repr=False)
     _everywhere: tuple[ResourceSlice, ...] = field(init=False, repr=False)
 
@@ -94,7 +97,7 @@ class DraInventory:
         return self._by_node.get(node, ()) + self._everywhere
 
     def allocator(self, node: str, allocated: AllocatedState) -> Allocator:
-        return Allocator(self.classes, self.slices_for(node), self.compiler, allocated)
+        return Allocator(self.classes, self.slices_for(node), self.compiler, allocated, self.budget)
 
 
 @dataclass(frozen=True, eq=False)
@@ -116,9 +119,10 @@ class PodClaims:
         return all(selector_matches(s, node) for s in self.allocated_on)
 
     def allocate(self, node: Node, allocated: AllocatedState) -> Outcome:
-        """The claims to allocate on ``node`` (kube-scheduler's first solution) where ``allocated``
-        is held already; a claim another pod's decision in flight allocated (``in_flight``: a gang's
-        shared claim) is not allocated again, and the pod must go where it is; raises ``DraError``."""
+        """The claims to allocate on ``node`` where ``allocated`` is held already: the best of the
+        solutions the inventory's budget enumerates (it fits where kube-scheduler's first solution
+        does). A claim another pod's decision in flight allocated (``in_flight``: a gang's shared
+        claim) is not allocated again, and the pod must go where it is; raises ``DraError``."""
         if node.name in self.avoid_nodes:
             return DoesNotFit(f"the gang's joint search keeps this member off node {node.name}")
         claims = self.to_allocate
@@ -136,7 +140,7 @@ class PodClaims:
         if not self.avoid_devices:
             return inv.allocator(node.name, allocated).allocate(node, claims)
         slices = tuple(_without(s, self.avoid_devices) for s in inv.slices_for(node.name))
-        return Allocator(inv.classes, slices, inv.compiler, allocated).allocate(node, claims)
+        return Allocator(inv.classes, slices, inv.compiler, allocated, inv.budget).allocate(node, claims)
 
     def check(self) -> None:
         """Raise ``DraError`` for what no node can change: an unknown or missing class, a selector

@@ -41,6 +41,23 @@ class Pool:
     incomplete: bool
     invalid: str | None
     every_device: tuple[Candidate, ...]  # also those on other nodes: they consume the same counters
+    slices: tuple[ResourceSlice, ...] = ()  # of the generation used
+
+    def notes(self) -> tuple[str, ...]:
+        """What makes devices of the pool unusable, naming the field: the pool is incomplete (fewer
+        slices than ``spec.pool.resourceSliceCount``), or a device consumes more of a counter than
+        its set declares (it can never be allocated). Added to a refusal's reason."""
+        notes = _overdrawn(self.slices, self.counter_sets)
+        if not self.incomplete:
+            return notes
+        announced = max(s.slice_count for s in self.slices)
+        generation = self.slices[0].generation
+        return (
+            f"resource pool {self.driver}/{self.name} is incomplete: {len(self.slices)} of {announced}"
+            f" slices (spec.pool.resourceSliceCount) of generation {generation} are published, so its"
+            " devices are not used until all are",
+            *notes,
+        )
 
 
 def _requirement_matches(req: Requirement, node: Node) -> bool:
@@ -103,8 +120,36 @@ def gather_pools(slices: Sequence[ResourceSlice], node: Node) -> list[Pool]:
         counters = {cs.name: cs for s in current for cs in s.shared_counters}
         incomplete = len(current) < max(s.slice_count for s in current)
         everything = tuple(Candidate(driver, name, d, False) for s in current for d in s.devices)
-        pools.append(Pool(driver, name, tuple(devices), counters, incomplete, _invalid(current), everything))
+        pools.append(
+            Pool(
+                driver,
+                name,
+                tuple(devices),
+                counters,
+                incomplete,
+                _invalid(current),
+                everything,
+                tuple(current),
+            )
+        )
     return pools
+
+
+def _overdrawn(current: Sequence[ResourceSlice], sets: dict[str, CounterSet]) -> tuple[str, ...]:
+    """Devices that consume more of a counter than their set declares (never allocatable)."""
+    out = []
+    for s in current:
+        for i, d in enumerate(s.devices):
+            for j, use in enumerate(d.consumes_counters):
+                found = sets.get(use.counter_set)
+                for counter, value in sorted(use.counters.items()):
+                    if found is not None and counter in found.counters and value > found.counters[counter]:
+                        out.append(
+                            f"ResourceSlice {s.name}: spec.devices[{i}].consumesCounters[{j}].counters"
+                            f".{counter}: device {d.name} consumes {value}, more than counter set"
+                            f" {use.counter_set} declares ({found.counters[counter]})"
+                        )
+    return tuple(out)
 
 
 def _invalid(current: list[ResourceSlice]) -> str | None:
@@ -117,15 +162,22 @@ def _invalid(current: list[ResourceSlice]) -> str | None:
                 return f"counter set {cs.name} is published twice"
             sets[cs.name] = cs
     for s in current:
-        for d in s.devices:
+        for i, d in enumerate(s.devices):
             if d.name in names:
                 return f"device {d.name} appears twice"
             names.add(d.name)
-            for use in d.consumes_counters:
+            for j, use in enumerate(d.consumes_counters):
+                field = f"ResourceSlice {s.name}: spec.devices[{i}].consumesCounters[{j}]"
                 found = sets.get(use.counter_set)
                 if found is None:
-                    return f"device {d.name} consumes from unknown counter set {use.counter_set}"
+                    return (
+                        f"{field}.counterSet: device {d.name} consumes from unknown counter set"
+                        f" {use.counter_set} (no slice of the pool declares it in spec.sharedCounters)"
+                    )
                 unknown = sorted(set(use.counters) - set(found.counters))
                 if unknown:
-                    return f"device {d.name} consumes unknown counters {unknown} of {use.counter_set}"
+                    return (
+                        f"{field}.counters: device {d.name} consumes unknown counters {unknown} of"
+                        f" {use.counter_set}"
+                    )
     return None

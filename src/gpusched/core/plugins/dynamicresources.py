@@ -12,12 +12,14 @@ everywhere. A node that also serves GPUs through the device plugin (``NodeSpec.g
 the GPU books) gets no claim for a GPU driver's devices: the two books are separate, and a GPU would
 be given twice (issue 32 item 4).
 
-Prefer (better choices than first-fit, issue 32 item 2, the node level): among the nodes where the
-claims fit, the ones whose DRA devices are the most used once the claims are placed there rate
-highest (0-100): claims pack onto partly used nodes and GPUs (a MIG placement onto a GPU whose counter
-set is partly consumed, a share onto a device already shared), keeping whole nodes and whole GPUs free
-for the claims that need them. kube-scheduler scores no devices (KEP-4970 is open). On the chosen node
-the devices are still kube-scheduler's first solution.
+Prefer (better choices than first-fit, issue 32 item 2, the node level): nodes are ranked by the
+score of the solution the allocator chose on each (``core/dra/score.py``: alignment, counter
+fragmentation, best fit of shares, free connected groups), i.e. by what each node would be left with,
+then by how used their DRA devices are once the claims are placed there; the best rate 100, the worst
+0. Claims pack onto partly used nodes and GPUs (a MIG placement onto a GPU whose counter set is partly
+consumed, a share onto a device already shared), keeping whole nodes and whole GPUs free for the
+claims that need them. kube-scheduler scores no devices (KEP-4970 is open). On the chosen node the
+devices are the best of the solutions the inventory's ``SearchBudget`` enumerates (``SCORED``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from gpusched.core.dra.allocator import DoesNotFit, Fits, Outcome
 from gpusched.core.dra.inventory import PodClaims
 from gpusched.core.dra.model import AllocatedState, DeviceId, Node, qualify
 from gpusched.core.dra.pools import gather_pools
+from gpusched.core.dra.score import Score
 from gpusched.core.dra.selector import DraError
 from gpusched.core.framework import F64, CycleState, StateKey
 from gpusched.core.model import PodSpec
@@ -145,10 +148,20 @@ class DynamicResources:
         if pod.claims is None or not pod.claims.to_allocate or len(nodes) < 2:
             return None
         outcomes = self._outcomes(state, pod, snap)
-        raw = np.array([_packing(outcomes, snap, n) for n in nodes.tolist()], dtype=np.float64)
-        if raw.max() - raw.min() < 1e-9:
-            return None  # no node packs better: no preference
-        return raw * 100.0
+        keys = [_rank_key(outcomes, snap, n) for n in nodes.tolist()]
+        levels = sorted(set(keys))
+        if len(levels) < 2:
+            return None  # no node is better: no preference
+        rank = {k: i for i, k in enumerate(levels)}
+        top = len(levels) - 1
+        return np.array([100.0 * (top - rank[k]) / top for k in keys], dtype=np.float64)
+
+
+def _rank_key(outcomes: _Outcomes, snap: ClusterState, n: int) -> tuple[Score, float]:
+    """Lower is better: the chosen solution's score, then the packing (more used first)."""
+    out = outcomes.at(snap, n)
+    score = out.score if isinstance(out, Fits) and out.score is not None else Score()
+    return score, -round(_packing(outcomes, snap, n), 9)
 
 
 def _packing(outcomes: _Outcomes, snap: ClusterState, n: int) -> float:
