@@ -255,6 +255,7 @@ NOT_INPUT_ERRORS = {
     "gpusched.core.cluster.AccountingError",  # the books disagree with themselves
     "gpusched.core.statement.StatementClosed",  # a Statement used after commit/discard
     "gpusched.core.policies.pairing._TooMany",  # the pairing search gives up
+    "gpusched.core.dra.allocator._Stop",  # the DRA solution search has spent its budget
     "gpusched.k8s.informer.Gone",  # a watch's 410 Gone: relist
 }
 # Raised on purpose, but in files whose owners have not rebased them yet: they go under
