@@ -7,10 +7,12 @@ allocator's message naming the claim, request and expression. Filter runs the al
 asked about, against the devices other claims hold (``PodClaims.inventory``), and keeps each node's
 outcome in the cycle state; ``explain`` reads it back. Reserve hands the chosen node's allocation to
 the front end's ``ClaimLedger`` (its devices are held from then on; the front end writes
-``status.allocation`` before binding), Unreserve takes it back. A pod without claims passes
-everywhere. A node that also serves GPUs through the device plugin (``NodeSpec.gpu_count``, booked by
-the GPU books) gets no claim for a GPU driver's devices: the two books are separate, and a GPU would
-be given twice (issue 32 item 4).
+``status.allocation`` before binding), Unreserve takes it back. In preemption's what-if (``LEAVING``
+in the cycle state: the victims) the devices of claims whose every consumer is leaving count as free
+(``ClaimLedger.allocated_without``); a shared claim another pod still uses stays held. A pod
+without claims passes everywhere. A node that also serves GPUs through the device plugin
+(``NodeSpec.gpu_count``, booked by the GPU books) gets no claim for a GPU driver's devices: the two
+books are separate, and a GPU would be given twice (issue 32 item 4).
 
 Prefer (better choices than first-fit, issue 32 item 2, the node level): among the nodes where the
 claims fit, the ones whose DRA devices are the most used once the claims are placed there rate
@@ -30,7 +32,7 @@ from gpusched.core.dra.inventory import PodClaims
 from gpusched.core.dra.model import AllocatedState, DeviceId, Node, qualify
 from gpusched.core.dra.pools import gather_pools
 from gpusched.core.dra.selector import DraError
-from gpusched.core.framework import F64, CycleState, StateKey
+from gpusched.core.framework import F64, LEAVING, CycleState, StateKey
 from gpusched.core.model import PodSpec
 from gpusched.core.status import Code, Status
 
@@ -40,9 +42,10 @@ NAME = "DynamicResources"
 class _Outcomes:
     """Per node index: the allocator's outcome, or the DraError it raised there."""
 
-    def __init__(self, claims: PodClaims) -> None:
+    def __init__(self, claims: PodClaims, leaving: frozenset[str] = frozenset()) -> None:
         self.claims = claims
-        self.allocated = claims.inventory.ledger.allocated()  # once per cycle
+        ledger = claims.inventory.ledger  # read once per cycle; a what-if frees what only leavers hold
+        self.allocated = ledger.allocated_without(leaving) if leaving else ledger.allocated()
         self.by_node: dict[int, Outcome | DraError] = {}
 
     def at(self, snap: ClusterState, n: int) -> Outcome | DraError:
@@ -87,7 +90,7 @@ class DynamicResources:
             pod.claims.check()
         except DraError as e:
             return Status(Code.UNSCHEDULABLE_AND_UNRESOLVABLE, (str(e),), NAME)
-        state.write(OUTCOMES, _Outcomes(pod.claims))
+        state.write(OUTCOMES, _Outcomes(pod.claims, state.read(LEAVING) or frozenset()))
         return Status.success()
 
     def _outcomes(self, state: CycleState, pod: PodSpec, snap: ClusterState) -> _Outcomes:
@@ -95,7 +98,7 @@ class DynamicResources:
 
     def _fill(self, state: CycleState, pod: PodSpec, snap: ClusterState) -> None:
         assert pod.claims is not None
-        state.write(OUTCOMES, _Outcomes(pod.claims))
+        state.write(OUTCOMES, _Outcomes(pod.claims, state.read(LEAVING) or frozenset()))
 
     def filter(
         self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64 | None = None

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -64,6 +64,23 @@ def held_devices(allocations: tuple[ClaimAllocation, ...]) -> dict[str, tuple[He
         )
         for a in allocations
     }
+
+
+def consumers_of(obj: Obj) -> tuple[str, ...]:
+    """The consumers in a claim's ``status.reservedFor``: a pod as namespace/name (the claim's
+    namespace), anything else as group/resource/name (never a pod key, so never freed by a pod's
+    eviction)."""
+    ns = str((obj.get("metadata") or {}).get("namespace") or "")
+    out: list[str] = []
+    for r in (obj.get("status") or {}).get("reservedFor") or []:
+        if not isinstance(r, Mapping):
+            continue
+        name = str(r.get("name") or "")
+        if r.get("resource") == "pods" and not r.get("apiGroup"):
+            out.append(f"{ns}/{name}")
+        else:
+            out.append(f"{r.get('apiGroup') or ''}/{r.get('resource')}/{name}")
+    return tuple(out)
 
 
 class DraBooks:
@@ -237,12 +254,27 @@ class DraBooks:
 
     # ------------------------------------------------------------------ ClaimLedger
     def allocated(self) -> AllocatedState:
+        return self.allocated_without(())
+
+    def allocated_without(self, leaving: Collection[str]) -> AllocatedState:
+        """What claims hold once the pods ``leaving`` (namespace/name) are gone, as the API will show
+        it after kube-controller-manager's resourceclaim controller has taken them out of
+        ``reservedFor`` and deallocated the claims left with no consumer: a claim is freed only when
+        it is reserved for someone and every pod it is reserved for is leaving (a shared claim with
+        a consumer that stays, or one reserved for something other than a pod, stays held); the
+        leavers' own reservations not yet written go too. ``allocated()`` is this with no one."""
+        gone = frozenset(leaving)
         with self.lock:
             self._expire()
-            per_claim = dict(self._held)
+            per_claim = {
+                k: v for k, v in self._held.items() if not gone or not self._freed(self._claims.get(k), gone)
+            }
             for res in self._reserved.values():
+                if res.pod in gone:
+                    continue
                 for key, devices in held_devices(res.allocations).items():
-                    per_claim.setdefault(key, devices)  # the API's copy wins once it is seen
+                    if key not in self._held:  # the API's copy wins once it is seen
+                        per_claim.setdefault(key, devices)
             exclusive: set[DeviceId] = set()
             consumed: dict[DeviceId, dict[str, int]] = {}
             for devices in per_claim.values():
@@ -256,6 +288,20 @@ class DraBooks:
                     else:
                         exclusive.add(d.device)
             return AllocatedState(frozenset(exclusive), consumed)
+
+    @staticmethod
+    def _freed(obj: Obj | None, gone: frozenset[str]) -> bool:
+        """Whether the claim ``obj`` has consumers and every one of them is a pod in ``gone``."""
+        if obj is None:
+            return False
+        consumers = consumers_of(obj)
+        return bool(consumers) and all(c in gone for c in consumers)
+
+    def consumers(self, claim: str) -> tuple[str, ...]:
+        """The consumers ``claim`` (namespace/name) is reserved for, as ``consumers_of`` names them."""
+        with self.lock:
+            obj = self._claims.get(claim)
+            return consumers_of(obj) if obj is not None else ()
 
     def reserve(self, pod: str, node: str, allocations: tuple[ClaimAllocation, ...]) -> None:
         with self.lock:
