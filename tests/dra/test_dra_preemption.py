@@ -230,3 +230,41 @@ def test_after_any_preemptions_the_ledger_is_the_union_of_live_allocations(
             w.write(p, node)
         assert w.books.allocated().devices == w.live_union()
         assert not w.books.reservations()
+
+
+def test_the_preemptors_room_keeps_the_freed_device_from_others_until_it_is_decided() -> None:
+    """``DraClaims.hold_room`` at nomination: once the victim is gone and its claim deallocated, a
+    lower-priority claim pod finds the device held, the preemptor itself gets it. Given up while the
+    victim's claim still holds it (kube-controller-manager not done), the room stays; given up with
+    the device free, it goes."""
+    from gpusched.core.dra.model import Node
+    from gpusched.k8s.claims import DraClaims
+
+    w = World({"node-a": 1})
+    claims = DraClaims(None, books=w.books)
+    w.holder("c0", "node-a", ("gpu-0",), [("lo", 1)])
+    p = w.preemptor("pre", 50)
+    node, victims = preempt(w, p)
+    claims.hold_room(p, Node(node), victims)
+    w.snap.forget("ns/lo")  # the victim is gone; its claim is not deallocated yet
+    claims.drop_room(p.key)  # given up meanwhile (nothing lower left on the node): the room stays
+    assert w.books.reservation(p.key) is not None
+    w.evict(())
+    w.claims["c0"]["status"] = {}  # kube-controller-manager deallocates it
+    w._show("c0")
+    other = w.preemptor("other", 10)
+    r = schedule_one(make_profile("bestfit", preemption=True), other, w.snap)
+    assert not r.scheduled and not r.victims  # held for the preemptor, and nothing to evict for it
+    r = schedule_one(make_profile("bestfit", preemption=True), p, w.snap)
+    assert r.scheduled and r.node_name == "node-a"
+    w.write(p, "node-a")
+    assert w.books.allocated().devices == w.live_union() == {DeviceId(DRIVER, "node-a", "gpu-0")}
+
+    w = World({"node-a": 1})
+    claims = DraClaims(None, books=w.books)
+    w.holder("c0", "node-a", ("gpu-0",), [("lo", 1)])
+    p = w.preemptor("pre", 50)
+    claims.hold_room(p, Node("node-a"), ("ns/lo",))
+    w.evict(("ns/lo",))  # gone and deallocated: the device is free
+    claims.drop_room(p.key)
+    assert w.books.reservation(p.key) is None

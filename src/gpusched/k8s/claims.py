@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpusched.core.dra.allocator import Fits
 from gpusched.core.dra.celexpr import CelCompiler
+from gpusched.core.dra.model import Node
+from gpusched.core.dra.selector import DraError
 from gpusched.core.model import PodSpec
 from gpusched.k8s.dra.books import DraBooks
 from gpusched.k8s.dra.mixed import MixedNodes
@@ -55,6 +58,10 @@ class ClaimsRefusal:
     message: str
     reason: str = "FailedScheduling"
 
+
+ROOM_S = 300.0
+"""How long a preemptor's DRA room is held at most (its victims' grace periods, then
+kube-controller-manager's deallocation, then its own decision; docs/dra.md)."""
 
 WAITING_FOR_INFORMERS = (
     "waiting for the DRA informers (ResourceSlices, DeviceClasses, ResourceClaims) to list"
@@ -146,7 +153,7 @@ class DraClaims:
             return ClaimsRefusal(
                 f"the write of its claims to node {held.node} is being settled (outcome unknown)"
             )
-        self.books.unreserve(pod.key)  # an earlier decision not carried out: decided again now
+        self.books.unreserve(pod.key, room=False)  # an earlier decision not carried out (a room stays)
         r = resolve(obj, self.books)
         if isinstance(r, Waiting):
             return ClaimsRefusal(r.reason)
@@ -169,6 +176,31 @@ class DraClaims:
             with self._lock:
                 self._refs[pod.key] = refs  # for ``release``
         return out
+
+    def hold_room(self, pod: PodSpec, node: Node, victims: Collection[str]) -> None:
+        """``pod`` preempts ``victims`` to land on ``node``: the devices its claims take there once the
+        victims' claims are freed are held for it (``DraBooks.hold_room``) until it is decided there,
+        or for ``ROOM_S``. Nothing when it has no claim to allocate or they would not fit."""
+        if pod.claims is None or not pod.claims.to_allocate:
+            return
+        try:
+            out = pod.claims.allocate(node, self.books.allocated_without({*victims, pod.key}))
+        except DraError:
+            return
+        if isinstance(out, Fits):
+            self.books.hold_room(pod.key, node.name, out.allocations, ROOM_S)
+
+    def drop_room(self, key: str) -> None:
+        """The preemptor gave its room up (no preemption helps any more): the room goes, unless its
+        victims' claims still hold its devices (the victims are gone but kube-controller-manager has
+        not deallocated their claims yet: the preemptor is decided again when it has)."""
+        res = self.books.reservation(key)
+        if res is None or res.room_until is None:
+            return
+        held = self.books.allocated_without({key})
+        room = {r.device_id for a in res.allocations for r in a.results}
+        if not room & (held.devices | set(held.consumed)):
+            self.books.unreserve(key)
 
     def release(self, obj: Mapping[str, Any], pod: PodSpec) -> None:
         """The binding did not happen: the pod leaves its claims' ``reservedFor``."""

@@ -42,10 +42,11 @@ NAME = "DynamicResources"
 class _Outcomes:
     """Per node index: the allocator's outcome, or the DraError it raised there."""
 
-    def __init__(self, claims: PodClaims, leaving: frozenset[str] = frozenset()) -> None:
+    def __init__(self, claims: PodClaims, pod: str, leaving: frozenset[str] = frozenset()) -> None:
         self.claims = claims
-        ledger = claims.inventory.ledger  # read once per cycle; a what-if frees what only leavers hold
-        self.allocated = ledger.allocated_without(leaving) if leaving else ledger.allocated()
+        # read once per cycle; a what-if frees what only leavers hold, and the pod's own room (a
+        # preemptor's devices held while its victims leave) is its own to take
+        self.allocated = claims.inventory.ledger.allocated_without(leaving | {pod})
         self.by_node: dict[int, Outcome | DraError] = {}
 
     def at(self, snap: ClusterState, n: int) -> Outcome | DraError:
@@ -90,7 +91,7 @@ class DynamicResources:
             pod.claims.check()
         except DraError as e:
             return Status(Code.UNSCHEDULABLE_AND_UNRESOLVABLE, (str(e),), NAME)
-        state.write(OUTCOMES, _Outcomes(pod.claims, state.read(LEAVING) or frozenset()))
+        state.write(OUTCOMES, _Outcomes(pod.claims, pod.key, state.read(LEAVING) or frozenset()))
         return Status.success()
 
     def _outcomes(self, state: CycleState, pod: PodSpec, snap: ClusterState) -> _Outcomes:
@@ -98,7 +99,7 @@ class DynamicResources:
 
     def _fill(self, state: CycleState, pod: PodSpec, snap: ClusterState) -> None:
         assert pod.claims is not None
-        state.write(OUTCOMES, _Outcomes(pod.claims, state.read(LEAVING) or frozenset()))
+        state.write(OUTCOMES, _Outcomes(pod.claims, pod.key, state.read(LEAVING) or frozenset()))
 
     def filter(
         self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64 | None = None

@@ -12,7 +12,12 @@ its error remembered, ``problems``), and is the core's ``ClaimLedger``:
   and the reservation is dropped: a device is never counted twice), or the decision is given back
   (``unreserve``: the write was refused, the pod decided again);
 - a reservation whose write had an unknown outcome is ``hold``-en: kept until the informer shows the
-  claim allocated, or for ``grace_s`` (the apiserver's request timeout) while it shows it unallocated.
+  claim allocated, or for ``grace_s`` (the apiserver's request timeout) while it shows it unallocated;
+- a nominated preemptor's room (``hold_room``): the devices its victims' claims free, held for it
+  while they leave and kube-controller-manager deallocates their claims.
+
+Preemption's what-if asks ``allocated_without(victims)``: a claim is free there only when every pod
+in its ``reservedFor`` is a victim (a shared claim with a consumer that stays is still held).
 
 Thread-safe: informer threads, the scheduling thread and the writers share one lock.
 """
@@ -53,6 +58,7 @@ class Reservation:
     node: str
     allocations: tuple[ClaimAllocation, ...]
     held_since: float | None = None  # set when its write's outcome is unknown (``hold``)
+    room_until: float | None = None  # a preemptor's room (``hold_room``), kept until then at most
 
 
 def held_devices(allocations: tuple[ClaimAllocation, ...]) -> dict[str, tuple[HeldDevice, ...]]:
@@ -308,10 +314,23 @@ class DraBooks:
             self._reserved[pod] = Reservation(pod, node, allocations)
             self.version += 1
 
-    def unreserve(self, pod: str) -> None:
+    def unreserve(self, pod: str, *, room: bool = True) -> None:
+        """Give ``pod``'s decision back (and its room, unless ``room`` is False)."""
         with self.lock:
-            if self._reserved.pop(pod, None) is not None:
+            res = self._reserved.get(pod)
+            if res is not None and (room or res.room_until is None):
+                del self._reserved[pod]
                 self.version += 1
+
+    def hold_room(self, pod: str, node: str, allocations: tuple[ClaimAllocation, ...], for_s: float) -> None:
+        """A preemptor nominated on ``node``: the devices the what-if gave it there (its victims'
+        claims, still allocated until kube-controller-manager deallocates them) are held for it, so
+        that no other pod takes them once they are free, for ``for_s`` at most (the preemptor
+        deleted or never back). The preemptor's own decisions see them free (``allocated_without``
+        with its key); its Reserve replaces the room with the decision."""
+        with self.lock:
+            self._reserved[pod] = Reservation(pod, node, allocations, room_until=self._clock() + for_s)
+            self.version += 1
 
     def reservation(self, pod: str) -> Reservation | None:
         with self.lock:
@@ -347,7 +366,9 @@ class DraBooks:
         given up: by then a write the apiserver received has been committed (and seen) or not."""
         now = self._clock()
         for pod, res in list(self._reserved.items()):
-            if res.held_since is not None and now - res.held_since >= self.grace_s:
+            if (res.held_since is not None and now - res.held_since >= self.grace_s) or (
+                res.room_until is not None and now >= res.room_until
+            ):
                 del self._reserved[pod]
                 self.version += 1
 
