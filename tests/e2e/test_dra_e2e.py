@@ -144,12 +144,22 @@ class DraEnv:
             self.ns, {"metadata": {"name": name}, "spec": {"devices": {"requests": requests}}}
         )
 
-    def pod(self, name: str, group: str, claims: list[dict[str, str]]) -> None:
+    def pod(
+        self,
+        name: str,
+        group: str,
+        claims: list[dict[str, str]],
+        *,
+        priority_class: str = "",
+        labels: dict[str, str] | None = None,
+    ) -> None:
+        extra = {"priorityClassName": priority_class} if priority_class else {}
         self.v1.create_namespaced_pod(
             self.ns,
             {
-                "metadata": {"name": name},
+                "metadata": {"name": name, "labels": labels or {}},
                 "spec": {
+                    **extra,
                     "schedulerName": self.scheduler_name,
                     "nodeSelector": {GROUP: group},
                     "containers": [

@@ -179,6 +179,7 @@ class Actuator:
                 else [(unit.pods[0], snap.names[o.nominated_node])]
             )
             wait = next((w for q, n in placement if (w := self.nominations.may_preempt(q.key, n, snap))), "")
+            wait = wait or self.claims.room_waits(unit.pods[0].key)  # DRA: its room is being made
             if wait:
                 acted = f"; preemption {wait}"
             elif held:

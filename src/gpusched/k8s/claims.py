@@ -194,13 +194,25 @@ class DraClaims:
         """The preemptor gave its room up (no preemption helps any more): the room goes, unless its
         victims' claims still hold its devices (the victims are gone but kube-controller-manager has
         not deallocated their claims yet: the preemptor is decided again when it has)."""
+        if not self.room_waits(key):
+            res = self.books.reservation(key)
+            if res is not None and res.room_until is not None:
+                self.books.unreserve(key)
+
+    def room_waits(self, key: str) -> str:
+        """Why preemptor ``key`` waits rather than preempting again ("" when it need not): devices of
+        its room are still allocated to others' claims (its victims are gone, kube-controller-
+        manager has not deallocated their claims yet; GPUs would be free at that moment, claims
+        are not)."""
         res = self.books.reservation(key)
         if res is None or res.room_until is None:
-            return
+            return ""
         held = self.books.allocated_without({key})
         room = {r.device_id for a in res.allocations for r in a.results}
-        if not room & (held.devices | set(held.consumed)):
-            self.books.unreserve(key)
+        busy = room & (held.devices | set(held.consumed))
+        if not busy:
+            return ""
+        return f"waiting for {len(busy)} device(s) of its victims' ResourceClaims to be deallocated"
 
     def release(self, obj: Mapping[str, Any], pod: PodSpec) -> None:
         """The binding did not happen: the pod leaves its claims' ``reservedFor``."""
