@@ -146,7 +146,13 @@ def without_post_filters(profile: Profile) -> Profile:
 
 
 def place_gang(
-    profile: Profile, unit: Unit, snap: ClusterState, *, tiebreak: I64 | None = None, diagnose: bool = True
+    profile: Profile,
+    unit: Unit,
+    snap: ClusterState,
+    *,
+    tiebreak: I64 | None = None,
+    diagnose: bool = True,
+    leaving: frozenset[str] = frozenset(),
 ) -> GroupResult:
     """Place ``unit`` all-or-nothing: at least ``unit.need`` of its pods at once (those that fit
     beyond the minimum come along; the rest stay pending), or nothing booked and a status whose
@@ -163,6 +169,7 @@ def place_gang(
         tiebreak=tiebreak,
         min_count=unit.need,
         diagnose_failures=diagnose,
+        leaving=leaving,  # a what-if's evicted pods: what only they hold outside the books is free
     )
     if r.scheduled or unit.gang is None:
         return r

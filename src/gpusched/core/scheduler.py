@@ -353,6 +353,7 @@ def schedule_one(
     tiebreak: I64 | None = None,
     diagnose_failures: bool = True,
     assume: bool = True,
+    leaving: frozenset[str] = frozenset(),
 ) -> ScheduleResult:
     """Run one scheduling cycle for ``pod`` against ``snap``: ``feasible``, then ``pick_host``
     among the nodes that pass and Reserve there, or the PostFilter plugins when none does.
@@ -361,7 +362,7 @@ def schedule_one(
     names the node and the GPU indices on it. ``tiebreak[n]`` orders nodes of equal score
     (the simulator passes a seeded permutation; Kubernetes front ends pass name order).
     """
-    f = feasible(profile, pod, snap)
+    f = feasible(profile, pod, snap, leaving=leaving)  # leaving: a what-if's evicted pods (``fits``)
     if not f.status.ok:
         return ScheduleResult(pod, f.status, diagnosis=Diagnosis(len(snap), (), pre_filter=f.status))
     nodes = f.indices()

@@ -69,11 +69,19 @@ class Statement:
         return alloc
 
     def schedule(
-        self, profile: Profile, pod: PodSpec, *, tiebreak: I64 | None = None, diagnose_failures: bool = False
+        self,
+        profile: Profile,
+        pod: PodSpec,
+        *,
+        tiebreak: I64 | None = None,
+        diagnose_failures: bool = False,
+        leaving: frozenset[str] = frozenset(),
     ) -> ScheduleResult:
         """One ``schedule_one`` cycle whose booking belongs to this statement."""
         self._check_open()
-        r = schedule_one(profile, pod, self.snap, tiebreak=tiebreak, diagnose_failures=diagnose_failures)
+        r = schedule_one(
+            profile, pod, self.snap, tiebreak=tiebreak, diagnose_failures=diagnose_failures, leaving=leaving
+        )
         if r.scheduled:  # schedule_one assumed it
             self._ops.append(Operation(OpKind.ASSUME, self.snap.allocations[pod.key]))
         return r
@@ -151,6 +159,7 @@ def schedule_all(
     tiebreak: I64 | None = None,
     min_count: int | None = None,
     diagnose_failures: bool = True,
+    leaving: frozenset[str] = frozenset(),
 ) -> GroupResult:
     """Place every pod of ``pods`` or none of them (gang semantics).
 
@@ -176,7 +185,9 @@ def schedule_all(
     placed = 0
     with Statement(snap) as st:
         for i, pod in enumerate(pods):
-            r = st.schedule(profile, pod, tiebreak=tiebreak, diagnose_failures=diagnose_failures)
+            r = st.schedule(
+                profile, pod, tiebreak=tiebreak, diagnose_failures=diagnose_failures, leaving=leaving
+            )
             results.append(r)
             if r.scheduled:
                 placed += 1

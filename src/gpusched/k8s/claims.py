@@ -30,6 +30,7 @@ from gpusched.core.dra.celexpr import CelCompiler
 from gpusched.core.dra.model import Node
 from gpusched.core.dra.selector import DraError
 from gpusched.core.model import PodSpec
+from gpusched.core.queues.usage import Usage
 from gpusched.k8s.dra.books import DraBooks
 from gpusched.k8s.dra.mixed import MixedNodes
 from gpusched.k8s.dra.podclaims import ClaimRef, Invalid, Waiting, has_claims, resolve
@@ -213,6 +214,18 @@ class DraClaims:
         if not busy:
             return ""
         return f"waiting for {len(busy)} device(s) of its victims' ResourceClaims to be deallocated"
+
+    # ------------------------------------------------------------------ tenant queues
+    def claim_charges(self) -> Mapping[str, Usage]:
+        """Per booked pod, what its claims ask per DeviceClass (``DraBooks.claim_charges``)."""
+        return self.books.claim_charges()
+
+    def unknown_classes(self, names: Collection[str]) -> list[str]:
+        """Those of ``names`` that are no DeviceClass the API has (none until the informers listed)."""
+        if not names or not self.synced():
+            return []
+        known = self.books.class_names()
+        return sorted(n for n in names if n not in known)
 
     def release(self, obj: Mapping[str, Any], pod: PodSpec) -> None:
         """The binding did not happen: the pod leaves its claims' ``reservedFor``."""

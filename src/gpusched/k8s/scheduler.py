@@ -155,6 +155,7 @@ class StandaloneScheduler:
         self.rooms = Rooms(self.nominations, self.reservations)  # what each unit is decided clear of
         # DRA: claims resolved before deciding, written before binding; a DRA object changed: retry
         self.claims = DraClaims(api, on_change=self.queue.cluster_changed, cluster=self.cluster)
+        self.tenants.claims = self.claims  # claim pods charged per DeviceClass (docs/tenant-queues.md)
         self.actuator = Actuator(  # what a decided unit's outcome does in the API (k8s/actuator.py)
             cluster=self.cluster, queue=self.queue, events=self.events, metrics=self.metrics,
             pool=self._pool, settler=self._settler, nominations=self.nominations,

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from gpusched.core.cluster import I64, ClusterState
 from gpusched.core.framework import Profile
@@ -53,7 +53,15 @@ from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.eviction import Evictor
 from gpusched.k8s.preemption import Nominations
 from gpusched.k8s.queue import SchedulingQueue
-from gpusched.k8s.queues import GROUP, PLURAL, VERSION, Directory, QueueDirectory, charge_booked
+from gpusched.k8s.queues import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    ClaimCharges,
+    Directory,
+    QueueDirectory,
+    charge_booked,
+)
 from gpusched.k8s.state import LiveCluster
 from gpusched.metrics.scheduling import SchedulerMetrics
 
@@ -97,6 +105,12 @@ class _Kept:
     book: QueueBook
 
 
+class QueueClaims(ClaimCharges, Protocol):
+    """The DRA side tenant queues read (``k8s/claims.py`` ``DraClaims``)."""
+
+    def unknown_classes(self, names: Collection[str]) -> list[str]: ...
+
+
 class TenantQueues:
     def __init__(
         self,
@@ -138,6 +152,8 @@ class TenantQueues:
         self.books_built = 0
         self._written: dict[str, tuple[str, dict[str, Any]]] = {}  # queue -> (uid, status written)
         self._warned: dict[str, tuple[str, str]] = {}  # queue -> (uid, problem warned of)
+        self.claims: QueueClaims | None = None
+        """DRA: booked claim pods charged per DeviceClass, quotas naming unknown classes refused."""
         self.reclaims = 0
         """Reclaims started (victim sets evicted)."""
         self._stop = threading.Event()
@@ -164,7 +180,7 @@ class TenantQueues:
         k = self._kept
         fresh = k is not None and k.snap is snap and k.directory is d and k.version == snap.version
         if k is None or not fresh or not self.keep_book:
-            k = self._kept = _Kept(snap, d, snap.version, charge_booked(snap, d))
+            k = self._kept = _Kept(snap, d, snap.version, charge_booked(snap, d, self.claims))
             self.books_built += 1
         return k.book
 
@@ -191,7 +207,23 @@ class TenantQueues:
             return "", ""
         d = self.directory.current()
         queue, source = d.queue_of(pod)
-        return (queue, d.problem(queue, source)) if queue else ("", "")
+        if not queue:
+            return "", ""
+        return queue, d.problem(queue, source) or self._unknown_classes(d, queue, source)
+
+    def _unknown_classes(self, d: Directory, queue: str, source: str) -> str:
+        """Why a queue whose quotas (its own or an ancestor's) name a DeviceClass the API does not
+        have cannot admit pods ("" when none does, or the DRA informers have not listed yet)."""
+        if self.claims is None or queue not in d.tree:
+            return ""
+        for q in d.tree.paths[queue]:
+            unknown = self.claims.unknown_classes(d.tree.specs[q].device_classes())
+            if unknown:
+                return (
+                    f"Queue {q}: spec (nominalQuota, borrowingLimit or lendingLimit).dra names "
+                    f"DeviceClass {', '.join(unknown)}, which does not exist (the queue of {source})"
+                )
+        return ""
 
     # --------------------------------------------------------------- reclaim
     def waiting_on(self, keys: Collection[str], snap: ClusterState) -> int:

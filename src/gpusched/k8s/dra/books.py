@@ -32,13 +32,22 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpusched.core.dra.inventory import DraInventory
-from gpusched.core.dra.model import AllocatedState, ClaimAllocation, DeviceClass, DeviceId, ResourceSlice
+from gpusched.core.dra.model import (
+    AllocatedState,
+    Claim,
+    ClaimAllocation,
+    DeviceClass,
+    DeviceId,
+    ResourceSlice,
+)
 from gpusched.core.dra.selector import SelectorCompiler
+from gpusched.core.queues.usage import Usage, claims_charge
 from gpusched.k8s.dra.convert import (
     DraObjectError,
     HeldDevice,
     TaintRule,
     allocation_from_k8s,
+    claim_from_k8s,
     claim_key,
     device_class_from_k8s,
     slice_from_k8s,
@@ -222,6 +231,11 @@ class DraBooks:
         with self.lock:
             return self._claims.get(key)
 
+    def class_names(self) -> frozenset[str]:
+        """The DeviceClasses the API has (also those that could not be read)."""
+        with self.lock:
+            return frozenset(self._class_objs)
+
     def class_object(self, name: str) -> Obj | None:
         with self.lock:
             return self._class_objs.get(name)
@@ -302,6 +316,24 @@ class DraBooks:
             return False
         consumers = consumers_of(obj)
         return bool(consumers) and all(c in gone for c in consumers)
+
+    def claim_charges(self) -> dict[str, Usage]:
+        """Per pod key, what the allocated claims it was allocated for (the first consumer in
+        ``reservedFor``) ask per DeviceClass (``core.queues.usage.claims_charge``): the tenant
+        queues' charge of a booked claim pod. A claim that cannot be read is charged nothing."""
+        with self.lock:
+            by_pod: dict[str, list[Claim]] = {}
+            for key, obj in self._claims.items():
+                if key not in self._held:
+                    continue
+                consumers = consumers_of(obj)
+                if not consumers:
+                    continue
+                try:
+                    by_pod.setdefault(consumers[0], []).append(claim_from_k8s(obj))
+                except DraObjectError:
+                    continue
+        return {pod: claims_charge(cs) for pod, cs in by_pod.items()}
 
     def consumers(self, claim: str) -> tuple[str, ...]:
         """The consumers ``claim`` (namespace/name) is reserved for, as ``consumers_of`` names them."""
