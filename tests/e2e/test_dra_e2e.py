@@ -152,12 +152,13 @@ class DraEnv:
         *,
         priority_class: str = "",
         labels: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None,
     ) -> None:
         extra = {"priorityClassName": priority_class} if priority_class else {}
         self.v1.create_namespaced_pod(
             self.ns,
             {
-                "metadata": {"name": name, "labels": labels or {}},
+                "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
                 "spec": {
                     **extra,
                     "schedulerName": self.scheduler_name,

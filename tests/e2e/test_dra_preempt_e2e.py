@@ -13,6 +13,7 @@ the PodDisruptionBudget and PriorityClass helpers are test_preemption_e2e.py's.
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import uuid
 from collections.abc import Iterator
@@ -23,7 +24,10 @@ import test_dra_e2e
 from test_dra_e2e import A100, DraEnv, exactly, gpu
 from test_preemption_e2e import budget_allows, classes, pdb
 
-from gpusched.testenv import wait_until
+from gpusched.bench.reclaim import install_queue_crd, queue_body
+from gpusched.k8s.convert import ANN_QUEUE
+from gpusched.k8s.queues import GROUP, PLURAL, VERSION
+from gpusched.testenv import ControlPlane, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -31,6 +35,12 @@ dra = test_dra_e2e.dra  # the shared fixture: one DraEnv (and scheduler) for thi
 
 HOLD = "gpusched.io/e2e-hold"  # keeps a victim terminating until the test lets it go
 HELD: list[str] = []  # pods given the finalizer: let go at the module's end, or the namespace stays
+
+
+@pytest.fixture(scope="module", autouse=True)
+def queue_crd(control_plane: ControlPlane) -> None:
+    """The Queue CRD, served before the module's scheduler starts (it probes for it at start)."""
+    install_queue_crd(control_plane)
 
 
 @pytest.fixture(scope="module")
@@ -165,3 +175,50 @@ def test_a_budget_that_forbids_evicting_a_claim_holder_is_honoured(dra: DraEnv, 
         assert device_of(dra, "vip-gpu") == held
         assert not dra.read_pod("db")["metadata"].get("deletionTimestamp")
         assert device_of(dra, "db-gpu")[0] == a
+
+
+def test_reclaim_by_device_class_evicts_the_borrower_of_the_class_needed(
+    dra: DraEnv, prio: dict[str, str]
+) -> None:
+    """Queue ``a`` lends its quota of one GPU and one MIG device (``devices/<class>``) to ``b``,
+    whose pods hold both (the MIG holder of the lowest priority). A pod of ``a`` asking for a GPU
+    reclaims: the GPU's holder is evicted through the Eviction API, the MIG holder stays, and the
+    pod gets the GPU its borrower held."""
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(dra.api)
+    group = f"reclaim-{dra.tag}"
+    mig = {
+        "name": "mig-0",
+        "attributes": {"type": {"string": "mig"}, "productName": {"string": A100[0]}, "index": {"int": 0}},
+        "capacity": {"memory": {"value": "5Gi"}},
+    }
+    node = dra.node_with_gpus(group, "reclaim", [gpu(0, A100), mig])
+    org, a, b = (f"{q}-{dra.tag}" for q in ("org", "a", "b"))
+    quota = {"dra": {f"devices/{dra.gpu_class}": 1, f"devices/{dra.mig_class}": 1}}
+    for body in (queue_body(org), queue_body(a, parent=org, nominalQuota=quota), queue_body(b, parent=org)):
+        custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, body, _preload_content=False)
+    try:
+        with NeverTwice(dra):
+            for name, cls, pclass in (("b-mig", dra.mig_class, "low"), ("b-gpu", dra.gpu_class, "mid")):
+                dra.claim(f"{name}-c", [{"name": "gpu", "exactly": exactly(cls)}])
+                claims = [{"name": "gpu", "resourceClaimName": f"{name}-c"}]
+                dra.pod(name, group, claims, priority_class=prio[pclass], annotations={ANN_QUEUE: b})
+                assert dra.bound(name) == node  # b borrows a's idle quota
+            held = device_of(dra, "b-gpu-c")
+            dra.claim("a-gpu-c", [{"name": "gpu", "exactly": exactly(dra.gpu_class)}])
+            claims = [{"name": "gpu", "resourceClaimName": "a-gpu-c"}]
+            dra.pod("a-gpu", group, claims, annotations={ANN_QUEUE: a})
+            assert dra.bound("a-gpu", timeout=90) == node
+            assert device_of(dra, "a-gpu-c") == held  # the device its borrower held
+            assert not dra.read_pod("b-mig")["metadata"].get("deletionTimestamp"), "the other class stays"
+            gone = [
+                p["metadata"]["name"]
+                for p in json.loads(dra.v1.list_namespaced_pod(dra.ns, _preload_content=False).data)["items"]
+            ]
+            assert "b-gpu" not in gone or dra.read_pod("b-gpu")["metadata"].get("deletionTimestamp")
+        msg = dra.failure("b-gpu", reason="Preempted", contains="reclaims its quota")
+        assert f"queue {a} reclaims its quota" in msg
+    finally:
+        for q in (a, b, org):
+            custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, q, _preload_content=False)

@@ -171,6 +171,10 @@ class Actuator:
             rooms = landing(d.profile, snap, unit.pods, o.victims, need=unit.need, tiebreak=d.tiebreak)
             by = f"gang {p.group.ref.describe()}" if p.group is not None else unit.pods[0].key
             self.tenants.start_reclaim(unit.pods, p.queue, victims, by=by, rooms=rooms)
+            if p.group is None:  # DRA: the devices its victims' claims free are held for it
+                for q, n in rooms:
+                    spec = snap.nodes[snap.index[n]]
+                    self.claims.hold_room(q, DraNode(spec.name, spec.labels), o.victims)
             acted = f"; reclaiming {len(held)} pod(s) from borrowing queues"
         elif o.outcome is Outcome.PREEMPT:
             placement = (

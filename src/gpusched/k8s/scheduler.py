@@ -381,6 +381,9 @@ class StandaloneScheduler:
                 why = f"waiting for {waiting} reclaimed pod(s) to leave"
                 why = why if popped.group is not None else f"queue {queue}: {why}"
                 return Decision(popped, UnitOutcome(unit, Outcome.WAITING, reason=why), profile, tried=False)
+            if popped.group is None and (why := self.claims.room_waits(keys[0])):  # DRA: being made
+                why = f"queue {queue}: {why}"
+                return Decision(popped, UnitOutcome(unit, Outcome.WAITING, reason=why), profile, tried=False)
         (o,) = run_cycle(
             profile, snap, [unit], book=book, budgets=self.budgets.budgets(), tiebreak=self._tiebreak,
             hold=self.rooms,

@@ -396,6 +396,7 @@ def landing(
             tiebreak=tiebreak,
             min_count=need,
             diagnose_failures=False,
+            leaving=frozenset(victims),  # their DRA claims are free there too
         )
         placed = [(x.pod, x.node_name) for x in r.placed]
         for x in r.placed:  # booked by schedule_all's own statement: undone before the victims return
