@@ -15,9 +15,11 @@ from gpusched.core.policies import make_profile
 from gpusched.core.queues.quota import QueueBook
 from gpusched.core.queues.reclaim import plan_reclaim
 from gpusched.core.queues.spec import ANY_MODEL, InvalidQueue, QueueSpec, QueueTree, Quota, ResourceKey
+from gpusched.core.queues.status import queue_statuses
 from gpusched.core.queues.usage import claims_charge
 from gpusched.k8s.dra.podclaims import Ready, resolve
 from gpusched.k8s.queues import queue_from_k8s
+from gpusched.k8s.tenants import status_body
 
 
 def key(dim: str) -> ResourceKey:
@@ -107,6 +109,9 @@ def test_reclaim_evicts_the_borrower_whose_claims_free_the_class_needed() -> Non
     for k in ("ns/x", "ns/y"):
         book.charge(k, "b", charges[k])
     assert book.over_nominal("b") and not book.violations()
+    by = {st.name: status_body(st, 1, "") for st in queue_statuses(book, {})}  # the Queues' status
+    assert by["a"]["quota"]["dra"] == {"devices/first": 1, "devices/second": 1}
+    assert by["b"]["usage"]["dra"] == by["b"]["borrowed"]["dra"] == {"devices/first": 1, "devices/second": 1}
 
     w.claims["p-c"] = claim("p-c", [whole("second")])
     w._show("p-c")

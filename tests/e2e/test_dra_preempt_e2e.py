@@ -217,6 +217,15 @@ def test_reclaim_by_device_class_evicts_the_borrower_of_the_class_needed(
                 for p in json.loads(dra.v1.list_namespaced_pod(dra.ns, _preload_content=False).data)["items"]
             ]
             assert "b-gpu" not in gone or dra.read_pod("b-gpu")["metadata"].get("deletionTimestamp")
+
+        def usage(q: str) -> object:  # the Queue's status, as the scheduler writes it every 2 s
+            obj = custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, q)
+            return ((obj.get("status") or {}).get("usage") or {}).get("dra")
+
+        gpus, migs = f"devices/{dra.gpu_class}", f"devices/{dra.mig_class}"
+        want = {gpus: 1, migs: 0}
+        wait_until(lambda: usage(a) == want, timeout=30, what=f"Queue {a} status.usage.dra {want}")
+        assert usage(b) == {gpus: 0, migs: 1}
         msg = dra.failure("b-gpu", reason="Preempted", contains="reclaims its quota")
         assert f"queue {a} reclaims its quota" in msg
     finally:

@@ -70,12 +70,18 @@ log = logging.getLogger(__name__)
 _STATUS_FIELDS = (("gpus", "gpus"), ("gpuMilli", "gpu_milli"), ("gpuMemoryMiB", "gpu_memory_mib"))
 
 
-def _amounts(usage: Any, get: Callable[[ResourceKey], int | None]) -> dict[str, int]:
-    out = {}
+def _amounts(st: QueueStatus, get: Callable[[ResourceKey], int | None]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for field, dim in _STATUS_FIELDS:
         v = get(ResourceKey(ANY_MODEL, dim))
         if v is not None:
             out[field] = int(v)
+    dra = {}  # the DRA keys of its tree (devices/<class>, capacity/<class>/<capacity>)
+    for k in sorted({*st.quota, *st.usage}):
+        if k.model == ANY_MODEL and "/" in k.dim and (v := get(k)) is not None:
+            dra[k.dim] = int(v)
+    if dra:
+        out["dra"] = dra
     return out
 
 
