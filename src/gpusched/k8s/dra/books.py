@@ -117,6 +117,8 @@ class DraBooks:
         self._claims: dict[str, Obj] = {}  # key -> the API object
         self._held: dict[str, tuple[HeldDevice, ...]] = {}  # claim key -> its allocation in the API
         self._reserved: dict[str, Reservation] = {}  # pod key -> its decision
+        self._consumers: dict[str, tuple[str, ...]] = {}  # claim key -> its reservedFor (``consumers_of``)
+        self._by_consumer: dict[str, set[str]] = {}  # consumer -> the claims reserved for it
         self._problems: dict[str, str] = {}  # "Kind name" -> why it cannot be read
         self._inventory: DraInventory | None = None
         self.version = 0
@@ -155,6 +157,7 @@ class DraBooks:
         key = claim_key(obj)
         with self.lock:
             self._claims[key] = obj
+            self._index_consumers(key, consumers_of(obj))
             try:
                 held = allocation_from_k8s(obj)
                 self._problems.pop(f"ResourceClaim {key}", None)
@@ -172,6 +175,7 @@ class DraBooks:
         key = claim_key(obj)
         with self.lock:
             self._claims.pop(key, None)
+            self._index_consumers(key, ())
             self._held.pop(key, None)
             self._written(key)
             self._changed()
@@ -286,9 +290,10 @@ class DraBooks:
         gone = frozenset(leaving)
         with self.lock:
             self._expire()
-            per_claim = {
-                k: v for k, v in self._held.items() if not gone or not self._freed(self._claims.get(k), gone)
-            }
+            per_claim = dict(self._held)
+            for k in {c for pod in gone for c in self._by_consumer.get(pod, ())}:  # their claims only
+                if k in per_claim and self._freed(self._claims.get(k), gone):
+                    del per_claim[k]
             for res in self._reserved.values():
                 if res.pod in gone:
                     continue
@@ -308,6 +313,18 @@ class DraBooks:
                     else:
                         exclusive.add(d.device)
             return AllocatedState(frozenset(exclusive), consumed)
+
+    def _index_consumers(self, claim: str, consumers: tuple[str, ...]) -> None:
+        for c in self._consumers.pop(claim, ()):
+            keys = self._by_consumer.get(c)
+            if keys is not None:
+                keys.discard(claim)
+                if not keys:
+                    del self._by_consumer[c]
+        if consumers:
+            self._consumers[claim] = consumers
+            for c in consumers:
+                self._by_consumer.setdefault(c, set()).add(claim)
 
     @staticmethod
     def _freed(obj: Obj | None, gone: frozenset[str]) -> bool:
