@@ -19,10 +19,11 @@ from k8s_objects import DRIVER, allocation, claim, device_class, gpu_device, gpu
 
 from gpusched.core.cluster import ClusterState
 from gpusched.core.dra.celexpr import CelCompiler
-from gpusched.core.dra.model import DeviceId
+from gpusched.core.dra.model import DeviceId, Node
 from gpusched.core.model import NodeSpec, PodSpec
 from gpusched.core.policies import make_profile
 from gpusched.core.scheduler import schedule_one
+from gpusched.k8s.claims import DraClaims
 from gpusched.k8s.dra.books import DraBooks
 from gpusched.k8s.dra.podclaims import Ready, resolve
 
@@ -195,9 +196,11 @@ def test_after_any_preemptions_the_ledger_is_the_union_of_live_allocations(
 ) -> None:
     """Holders: (node, devices, shared by a second pod, priority), placed where free; then
     preemptors (devices, priority) come one by one and each that can preempt does: the what-if's
-    freed devices are the controller's, the books equal the live claims' union, nothing is held
-    twice, and the preemptor gets its claim on the nominated node."""
+    freed devices are the controller's, the room held for the preemptor keeps a lower-priority claim
+    pod off them, the books equal the live claims' union, nothing is held twice, and the preemptor
+    gets its claim on the nominated node."""
     w = World({"node-0": 2, "node-1": 2, "node-2": 3, "node-3": 1})
+    rooms = DraClaims(None, books=w.books)
     free = {
         n: [f"gpu-{i}" for i in range(g)]
         for n, g in (("node-0", 2), ("node-1", 2), ("node-2", 3), ("node-3", 1))
@@ -223,8 +226,22 @@ def test_after_any_preemptions_the_ledger_is_the_union_of_live_allocations(
             predicted = w.books.allocated_without(r.victims)
             for v in r.victims:  # victims are of lower priority, and every one holds a claim there
                 assert w.snap.allocations[v].pod.priority < prio
+            rooms.hold_room(p, Node(node), r.victims)  # as the actuator does at nomination
             w.evict(r.victims)
-            assert w.books.allocated() == predicted  # the what-if freed what the controller frees
+            room = w.books.reservation(p.key)
+            assert room is not None
+            assert w.books.allocated_without({p.key}) == predicted  # what the controller freed
+            # meanwhile a claim pod of any priority below it takes nothing of the room
+            other = w.preemptor(f"o{j}", prio - 1, count)
+            o = schedule_one(make_profile("bestfit"), other, w.snap)
+            if o.scheduled:
+                event("another claim pod placed while the room is held")
+                taken = {r.device_id for a in w.books.reservation(other.key).allocations for r in a.results}
+                assert not taken & {r.device_id for a in room.allocations for r in a.results}
+                w.snap.forget(other.key)
+            w.books.unreserve(other.key)
+            del w.claims[f"o{j}-gpu"]
+            w.books.delete_claim(claim(f"o{j}-gpu", []))
             again = schedule_one(make_profile("bestfit", preemption=True), p, w.snap)
             assert again.scheduled and again.node_name == node
             w.write(p, node)
@@ -237,8 +254,6 @@ def test_the_preemptors_room_keeps_the_freed_device_from_others_until_it_is_deci
     lower-priority claim pod finds the device held, the preemptor itself gets it. Given up while the
     victim's claim still holds it (kube-controller-manager not done), the room stays; given up with
     the device free, it goes."""
-    from gpusched.core.dra.model import Node
-    from gpusched.k8s.claims import DraClaims
 
     w = World({"node-a": 1})
     claims = DraClaims(None, books=w.books)
