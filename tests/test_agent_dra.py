@@ -18,8 +18,9 @@ import grpc
 import pytest
 
 from gpusched.agent.dra.cdi import CdiSpecs
-from gpusched.agent.dra.claims import ClaimRef
+from gpusched.agent.dra.claims import ClaimError, ClaimRef
 from gpusched.agent.dra.driver import Preparer
+from gpusched.agent.dra.migprepare import MigClaims, MigInstances
 from gpusched.agent.dra.node import DraConfig, DraNode, refuse_device_plugin_beside
 from gpusched.agent.dra.pluginregistration_v1 import api_pb2 as regpb
 from gpusched.agent.dra.pluginregistration_v1 import api_pb2_grpc as regpbg
@@ -32,7 +33,10 @@ from gpusched.agent.inventory import Inventory, XidEvent
 from gpusched.agent.plugin import wait_until
 from gpusched.agent.pods import MemoryPods
 from gpusched.agent.run import Agent, AgentConfig
+from gpusched.agent.sharing import Sharing
 from gpusched.agent.testing import FakeKubelet
+from test_agent_mig_reshape import backends  # noqa: F401 (fixture: the fake backend and NVML's)
+from test_agent_nvml_lib import fake_nvml_lib, nvml_env  # noqa: F401 (its fixtures)
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = "gpu.nvidia.com"
@@ -212,15 +216,17 @@ def test_a_critical_xid_in_dra_mode_taints_the_device_in_the_published_slice(tmp
 
 
 class Env:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, backend: Any = None, mig: str = "static", sharing: Any = None) -> None:
         self.root = root
         self.api = MemorySlices()
         self.dev = root / "dev"
-        self.dev.mkdir()
+        self.dev.mkdir(exist_ok=True)
         self.config = DraConfig(
-            cdi_dir=root / "cdi", dev_root=self.dev, registry_dir=root / "reg", plugins_dir=root / "plugins"
-        )
-        self.node = DraNode(NODE, inventory(), self.config, self.api, self.api)
+            cdi_dir=root / "cdi", dev_root=self.dev, registry_dir=root / "reg", plugins_dir=root / "plugins",
+            mig=mig,
+        )  # fmt: skip
+        inv = backend.inventory() if backend is not None else inventory()
+        self.node = DraNode(NODE, inv, self.config, self.api, self.api, backend, sharing or Sharing())
 
     def channel(self, path: Path) -> grpc.Channel:
         return grpc.insecure_channel(f"unix://{path}")
@@ -330,10 +336,13 @@ def test_a_share_gets_its_consumed_capacity_as_env_and_a_cdi_device_of_its_own(e
     ]
     spec = CdiSpecs(env.config.cdi_dir, DRIVER).read("uid-s")
     assert spec is not None
+    # --sharing none: the device plugin's share variables, as information (nothing enforces them)
     assert [(d["name"], d["containerEdits"]["env"][2:]) for d in spec["devices"]] == [
-        ("uid-s-gpu-0-s-1", ["GPUSCHED_GPU_MILLI=250", "GPUSCHED_GPU_MEMORY_MIB=10240"]),
-        ("uid-s-gpu-0-s-2", ["GPUSCHED_GPU_MILLI=1000"]),
-    ]
+        ("uid-s-gpu-0-s-1", ["GPUSCHED_GPU_MILLI=250", "GPUSCHED_GPU_MEMORY_MIB=10240",
+                             "CUDA_DEVICE_MEMORY_LIMIT_0=10240m", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M",
+                             "CUDA_DEVICE_SM_LIMIT=25", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25"]),
+        ("uid-s-gpu-0-s-2", ["GPUSCHED_GPU_MILLI=1000", "GPUSCHED_GPU_MEMORY_MIB=0"]),
+    ]  # fmt: skip
     bad = [{**result("gpu-1"), "shareID": "s-3", "consumedCapacity": {"milli": "lots"}}]
     env.api.claims[("ns1", "bad")] = claim("uid-bad", bad, name="bad")
     err = env.prepare(ClaimRef("ns1", "bad", "uid-bad")).claims["uid-bad"].error
@@ -417,6 +426,7 @@ def test_dra_beside_a_device_plugin_is_refused_naming_what_serves_the_gpus() -> 
         refuse_device_plugin_beside(nvidia_resources=False, sharing="none", other_plugins=[])
     with pytest.raises(DraConfigError, match="--sharing mps"):
         refuse_device_plugin_beside(nvidia_resources=True, sharing="mps", other_plugins=[])
+    refuse_device_plugin_beside(nvidia_resources=True, sharing="hami-core", other_plugins=[])
     refuse_device_plugin_beside(nvidia_resources=True, sharing="none", other_plugins=[])
     # a live device plugin listing this node's GPUs (gpusched's own, in device-plugin mode, stands in for
     # NVIDIA's) in the kubelet's directory: the DRA agent does not start
@@ -486,3 +496,420 @@ def test_committed_dra_stubs_are_what_the_generation_script_writes(tmp_path: Pat
             assert (tmp_path / pkg / f).read_text() == (
                 REPO / "src/gpusched/agent/dra" / pkg / f
             ).read_text(), f
+
+
+# ------------------------------------------------------------------------------------------ dynamic MIG
+
+DYN_DOC: dict[str, Any] = {
+    "hostname": NODE,
+    "driverVersion": "550.107.02",
+    "cudaVersion": "12.4",
+    "gpus": [
+        {"model": "NVIDIA H100 80GB HBM3", "uuid": UUIDS[0]},
+        {"model": "NVIDIA A100-SXM4-80GB", "uuid": UUIDS[1], "migMode": True, "mig": []},
+    ],
+}
+
+
+def dyn_backend(**gpu1: Any) -> FakeBackend:
+    doc = json.loads(json.dumps(DYN_DOC))
+    doc["gpus"][1].update(gpu1)
+    return FakeBackend.from_dict(doc, "t")
+
+
+def test_dynamic_mig_publishes_every_placement_consuming_its_gpus_counter_set_in_nvidias_shape() -> None:
+    s = build_slice(dyn_backend().inventory(), NODE, DRIVER, mig="dynamic")
+    specs = dict(s.specs(4))
+    assert list(specs) == [f"{NODE}-{DRIVER}", f"{NODE}-{DRIVER}-counters"]
+    assert all(
+        sp["pool"] == {"name": NODE, "generation": 4, "resourceSliceCount": 2} for sp in specs.values()
+    )
+    (cset,) = specs[f"{NODE}-{DRIVER}-counters"]["sharedCounters"]
+    assert "devices" not in specs[f"{NODE}-{DRIVER}-counters"]
+    assert cset["name"] == "gpu-1-counter-set"
+    slices = {f"memory-slice-{i}": {"value": "1"} for i in range(8)}
+    assert cset["counters"] == {
+        "multiprocessors": {"value": "98"}, "copy-engines": {"value": "7"}, "decoders": {"value": "5"},
+        "encoders": {"value": "0"}, "jpeg-engines": {"value": "1"}, "ofa-engines": {"value": "1"},
+        "memory": {"value": "81920Mi"}, **slices,
+    }  # fmt: skip
+    devices = {d["name"]: d for d in specs[f"{NODE}-{DRIVER}"]["devices"]}
+    assert "gpu-0" in devices and "gpu-1" not in devices  # the MIG-mode GPU: placements instead
+    mig = sorted(n for n in devices if n.startswith("gpu-1-mig-"))
+    assert len(mig) == 7 + 7 + 4 + 3 + 2 + 1 + 1  # every start of every profile (mig.md §2a)
+    assert {
+        "gpu-1-mig-1g10gb-19-6",
+        "gpu-1-mig-1g10gb-me-20-0",
+        "gpu-1-mig-3g40gb-9-4",
+        "gpu-1-mig-7g80gb-0-0",
+    } < set(mig)
+    d = devices["gpu-1-mig-3g40gb-9-4"]
+    attrs = {k: next(iter(v.values())) for k, v in d["attributes"].items()}
+    assert attrs["type"] == "mig" and attrs["profile"] == "3g.40gb" and attrs["parentUUID"] == UUIDS[1]
+    assert "uuid" not in attrs  # the instance does not exist until Prepare
+    assert d["capacity"]["multiprocessors"] == {"value": "42"} and d["capacity"]["memory"] == {
+        "value": "40960Mi"
+    }
+    (use,) = d["consumesCounters"]
+    assert use["counterSet"] == "gpu-1-counter-set"
+    assert {k for k in use["counters"] if k.startswith("memory-slice")} == {
+        f"memory-slice-{i}" for i in (4, 5, 6, 7)
+    }
+    assert use["counters"]["multiprocessors"] == {"value": "42"} and use["counters"]["copy-engines"] == {
+        "value": "3"
+    }
+    assert "consumesCounters" not in devices["gpu-0"]
+    static = build_slice(dyn_backend().inventory(), NODE, DRIVER)  # static: no placements, no counters
+    assert [n for n, _ in static.specs(1)] == [f"{NODE}-{DRIVER}"] and not static.counter_sets
+
+
+def _fits(parts: list[Any], counters: dict[str, int]) -> bool:
+    used: dict[str, int] = {}
+    for p in parts:
+        for k, v in p.counters.items():
+            used[k] = used.get(k, 0) + v
+    return all(v <= counters[k] for k, v in used.items())
+
+
+@pytest.mark.parametrize(
+    "model",
+    ["NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA B200",
+     "NVIDIA A30"],
+)  # fmt: skip
+def test_the_counters_admit_exactly_the_legal_mig_layouts(model: str) -> None:
+    """Over every set of placements with disjoint memory slices: the counters fit it exactly when the
+    GPU can hold it (the profile table's rules: starts, overlaps, per-profile maxima, SM slices)."""
+    from gpusched.agent import migprofiles
+    from gpusched.agent.dra.migdynamic import partitions
+
+    gpu = {
+        "model": model,
+        "migMode": True,
+        **({"memoryMiB": 183360, "computeCapability": "10.0"} if "B200" in model else {}),
+    }
+    dev = FakeBackend.from_dict({"gpus": [gpu]}, "t").inventory().devices[0]
+    gp = partitions(dev)
+    assert gp is not None
+    parts = list(gp.parts)
+    checked = legal = 0
+
+    def walk(i: int, chosen: list[Any], used: set[int]) -> None:
+        nonlocal checked, legal
+        if i == len(parts):
+            insts = [
+                migprofiles.instance(dev.name, dev.memory_mib, p.placement.profile, p.placement.start, "u")
+                for p in chosen
+            ]
+            try:
+                migprofiles.validate(dev.name, dev.memory_mib, insts)
+                ok = True
+            except migprofiles.MigError:
+                ok = False
+            assert _fits(chosen, gp.counters) == ok, [p.name for p in chosen]
+            checked += 1
+            legal += ok
+            return
+        walk(i + 1, chosen, used)
+        span = set(range(parts[i].placement.start, parts[i].placement.start + parts[i].placement.size))
+        if not span & used:
+            walk(i + 1, [*chosen, parts[i]], used | span)
+
+    walk(0, [], set())
+    assert checked > legal > 10  # illegal layouts were among them (two +me, ...)
+    # two placements sharing a memory slice never fit together
+    at0 = [p for p in parts if p.placement.start == 0]
+    assert len(at0) > 2 and all(not _fits([a, b], gp.counters) for a in at0 for b in at0 if a is not b)
+
+
+def test_a_placement_under_an_instance_no_claim_made_is_withheld() -> None:
+    backend = dyn_backend(mig=[{"profile": "3g.40gb", "start": 4}])
+    s = build_slice(backend.inventory(), NODE, DRIVER, mig="dynamic")
+    names = {d.name for d in s.devices}
+    assert "gpu-1-mig-3g40gb-9-0" in names and "gpu-1-mig-1g10gb-19-3" in names
+    assert not names & {"gpu-1-mig-3g40gb-9-4", "gpu-1-mig-1g10gb-19-5", "gpu-1-mig-7g80gb-0-0"}
+    (inst,) = backend.inventory().devices[1].mig_instances
+    ours = build_slice(backend.inventory(), NODE, DRIVER, mig="dynamic", ours={inst.uuid})
+    assert "gpu-1-mig-3g40gb-9-4" in {d.name for d in ours.devices}  # a prepared claim's: still published
+
+
+def test_the_pool_of_several_slices_is_written_whole_with_one_generation() -> None:
+    backend = dyn_backend()
+    api = MemorySlices({NODE: "node-uid"})
+    pub = SlicePublisher(api)
+    assert pub.sync(build_slice(backend.inventory(), NODE, DRIVER, mig="dynamic"))
+    assert sorted(api.slices) == [f"{NODE}-{DRIVER}", f"{NODE}-{DRIVER}-counters"]
+    assert not pub.sync(build_slice(backend.inventory(), NODE, DRIVER, mig="dynamic"))
+    backend.create_mig_instance(1, "1g.10gb", 0)  # made by hand: its placements go, the pool is rewritten
+    assert pub.sync(build_slice(backend.inventory(), NODE, DRIVER, mig="dynamic"))
+    gens = {n: s["spec"]["pool"]["generation"] for n, s in api.slices.items()}
+    assert gens == {f"{NODE}-{DRIVER}": 2, f"{NODE}-{DRIVER}-counters": 2}
+    assert pub.sync(build_slice(backend.inventory(), NODE, DRIVER))  # back to static: the counters slice goes
+    assert sorted(api.slices) == [f"{NODE}-{DRIVER}"]
+    assert api.slices[f"{NODE}-{DRIVER}"]["spec"]["pool"]["resourceSliceCount"] == 1
+
+
+@pytest.fixture
+def dyn() -> Iterator[Env]:
+    root = Path(tempfile.mkdtemp(prefix="dra", dir="/tmp"))
+    e = Env(root, dyn_backend(), mig="dynamic")
+    e.node.start()
+    try:
+        yield e
+    finally:
+        e.node.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _instances(e: Env) -> list[tuple[str, int, str]]:
+    assert e.node.mig is not None
+    return [
+        (m.profile, m.placement_start, m.uuid) for m in e.node.mig.ops.inventory().devices[1].mig_instances
+    ]
+
+
+def test_prepare_creates_the_placements_instance_and_unprepare_destroys_it(dyn: Env) -> None:
+    dyn.api.claims[("ns1", "c1")] = claim("uid-m", [result("gpu-1-mig-3g40gb-9-4")])
+    ref = ClaimRef("ns1", "c1", "uid-m")
+    got = dyn.prepare(ref).claims["uid-m"]
+    assert got.error == ""
+    ((profile, start, mig_uuid),) = _instances(dyn)
+    assert (profile, start) == ("3g.40gb", 4) and mig_uuid.startswith("MIG-")
+    spec = json.loads((dyn.config.cdi_dir / "k8s.gpu.nvidia.com-claim_uid-m.json").read_text())
+    assert spec["devices"][0]["name"] == "uid-m-gpu-1-mig-3g40gb-9-4"
+    assert f"NVIDIA_VISIBLE_DEVICES={mig_uuid}" in spec["devices"][0]["containerEdits"]["env"]
+    checkpoint = dyn.config.plugins_dir / DRIVER / "mig-claims.json"
+    assert json.loads(checkpoint.read_text())["claims"]["uid-m"][0]["uuid"] == mig_uuid
+    # its placement stays published (the claim's allocation holds the counters), the slice unchanged
+    assert "gpu-1-mig-3g40gb-9-4" in dyn.node.current_slice().by_name
+    assert dyn.prepare(ref).claims["uid-m"].error == "" and len(_instances(dyn)) == 1  # idempotent
+    # a restarted agent (a new Preparer, the checkpoint read again) answers with the same instance
+    assert dyn.node.mig is not None
+    again = Preparer(dyn.api, CdiSpecs(dyn.config.cdi_dir, DRIVER, dyn.dev), dyn.node.current_slice,
+                     MigInstances(dyn.node.mig.ops, MigClaims(checkpoint)))  # fmt: skip
+    assert again.prepare(ref).devices[0].visible_id == mig_uuid and len(_instances(dyn)) == 1
+    assert again.unprepare(ref) is None  # the restarted one destroys it, from the checkpoint
+    assert _instances(dyn) == [] and json.loads(checkpoint.read_text())["claims"] == {}
+    assert dyn.unprepare(ref).claims["uid-m"].error == ""  # again: nothing left, no error
+
+
+def test_a_failed_create_rolls_back_the_claims_instances_and_is_the_prepare_error(dyn: Env) -> None:
+    from gpusched.agent.reshape.fakeops import CREATE, Failing, FailSpec
+
+    assert dyn.node.mig is not None
+    dyn.node.mig.ops = Failing(dyn.node.mig.ops, FailSpec(CREATE, nth=2))
+    dyn.api.claims[("ns1", "c1")] = claim(
+        "uid-f", [result("gpu-1-mig-1g10gb-19-0"), result("gpu-1-mig-3g40gb-9-4", "b")]
+    )
+    err = dyn.prepare(ClaimRef("ns1", "c1", "uid-f")).claims["uid-f"].error
+    assert "ResourceClaim ns1/c1 (uid uid-f): cannot create MIG 3g.40gb at memory slice 4 of GPU 1" in err
+    assert "injected failure" in err and "rolled back: destroyed MIG-" in err
+    assert _instances(dyn) == []  # the 1g made first was destroyed again
+    assert not (dyn.config.cdi_dir / "k8s.gpu.nvidia.com-claim_uid-f.json").exists()
+    # a placement the GPU cannot take now (overlapping an instance made meanwhile) fails the same way
+    dyn.node.mig.ops.create_mig_instance(1, "1g.10gb", 5)
+    dyn.api.claims[("ns1", "c2")] = claim("uid-g", [result("gpu-1-mig-3g40gb-9-4")], name="c2")
+    err = dyn.prepare(ClaimRef("ns1", "c2", "uid-g")).claims["uid-g"].error
+    assert "not published" in err  # the hand-made instance withholds the placement: never created
+    assert [(p, s) for p, s, _ in _instances(dyn)] == [("1g.10gb", 5)]
+
+
+def test_with_hami_core_a_dra_share_gets_the_same_enforced_limits_as_a_device_plugin_share() -> None:
+    """``--sharing hami-core`` under DRA: the share's consumed capacity becomes HAMi-core's limits and
+    library in the container's CDI edits, exactly as ``Sharing.container`` gives a device-plugin share."""
+    from gpusched.agent.allocation import Assignment
+
+    root = Path(tempfile.mkdtemp(prefix="dra", dir="/tmp"))
+    lib = root / "libvgpu.so"
+    lib.write_bytes(b"")
+    sharing = Sharing("hami-core", None, lib)
+    e = Env(root, sharing=sharing)
+    e.node.start()
+    try:
+        share = {**result("gpu-1"), "shareID": "s-9", "consumedCapacity": {"milli": "300", "memory": "20Gi"}}
+        e.api.claims[("ns1", "c1")] = claim("uid-h", [share])
+        assert e.prepare(ClaimRef("ns1", "c1", "uid-h")).claims["uid-h"].error == ""
+        spec = CdiSpecs(e.config.cdi_dir, DRIVER).read("uid-h")
+        assert spec is not None
+        (dev,) = spec["devices"]
+        want = sharing.container(UUIDS[1], Assignment(NODE, (1,), 300, 20480), ("x", "y"))
+        assert dev["containerEdits"]["env"][2:] == [f"{k}={v}" for k, v in want.envs.items()]
+        assert "CUDA_DEVICE_MEMORY_LIMIT_0=20480m" in dev["containerEdits"]["env"]
+        assert "CUDA_DEVICE_SM_LIMIT=30" in dev["containerEdits"]["env"]
+        assert f"LD_PRELOAD={lib}" in dev["containerEdits"]["env"]
+        assert dev["containerEdits"]["mounts"] == [
+            {"hostPath": str(lib), "containerPath": str(lib), "options": ["ro", "nosuid", "nodev", "bind"]}
+        ]
+    finally:
+        e.node.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# ------------------------------------------------------- mixed nodes: GPUs device-plugin pods hold, tainted
+
+
+def _dp_pod(
+    name: str, *, assigned: list[int] | None = None, allocated: str = "", phase: str = "Running"
+) -> dict[str, Any]:
+    ann = {}
+    if assigned is not None:
+        ann["gpusched.io/assignment"] = json.dumps(
+            {"node": NODE, "gpus": assigned, "milli": 1000, "memoryMiB": 0}
+        )
+    if allocated:
+        ann["gpusched.io/allocated"] = json.dumps({"main": {"nvidia.com/gpu": [allocated]}})
+    return {
+        "metadata": {"namespace": "ns1", "name": name, "uid": f"uid-{name}", "annotations": ann},
+        "spec": {"nodeName": NODE},
+        "status": {"phase": phase},
+    }
+
+
+def test_gpus_device_plugin_pods_hold_get_a_taint_rule_for_other_drivers_devices_until_free() -> None:
+    from gpusched.agent.dra.heldtaints import TAINT_KEY, HeldTaints, MemoryTaintRules, held_gpus
+
+    inv = inventory()
+    pods = [
+        _dp_pod("handed", allocated=UUIDS[1]),  # the agent handed it GPU 1
+        _dp_pod("bound", assigned=[0]),  # assigned GPU 0, not started yet
+        _dp_pod("done", allocated=UUIDS[2], phase="Succeeded"),  # holds nothing any more
+    ]
+    assert held_gpus(pods, NODE, inv, {}) == {UUIDS[0], UUIDS[1]}
+    nvidia = {  # NVIDIA's driver publishes the node's GPUs (and a MIG device of GPU 1) in its own slice
+        "spec": {
+            "driver": "gpu.nvidia.com", "nodeName": NODE, "pool": {"name": NODE},
+            "devices": [
+                {"name": "gpu-0", "attributes": {"uuid": {"string": UUIDS[0]}}},
+                {"name": "gpu-1", "attributes": {"gpu.nvidia.com/uuid": {"string": UUIDS[1]}}},
+                {"name": "gpu-1-mig-1g10gb-19-0",
+                 "attributes": {"uuid": {"string": "MIG-x"}, "parentUUID": {"string": UUIDS[1]}}},
+                {"name": "gpu-2", "attributes": {"uuid": {"string": UUIDS[2]}}},
+            ],
+        }
+    }  # fmt: skip
+    other_node = {"spec": {**nvidia["spec"], "nodeName": "elsewhere", "pool": {"name": "elsewhere"}}}
+    api = MemoryTaintRules([nvidia, other_node])
+    held = HeldTaints(api, NODE)
+    created, deleted = held.sync({UUIDS[1]})
+    assert len(created) == 2 and deleted == []
+    rules = sorted(api.rules.values(), key=lambda r: r["spec"]["deviceSelector"]["device"])
+    assert [r["spec"]["deviceSelector"] for r in rules] == [
+        {"driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-1"},
+        {"driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-1-mig-1g10gb-19-0"},
+    ]
+    assert all(
+        r["spec"]["taint"] == {"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"} for r in rules
+    )
+    assert all(r["metadata"]["labels"] == {"gpusched.io/held-gpu-node": NODE} for r in rules)
+    assert held.sync({UUIDS[1]}) == ([], [])  # nothing changed: nothing written
+    created, deleted = held.sync({UUIDS[0]})  # GPU 1 free, GPU 0 held
+    assert len(created) == 1 and len(deleted) == 2
+    assert [r["spec"]["deviceSelector"]["device"] for r in api.rules.values()] == ["gpu-0"]
+    assert held.sync(set())[1] and api.rules == {}
+
+
+def test_gpuscheds_allocator_places_mig_claims_on_the_agents_dynamic_pool_through_its_counters() -> None:
+    """The agent's dynamic-MIG pool, as the API would store it, converted and allocated by gpusched's own
+    allocator claim after claim (each seeing the earlier ones): two 3g.40gb take the two halves, then no 1g
+    and no 7g fit; kube-scheduler takes the same pool in tests/kubelet/test_dra_node.py."""
+    from gpusched.core.dra.allocator import Allocator, DoesNotFit, Fits
+    from gpusched.core.dra.celexpr import CelCompiler
+    from gpusched.core.dra.model import AllocatedState, DeviceClass, DeviceId, Node
+    from gpusched.k8s.dra.convert import claim_from_k8s, slice_from_k8s
+
+    pool = build_slice(dyn_backend().inventory(), NODE, DRIVER, mig="dynamic")
+    slices = [slice_from_k8s({"metadata": {"name": n}, "spec": sp}) for n, sp in pool.specs(1)]
+    mig = DeviceClass("mig", (f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'mig'",))
+
+    def place(profiles: list[str]) -> list[str | None]:
+        held: set[DeviceId] = set()
+        got: list[str | None] = []
+        for i, profile in enumerate(profiles):
+            sel = {"cel": {"expression": f"device.attributes['{DRIVER}'].profile == '{profile}'"}}
+            request = {"name": "g", "exactly": {"deviceClassName": "mig", "selectors": [sel]}}
+            meta = {"namespace": "ns1", "name": f"c{i}", "uid": f"u{i}"}
+            c = claim_from_k8s({"metadata": meta, "spec": {"devices": {"requests": [request]}}})
+            state = AllocatedState(frozenset(held))
+            out = Allocator({"mig": mig}, slices, CelCompiler(), state).allocate(Node(NODE), [c])
+            if isinstance(out, Fits):
+                (r,) = out.allocations[0].results
+                held.add(DeviceId(r.driver, r.pool, r.device))
+                got.append(r.device)
+            else:
+                assert isinstance(out, DoesNotFit)
+                got.append(None)
+        return got
+
+    got = place(["3g.40gb", "3g.40gb", "1g.10gb", "7g.80gb"])
+    assert got == ["gpu-1-mig-3g40gb-9-0", "gpu-1-mig-3g40gb-9-4", None, None]
+    # one +me profile per GPU: memory slices are left, its OFA engine counter is not
+    assert place(["1g.10gb+me", "1g.10gb+me"]) == ["gpu-1-mig-1g10gb-me-20-0", None]
+
+
+class _CountingPods(MemoryPods):
+    listed = 0
+
+    def pods_on_node(self, node: str) -> list[dict[str, Any]]:
+        self.listed += 1
+        return super().pods_on_node(node)
+
+
+def test_the_device_plugin_agent_taints_held_gpus_only_where_a_dra_driver_publishes_them(
+    tmp_path: Path,
+) -> None:
+    from gpusched.agent.dra.heldtaints import MemoryTaintRules
+
+    backend = FakeBackend.from_dict(json.loads(json.dumps(DOC)), "t")
+    pods = _CountingPods([_dp_pod("handed", allocated=UUIDS[0])])
+    rules = MemoryTaintRules()
+    agent = Agent(AgentConfig(node=NODE, plugin_dir=tmp_path / "dp"), backend, pods, pods, taint_api=rules)
+    agent.sync_held_taints()
+    agent.sync_held_taints()  # rules of an earlier agent looked for once; then no DRA slice: nothing read
+    assert rules.rules == {} and pods.listed == 1
+    rules.slices.append(
+        {"spec": {"driver": "gpu.nvidia.com", "nodeName": NODE, "pool": {"name": NODE},
+                  "devices": [{"name": "gpu-0", "attributes": {"uuid": {"string": UUIDS[0]}}}]}}
+    )  # fmt: skip
+    agent.sync_held_taints()
+    assert [r["spec"]["deviceSelector"]["device"] for r in rules.rules.values()] == ["gpu-0"]
+    pods.pods.clear()  # the pod went
+    agent.sync_held_taints()
+    assert rules.rules == {}
+    dra_agent = Agent(
+        AgentConfig(node=NODE, plugin_dir=tmp_path / "dp2", dra=DraConfig(plugins_dir=tmp_path / "p")),
+        backend, pods, pods, MemorySlices(), taint_api=rules,
+    )  # fmt: skip
+    assert dra_agent.held_taints is None  # the DRA driver serves the GPUs itself: no device-plugin pods
+
+
+def test_dynamic_mig_instances_are_made_and_undone_through_nvml_as_through_the_fake(
+    backends: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The same Prepare/Unprepare of placements on both backends: the fake one, and NvmlBackend over the
+    fake libnvidia-ml (``test_agent_mig_reshape``'s fixture: the NVML calls of ``agent/reshape/nvmlops.py``).
+    GPU 2 is an A30 with a 2g.12gb at slice 2 that no claim made."""
+    ops = backends.start(fail="nvmlDeviceCreateGpuInstanceWithPlacement:2")
+    mig = MigInstances(ops, MigClaims(tmp_path / "mig-claims.json"))
+    inv, ours = mig.snapshot()
+    node = inv.hostname
+    pool = build_slice(inv, node, DRIVER, mig="dynamic", ours=ours)
+    names = {d.name for d in pool.devices if d.gpu_index == 2}
+    assert "gpu-2-mig-2g12gb-5-0" in names and "gpu-2-mig-2g12gb-5-2" not in names  # under the 2g at 2
+    want = [(n, pool.by_name[n].placement) for n in ("gpu-2-mig-1g6gb-14-0", "gpu-2-mig-1g6gb-14-1")]
+    ref = ClaimRef("ns1", "c1", "uid-n")
+    with pytest.raises(
+        ClaimError, match=r"cannot create MIG 1g\.6gb at memory slice 1 of GPU 2.*rolled back"
+    ):
+        mig.create(ref, want)  # the second creation fails: the first instance goes again
+
+    def layout() -> list[tuple[str, int]]:
+        dev = mig.ops.inventory().by_index(2)
+        assert dev is not None
+        return sorted((m.profile, m.placement_start) for m in dev.mig_instances)
+
+    assert layout() == [("2g.12gb", 2)]
+    made = mig.create(ref, want)  # the injected failure was once: now both are made
+    assert layout() == [("1g.6gb", 0), ("1g.6gb", 1), ("2g.12gb", 2)]
+    assert set(made) == {n for n, _ in want} and all(u.startswith("MIG-") for u in made.values())
+    assert mig.destroy(ref) and layout() == [("2g.12gb", 2)]
+    assert not mig.destroy(ref)  # nothing left of it

@@ -197,7 +197,8 @@ def test_an_instance_a_live_pod_holds_is_never_destroyed_whatever_the_plan(backe
     assert IN_USE in step.destroy
     res = apply_reshape(be, step, held={uuid_at(before, 0, IN_USE)})
     assert res.outcome is ReshapeOutcome.STALE and res.done == ()
-    assert "[3g.40gb at 4] held by a live pod" in res.message and be.inventory() == before
+    assert f"MIG 3g.40gb at slice 4 ({uuid_at(before, 0, IN_USE)}) is held by a live pod" in res.message
+    assert be.inventory() == before
 
 
 def test_a_failing_undo_is_reported_not_hidden() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,17 +126,21 @@ def test_with_the_cores_plan_a_pending_slice_fits_after_the_recut() -> None:
 
 
 # ------------------------------------------------------------- the request on the Node (the agent loop)
-@pytest.fixture
-def agent_env() -> Iterator[dict[str, Any]]:
-    d = Path(tempfile.mkdtemp(prefix="gp", dir="/tmp"))
-    kubelet = FakeKubelet(d).start()
-    holder = {
+def holder() -> dict[str, Any]:
+    """A running pod that was handed the 3g (MIG-3g)."""
+    return {
         "metadata": {"name": "holder", "namespace": "t", "uid": "u-h", "annotations": {
             ANN_ALLOCATED: json.dumps({"main": {"nvidia.com/mig-3g.40gb": ["MIG-3g"]}})}},
         "spec": {"nodeName": "n", "containers": [{"name": "main"}]},
         "status": {"phase": "Running"},
     }  # fmt: skip
-    pods = MemoryPods([holder])
+
+
+@pytest.fixture
+def agent_env() -> Iterator[dict[str, Any]]:
+    d = Path(tempfile.mkdtemp(prefix="gp", dir="/tmp"))
+    kubelet = FakeKubelet(d).start()
+    pods = MemoryPods([holder()])
     agent = Agent(AgentConfig(node="n", plugin_dir=d), backend(), pods, pods)
     agent.plugin.start(watch_interval_s=0.05)
     yield {"agent": agent, "pods": pods, "kubelet": kubelet}
@@ -184,3 +189,80 @@ def test_a_request_destroying_a_held_instance_fails_and_changes_nothing(agent_en
     st = status(pods)
     assert (st["id"], st["state"]) == ("r2", "failed") and "(MIG-3g) is held by a live pod" in st["message"]
     assert len(agent.devices.devices("nvidia.com/mig-1g.10gb")) == 2  # as it was
+
+
+# ------------------------------------------------------------------ the node pool's way (way (b), item 3)
+def label_way(pods: MemoryPods, way: str) -> None:
+    pods.patch_node("n", {"metadata": {"labels": {"gpusched.io/mig-reshape-way": way}}})
+
+
+def test_a_request_on_a_node_whose_way_is_off_or_unknown_is_refused(agent_env: dict[str, Any]) -> None:
+    agent: Agent = agent_env["agent"]
+    pods: MemoryPods = agent_env["pods"]
+    for rid, way, why in (
+        ("r3", "off", "MIG reshaping is off on node n"),
+        ("r4", "sideways", "'sideways' is not a MIG reshape way"),
+        ("r5", "mig-manager", "the mig-manager way is not set up on its agent"),  # no ConfigMaps given
+    ):
+        label_way(pods, way)
+        ask(pods, rid, [("2g.20gb", 0)], [("1g.10gb", 0)])
+        agent.sync_node()
+        st = status(pods)
+        assert (st["id"], st["state"]) == (rid, "failed") and why in st["message"], st
+    assert len(agent.devices.devices("nvidia.com/mig-1g.10gb")) == 2  # nothing changed
+
+
+def test_way_b_goes_through_mig_manager_and_never_recuts_a_gpu_a_live_pod_holds_part_of() -> None:
+    """On a mig-manager node the agent hands the request to mig-manager (the label, the ConfigMap entry) and
+    answers once the state says so; a GPU on which a live pod holds an instance is refused, since mig-manager
+    re-creates every instance of a GPU it changes."""
+    import threading
+
+    from gpusched.agent.migrequest import MigReshapes
+    from gpusched.agent.reshape.manager import LABEL_CONFIG, LABEL_STATE, ManagerSettings, MigManagerWay
+    from migmanager_standin import StandInMigManager
+    from test_agent_mig_manager import MemoryConfigMaps
+
+    b = backend()
+    pods = MemoryPods([holder()], nodes={"n": {"metadata": {"name": "n", "labels": {}}}})
+    label_way(pods, "mig-manager")
+    cms = MemoryConfigMaps()
+    settings = ManagerSettings(timeout_s=10, poll_s=0.01)
+    way = MigManagerWay(pods, cms, settings)
+    plugin = type(
+        "P",
+        (),
+        {"replace_inventory": lambda self, inv: None, "allocator": type("A", (), {"_unwritten": {}})()},
+    )()
+
+    def node_labels() -> dict[str, str]:
+        return dict(pods.get_node("n")["metadata"]["labels"])
+
+    def read_config() -> str | None:
+        found = cms.read(settings.namespace, settings.configmap)
+        return None if found is None else found[0].get("config.yaml")
+
+    standin = StandInMigManager(
+        "n", b, node_labels, lambda ch: pods.patch_node("n", {"metadata": {"labels": dict(ch)}}), read_config
+    )
+    stop = threading.Event()
+    standin.run(stop, period=0.01)
+    r = MigReshapes(b, plugin, pods, pods, "n", manager=way)  # type: ignore[arg-type]
+    try:
+        ask(pods, "held", [("2g.20gb", 0)], [("1g.10gb", 0), ("1g.10gb", 1)])
+        assert r.check(pods.get_node("n"))
+        st = status(pods)
+        assert st["state"] == "failed" and "live pods hold MIG-3g" in st["message"] and standin.applied == []
+        pods.pods = []  # the holder is gone
+        ask(pods, "free", [("3g.40gb", 4)], [("1g.10gb", 4), ("1g.10gb", 5)])
+        deadline = time.monotonic() + 10
+        while not r.check(pods.get_node("n")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        st = status(pods)
+        assert (st["id"], st["state"]) == ("free", "success"), (st, standin.errors)
+        assert standin.applied == [node_labels()[LABEL_CONFIG]] and node_labels()[LABEL_STATE] == "success"
+        assert sorted(m.profile for m in b.inventory().devices[0].mig_instances) == [
+            "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "2g.20gb"
+        ]  # fmt: skip
+    finally:
+        stop.set()

@@ -21,10 +21,12 @@ from gpusched.core.mig.measure import DemandMix
 from gpusched.core.mig.reshape import (
     GpuNow,
     GpuRecut,
+    GpuReshape,
     ReshapeScope,
     apply_step,
     demand_layout,
     plan_node,
+    plan_node_batch,
     plan_reshape,
 )
 
@@ -119,13 +121,14 @@ def test_demand_layout_is_the_simulators_rule() -> None:
         demand_layout(A100, "4g.40gb", DemandMix(), base=[Instance("3g.40gb", 0)])
 
 
-def test_the_agent_requests_one_gpu_per_node_the_one_that_serves_most() -> None:
-    @dataclass(frozen=True)
-    class Node:
-        gpus: tuple[MigGpu, ...]
-        indices: tuple[int, ...]
-        reshaping: frozenset[int] = frozenset()
+@dataclass(frozen=True)
+class Node:
+    gpus: tuple[MigGpu, ...]
+    indices: tuple[int, ...]
+    reshaping: frozenset[int] = frozenset()
 
+
+def test_the_agent_requests_one_gpu_per_node_the_one_that_serves_most() -> None:
     a, b = balanced("n/0"), gpu("n/1", ("3g.40gb", 0), ("3g.40gb", 4))
     held_a = MigGpu("n/0", A100, True, (Instance("3g.40gb", 4),))
     held_b = MigGpu("n/1", A100, True, (Instance("3g.40gb", 0),))
@@ -138,6 +141,65 @@ def test_the_agent_requests_one_gpu_per_node_the_one_that_serves_most() -> None:
     free_b = MigGpu("n/1", A100, True, ())
     plan = plan_node(Node((a, b), (0, 1)), {0: held_a, 1: free_b}, ["4g.40gb"], DemandMix(["4g.40gb"]))
     assert plan is not None and plan.gpu == 1 and plan.destroy == (Instance("3g.40gb", 0),)  # 3g at 4 stays
+
+
+ALL_1G = tuple(("1g.10gb", s) for s in range(7))
+
+
+def test_a_batch_of_three_pods_of_two_profiles_gets_one_recut_where_one_at_a_time_needs_three() -> None:
+    """A GPU cut in seven 1g, idle; a 3g pod and two 2g pods wait. The batch: one re-cut (3g + 2g + 2g) serves
+    all three. One pod at a time: each re-cut serves its pod and keeps the 1g that still fit, so the next pod
+    needs another re-cut: three."""
+    node = Node((gpu("n/0", *ALL_1G),), (0,))
+    idle = {0: MigGpu("n/0", A100, True, ())}
+    pods = [["3g.40gb"], ["2g.20gb"], ["2g.20gb"]]
+    demand = DemandMix(["3g.40gb", "2g.20gb", "2g.20gb"])
+    found = plan_node_batch(node, idle, pods, demand)
+    assert found is not None
+    plan, served = found
+    assert served == (0, 1, 2) and sorted(plan.serves) == ["2g.20gb", "2g.20gb", "3g.40gb"]
+    after = apply_step(node.gpus[0], _step(node.gpus[0], plan))
+    assert sorted(i.profile for i in after.instances) == ["2g.20gb", "2g.20gb", "3g.40gb"]
+
+    recuts, g, held = 0, node.gpus[0], MigGpu("n/0", A100, True, ())
+    for (p,) in pods:  # one at a time, as the scheduler asked before: each pod lands before the next asks
+        assert not [i for i in g.instances if i.profile == p and i not in held.instances]  # no free one
+        one = plan_node(Node((g,), (0,)), {0: held}, [p], demand)
+        assert one is not None and one.serves == (p,)
+        g, recuts = apply_step(g, _step(g, one)), recuts + 1
+        new = next(i for i in one.create if i.profile == p)
+        held = held.place(new.profile, new.start)
+    assert recuts == 3
+
+
+def test_a_batch_keeps_its_order_a_pod_that_does_not_fit_with_those_before_it_waits() -> None:
+    """First come the 7g (the whole GPU), then a 3g and a 1g: the 7g is served, the others are left for a
+    later re-cut, never served in its place; an empty request or one the node cannot host serves nothing."""
+    node = Node((gpu("n/0", *ALL_1G),), (0,))
+    idle = {0: MigGpu("n/0", A100, True, ())}
+    found = plan_node_batch(node, idle, [["7g.80gb"], ["3g.40gb"], ["1g.10gb"]], DemandMix(["7g.80gb"]))
+    assert found is not None and found[1] == (0,) and found[0].create == (Instance("7g.80gb", 0),)
+    found = plan_node_batch(node, idle, [["4g.40gb", "4g.40gb"], ["3g.40gb"]], DemandMix(["3g.40gb"]))
+    assert found is not None and found[1] == (1,)  # two 4g never fit one GPU: that pod waits, the 3g goes
+    assert plan_node_batch(node, idle, [[], ["4g.40gb", "4g.40gb"]], DemandMix()) is None
+
+
+def test_whole_gpu_scope_recuts_only_a_gpu_no_pod_holds_anything_of() -> None:
+    """mig-manager re-creates every instance of a GPU it changes: with a 1g held on GPU 0, only GPU 1 (idle)
+    is re-cut in the WHOLE_GPU scope, where FREE_SLICES takes GPU 0 (the lower index, as cheap)."""
+    node = Node((gpu("n/0", *ALL_1G), gpu("n/1", *ALL_1G)), (0, 1))
+    books = {0: MigGpu("n/0", A100, True, (Instance("1g.10gb", 6),)), 1: MigGpu("n/1", A100, True, ())}
+    demand = DemandMix(["4g.40gb"])
+    free = plan_node(node, books, ["4g.40gb"], demand, FREE)
+    whole = plan_node(node, books, ["4g.40gb"], demand, WHOLE)
+    assert free is not None and free.gpu == 0
+    assert whole is not None and whole.gpu == 1
+    books[1] = books[1].place("1g.10gb", 6)
+    assert plan_node(node, books, ["4g.40gb"], demand, WHOLE) is None
+
+
+def _step(g: MigGpu, plan: GpuRecut) -> GpuReshape:
+    return GpuReshape(g.name, False, plan.destroy, plan.create, plan.serves, g.instances, ())
 
 
 # ------------------------------------------------------------------------------------------------ bad input

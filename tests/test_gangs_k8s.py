@@ -15,7 +15,6 @@ from kubernetes import client
 
 from builders import k8s_node, k8s_pod
 from gpusched.core.gang import GangSpec, partly_bound
-from gpusched.k8s.claims import claims_message
 from gpusched.k8s.convert import pod_from_k8s
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.gangs import Gangs
@@ -310,13 +309,55 @@ def test_a_malformed_group_binds_nothing(h: Harness) -> None:
     assert not h.bound
 
 
-def test_dra_claims_are_named_and_never_bound(h: Harness) -> None:
-    h.groups.add(API.COSCHEDULING, "g", {"minMember": 1})
+def test_a_member_whose_claims_are_not_ready_is_told_why_and_the_gang_waits_for_it(h: Harness) -> None:
+    """Members with DRA claims are decided (jointly: tests/dra/test_gang_claims.py, e2e in
+    tests/e2e/test_dra_gang_e2e.py); one whose claims cannot be resolved yet (here: the DRA informers
+    have not listed) is told why and left out, and a gang short of its minimum binds nothing."""
+    h.groups.add(API.COSCHEDULING, "g", {"minMember": 2})
+    h.pod("plain", 1, "g")
     h.pod("claims", 1, "g", resourceClaims=[{"name": "gpu", "resourceClaimName": "c"}])
     h.drain()
     assert not h.bound
-    assert "spec.resourceClaims (gpu)" in claims_message(h.queue.get("ns/claims").obj)  # type: ignore[union-attr]
-    assert any("cannot allocate DRA" in m for n, m in h.events_of("FailedScheduling") if n == "claims")
+    msgs = [m for n, m in h.events_of("FailedScheduling") if n == "claims"]
+    assert any("member ns/claims: waiting for the DRA informers" in m for m in msgs), msgs
+    plain = [m for n, m in h.events_of("FailedScheduling") if n == "plain"]
+    assert any("1 member(s) can be decided, 0 bound, minimum 2; nothing is bound" in m for m in plain), plain
+
+
+@pytest.mark.parametrize("written", [True, False])
+def test_a_gang_with_claims_binds_only_once_every_members_claims_are_written(
+    h: Harness, written: bool
+) -> None:
+    """The actuator writes every member's claims (``DraClaims.write_all``) before it binds any; when
+    a member's write fails no member is bound, their bookings are forgotten and each is told why."""
+    import dataclasses
+
+    from gpusched.core.dra.celexpr import CelCompiler
+    from gpusched.core.dra.inventory import DraInventory, FixedLedger, PodClaims
+    from gpusched.k8s.claims import GangWrite
+    from gpusched.k8s.dra.writer import WriteOutcome, Written
+
+    inv = DraInventory({}, (), FixedLedger(), CelCompiler())
+    h.s.claims.prepare = lambda obj, pod: dataclasses.replace(pod, claims=PodClaims((), (), inv))  # type: ignore[method-assign]
+    failed = GangWrite("ns/b", WriteOutcome(Written.REFUSED, "422 invalid"))
+    h.s.claims.write_all = lambda members, keep_trying: GangWrite() if written else failed  # type: ignore[method-assign]
+    bound: list[str] = []
+    h.s.actuator._bind_written = lambda _p, qp, *rest: bound.append(qp.key)  # type: ignore[method-assign]
+    h.groups.add(API.COSCHEDULING, "g", {"minMember": 2})
+    h.pod("a", 1, "g")
+    h.pod("b", 1, "g")
+    h.drain()
+    if written:
+        assert sorted(bound) == ["ns/a", "ns/b"]
+        return
+    assert not bound
+    assert not h.cluster.is_bound_or_assumed("ns/a") and not h.cluster.is_bound_or_assumed("ns/b")
+    for name in ("a", "b"):
+        (msg,) = [m for n, m in h.events_of("FailedScheduling") if n == name]
+        assert (
+            "writing the ResourceClaims of member ns/b failed (refused: 422 invalid); no member is bound"
+            in msg
+        )
 
 
 def test_group_status_per_api() -> None:

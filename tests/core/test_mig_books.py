@@ -4,6 +4,8 @@ bad input is named and books nothing."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -228,3 +230,34 @@ def test_a_fact_with_no_free_instance_is_booked_by_count_and_never_raises() -> N
     b = snap.assume(mig_pod("b", "7g.80gb"), 0, (), check=False)
     assert b.mig == () and "default/b" in snap.allocations
     assert snap.verify() == ["extended resources overcommitted"]  # the count shows it; MIG books agree
+
+
+def test_a_slice_held_on_a_gpu_being_recut_takes_no_free_instance_of_another() -> None:
+    """GPU 1 is being re-cut while a pod keeps its 3g there: GPU 0's 3g is still free."""
+    snap = ClusterState([recutting_node()])
+    snap.assume(mig_pod("runs", "3g.40gb"), 0, (), mig=(MigSlot(1, 4, "3g.40gb"),))
+    assert snap.mig_fits(mig_pod("new", "3g.40gb"), 0) and snap.verify() == []
+    assert snap.assume(mig_pod("new", "3g.40gb"), 0, ()).mig == (MigSlot(0, 4, "3g.40gb"),)
+    snap.forget("default/runs")
+    assert snap.verify() == []
+
+
+def recutting_node() -> NodeSpec:
+    """Two A100s with a 3g at slice 4 each; GPU 1 is being re-cut."""
+    node = mig_node("n", (("3g.40gb", 4),), (("3g.40gb", 4),))
+    assert node.mig is not None
+    return replace(node, mig=replace(node.mig, reshaping=frozenset({1})))
+
+
+# ------------------------------------------------------------------------------------ preemption's what-if
+def test_preemptions_reprieve_gives_a_victim_back_exactly_its_slices() -> None:
+    """GPU 1 is being re-cut (its free slices only: a pod keeps running there). Low-priority v1 holds
+    GPU 1's 3g, v0 GPU 0's; an urgent 3g pod can land only on GPU 0. Reprieving v1 must give it back
+    GPU 1's 3g; placed by the measure instead, it would take GPU 0's (the only one free to place on) and
+    be evicted for nothing."""
+    snap = ClusterState([recutting_node()])
+    snap.assume(replace(mig_pod("v0", "3g.40gb"), priority=1), 0, (), mig=(MigSlot(0, 4, "3g.40gb"),))
+    snap.assume(replace(mig_pod("v1", "3g.40gb"), priority=2), 0, (), mig=(MigSlot(1, 4, "3g.40gb"),))
+    r = schedule_one(profile(preemption=True), replace(mig_pod("urgent", "3g.40gb"), priority=100), snap)
+    assert not r.scheduled and r.victims == ("default/v0",)
+    assert snap.allocations["default/v1"].mig == (MigSlot(1, 4, "3g.40gb"),) and snap.verify() == []

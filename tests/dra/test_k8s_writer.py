@@ -222,3 +222,60 @@ def test_release_takes_only_this_pod_out_of_reserved_for() -> None:
     )
     writer.release(POD, (REF,))
     assert api.claims[("ns", "c")]["status"]["reservedFor"] == [other]
+
+
+def gang_of_two(
+    shared: bool = False,
+) -> tuple[FakeResourceApi, DraBooks, Any, list[tuple[dict[str, Any], Any]]]:
+    """Members p (claim c) and q (claim d; with ``shared`` also c, allocated by p's decision)."""
+    from gpusched.core.dra.inventory import PodClaims
+    from gpusched.core.model import PodSpec
+    from gpusched.k8s.claims import DraClaims
+
+    api = FakeResourceApi(claim("c", [whole()]), claim("d", [whole()]))
+    books = DraBooks(CelCompiler())
+    books.reserve("ns/p", NODE, decision("ns/c", "gpu-0"))
+    books.reserve("ns/q", NODE, decision("ns/d", "gpu-1"))
+    writer = ClaimWriter(api, books, sleep=lambda s: None)
+    dra = DraClaims(None, books=books, writer=writer)
+    ref_d = ClaimRef("gpu", "ns/d", "uid-d", False)
+    dra._refs = {"ns/p": (REF,), "ns/q": ((REF, ref_d) if shared else (ref_d,))}
+    specs = [PodSpec(n, namespace="ns", claims=PodClaims((), (), books.inventory())) for n in ("p", "q")]
+    members = [(pod("p", [{"name": "gpu", "resourceClaimName": "c"}]), specs[0]),
+               (pod("q", [{"name": "gpu", "resourceClaimName": "d"}]), specs[1])]  # fmt: skip
+    return api, books, dra, members
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_gang_whose_second_member_cannot_be_written_leaves_no_claim_allocated(shared: bool) -> None:
+    """All members or none: q's claim is refused (422), so p's claim, written first, is taken back:
+    no allocation, no reservedFor, no finalizer (also when removing it conflicts once); every
+    member's devices are given back."""
+    api, books, dra, members = gang_of_two(shared)
+    calls = {"n": 0}
+    real = api.replace_namespaced_resource_claim_status
+
+    def refuse_d(name: str, ns: str, body: dict[str, Any], **kw: Any) -> Any:
+        if name == "d":
+            calls["n"] += 1
+            api.fail["replace"] = [409]  # the undo's finalizer removal conflicts once (the controller wrote)
+            raise ApiException(status=422, reason="Invalid")
+        return real(name, ns, body, **kw)
+
+    api.replace_namespaced_resource_claim_status = refuse_d  # type: ignore[method-assign]
+    w = dra.write_all(members, keep_trying=always)
+    assert not w.ok and w.failed == "ns/q" and w.outcome.result is Written.REFUSED and calls["n"] == 1
+    c = api.claims[("ns", "c")]
+    assert "allocation" not in c["status"] and "reservedFor" not in c["status"]
+    assert FINALIZER not in (c["metadata"].get("finalizers") or [])
+    assert books.reservations() == []
+
+
+def test_a_gang_whose_members_are_all_written_keeps_every_allocation() -> None:
+    api, _books, dra, members = gang_of_two(shared=True)
+    w = dra.write_all(members, keep_trying=always)
+    assert w.ok
+    c, d = api.claims[("ns", "c")], api.claims[("ns", "d")]
+    assert [r["device"] for r in c["status"]["allocation"]["devices"]["results"]] == ["gpu-0"]
+    assert [r["uid"] for r in c["status"]["reservedFor"]] == ["uid-p", "uid-q"]  # shared, allocated once
+    assert [r["uid"] for r in d["status"]["reservedFor"]] == ["uid-q"]

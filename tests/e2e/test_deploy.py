@@ -652,8 +652,10 @@ def can_agent(cp: ControlPlane, verb: str, resource: str, namespace: str = "defa
 
 def test_agent_rbac_is_least_privilege(rbac: ControlPlane) -> None:
     allowed = [("get", "nodes"), ("patch", "nodes"), ("list", "pods"), ("watch", "pods"), ("patch", "pods")]
-    allowed += [("create", "events")]
+    allowed += [("create", "events"), ("list", "resourceslices.resource.k8s.io")]
+    allowed += [(v, "devicetaintrules.resource.k8s.io") for v in ("list", "create", "delete")]
     denied = [
+        ("create", "resourceslices.resource.k8s.io"), ("update", "devicetaintrules.resource.k8s.io"),
         ("list", "nodes"), ("update", "nodes"), ("delete", "nodes"), ("patch", "nodes/status"),
         ("create", "pods"), ("delete", "pods"), ("update", "pods"), ("create", "pods/binding"),
         ("get", "secrets"), ("list", "configmaps"), ("patch", "events"), ("create", "events.events.k8s.io"),
@@ -854,6 +856,48 @@ def test_helm_agent_sharing_modes(
         assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility" and "privileged" not in c["securityContext"]
     rendered = tmp_path / "agent.yaml"
     rendered.write_text(text)
+    dry_run(api_server, rendered)
+
+
+def test_helm_agent_mig_manager_way_gets_its_flags_and_a_role_on_one_configmap(
+    api_server: ControlPlane, helm: list[str], tmp_path: Path
+) -> None:
+    """agent.migReshape.migManager.enabled: the agent gets mig-manager's ConfigMap settings as its own flags
+    and a Role in that namespace whose get/update name only that ConfigMap, bound to the agent's account."""
+    text = helm_template(
+        helm, "standalone",
+        "--set", "agent.migReshape.migManager.enabled=true",
+        "--set", "agent.migReshape.migManager.namespace=gpu-operator",
+        "--set", "agent.migReshape.migManager.configMap=my-mig-config",
+    )  # fmt: skip
+    docs = load_docs(text)
+    (c,) = daemonset(docs)["spec"]["template"]["spec"]["containers"]
+    args = c["args"]
+    assert {a for a in args if a.startswith("--")} <= agent_run_options()
+    assert args[args.index("--mig-manager-configmap") + 1] == "my-mig-config"
+    assert args[args.index("--mig-reshape-way") + 1] == "nvml"  # the node label picks mig-manager per pool
+    (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-mig-parted")]
+    assert role["metadata"]["namespace"] == "gpu-operator"
+    named = [r for r in role["rules"] if "resourceNames" in r]
+    assert named == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["my-mig-config"],
+            "verbs": ["get", "update"],
+        }
+    ]
+    (binding,) = [
+        d for d in docs if d["kind"] == "RoleBinding" and d["roleRef"]["name"] == role["metadata"]["name"]
+    ]
+    assert binding["subjects"][0]["name"] == daemonset(docs)["spec"]["template"]["spec"]["serviceAccountName"]
+    plain = load_docs(helm_template(helm, "standalone"))
+    assert not [d for d in plain if d["kind"] == "Role" and d["metadata"]["name"].endswith("-mig-parted")]
+    assert (
+        "--mig-manager-configmap" not in daemonset(plain)["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    rendered = tmp_path / "agent.yaml"
+    rendered.write_text(text.replace("namespace: gpu-operator", "namespace: default"))
     dry_run(api_server, rendered)
 
 
@@ -1100,3 +1144,15 @@ def test_every_example_lands_on_nodes_labelled_as_the_agent_labels_them(
         assert not live(never)["spec"].get("nodeName")
     finally:
         cluster.down()
+
+
+def test_helm_passes_the_gang_topology_levels(helm: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """gangTopologyLevels reaches the scheduler's config (default: its own), in order."""
+    from gpusched.core.gangtopology import TopologyLevels
+
+    default = rendered_configs(helm, monkeypatch)
+    assert default["scheduler"].gang_topology_levels == TopologyLevels()
+    given = rendered_configs(
+        helm, monkeypatch, "--set", "gangTopologyLevels={example.com/tray,example.com/row}"
+    )
+    assert given["scheduler"].gang_topology_levels.keys == ("example.com/tray", "example.com/row")

@@ -150,18 +150,21 @@ class DraEnv:
         group: str,
         claims: list[dict[str, str]],
         *,
+        scheduler: str = "",
         priority_class: str = "",
-        labels: dict[str, str] | None = None,
         annotations: dict[str, str] | None = None,
+        **labels: str,
     ) -> None:
+        """A pod with ``claims`` on the nodes of ``group``, for gpusched (or ``scheduler``), of
+        ``priority_class``, with ``annotations`` and ``labels``."""
         extra = {"priorityClassName": priority_class} if priority_class else {}
         self.v1.create_namespaced_pod(
             self.ns,
             {
-                "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
+                "metadata": {"name": name, "labels": labels, "annotations": annotations or {}},
                 "spec": {
                     **extra,
-                    "schedulerName": self.scheduler_name,
+                    "schedulerName": scheduler or self.scheduler_name,
                     "nodeSelector": {GROUP: group},
                     "containers": [
                         {

@@ -65,3 +65,28 @@ def test_every_slice_shape_is_valid_and_the_publisher_keeps_it_on_the_real_apise
     finally:
         pub.delete(build_slice(inv, NODE, DRIVER))
     assert api.list_slices(DRIVER, NODE) == []
+
+
+def test_dynamic_mig_pools_of_several_slices_are_valid_on_the_real_apiserver(
+    control_plane: ControlPlane,
+) -> None:
+    """Nine A100s in MIG mode, every placement published (``--dra-mig dynamic``): 225 devices consuming
+    counters (64 per slice at most) and nine counter sets (8 per slice at most) make a pool of six slices,
+    which the apiserver accepts and the publisher keeps, generation by generation."""
+    doc = {"hostname": NODE, "gpus": [{"model": "NVIDIA A100-SXM4-40GB", "count": 9, "migMode": True}]}
+    backend = FakeBackend.from_dict(doc, "t")
+    api = KubeSlices(str(control_plane.kubeconfig_path))
+    pub = SlicePublisher(api)
+    try:
+        assert pub.sync(build_slice(backend.inventory(), NODE, DRIVER, mig="dynamic"))
+        stored = {s["metadata"]["name"]: s["spec"] for s in api.list_slices(DRIVER, NODE)}
+        assert len(stored) == 6 and {s["pool"]["resourceSliceCount"] for s in stored.values()} == {6}
+        assert sum(len(s.get("devices") or []) for s in stored.values()) == 9 * 25
+        assert sum(len(s.get("sharedCounters") or []) for s in stored.values()) == 9
+        assert not pub.sync(build_slice(backend.inventory(), NODE, DRIVER, mig="dynamic"))
+        backend.create_mig_instance(0, "3g.20gb", 4)  # an instance nobody prepared: its placements go
+        assert pub.sync(build_slice(backend.inventory(), NODE, DRIVER, mig="dynamic"))
+        assert {s["spec"]["pool"]["generation"] for s in api.list_slices(DRIVER, NODE)} == {2}
+    finally:
+        pub.delete(build_slice(backend.inventory(), NODE, DRIVER))
+    assert api.list_slices(DRIVER, NODE) == []

@@ -102,7 +102,7 @@ def holder(dra: DraEnv, name: str, group: str, pclass: str, labels: dict[str, st
     terminating when evicted until ``hold(..., False)``."""
     dra.claim(f"{name}-gpu", [{"name": "gpu", "exactly": exactly(dra.gpu_class)}])
     claims = [{"name": "gpu", "resourceClaimName": f"{name}-gpu"}]
-    dra.pod(name, group, claims, priority_class=pclass, labels=labels)
+    dra.pod(name, group, claims, priority_class=pclass, **(labels or {}))
     node = dra.bound(name)
     hold(dra, name, True)
     HELD.append(name)

@@ -55,7 +55,9 @@ class Gangs:
             env.api, SchedulerConfig(scheduler_name=env.scheduler, flush_s=flush_s)
         ).start()
 
-    def group(self, name: str, min_member: int, timeout_s: int | None = None) -> None:
+    def group(
+        self, name: str, min_member: int, timeout_s: int | None = None, ann: dict[str, str] | None = None
+    ) -> None:
         a = self.api.value
         if self.api is API.WORKLOAD:
             spec: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": min_member}}}
@@ -63,11 +65,12 @@ class Gangs:
             spec = {"minMember": min_member}
             if timeout_s is not None:
                 spec["scheduleTimeoutSeconds"] = timeout_s
-        body = {"apiVersion": a.api_version, "kind": a.kind, "metadata": {"name": name}, "spec": spec}
+        meta = {"name": name, "annotations": ann or {}}
+        body = {"apiVersion": a.api_version, "kind": a.kind, "metadata": meta, "spec": spec}
         self.custom.create_namespaced_custom_object(a.group, a.version, self.env.ns, a.plural, body)
 
-    def member(self, name: str, group: str, gpus: int) -> dict[str, Any]:
-        pod = self.env.pod(name, {"cpu": "100m", "nvidia.com/gpu": str(gpus)})
+    def member(self, name: str, group: str, gpus: int, ann: dict[str, str] | None = None) -> dict[str, Any]:
+        pod = self.env.pod(name, {"cpu": "100m", "nvidia.com/gpu": str(gpus)}, dict(ann or {}))
         if self.api is API.WORKLOAD:
             pod["spec"]["schedulingGroup"] = {"podGroupName": group}
         elif self.api is API.COSCHEDULING:
@@ -411,3 +414,45 @@ def test_a_gang_reclaims_its_lent_quota_as_a_unit(
     finally:
         for q in (qa, qb, org):
             custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, q)
+
+
+def test_gangs_kept_in_one_topology_domain(env: Env, gangs: Gangs) -> None:
+    """8 kwok nodes of 4 GPUs, labelled as GFD labels NVLink cliques (2 nodes each) and racks (r0: c0,
+    c1; r1: c2, c3). A gang required in one clique (2 x 4 GPUs) lands in one; one required in a clique
+    but too big for any (3 x 4) binds nothing and waits, naming the level; one preferring a clique
+    (on its group), too big for one, lands in one rack; an unknown key is refused with an event."""
+    from gpusched.core.names import ANN_TOPOLOGY_PREFERRED, ANN_TOPOLOGY_REQUIRED, LABEL_CLIQUE, LABEL_RACK
+
+    names = [f"n{i}-{env.tag}" for i in range(8)]
+    labels = {
+        n: {LABEL_CLIQUE: f"c{i // 2}-{env.tag}", LABEL_RACK: f"r{i // 4}"} for i, n in enumerate(names)
+    }
+    env.nodes([(n, 8000, 32768, 4, "A100") for n in names], labels=labels)
+    req = {ANN_TOPOLOGY_REQUIRED: LABEL_CLIQUE}
+    gangs.group("req", 2)
+    env.create_pods([gangs.member(f"req-{i}", "req", 4, req) for i in range(2)])
+    wait_until(lambda: all(gangs.nodes_of()[f"req-{i}"] for i in range(2)), timeout=60, what="gang 'req'")
+    gangs.group("big", 3)
+    gangs.group("pref", 3, ann={ANN_TOPOLOGY_PREFERRED: LABEL_CLIQUE})
+    gangs.group("bad", 1)
+    env.create_pods([gangs.member(f"big-{i}", "big", 4, req) for i in range(3)])
+    env.create_pods([gangs.member(f"pref-{i}", "pref", 4) for i in range(3)])
+    env.create_pods([gangs.member("bad-0", "bad", 1, {ANN_TOPOLOGY_REQUIRED: "zone"})])
+    wait_until(lambda: all(gangs.nodes_of()[f"pref-{i}"] for i in range(3)), timeout=60, what="gang 'pref'")
+    wait_until(lambda: bool(gangs.group_events("GangWaiting", "big")), timeout=30, what="'big' waits")
+    wait_until(
+        lambda: bool(gangs.group_events("InvalidGangTopology", "bad")), timeout=30, what="'bad' refused"
+    )
+    _settle()
+    where = gangs.nodes_of()
+    assert len({labels[str(where[f"req-{i}"])][LABEL_CLIQUE] for i in range(2)}) == 1, where
+    assert {labels[str(where[f"pref-{i}"])][LABEL_RACK] for i in range(3)} == {"r1"}, where  # r0 has 8 left
+    assert [where[f"big-{i}"] for i in range(3)] == [None, None, None] and where["bad-0"] is None
+    msgs = gangs.group_events("GangWaiting", "big")
+    assert any(
+        "topology-required nvidia.com/gpu.clique: no nvidia.com/gpu.clique domain takes 3" in m for m in msgs
+    )
+    assert any("topology-required nvidia.com/gpu.clique" in m for m in gangs.pod_messages("big-0"))
+    (bad,) = gangs.group_events("InvalidGangTopology", "bad")[:1]
+    assert "gpusched.io/topology-required: 'zone' is not one of the topology levels" in bad, bad
+    assert any("'zone'" in m for m in gangs.pod_messages("bad-0")), gangs.pod_messages("bad-0")

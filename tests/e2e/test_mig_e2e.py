@@ -2,11 +2,15 @@
 ``gpusched.io/mig-geometry`` from the Node, books each ``nvidia.com/mig-<profile>`` pod on the GPU and start
 that the core's placement plans, writes them into ``gpusched.io/assignment``, and the pods start; no two
 slices overlap. Bad input (an unknown profile, a profile the GPU model lacks, a slice with a whole GPU) gets
-an event naming it, and nothing is booked for it."""
+an event naming it, and nothing is booked for it. ``kubectl gpusched doctor pod`` names the slice a pending
+pod waits for and the re-cut that would host it; the scheduler asks for that re-cut, and once it is
+published (as the agent would) the pod lands where doctor said."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -38,7 +42,7 @@ GOOD = (
 )
 
 
-def inventory() -> Inventory:
+def inventory(layouts: tuple[tuple[tuple[str, int, int], ...], ...] = LAYOUTS) -> Inventory:
     devs = tuple(
         GpuDevice(
             g, f"GPU-{g}", A100, 81920, f"00000000:{g + 16:02x}:00.0", 8, 0,
@@ -48,7 +52,7 @@ def inventory() -> Inventory:
                 for p, start, size in layout
             ),
         )
-        for g, layout in enumerate(LAYOUTS)
+        for g, layout in enumerate(layouts)
     )  # fmt: skip
     return Inventory("mig", "550.107.02", (12, 4), devs)
 
@@ -68,9 +72,9 @@ class Mig:
         self.v1 = client.CoreV1Api(self.api)
         self.v1.create_namespace({"metadata": {"name": self.ns}})
 
-    def node_body(self) -> dict[str, Any]:
+    def node_body(self, layouts: tuple[tuple[tuple[str, int, int], ...], ...] = LAYOUTS) -> dict[str, Any]:
         cap = {"cpu": "64", "memory": "512Gi", "pods": "110"}
-        for layout in LAYOUTS:
+        for layout in layouts:
             for p, _s, _n in layout:
                 res = f"nvidia.com/mig-{p}"
                 cap[res] = str(int(cap.get(res, "0")) + 1)
@@ -85,7 +89,7 @@ class Mig:
                 },
                 "annotations": {
                     "node.alpha.kubernetes.io/ttl": "0",
-                    ANN_MIG: str(mig_annotation(inventory(), "mixed")),  # as the agent writes it
+                    ANN_MIG: str(mig_annotation(inventory(layouts), "mixed")),  # as the agent writes it
                 },
             },
             "status": {"capacity": cap, "allocatable": cap},
@@ -214,5 +218,75 @@ def test_pods_of_mixed_profiles_land_on_the_planned_slices_and_bad_ones_are_name
         assert sum(len(v) for v in got.values()) == len(GOOD)
         for name in bad:
             assert not mig.read(name)["spec"].get("nodeName"), name  # nothing booked for them
+    finally:
+        sched.stop()
+
+
+def doctor_pod(m: Mig, name: str) -> dict[str, Any]:
+    """``kubectl gpusched doctor pod NS/NAME --json`` against the API, as kubectl runs the plugin."""
+    code = "from gpusched.cli.doctor import kubectl_main; kubectl_main()"
+    args = ["doctor", "pod", f"{m.ns}/{name}", "--kubeconfig", str(m.cp.kubeconfig_path), "--json"]
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return dict(json.loads(r.stdout))
+
+
+def test_doctor_names_the_re_cut_a_pending_slice_needs_and_the_pod_lands_there(mig: Mig) -> None:
+    """GPU 1 is held whole by a 4g and a 3g pod; a 7g.80gb pod waits. doctor names why (no 7g present) and
+    the re-cut of idle GPU 0 that would host it; the scheduler asks that very re-cut; published as the agent
+    would, the pod lands on GPU 0 at slice 0."""
+    from gpusched.core.names import ANN_MIG_RESHAPE, ANN_MIG_RESHAPE_STATUS
+    from gpusched.k8s.scheduler import SchedulerConfig, StandaloneScheduler
+
+    mig.create_node()
+    sched = StandaloneScheduler(mig.api, SchedulerConfig(scheduler_name=mig.scheduler)).start()
+    try:
+        for name, profile in (("big", "4g.40gb"), ("half", "3g.40gb")):
+            mig.pod(name, {f"nvidia.com/mig-{profile}": "1"})
+            wait_until(lambda n=name: mig.running(n), timeout=60, what=f"{name} Running", interval=1)
+    finally:
+        sched.stop()
+    held = {s["gpu"] for n in ("big", "half") for s in (mig.running(n) or {})["mig"]}
+    assert held == {1}, held  # GPU 1 held whole, GPU 0 idle (the core's placement)
+    mig.pod("whole", {"nvidia.com/mig-7g.80gb": "1"})
+    report = doctor_pod(mig, "whole")
+    codes = {f["code"] for f in report["findings"] if f["severity"] == "error"}
+    assert "mig-too-few" in codes, report["findings"]
+    cf = report["counterfactuals"][0]
+    assert cf["kind"] == "mig-recut" and cf["verified"] and cf["node"] == mig.node, cf
+    assert f"GPU 0 of node {mig.node} could host it after re-cutting its free slices (idle)" in cf["message"]
+    assert cf["change"]["create"] == [{"profile": "7g.80gb", "start": 0}]
+    config = SchedulerConfig(scheduler_name=mig.scheduler, frag_interval_s=0.0)
+    sched = StandaloneScheduler(mig.api, config).start()
+    try:
+
+        def gauges() -> bool:  # what /metrics shows: the pending slice, the one 3g slice held on the node
+            sched.refresh_gauges()
+            text = sched.metrics.exposition().decode()
+            held = f'model="a100-80gb",node="{mig.node}",pool="default",profile="3g.40gb",state="held"}} 1.0'
+            return 'gpusched_mig_pending_slices{profile="7g.80gb"} 1.0' in text and held in text
+
+        wait_until(gauges, timeout=60, what="the MIG gauges", interval=1)
+
+        def asked() -> dict[str, Any] | None:
+            node = json.loads(mig.v1.read_node(mig.node, _preload_content=False).data)
+            raw = (node["metadata"].get("annotations") or {}).get(ANN_MIG_RESHAPE)
+            return dict(json.loads(raw)) if raw else None
+
+        req = wait_until(asked, timeout=60, what="the scheduler's re-cut request", interval=1)
+        assert (req["gpu"], req["create"]) == (cf["change"]["gpu"], cf["change"]["create"]), req
+        assert sorted(req["destroy"], key=str) == sorted(cf["change"]["destroy"], key=str), req
+        recut = ((("7g.80gb", 0, 8),), LAYOUTS[1])  # what the agent publishes after the re-cut
+        body = mig.node_body(recut)
+        status = json.dumps({"id": req["id"], "state": "success", "message": "re-cut"})
+        ann = {ANN_MIG: body["metadata"]["annotations"][ANN_MIG], ANN_MIG_RESHAPE_STATUS: status}
+        gone = {f"nvidia.com/mig-{p}": None for p in ("2g.20gb", "1g.10gb")}
+        cap = {**gone, **body["status"]["capacity"]}
+        mig.v1.patch_node_status(mig.node, {"status": {"capacity": cap, "allocatable": cap}})
+        mig.v1.patch_node(mig.node, {"metadata": {"annotations": ann}})
+        wait_until(lambda: mig.running("whole"), timeout=90, what="whole bound and Running", interval=1)
+        a = mig.running("whole")
+        assert a is not None and a["node"] == mig.node
+        assert a["mig"] == [{"gpu": 0, "start": 0, "profile": "7g.80gb"}], a
     finally:
         sched.stop()

@@ -104,3 +104,23 @@ def test_doctor_output_screenshot(tmp_path: Path) -> None:
     shot = svg.with_suffix(".png")
     run_chromium(f"--screenshot={shot}", "--window-size=1400,1150", svg.as_uri(), tmp=tmp_path)
     assert shot.stat().st_size > 20_000
+
+
+def test_mig_slices_in_headless_chromium(tmp_path: Path) -> None:
+    """A MIG node's GPUs drawn slice by slice: each slice at its start, coloured by the pod holding it or
+    marked free; the pending 4g pod's counterfactual names the re-cut of GPU 0."""
+    from gpusched.doctor.demo import mig_demo_snapshot
+
+    books = Books.of(mig_demo_snapshot())
+    server = serve(BooksCache(lambda: books, None), "127.0.0.1", 0)
+    try:
+        page = f"http://127.0.0.1:{server.server_address[1]}/?pod=team-b/needs-4g"
+        dom = run_chromium("--dump-dom", page, tmp=tmp_path)
+    finally:
+        server.shutdown()
+    assert 'data-ready="1"' in dom, dom[-3000:]
+    assert dom.count('class="mig') == 2  # both MIG GPUs drawn
+    assert dom.count('class="sl free"') == 3  # 2g@0, 1g@2, 1g@3 of GPU 0
+    assert 'data-pod="team-a/train-4g" data-slice="1:4g.40gb@0"' in dom
+    assert 'data-slice="0:1g.10gb@2"' in dom and "2 MIG GPU" in dom
+    assert "GPU 0 of node a100-mig-0 could host it after re-cutting its free slices" in dom

@@ -4,7 +4,9 @@ calls the agent's NodePrepareResources through the plugin-registration socket, c
 ``hack/build-containerd.sh``, ``$GPUSCHED_CONTAINERD_BIN``) applies the agent's CDI spec, and the container
 sees the allocated GPU; two shares of one GPU (consumable capacity ``milli`` and ``memory``, ``--dra-shares``)
 run side by side and a third that does not fit stays pending; then a critical XID becomes a device taint that
-kube-scheduler honours.
+kube-scheduler honours. With ``--dra-mig dynamic`` and a fifth GPU in MIG mode, a claim for a MIG profile gets
+a placement from kube-scheduler, the agent creates the instance at Prepare, the container sees its MIG UUID
+and the instance is destroyed when the pod goes.
 
 Pods go to the session's kube-scheduler profile (``gpusched``, the extender's): they ask for no resource the
 extender manages, so kube-scheduler's own DynamicResources plugin allocates their claims. The module switches
@@ -83,8 +85,15 @@ def _slice(env: KubeletEnv) -> dict[str, Any]:
     return dict(items[0])
 
 
-def _claim_pod(ns: Ns, name: str, image: str, index: int, capacity: dict[str, str] | None = None) -> str:
-    exactly: dict[str, Any] = {
+def _claim_pod(
+    ns: Ns,
+    name: str,
+    image: str,
+    index: int,
+    capacity: dict[str, str] | None = None,
+    exactly: dict[str, Any] | None = None,
+) -> str:
+    exactly = exactly or {
         "deviceClassName": DRIVER,
         "selectors": [{"cel": {"expression": f"device.attributes['{DRIVER}'].index == {index}"}}],
     }
@@ -231,3 +240,74 @@ def test_a_critical_xid_becomes_a_device_taint_that_kube_scheduler_honours(dra: 
     msg = _failed_scheduling(ns, name)
     assert "cannot allocate all claims" in msg, msg
     assert not ns.pod(name)["spec"].get("nodeName")
+
+
+MIG_CLASS = "mig.nvidia.com"
+MIG_GPU = {
+    "model": "NVIDIA A100-SXM4-80GB",
+    "uuid": "GPU-7e57a100-0000-4000-8000-0000000000d4",
+    "migMode": True,
+    "mig": [],
+}
+
+
+@pytest.fixture
+def dynamic_mig(dra: KubeletEnv) -> Iterator[KubeletEnv]:
+    """The agent restarted with a fifth GPU (index 4) in MIG mode, no instance on it, and ``--dra-mig
+    dynamic``; afterwards as the module has it."""
+    import yaml
+
+    node = dra.node
+    before = node.fake_gpus_path.read_text()
+    doc = yaml.safe_load(before)
+    doc["gpus"] = [*doc["gpus"], MIG_GPU]
+    node.fake_gpus_path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    sel = f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'mig'"
+    _apply(
+        dra, {**CLASS, "metadata": {"name": MIG_CLASS}, "spec": {"selectors": [{"cel": {"expression": sel}}]}}
+    )
+    args = node._agent_args
+    try:
+        node.restart_agent([*args, "--dra-mig", "dynamic"])
+        yield dra
+    finally:
+        dra.cp.kubectl("delete", "deviceclass", MIG_CLASS, "--ignore-not-found", check=False)
+        node.fake_gpus_path.write_text(before)
+        node.restart_agent(args)
+
+
+def test_a_dynamic_mig_claim_gets_its_instance_created_at_prepare_and_destroyed_after_the_pod(
+    dynamic_mig: KubeletEnv, ns: Ns
+) -> None:
+    node = dynamic_mig.node
+    items = _get(dynamic_mig, "resourceslices", "--field-selector", f"spec.nodeName={node.name}")["items"]
+    counters = [c for s in items for c in s["spec"].get("sharedCounters") or []]
+    assert [c["name"] for c in counters] == ["gpu-4-counter-set"]
+    devices = [d["name"] for s in items for d in s["spec"].get("devices") or []]
+    assert "gpu-4" not in devices and "gpu-4-mig-3g40gb-9-4" in devices
+    profile = f"device.attributes['{DRIVER}'].profile == '3g.40gb'"
+    exactly = {"deviceClassName": MIG_CLASS, "selectors": [{"cel": {"expression": profile}}]}
+    name = _claim_pod(ns, "dra-mig", node.busybox_image, 4, exactly=exactly)
+    pod = ns.running(name)
+    claim = _get(
+        dynamic_mig,
+        "resourceclaim",
+        "-n",
+        ns.name,
+        pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"],
+    )
+    (r,) = claim["status"]["allocation"]["devices"]["results"]
+    assert r["device"] == "gpu-4-mig-3g40gb-9-0"  # kube-scheduler's first fit, through the counters
+    checkpoint = node.workdir / "kubelet" / "root" / "plugins" / DRIVER / "mig-claims.json"
+    (made,) = json.loads(checkpoint.read_text())["claims"][claim["metadata"]["uid"]]
+    assert made["device"] == r["device"] and made["gpu"] == 4 and made["uuid"].startswith("MIG-")
+    seen = _log_env(ns, name)
+    assert seen["NVIDIA_VISIBLE_DEVICES"] == made["uuid"]  # the new instance, through the CDI spec
+    spec = Path(node.cdi_dir) / f"k8s.{DRIVER}-claim_{claim['metadata']['uid']}.json"
+    assert spec.exists()
+    ns.delete_all()
+    ns.wait(
+        "the MIG instance destroyed by NodeUnprepareResources",
+        lambda: json.loads(checkpoint.read_text())["claims"] == {} and not spec.exists(),
+        60,
+    )

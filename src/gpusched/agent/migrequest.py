@@ -1,25 +1,40 @@
-"""The node agent applies a MIG re-cut asked for on its Node (issue 31 item 3, way (a)): the annotation
+"""The node agent applies a MIG re-cut asked for on its Node (issue 31 item 3): the annotation
 ``gpusched.io/mig-reshape`` names one GPU and the instances to destroy and create (``core.mig.reshape``'s
-plan); the agent applies it through its backend (``agent.migreshape``: never a held instance, every step
-rolled back on a failure), lists the new devices to the kubelet (``DevicePlugin.replace_inventory``) and
-answers in ``gpusched.io/mig-reshape-status`` (``{"id", "state": "success"|"failed", "message"}``); the new
-geometry reaches the scheduler in ``gpusched.io/mig-geometry`` at once (``Agent.check_reshape`` reads the Node
-every ``reshape_check_s``). A request is applied once per ``id``; the scheduler writes it
-(``k8s/migreshape.py``). Only the fake backend can re-cut yet (NVML's create/destroy calls are not written).
+plan); the agent applies it the node's way (its label ``gpusched.io/mig-reshape-way``, else the agent's flag):
+
+- ``nvml`` (way (a)): through its backend (``agent.migreshape.apply``: the GPU must hold the layout the plan
+  was made from, never a held instance, every step rolled back on a failure);
+- ``mig-manager`` (way (b)): the GPU's target layout as a mig-parted configuration and the node label
+  ``nvidia.com/mig.config`` (``agent.reshape.manager.MigManagerWay``), waiting for
+  ``nvidia.com/mig.config.state`` on a thread of its own (the wait may last minutes); refused when a live pod
+  holds an instance of that GPU, since mig-manager re-creates every instance of a GPU it changes;
+- ``off``: refused.
+
+It then lists the new devices to the kubelet (``DevicePlugin.replace_inventory``) and answers in
+``gpusched.io/mig-reshape-status`` (``{"id", "state": "success"|"failed", "message"}``); the new geometry
+reaches the scheduler in ``gpusched.io/mig-geometry`` at once (``Agent.check_reshape`` reads the Node every
+``reshape_check_s``). A request is applied once per ``id``; the scheduler writes it (``k8s/migreshape.py``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gpusched.agent import mig
-from gpusched.agent.migreshape import MigReshaper, ReshapeError, apply
+from gpusched.agent.inventory import Inventory
+from gpusched.agent.migreshape import MigReshaper, ReshapeError, apply, request_step
 from gpusched.agent.plugin import DevicePlugin
 from gpusched.agent.pods import NodeWriter, PodSource
+from gpusched.agent.reshape.apply import why_stale
+from gpusched.agent.reshape.manager import MigManagerWay
+from gpusched.agent.reshape.way import ReshapeWay, reshape_way
+from gpusched.core.errors import GpuschedError
+from gpusched.core.mig.reshape import GpuReshape
 from gpusched.core.names import ANN_MIG_RESHAPE, ANN_MIG_RESHAPE_STATUS
 
 log = logging.getLogger(__name__)
@@ -78,26 +93,49 @@ def answered(node: Mapping[str, Any]) -> str:
 
 
 class MigReshapes:
-    """Applies the re-cuts asked for on this agent's Node (one per id), through a backend that can re-cut."""
+    """Applies the re-cuts asked for on this agent's Node (one per id), the node's way."""
 
     def __init__(
-        self, backend: MigReshaper, plugin: DevicePlugin, pods: PodSource, nodes: NodeWriter, node: str
+        self,
+        backend: MigReshaper,
+        plugin: DevicePlugin,
+        pods: PodSource,
+        nodes: NodeWriter,
+        node: str,
+        *,
+        way: ReshapeWay = ReshapeWay.NVML,
+        manager: MigManagerWay | None = None,
     ) -> None:
         self.backend, self.plugin, self.pods, self.nodes, self.node = backend, plugin, pods, nodes, node
+        self.way, self.manager = way, manager
+        self._waiting: str = ""  # the request id mig-manager is working on (way (b))
+        self._finished = threading.Event()  # way (b) answered since the last check
+        self._lock = threading.Lock()
 
     def check(self, node_obj: Mapping[str, Any]) -> bool:
         """Apply the node's request when it is new; True when one was answered (the GPUs may have changed)."""
+        if self._finished.is_set():
+            self._finished.clear()
+            return True
         try:
             req = parse_request(node_obj)
         except ReshapeError as e:
             self._answer("", "failed", str(e))
             return True
-        if req is None or answered(node_obj) == req.id:
-            return False
+        with self._lock:
+            if req is None or answered(node_obj) == req.id or self._waiting == req.id:
+                return False
         try:
-            held = mig.held_mig(self.pods.pods_on_node(self.node), self.node, "", self._unwritten())
-            made = apply(self.backend, req.gpu, req.destroy, req.create, set(held))
-        except ReshapeError as e:
+            labels = (node_obj.get("metadata") or {}).get("labels") or {}
+            way = reshape_way(self.node, labels, self.way)
+            held = set(mig.held_mig(self.pods.pods_on_node(self.node), self.node, "", self._unwritten()))
+            if way is ReshapeWay.MIG_MANAGER:
+                self._by_manager(req, held)
+                return False
+            if way is not ReshapeWay.NVML:
+                raise ReshapeError(f"MIG reshaping is {way.value} on node {self.node}")
+            made = apply(self.backend, req.gpu, req.destroy, req.create, held)
+        except GpuschedError as e:
             log.warning("MIG re-cut %s on GPU %d of %s: %s", req.id, req.gpu, self.node, e)
             self._answer(req.id, "failed", str(e))
             return True
@@ -106,6 +144,50 @@ class MigReshapes:
         log.info("MIG re-cut %s on GPU %d of %s: created %s", req.id, req.gpu, self.node, what)
         self._answer(req.id, "success", f"GPU {req.gpu}: created {what}")
         return True
+
+    def _by_manager(self, req: ReshapeRequest, held: set[str]) -> None:
+        """Way (b): checks, then mig-manager's configuration and the wait on a thread of its own."""
+        if self.manager is None:
+            raise ReshapeError(f"node {self.node}: the mig-manager way is not set up on its agent")
+        inv = self.backend.inventory()
+        d = inv.by_index(req.gpu)
+        if d is None:
+            raise ReshapeError(f"GPU {req.gpu}: no such GPU on {self.node}")
+        step = request_step(inv, req.gpu, req.destroy, req.create, name=f"{self.node}/{req.gpu}")
+        why = why_stale(d, step, held, self.node)
+        if why:
+            raise ReshapeError(f"GPU {req.gpu}: {why}")
+        taken = sorted(m.uuid for m in d.mig_instances if m.uuid in held)
+        if taken:
+            raise ReshapeError(
+                f"GPU {req.gpu}: mig-manager re-creates every instance of the GPU, and live pods hold "
+                f"{', '.join(taken)}"
+            )
+        with self._lock:
+            self._waiting = req.id
+        threading.Thread(
+            target=self._manager_job, args=(req, inv, step), daemon=True, name="gpusched-mig-manager"
+        ).start()
+
+    def _manager_job(self, req: ReshapeRequest, inv: Inventory, step: GpuReshape) -> None:
+        assert self.manager is not None
+        try:
+            res = self.manager.apply(self.node, inv, [step])
+            if res.ok:
+                self.plugin.replace_inventory(self.backend.inventory())
+                self._answer(req.id, "success", f"GPU {req.gpu}: {res.message}")
+            else:
+                self._answer(req.id, "failed", f"GPU {req.gpu}: {res.message}")
+        except Exception as e:  # the API failed under the wait: answered, so the scheduler frees the GPU
+            log.warning("MIG re-cut %s through mig-manager on %s: %s", req.id, self.node, e)
+            try:
+                self._answer(req.id, "failed", f"GPU {req.gpu}: {e}")
+            except Exception as e2:
+                log.warning("could not answer the MIG re-cut %s on %s: %s", req.id, self.node, e2)
+        finally:
+            with self._lock:
+                self._waiting = ""
+            self._finished.set()
 
     def _unwritten(self) -> dict[str, str]:
         pending = self.plugin.allocator._unwritten

@@ -1,14 +1,12 @@
-"""Re-cutting a GPU's free MIG slices on the node (issue 31 item 3, way (a), first part): the agent destroys
-and creates GPU/compute instances through its backend (NVML on a GPU node; the fake backend in tests), and a
-failure rolls every step back.
+"""A re-cut request's apply (issue 31 item 3, way (a)): one GPU, the free instances to destroy and those to
+create (profile, start), as the scheduler asks for them on the Node (``agent.migrequest``).
 
-The plan comes from ``core.mig.reshape`` (the instances to destroy and to create on one GPU). The agent
-refuses a plan that would destroy an instance a live pod holds (``held``: the MIG UUIDs its ``Allocate``
-handed out, ``agent.mig.held_mig``): the scheduler plans only free slices, and a plan that disagrees with
-the node is stale. On any failure the instances created so far are destroyed and those destroyed are
-created again at their profile and start (with new UUIDs, as NVML gives), and ``ReshapeError`` says what
-failed and that it was rolled back. Not wired yet: nothing sends the agent a plan, and the device plugin
-does not yet re-list its devices after a change.
+It is the one apply function of the agent, ``agent.reshape.apply.apply_reshape``, on the step the request
+makes of the GPU's present layout: it refuses a GPU not in MIG mode, a plan made for another layout, an
+instance to destroy that is not there or that a live pod holds (``held``: the MIG UUIDs its ``Allocate``
+handed out, ``agent.mig.held_mig``), and rolls every call back on a failure (the re-created instances get
+new UUIDs, as NVML gives). Anything but ``applied`` raises ``ReshapeError`` with what failed, the typed
+result attached.
 """
 
 from __future__ import annotations
@@ -17,23 +15,58 @@ from collections.abc import Collection, Sequence
 from typing import Protocol, runtime_checkable
 
 from gpusched.agent.inventory import Inventory, MigInstance
-from gpusched.agent.migprofiles import MigError
+from gpusched.agent.reshape.apply import ReshapeOutcome, ReshapeResult, apply_reshape, layout_of
 from gpusched.core.errors import GpuschedError
+from gpusched.core.mig.geometry import Instance
+from gpusched.core.mig.reshape import GpuReshape
 
 
 class ReshapeError(GpuschedError):
-    """A re-cut that could not be applied; the GPU was put back as it was (the message says what failed)."""
+    """A re-cut that was not applied; the GPU was put back as it was unless the message says otherwise.
+    ``result``: the typed result (None for a request that did not read)."""
+
+    def __init__(self, message: str, result: ReshapeResult | None = None) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 @runtime_checkable
 class MigReshaper(Protocol):
-    """A backend that can change a GPU's MIG instances (``FakeBackend``; NVML's create/destroy calls)."""
+    """A backend that can change a GPU's MIG instances (``FakeBackend``, ``NvmlBackend``): the operations of
+    ``agent.reshape.apply.MigOps``."""
 
     def inventory(self) -> Inventory: ...
+
+    def set_mig_mode(self, gpu_index: int, enabled: bool) -> None: ...
 
     def create_mig_instance(self, gpu_index: int, profile: str, start: int) -> MigInstance: ...
 
     def destroy_mig_instance(self, gpu_index: int, uuid: str) -> MigInstance: ...
+
+
+def request_step(
+    inv: Inventory,
+    gpu: int,
+    destroy: Sequence[tuple[str, int]],
+    create: Sequence[tuple[str, int]],
+    name: str = "",
+) -> GpuReshape:
+    """The step a request makes of GPU ``gpu``'s present layout: destroy, then create (no mode switch);
+    ``name``: the GPU's device name (default ``<hostname>/<gpu>``)."""
+    d = inv.by_index(gpu)
+    before = layout_of(d) if d is not None else ()
+    gone = tuple(Instance(p, s) for p, s in destroy)
+    made = tuple(Instance(p, s) for p, s in create)
+    kept = tuple(i for i in before if i not in gone)  # a GPU holds an instance at a start once
+    return GpuReshape(
+        name or f"{inv.hostname}/{gpu}",
+        False,
+        gone,
+        made,
+        tuple(i.profile for i in made),
+        before,
+        (*kept, *made),
+    )
 
 
 def apply(
@@ -44,29 +77,14 @@ def apply(
     held: Collection[str],
 ) -> list[MigInstance]:
     """Destroy the instances (profile, start) of ``destroy`` on GPU ``gpu``, then create those of ``create``;
-    returns the instances created. Raises ReshapeError, with everything rolled back, when a step fails or
-    the plan would destroy an instance that is not there or that a live pod holds."""
+    returns the instances created. Raises ReshapeError (everything rolled back) when it was not applied."""
+    res = apply_reshape(backend, request_step(backend.inventory(), gpu, destroy, create), held)
+    if res.outcome is ReshapeOutcome.STALE:
+        raise ReshapeError(f"GPU {gpu}: {res.error}", res)
+    if res.outcome is ReshapeOutcome.ROLLED_BACK:
+        raise ReshapeError(f"GPU {gpu}: re-cut failed and was rolled back: {res.error}", res)
+    if not res.ok:
+        raise ReshapeError(f"GPU {gpu}: {res.message}", res)
     d = backend.inventory().by_index(gpu)
-    if d is None or not d.mig_enabled:
-        raise ReshapeError(f"GPU {gpu}: not a GPU in MIG mode on {backend.inventory().hostname}")
-    by_place = {(m.profile, m.placement_start): m for m in d.mig_instances}
-    for profile, start in destroy:
-        m = by_place.get((profile, start))
-        if m is None:
-            raise ReshapeError(f"GPU {gpu}: no MIG {profile} at slice {start} to destroy (the plan is stale)")
-        if m.uuid in held:
-            raise ReshapeError(f"GPU {gpu}: MIG {profile} at slice {start} ({m.uuid}) is held by a live pod")
-    destroyed: list[MigInstance] = []
-    created: list[MigInstance] = []
-    try:
-        for profile, start in destroy:
-            destroyed.append(backend.destroy_mig_instance(gpu, by_place[(profile, start)].uuid))
-        for profile, start in create:
-            created.append(backend.create_mig_instance(gpu, profile, start))
-    except MigError as e:
-        for m in reversed(created):
-            backend.destroy_mig_instance(gpu, m.uuid)
-        for m in reversed(destroyed):
-            backend.create_mig_instance(gpu, m.profile, m.placement_start)
-        raise ReshapeError(f"GPU {gpu}: re-cut failed and was rolled back: {e}") from None
-    return created
+    now = {(m.profile.split("c.", 1)[-1], m.placement_start): m for m in (d.mig_instances if d else ())}
+    return [now[(p, s)] for p, s in create]

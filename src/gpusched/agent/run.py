@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from gpusched.agent import coexist, health, labels, mig, migsingle
 from gpusched.agent.allocation import ANN_ALLOCATED
+from gpusched.agent.dra.heldtaints import HeldTaints, TaintRuleApi, held_gpus
 from gpusched.agent.dra.node import DraConfig, DraNode, refuse_device_plugin_beside
 from gpusched.agent.dra.publish import DraApi
 from gpusched.agent.dra.slices import DraConfigError
@@ -22,6 +23,8 @@ from gpusched.agent.migreshape import MigReshaper
 from gpusched.agent.mps import DEFAULT_CONTROL, DEFAULT_ROOT, MpsDaemons
 from gpusched.agent.plugin import DEFAULT_PLUGIN_DIR, DEFAULT_SLOTS, DevicePlugin, NodeDevices
 from gpusched.agent.pods import NodeWriter, PodSource
+from gpusched.agent.reshape.manager import ConfigMaps, ManagerSettings, MigManagerWay
+from gpusched.agent.reshape.way import ReshapeWay
 from gpusched.agent.sharing import (
     ANN_ISOLATION,
     DEFAULT_HAMI_LIB,
@@ -63,12 +66,19 @@ class AgentConfig:
     hami_lib: Path = DEFAULT_HAMI_LIB
     toolkit_config: Path = DEFAULT_TOOLKIT_CONFIG
     sharing_sync_s: float = 5.0  # how often MPS daemons without shares are looked for (a pod list per look)
+    held_taints_s: float = 10.0
+    """How often the GPUs pods hold are tainted for other DRA drivers (a slice list per look; pods and rules
+    are listed only where a slice on the node names a GPU)."""
     dra: DraConfig | None = None
     """The agent as a DRA driver (``--dra``): ResourceSlices and the kubelet's DRA service instead of the
     device plugin (``gpusched.agent.dra``)."""
     reshape_check_s: float = 2.0
-    """Where the backend can re-cut MIG GPUs (the fake one, for now): how often the Node is read for a request
-    (``agent.migrequest``; a node read per look)."""
+    """Where the backend can re-cut MIG GPUs: how often the Node is read for a request (``agent.migrequest``;
+    a node read per look)."""
+    reshape_way: ReshapeWay = ReshapeWay.NVML
+    """How this node pool's GPUs are re-cut unless the Node's label ``gpusched.io/mig-reshape-way`` says."""
+    mig_manager: ManagerSettings = field(default_factory=ManagerSettings)
+    """Way (b): mig-manager's ConfigMap and how long to wait for it (with ``Agent.configmaps``)."""
 
 
 @dataclass
@@ -79,6 +89,11 @@ class Agent:
     nodes: NodeWriter
     dra_api: DraApi | None = None
     """Where the DRA driver publishes slices and reads claims (with ``config.dra``)."""
+    configmaps: ConfigMaps | None = None
+    """Where mig-manager's configuration is written (way (b) of MIG re-cuts); None: way (b) is refused."""
+    taint_api: TaintRuleApi | None = None
+    """Device-plugin mode: where the GPUs its pods hold are tainted for other DRA drivers
+    (``agent.dra.heldtaints``); None: not done."""
     last_xid: dict[int, int] = field(default_factory=dict)
     _owners: Owners = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -115,10 +130,19 @@ class Agent:
         if c.dra is not None:
             if self.dra_api is None:
                 raise DraConfigError("the agent in DRA mode needs an API for its slices and claims")
-            self.dra = DraNode(c.node, inv, c.dra, self.dra_api, self.dra_api)
-        reshaper = self.backend if isinstance(self.backend, MigReshaper) else None  # way (a): fake, for now
+            ops = self.backend if isinstance(self.backend, MigReshaper) else None
+            self.dra = DraNode(c.node, inv, c.dra, self.dra_api, self.dra_api, ops, self.sharing)
+        self.held_taints = (
+            HeldTaints(self.taint_api, c.node) if self.taint_api is not None and self.dra is None else None
+        )
+        reshaper = self.backend if isinstance(self.backend, MigReshaper) else None
+        manager = MigManagerWay(self.nodes, self.configmaps, c.mig_manager) if self.configmaps else None
         self.reshapes = (
-            MigReshapes(reshaper, self.plugin, self.pods, self.nodes, c.node) if reshaper else None
+            MigReshapes(
+                reshaper, self.plugin, self.pods, self.nodes, c.node, way=c.reshape_way, manager=manager
+            )
+            if reshaper
+            else None
         )
         self.registry = CollectorRegistry()
         self.registry.register(GpuCollector(self.backend, lambda: self._owners, self.last_xid))
@@ -235,6 +259,22 @@ class Agent:
             return
         self.sharing.reconcile(pods, self.config.node)
 
+    def sync_held_taints(self) -> None:
+        """Device-plugin mode: a DeviceTaintRule for each GPU a pod here holds, for other DRA drivers
+        publishing the same GPUs (``agent.dra.heldtaints``); errors logged, retried."""
+        if self.held_taints is None:
+            return
+        slices = self.held_taints.slices()
+        if slices is None or not self.held_taints.needed(slices):
+            return  # no DRA driver publishes this node's GPUs: no pod list, no rule list
+        try:
+            pods = self.pods.pods_on_node(self.config.node)
+        except Exception as e:
+            log.warning("could not list pods on %s: %s", self.config.node, e)
+            return
+        unwritten = {f"{ns}/{name}": v for (ns, name), v in self.plugin.allocator._unwritten.items()}
+        self.held_taints.sync(held_gpus(pods, self.config.node, self.devices.inventory, unwritten), slices)
+
     def refuse_dra_beside_a_device_plugin(self) -> None:
         """DRA mode: ``DraConfigError`` when a device plugin serves this node's GPUs too
         (``--no-nvidia-resources``, share slots, or a live plugin socket listing a GPU or MIG UUID of this
@@ -260,6 +300,7 @@ class Agent:
             start_http_server(self.config.metrics_port, self.config.metrics_addr, registry=self.registry)
         self.sync_node()
         self.refresh_owners()
+        self.sync_held_taints()
         threading.Thread(target=self._xid_loop, daemon=True, name="gpusched-xids").start()
         threading.Thread(target=self._sync_loop, daemon=True, name="gpusched-sync").start()
         threading.Thread(target=self._plugins_loop, daemon=True, name="gpusched-other-plugins").start()
@@ -293,7 +334,7 @@ class Agent:
             self.sync_node()
 
     def _sync_loop(self) -> None:
-        waited = since_sharing = since_reshape = 0.0
+        waited = since_sharing = since_reshape = since_held = 0.0
         while not self._stop.is_set():
             if self._health_dirty.wait(1.0):
                 self._health_dirty.clear()
@@ -307,6 +348,10 @@ class Agent:
             if since_sharing >= self.config.sharing_sync_s:
                 since_sharing = 0.0
                 self.reconcile_sharing()
+            since_held += 1.0
+            if since_held >= self.config.held_taints_s:
+                since_held = 0.0
+                self.sync_held_taints()
             if self.plugin.allocator._unwritten:
                 self.plugin.allocator.flush_annotations()
             if waited >= self.config.resync_s:

@@ -186,10 +186,37 @@ def run_cmd(
             help="--dra: the device taint's effect on an unhealthy GPU: NoSchedule, NoExecute, None."
         ),
     ] = "NoSchedule",
+    mig_reshape_way: Annotated[
+        str,
+        typer.Option(help="How MIG re-cuts are applied: nvml, mig-manager, off (the Node's label wins)."),
+    ] = "nvml",
+    mig_manager_namespace: Annotated[str, typer.Option(help="mig-manager's ConfigMap namespace.")] = (
+        "gpu-operator"
+    ),
+    mig_manager_configmap: Annotated[str, typer.Option(help="mig-manager's ConfigMap.")] = (
+        "gpusched-mig-parted-config"
+    ),
+    mig_manager_timeout_s: Annotated[float, typer.Option(help="How long to wait for mig-manager.")] = 600.0,
+    dra_mig: Annotated[
+        str,
+        typer.Option(
+            help="--dra: MIG GPUs as their configured MIG devices (static) or every placement, the instance "
+            "created at Prepare (dynamic)."
+        ),
+    ] = "static",
+    held_gpu_taints: Annotated[
+        bool,
+        typer.Option(
+            help="Device-plugin mode: a DeviceTaintRule for every GPU a pod here holds, so that another DRA "
+            "driver publishing the same GPUs gets no claim on it from kube-scheduler (docs/dra.md)."
+        ),
+    ] = True,
 ) -> None:
     """Run the device plugin (or, with --dra, the DRA driver), the node labeller, GPU health on the Node
     and the metrics exporter."""
     from gpusched.agent.pods import KubePods, MemoryPods
+    from gpusched.agent.reshape.manager import ManagerSettings
+    from gpusched.agent.reshape.way import ReshapeWay
     from gpusched.agent.run import Agent, AgentConfig
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -201,7 +228,7 @@ def run_cmd(
     if dra:
         from gpusched.agent.dra.node import DraConfig
         from gpusched.agent.dra.publish import KubeSlices, MemorySlices
-        from gpusched.agent.dra.slices import check_driver_name, check_effect
+        from gpusched.agent.dra.slices import check_driver_name, check_effect, check_mig_mode
 
         dra_config = DraConfig(
             driver=check_driver_name(dra_driver),
@@ -211,6 +238,7 @@ def run_cmd(
             plugins_dir=dra_plugins_dir,
             unhealthy_effect=check_effect(dra_unhealthy_effect),
             shares=dra_shares,
+            mig=check_mig_mode(dra_mig),
         )
         dra_api = MemorySlices() if no_api else KubeSlices(kubeconfig)
     cfg = AgentConfig(
@@ -230,8 +258,23 @@ def run_cmd(
         hami_lib=hami_lib,
         toolkit_config=toolkit_config,
         dra=dra_config,
+        reshape_way=ReshapeWay.parse(mig_reshape_way, "--mig-reshape-way"),
+        mig_manager=ManagerSettings(
+            namespace=mig_manager_namespace, configmap=mig_manager_configmap, timeout_s=mig_manager_timeout_s
+        ),
     )
-    agent = Agent(cfg, backend_from(fake), kube, kube, dra_api)
+    configmaps = None
+    if not no_api:
+        from gpusched.agent.reshape.manager import KubeConfigMaps
+        from gpusched.k8s.client import api_client
+
+        configmaps = KubeConfigMaps(api_client(kubeconfig))
+    taint_api = None
+    if held_gpu_taints and not dra and not no_api:
+        from gpusched.agent.dra.heldtaints import KubeTaintRules
+
+        taint_api = KubeTaintRules(kubeconfig)
+    agent = Agent(cfg, backend_from(fake), kube, kube, dra_api, configmaps=configmaps, taint_api=taint_api)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

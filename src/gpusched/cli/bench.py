@@ -106,6 +106,34 @@ def bench_topology_cmd(
     render.topology_bench(header, rows, json_out)
 
 
+@bench_app.command("gang-topology")
+@reports_errors
+def bench_gang_topology_cmd(
+    seeds: Annotated[str, typer.Option(help="Seeds, e.g. 42-44.")] = "42-44",
+    blocks: Annotated[int, typer.Option(help="Blocks.")] = 2,
+    racks: Annotated[int, typer.Option(help="Racks per block.")] = 2,
+    cliques: Annotated[int, typer.Option(help="NVLink cliques per rack.")] = 2,
+    nodes: Annotated[int, typer.Option(help="Nodes per clique.")] = 4,
+    gpus: Annotated[int, typer.Option(help="GPUs per node.")] = 4,
+    arrivals: Annotated[int, typer.Option(help="Units per run (single pods and gangs).")] = 4000,
+    load: Annotated[float, typer.Option(help="Offered GPU load, x the cluster's GPUs.")] = 0.85,
+    policy: Annotated[str, typer.Option("--policy", "-p", help="Node placement policy.")] = "default",
+    json_out: JsonOpt = False,
+) -> None:
+    """Gang topology domains: the fraction of gangs placed within one clique, rack and block, and at
+    their ideal level, topology-aware (preferred, required) against topology-blind, under churn."""
+    from gpusched.sim.gang_topology_bench import CHOICES, Shape, gang_topology_report
+
+    seed_list = parse_seeds(seeds)
+    check_policies([policy])
+    shape = Shape(blocks, racks, cliques, nodes, gpus)
+    with render.progress(len(CHOICES) * len(seed_list), "bench gang-topology") as tick:
+        header, rows = gang_topology_report(
+            seed_list, shape=shape, arrivals=arrivals, load=load, policy=policy, on_done=tick
+        )
+    render.gang_topology_bench(header, rows, json_out)
+
+
 @bench_app.command("traces")
 @reports_errors
 def bench_traces_cmd(

@@ -660,6 +660,13 @@ def defrag_planner(report: Mapping[str, Any], json_out: bool) -> None:
     out_console.print(table)
 
 
+def _held(gpus: list[int], mig: list[dict[str, Any]] | None) -> str:
+    """A move's GPUs, or its MIG slices as ``profile@start of GPU g``."""
+    if not mig:
+        return str(gpus)
+    return ", ".join(f"{x['profile']}@{x['start']} of GPU {x['gpu']}" for x in mig)
+
+
 def defrag_plan(report: Mapping[str, Any], json_out: bool) -> None:
     """``defrag plan``: the whole dry run as JSON, or a table of moves per plan, the gain and the
     PodDisruptionBudgets."""
@@ -692,13 +699,16 @@ def defrag_plan(report: Mapping[str, Any], json_out: bool) -> None:
                 table.add_row(
                     str(i),
                     m["pod"],
-                    f"{m['from_node']} {m['from_gpus']}",
-                    f"{m['to_node']} {m['to_gpus']}",
+                    f"{m['from_node']} {_held(m['from_gpus'], m.get('from_mig'))}",
+                    f"{m['to_node']} {_held(m['to_gpus'], m.get('to_mig'))}",
                     f"{m['gpu_milli'] / 1000:g}",
                 )
             out_console.print(table)
         for pl in p["placements"]:
-            out_console.print(f"  then {pl['pod']} lands on {pl['node']} GPUs {pl['gpus']}", soft_wrap=True)
+            where = f"GPUs {pl['gpus']}" if not pl.get("mig") else f"MIG {_held([], pl['mig'])}"
+            out_console.print(f"  then {pl['pod']} lands on {pl['node']} {where}", soft_wrap=True)
+        if p["moves"] and p["reason"]:
+            out_console.print(f"  {p['reason']}", soft_wrap=True)
         for k in p.get("kept", []):
             out_console.print(f"  kept in place: {k['pod']}: {k['reason']}", soft_wrap=True)
     out_console.print(
@@ -782,15 +792,26 @@ def mig_bench(
         out_console.print(mig_churn_table(churn))
 
 
+def _bench_table(
+    header: Mapping[str, object], rows: Sequence[Mapping[str, object]], json_out: bool, *labels: str
+) -> Table | None:
+    """The JSON (header and ``results``) and None with ``json_out``; else the titled table with its
+    left-aligned label columns, to be filled."""
+    if json_out:
+        emit_json({**header, "results": list(rows)})
+        return None
+    t = Table(title=str(header["title"]), box=box.SIMPLE_HEAVY)
+    for label in labels:
+        t.add_column(label, no_wrap=True)
+    return t
+
+
 def topology_bench(
     header: Mapping[str, object], rows: Sequence[Mapping[str, object]], json_out: bool
 ) -> None:
-    if json_out:
-        emit_json({**header, "results": list(rows)})
+    t = _bench_table(header, rows, json_out, "node shape", "GPU set choice")
+    if t is None:
         return
-    t = Table(title=str(header["title"]), box=box.SIMPLE_HEAVY)
-    t.add_column("node shape", no_wrap=True)
-    t.add_column("GPU set choice", no_wrap=True)
     for col in ("NVLink-complete, 1 NUMA %", "per seed", "2-GPU %", "4-GPU %", "on 1 NUMA node %",
                 "multi-GPU pods", "accepted %", "s/run"):  # fmt: skip
         t.add_column(col, justify="right")
@@ -803,6 +824,29 @@ def topology_bench(
             str(r["multi_placed"]), f"{r['accepted_pct']:.2f}", f"{r['seconds']:.2f}",
         )  # fmt: skip
     t.caption = "After a warm-up of the first 20 % of arrivals; the same pod stream for every choice."
+    out_console.print(t)
+
+
+def gang_topology_bench(
+    header: Mapping[str, object], rows: Sequence[Mapping[str, object]], json_out: bool
+) -> None:
+    t = _bench_table(header, rows, json_out, "gangs ask")
+    if t is None:
+        return
+    for col in ("in 1 clique %", "in 1 rack %", "in 1 block %", "at ideal level %", "per seed",
+                "gangs placed %", "units placed %", "GPUs placed %", "s/run"):  # fmt: skip
+        t.add_column(col, justify="right")
+    for r in rows:
+        per_seed = " ".join(f"{v:.2f}" for v in r["ideal_pct_per_seed"])  # type: ignore[attr-defined]
+        t.add_row(
+            str(r["choice"]), f"{r['within_clique_pct']:.2f}", f"{r['within_rack_pct']:.2f}",
+            f"{r['within_block_pct']:.2f}", f"{r['ideal_pct']:.2f}", per_seed, f"{r['gangs_placed_pct']:.2f}",
+            f"{r['placed_pct']:.2f}", f"{r['gpu_placed_pct']:.2f}", f"{r['seconds']:.2f}",
+        )  # fmt: skip
+    t.caption = (
+        "Of the gangs (2+ members) placed after a warm-up of the first 20 % of arrivals; the same stream "
+        "for every row. Ideal level: the narrowest whose domains hold the gang's GPUs."
+    )
     out_console.print(t)
 
 

@@ -58,14 +58,30 @@ def scheduler(
     preemption_window_s: Annotated[
         float, typer.Option(metavar="SECONDS", help="the window of --preemption-limit")
     ] = 600.0,
+    gang_topology_levels: Annotated[
+        str,
+        typer.Option(
+            metavar="KEY,KEY,...",
+            help="node label keys of the topology domains gangs may ask for "
+            "(gpusched.io/topology-required|preferred), narrowest first "
+            "(default: nvidia.com/gpu.clique, gpusched.io/rack, gpusched.io/block)",
+            show_default=False,
+        ),
+    ] = "nvidia.com/gpu.clique,gpusched.io/rack,gpusched.io/block",
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING")] = "INFO",
 ) -> None:
     """Run the standalone GPU scheduler: binds pending pods whose spec.schedulerName matches,
     writes the GPU assignment annotation, emits Scheduled / FailedScheduling events, and serves
     /healthz, /readyz and /metrics. With --leader-elect only the Lease holder schedules.
     Stops cleanly on SIGTERM or SIGINT (releasing the Lease)."""
+    from gpusched.core.gangtopology import InvalidTopology, TopologyLevels
     from gpusched.k8s.scheduler import SchedulerConfig
     from gpusched.k8s.serve import serve_scheduler
+
+    try:
+        levels = TopologyLevels.parse(gang_topology_levels)
+    except InvalidTopology as e:
+        raise typer.BadParameter(f"--gang-topology-levels: {e}") from None
 
     if preemption_limit < 1:
         raise typer.BadParameter(f"--preemption-limit must be at least 1, got {preemption_limit}")
@@ -87,6 +103,7 @@ def scheduler(
         preemption=preemption,
         preemption_limit=preemption_limit,
         preemption_window_s=preemption_window_s,
+        gang_topology_levels=levels,
         defrag_lease=f"{namespace}/{defrag_lease_name}",
     )
     serve_scheduler(

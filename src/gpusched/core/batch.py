@@ -50,7 +50,7 @@ from gpusched.core.queues.quota import QueueBook
 from gpusched.core.queues.reclaim import plan_reclaim, unit_charge
 from gpusched.core.queues.spec import InvalidQueue
 from gpusched.core.queues.usage import charge_of
-from gpusched.core.scheduler import ScheduleResult, schedule_one
+from gpusched.core.scheduler import ScheduleResult, schedule_one, undo
 
 
 class Outcome(enum.Enum):
@@ -106,7 +106,8 @@ def _order(units: Sequence[Unit], book: QueueBook | None) -> list[Unit]:
 
 
 def _charge_placed(book: QueueBook, snap: ClusterState, unit: Unit, placed: Sequence[ScheduleResult]) -> str:
-    """Charge the placed pods with their nodes' models; on a refusal undo charges and bookings."""
+    """Charge the placed pods with their nodes' models; on a refusal undo charges and bookings, and
+    what their Reserve plugins took (a claim pod's DRA devices go back to the ledger)."""
     done: list[str] = []
     for r in placed:
         charge = charge_of(r.pod, snap.nodes[r.node].gpu_model)
@@ -115,7 +116,7 @@ def _charge_placed(book: QueueBook, snap: ClusterState, unit: Unit, placed: Sequ
             for k in done:
                 book.release(k)
             for q in placed:
-                snap.forget(q.pod.key)
+                undo(snap, q)
             return v.reason
         book.charge(r.pod.key, unit.queue, charge)
         done.append(r.pod.key)

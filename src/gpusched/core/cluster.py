@@ -373,10 +373,12 @@ class ClusterState:
         if a.mig:
             books = self.mig_books[n] = dict(self.mig_books[n])  # copies share the old dict and Counter
             free = self.mig_free[n] = Counter(self.mig_free[n])
+            open_ = migbooks.open_gpus(nm) if (nm := self.nodes[n].mig) is not None else frozenset()
             for sl in a.mig:
                 (migbooks.book if sign < 0 else migbooks.unbook)(books, sl)
                 self.mig_demand[sl.profile] -= sign
-                free[sl.profile] += sign
+                if sl.gpu in open_:  # a slice on a GPU being re-cut is no free instance of the others
+                    free[sl.profile] += sign
         self.gen[n] += 1
 
     def relabel_node(self, node: int, spec: NodeSpec) -> bool:
@@ -444,8 +446,10 @@ class ClusterState:
             errs.append("MIG books disagree with allocations")
         free = [migbooks.free_counts(nd.mig) if nd.mig else Counter() for nd in self.nodes]
         for a in self.allocations.values():
+            nm = self.nodes[a.node].mig
             for sl in a.mig:
-                free[a.node][sl.profile] -= 1
+                if nm is not None and sl.gpu in migbooks.open_gpus(nm):
+                    free[a.node][sl.profile] -= 1
         if [+f for f in free] != [+f for f in self.mig_free]:
             errs.append("MIG free instance counts disagree with allocations")
         if +demand != +self.mig_demand:

@@ -10,7 +10,9 @@ its minimum member count (``minMember``) and how long its pods may wait for it
   half the free GPUs cannot deadlock, the first one runs and the second waits as a unit;
 - ``place_gang`` places a unit through ``statement.schedule_all``: at least the members still
   missing from ``min_member`` fit at once, or nothing stays booked and the reason names the gang,
-  how many fit and the pod that did not.
+  how many fit and the pod that did not. Members with DRA claims are allocated jointly
+  (``gangclaims.schedule_gang``: the members' claim choices searched, within a bound, when the
+  first choices do not fit together).
 
 The core reads no clock: ``GangSpec.expired`` compares times the caller gives (seconds), so a
 front end drops what a gang holds once its timeout passes.
@@ -24,9 +26,11 @@ from dataclasses import dataclass, replace
 from gpusched.core.cluster import I64, ClusterState
 from gpusched.core.errors import InvalidSpec
 from gpusched.core.framework import Profile
+from gpusched.core.gangclaims import schedule_gang
+from gpusched.core.gangtopology import GangTopology, place_in_domain
 from gpusched.core.model import GPU_MILLI, PodSpec
 from gpusched.core.pending import pending_order
-from gpusched.core.statement import GroupResult, schedule_all
+from gpusched.core.statement import GroupResult
 from gpusched.core.status import Code, Status
 
 
@@ -45,6 +49,8 @@ class GangSpec:
     namespace: str = "default"
     min_member: int = 1
     timeout_s: int = 0
+    topology: GangTopology | None = None
+    """Keep the members in one topology domain (``core.gangtopology``); None: anywhere."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -162,15 +168,21 @@ def place_gang(
     short = _whole_gpus_short(unit, snap)
     if short:
         return GroupResult(Status(Code.UNSCHEDULABLE, (short,), "Gang"), ())
-    r = schedule_all(
-        without_post_filters(profile),
-        unit.pods,
-        snap,
-        tiebreak=tiebreak,
-        min_count=unit.need,
-        diagnose_failures=diagnose,
-        leaving=leaving,  # a what-if's evicted pods: what only they hold outside the books is free
-    )
+    if unit.gang is not None and unit.gang.topology is not None:
+        r = place_in_domain(
+            without_post_filters(profile), unit.pods, snap, unit.gang.topology,
+            need=unit.need, gang=unit.key, tiebreak=tiebreak, diagnose=diagnose,
+        ).result  # fmt: skip
+    else:
+        r = schedule_gang(
+            without_post_filters(profile),
+            unit.pods,
+            snap,
+            tiebreak=tiebreak,
+            min_count=unit.need,
+            diagnose_failures=diagnose,
+            leaving=leaving,  # a what-if's evicted pods: what only they hold outside the books is free
+        )
     if r.scheduled or unit.gang is None:
         return r
     why = f"gang {unit.key} waits as a unit (minMember {unit.gang.min_member}): {r.status.message()}"

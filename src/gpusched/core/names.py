@@ -28,6 +28,12 @@ ANN_ALLOCATED = "gpusched.io/allocated"
 ANN_QUEUE = "gpusched.io/queue"
 """A pod's queue (on a Namespace: a label of the same name, ``LABEL_QUEUE``)."""
 ANN_GANG = "gpusched.io/gang"
+ANN_TOPOLOGY_REQUIRED = "gpusched.io/topology-required"
+"""On a gang's pods or its group: a topology level's node label key; every member lands in one domain of
+it, or the gang waits (``core.gangtopology``; after Kueue's ``podset-required-topology``)."""
+ANN_TOPOLOGY_PREFERRED = "gpusched.io/topology-preferred"
+"""As ``ANN_TOPOLOGY_REQUIRED``, but a gang that no domain of that level holds tries the wider levels, then
+anywhere (after Kueue's ``podset-preferred-topology``)."""
 ANN_DEFRAG = "gpusched.io/defrag"
 """``"false"``: defragmentation never moves this pod (``PodSpec.movable``); ``"true"`` or absent: it may."""
 ANN_ROOM = "gpusched.io/defrag-room"
@@ -66,6 +72,13 @@ LABEL_QUEUE = "gpusched.io/queue"
 """On a Namespace: the queue of its pods (a pod's own annotation of that name wins)."""
 LABEL_GPU_ROUTING = "gpusched.io/gpu-routing"
 """On a Namespace or pod: opts out of the webhook's routing to gpusched."""
+LABEL_CLIQUE = "nvidia.com/gpu.clique"
+"""GPU feature discovery's NVLink domain of a node (GB200/NVL systems): the narrowest default gang
+topology level (``core.gangtopology.DEFAULT_LEVELS``)."""
+LABEL_RACK = "gpusched.io/rack"
+"""A node's rack, set by the administrator: the default gang topology level above the clique."""
+LABEL_BLOCK = "gpusched.io/block"
+"""A node's block (racks under one spine), set by the administrator: the widest default level."""
 LABEL_MIG_RESHAPE_WAY = "gpusched.io/mig-reshape-way"
 """On a node: how its MIG geometry is reshaped, ``nvml`` (the node agent creates and destroys instances),
 ``mig-manager`` (NVIDIA's mig-manager applies a configuration) or ``off``; absent: the agent's flag
@@ -73,6 +86,11 @@ decides."""
 TAINT_UNHEALTHY = "gpusched.io/gpu-unhealthy"
 """On a node whose every GPU failed (the node agent's)."""
 TAINT_NODE_UNREADABLE = "gpusched.io/node-unreadable"
+# DeviceTaintRules the agent writes, in device-plugin mode, for another DRA driver's devices that are GPUs its
+# pods hold (agent/dra/heldtaints.py): the taint's key, the rule's node label, the GPU's UUID annotation.
+TAINT_HELD_BY_DEVICE_PLUGIN = "gpusched.io/held-by-device-plugin"
+LABEL_HELD_GPU_NODE = "gpusched.io/held-gpu-node"
+ANN_HELD_GPU = "gpusched.io/held-gpu"
 """The scheduler's own NoSchedule taint on a node whose object it cannot read."""
 LABEL_TESTENV = "gpusched.io/testenv"
 """On what the test environment (``gpusched up``, ``gpusched.testenv``) creates."""

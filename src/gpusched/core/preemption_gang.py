@@ -36,6 +36,7 @@ from gpusched.core.cluster import I64, ClusterState
 from gpusched.core.framework import Profile
 from gpusched.core.gang import Unit, gang_key, place_gang
 from gpusched.core.model import Allocation, PodSpec
+from gpusched.core.scheduler import undo
 from gpusched.core.statement import Statement
 
 EXACT_TRIM = 32
@@ -114,8 +115,8 @@ def place_without(
         if not r.scheduled:
             return None
         placed = tuple((res.pod, res.node) for res in r.placed)
-        for p, _ in placed:  # place_gang booked them outside the statement
-            snap.forget(p.key)
+        for res in r.placed:  # place_gang booked them outside the statement (and Reserve, its claims)
+            undo(snap, res)
         return placed
 
 

@@ -32,7 +32,7 @@ tie-break order and what they do with the result (bind or not).
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -64,6 +64,16 @@ class Filtered:
     """With ``explain``: one per failed node, in filter order, then node order."""
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class Reserved:
+    """What Reserve took for a placed pod: the profile and cycle state it ran with, so that an undo
+    of the placement (a gang given back, a per-model quota refusing after placement) unreserves it
+    as a failed bind does (``undo``)."""
+
+    profile: Profile
+    state: CycleState
+
+
 @dataclass(frozen=True, slots=True)
 class ScheduleResult:
     pod: PodSpec
@@ -76,6 +86,8 @@ class ScheduleResult:
     diagnosis: Diagnosis | None = None
     nominated_node: int = -1
     victims: tuple[str, ...] = ()
+    reserved: Reserved | None = field(default=None, repr=False, compare=False)
+    """Set when Reserve ran for the chosen node (``undo`` gives it back)."""
 
     @property
     def scheduled(self) -> bool:
@@ -128,11 +140,16 @@ def filter_nodes(
     return Filtered(mask)
 
 
-def diagnose(state: CycleState, profile: Profile, pod: PodSpec, snap: ClusterState) -> Diagnosis:
-    """Per-node reasons for a pod that fits nowhere: the first failing filter names each node."""
-    failures = filter_nodes(state, profile, pod, snap, explain=True).failures
+def diagnose(
+    state: CycleState, profile: Profile, pod: PodSpec, snap: ClusterState, nodes: I64 | None = None
+) -> Diagnosis:
+    """Per-node reasons for a pod that fits nowhere (among ``nodes``, default every node): the
+    first failing filter names each node."""
+    failures = filter_nodes(state, profile, pod, snap, nodes, explain=True).failures
+    where = range(len(snap)) if nodes is None else nodes.tolist()
     return Diagnosis(
-        len(snap), tuple(NodeFailure(snap.names[f.position], f.reason, f.code, f.plugin) for f in failures)
+        len(where),
+        tuple(NodeFailure(snap.names[where[f.position]], f.reason, f.code, f.plugin) for f in failures),
     )
 
 
@@ -344,6 +361,15 @@ def unreserve(state: CycleState, profile: Profile, pod: PodSpec, snap: ClusterSt
         rp.unreserve(state, pod, snap, node)
 
 
+def undo(snap: ClusterState, r: ScheduleResult) -> None:
+    """Take back a placement ``schedule_one`` made: its Reserve plugins unreserved (the DRA devices
+    given back to the front end's ledger), then its booking forgotten when it is in ``snap``."""
+    if r.reserved is not None:
+        unreserve(r.reserved.state, r.reserved.profile, r.pod, snap, r.node)
+    if r.pod.key in snap.allocations:
+        snap.forget(r.pod.key)
+
+
 # ------------------------------------------------------------------ the cycle
 def schedule_one(
     profile: Profile,
@@ -354,6 +380,7 @@ def schedule_one(
     diagnose_failures: bool = True,
     assume: bool = True,
     leaving: frozenset[str] = frozenset(),
+    nodes: I64 | None = None,
 ) -> ScheduleResult:
     """Run one scheduling cycle for ``pod`` against ``snap``: ``feasible``, then ``pick_host``
     among the nodes that pass and Reserve there, or the PostFilter plugins when none does.
@@ -361,31 +388,43 @@ def schedule_one(
     On success the pod is assumed in ``snap`` (unless ``assume`` is False) and the result
     names the node and the GPU indices on it. ``tiebreak[n]`` orders nodes of equal score
     (the simulator passes a seeded permutation; Kubernetes front ends pass name order).
+    ``nodes``: only these snapshot indices are candidates (a gang kept in one topology domain,
+    ``core.gangtopology``); None: every node.
     """
-    f = feasible(profile, pod, snap, leaving=leaving)  # leaving: a what-if's evicted pods (``fits``)
+    f = feasible(profile, pod, snap, nodes, leaving=leaving)  # leaving: a what-if's evicted pods (``fits``)
     if not f.status.ok:
-        return ScheduleResult(pod, f.status, diagnosis=Diagnosis(len(snap), (), pre_filter=f.status))
-    nodes = f.indices()
-    if len(nodes) == 0:
-        return _post_filter(f.state, profile, pod, snap, diagnose_failures)
-    p = pick_host(f.state, profile, pod, snap, nodes, tiebreak=tiebreak)
+        total = len(snap) if nodes is None else len(nodes)
+        return ScheduleResult(pod, f.status, diagnosis=Diagnosis(total, (), pre_filter=f.status))
+    passed = f.indices()
+    if len(passed) == 0:
+        return _post_filter(f.state, profile, pod, snap, diagnose_failures, nodes)
+    p = pick_host(f.state, profile, pod, snap, passed, tiebreak=tiebreak)
     st = reserve(f.state, profile, pod, snap, p.node)
     if not st.ok:
         return ScheduleResult(pod, st, feasible_nodes=p.feasible)
     if assume:
         snap.assume(pod, p.node, p.gpus)
-    return ScheduleResult(pod, Status.success(), p.node, p.node_name, p.gpus, p.score, p.feasible)
+    return ScheduleResult(
+        pod, Status.success(), p.node, p.node_name, p.gpus, p.score, p.feasible,
+        reserved=Reserved(profile, f.state),
+    )  # fmt: skip
 
 
 def _post_filter(
-    state: CycleState, profile: Profile, pod: PodSpec, snap: ClusterState, diagnose_failures: bool
+    state: CycleState,
+    profile: Profile,
+    pod: PodSpec,
+    snap: ClusterState,
+    diagnose_failures: bool,
+    nodes: I64 | None = None,
 ) -> ScheduleResult:
     """No node passes: the diagnosis (when asked for), then the PostFilter plugins in order; the
     first that succeeds names the nominated node and the victims."""
-    diag = diagnose(state, profile, pod, snap) if diagnose_failures else None
-    msg = diag.message() if diag else f"0/{len(snap)} nodes are available"
+    total = len(snap) if nodes is None else len(nodes)
+    diag = diagnose(state, profile, pod, snap, nodes) if diagnose_failures else None
+    msg = diag.message() if diag else f"0/{total} nodes are available"
     code = Code.UNSCHEDULABLE
-    if diag is not None and len(diag.unresolvable_nodes()) == len(snap):
+    if diag is not None and len(diag.unresolvable_nodes()) == total:
         code = Code.UNSCHEDULABLE_AND_UNRESOLVABLE
     status = Status(code, (msg,), "Filter")
     for pfp in profile.post_filters:

@@ -9,7 +9,9 @@ in the same statement see the earlier ones) and then either
 - ``commit()``: keeps them and returns the operations, in order, for the front end to carry
   out (bind the assumed pods, delete the evicted ones); or
 - ``discard()``: undoes them in reverse order, restoring every free amount, allocation and
-  per-node pod set exactly (generation counters move forward, so score caches recompute).
+  per-node pod set exactly (generation counters move forward, so score caches recompute), and
+  unreserving what the Reserve plugins took for the pods it scheduled (``scheduler.undo``: a
+  gang's DRA devices go back to the front end's ledger).
 
 Used as a context manager a statement that is neither committed nor discarded when the block
 ends is discarded, so an exception half-way through a gang never leaves half a gang booked.
@@ -26,8 +28,9 @@ from types import TracebackType
 from gpusched.core.cluster import I64, AccountingError, ClusterState
 from gpusched.core.devices import fitting_gpus, pick_gpus
 from gpusched.core.framework import Profile
+from gpusched.core.mig.books import MigSlot
 from gpusched.core.model import Allocation, PodSpec
-from gpusched.core.scheduler import ScheduleResult, schedule_one
+from gpusched.core.scheduler import ScheduleResult, schedule_one, undo
 from gpusched.core.status import Code, Status
 
 
@@ -40,6 +43,8 @@ class OpKind(enum.Enum):
 class Operation:
     kind: OpKind
     allocation: Allocation
+    scheduled: ScheduleResult | None = None
+    """An ASSUME made by ``Statement.schedule``: its cycle's result (what Reserve took)."""
 
 
 class StatementClosed(RuntimeError):
@@ -53,11 +58,20 @@ class Statement:
         self._open = True
 
     # --------------------------------------------------------------- operations
-    def assume(self, pod: PodSpec, node: int, gpus: Sequence[int], *, check: bool = True) -> Allocation:
+    def assume(
+        self,
+        pod: PodSpec,
+        node: int,
+        gpus: Sequence[int],
+        *,
+        check: bool = True,
+        mig: Sequence[MigSlot] | None = None,
+    ) -> Allocation:
         """Book ``pod`` on ``node``/``gpus`` within the statement (AccountingError if it does not fit;
-        ``check=False``: booked even beyond what is free, as ``ClusterState.assume`` says)."""
+        ``check=False``: booked even beyond what is free, as ``ClusterState.assume`` says; ``mig``: its
+        MIG slices, None places them by the measure)."""
         self._check_open()
-        alloc = self.snap.assume(pod, node, gpus, check=check)
+        alloc = self.snap.assume(pod, node, gpus, check=check, mig=mig)
         self._ops.append(Operation(OpKind.ASSUME, alloc))
         return alloc
 
@@ -76,14 +90,22 @@ class Statement:
         tiebreak: I64 | None = None,
         diagnose_failures: bool = False,
         leaving: frozenset[str] = frozenset(),
+        nodes: I64 | None = None,
     ) -> ScheduleResult:
-        """One ``schedule_one`` cycle whose booking belongs to this statement."""
+        """One ``schedule_one`` cycle (among ``nodes``, default every node) whose booking belongs to
+        this statement."""
         self._check_open()
         r = schedule_one(
-            profile, pod, self.snap, tiebreak=tiebreak, diagnose_failures=diagnose_failures, leaving=leaving
+            profile,
+            pod,
+            self.snap,
+            tiebreak=tiebreak,
+            diagnose_failures=diagnose_failures,
+            nodes=nodes,
+            leaving=leaving,
         )
         if r.scheduled:  # schedule_one assumed it
-            self._ops.append(Operation(OpKind.ASSUME, self.snap.allocations[pod.key]))
+            self._ops.append(Operation(OpKind.ASSUME, self.snap.allocations[pod.key], r))
         return r
 
     # --------------------------------------------------------------- outcome
@@ -107,7 +129,9 @@ class Statement:
         self._open = False
         for op in reversed(self._ops):
             a = op.allocation
-            if op.kind is OpKind.ASSUME:
+            if op.scheduled is not None:
+                undo(self.snap, op.scheduled)
+            elif op.kind is OpKind.ASSUME:
                 self.snap.forget(a.pod.key)
             else:  # what it held: a fact, restored as it was (a held room may overbook its GPUs)
                 self.snap.assume(a.pod, a.node, a.gpus, check=False, mig=a.mig)
@@ -160,6 +184,7 @@ def schedule_all(
     min_count: int | None = None,
     diagnose_failures: bool = True,
     leaving: frozenset[str] = frozenset(),
+    nodes: I64 | None = None,
 ) -> GroupResult:
     """Place every pod of ``pods`` or none of them (gang semantics).
 
@@ -172,7 +197,8 @@ def schedule_all(
     placed when at least ``min_count`` fit at once (``GroupResult.left_out`` names the others),
     and otherwise nothing stays booked. The profile's PostFilters (preemption) run for pods that
     do not fit as in ``schedule_one``; gangs pass a profile without them. Without
-    ``diagnose_failures`` the reason says less (no per-node reasons) and costs less.
+    ``diagnose_failures`` the reason says less (no per-node reasons) and costs less. ``nodes``:
+    only these snapshot indices are candidates (default every node).
     """
     keys = [p.key for p in pods]
     if len(set(keys)) != len(keys):
@@ -186,7 +212,12 @@ def schedule_all(
     with Statement(snap) as st:
         for i, pod in enumerate(pods):
             r = st.schedule(
-                profile, pod, tiebreak=tiebreak, diagnose_failures=diagnose_failures, leaving=leaving
+                profile,
+                pod,
+                tiebreak=tiebreak,
+                diagnose_failures=diagnose_failures,
+                nodes=nodes,
+                leaving=leaving,
             )
             results.append(r)
             if r.scheduled:

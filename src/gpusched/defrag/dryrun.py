@@ -7,7 +7,9 @@ plan of the run) and the opt-out annotation (``PodSpec.movable``).
 
 What is planned:
 
-- the pending GPU pods (a gang as one target), most important first (``core.pending`` order):
+- the pending GPU pods (a gang as one target), most important first (``core.pending`` order); a
+  pod asking for MIG slices gets ``core.defrag.mig.room_for``'s plan (MIG pods moved to free
+  instances of their profiles elsewhere, then a re-cut where one is needed: its ``reason``):
   each plan is carried out on the books (a ``Statement``, undone at the end) before the next
   target is planned, so that two plans never count on the same room or move a pod twice, and
   the pods that fit now take their room too;
@@ -39,6 +41,7 @@ from gpusched.core.defrag import (
     consolidate,
     plan_for,
 )
+from gpusched.core.defrag.mig import room_for
 from gpusched.core.fragmentation import node_fragmentation
 from gpusched.core.model import PodSpec
 from gpusched.core.pending import pending_order
@@ -134,10 +137,10 @@ def _created(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("creationTimestamp") or "")
 
 
-def pending_targets(books: Books, only: str | None = None) -> list[list[PodSpec]]:
+def pending_targets(books: Books, only: str | None = None, *, mig: bool = False) -> list[list[PodSpec]]:
     """The pending GPU pods to plan for, most important first, a gang's members together; or
-    ``only`` (a pod key) and its gang. Raises UnknownTarget for a pod the cluster does not have
-    or that is not pending."""
+    ``only`` (a pod key) and its gang; with ``mig``, pods asking for MIG slices too. Raises
+    UnknownTarget for a pod the cluster does not have or that is not pending."""
     if only is not None:
         key = pod_key_of(only)
         if key not in books.pod_objs:
@@ -149,7 +152,7 @@ def pending_targets(books: Books, only: str | None = None) -> list[list[PodSpec]
     groups: dict[tuple[str, str], list[PodSpec]] = {}
     order: dict[tuple[str, str], tuple[int, str, int]] = {}
     for i, (key, pod) in enumerate(sorted(books.pending.items())):
-        if pod.num_gpu == 0:
+        if pod.num_gpu == 0 and not (mig and pod.mig):
             continue
         gk = (pod.namespace, pod.gang) if pod.gang else ("", key)
         groups.setdefault(gk, []).append(pod)
@@ -229,9 +232,12 @@ def dry_run(
                 apply_plan(st, profile, plan)
         else:
             mode = "pod" if pod is not None else "pending"
-            for group in pending_targets(books, pod):
+            for group in pending_targets(books, pod, mig=True):
                 t0 = clock()
-                plan = plan_for(profile, snap, group, rules, _work(clock, timeout_s), tiebreak=tiebreak)
+                if len(group) == 1 and group[0].mig:  # MIG slices move to free instances (core.defrag.mig)
+                    plan = room_for(profile, snap, group[0], rules).plan
+                else:
+                    plan = plan_for(profile, snap, group, rules, _work(clock, timeout_s), tiebreak=tiebreak)
                 pf = PlannedFor(
                     tuple(p.key for p in group),
                     sum(p.gpu_demand_milli for p in group),

@@ -17,6 +17,7 @@ from gpusched.doctor.checks import drift_findings
 from gpusched.doctor.counterfactual import counterfactuals
 from gpusched.doctor.errors import UnknownObject
 from gpusched.doctor.findings import ClusterReport, Finding, NodeReport, PodReport
+from gpusched.doctor.mig import mig_findings, mig_map
 from gpusched.doctor.queues import (
     Admission,
     admission,
@@ -277,6 +278,7 @@ def doctor_pod(books: Books, key: str) -> PodReport:
     cfs = counterfactuals(books.profile, pod, books.state, diag, quota)
     healed = {n for c in cfs if c.kind == "healthy-gpu" for n in c.change.get("fits_on", [c.node])}
     findings += _scheduling_causes(books, pod, diag, healed)
+    findings += mig_findings(books.profile, pod, books.state)
     findings += room_findings(books, pod)  # defragmentation rooms held against it, or its own
     failed = {f.node: f for f in diag.failures}
     shown = 0
@@ -354,7 +356,9 @@ def doctor_node(books: Books, name: str) -> NodeReport:
         for c in books.conflicts
         if (a := books.state.allocations.get(c.split(":", 1)[0])) and books.state.names[a.node] == name
     ]
-    return NodeReport(name, tuple(_ordered(findings)), tuple(node_gpus(books, name)))
+    i = books.state.index.get(name)
+    mig = tuple(mig_map(books.state, i)) if i is not None else ()
+    return NodeReport(name, tuple(_ordered(findings)), tuple(node_gpus(books, name)), mig)
 
 
 def _pending_summary(books: Books) -> list[dict[str, Any]]:
@@ -453,6 +457,7 @@ def gpu_map(books: Books) -> dict[str, Any]:
                 "model": nd.gpu_model,
                 "gpu_memory_mib": nd.gpu_memory_mib,
                 "gpus": node_gpus(books, nd.name),
+                "mig": mig_map(snap, i),
                 "stranded_milli": round(float(frag[i]), 1) if nd.gpu_count else 0.0,
                 "taints": [f"{t.key}={t.value}:{t.effect}" for t in nd.taints],
                 "errors": sev.get("error", 0),

@@ -124,10 +124,14 @@ def node_findings(node: Mapping[str, Any], spec: NodeSpec | None = None) -> list
     if spec.gpu_count == 0 and not product:
         add("info", "no-gpus", f"node {name} has no GPUs (no {RES_GPU} and no {LABEL_PRODUCT} label)")
         return out
+    mig_only = spec.mig is not None and not spec.gpu_count  # mixed strategy: slices, no nvidia.com/gpu
+    mig_res = {k: v for k, v in alloc.items() if str(k).startswith("nvidia.com/mig-")}
     add(
         "ok",
         "inventory",
-        f"{spec.gpu_count} × {spec.gpu_model}"
+        f"{len(spec.mig.gpus)} MIG GPU(s) ({', '.join(sorted({g.geometry.model for g in spec.mig.gpus}))})"
+        if mig_only and spec.mig is not None
+        else f"{spec.gpu_count} × {spec.gpu_model}"
         + (f", {spec.gpu_memory_mib} MiB each" if spec.gpu_memory_mib else ""),
         **inventory,
     )
@@ -148,7 +152,14 @@ def node_findings(node: Mapping[str, Any], spec: NodeSpec | None = None) -> list
             **inventory,
         )
     # registration: the device plugin advertises nvidia.com/gpu (and gpu-share for shares)
-    if RES_GPU not in cap and RES_GPU not in alloc:
+    if mig_only:
+        add(
+            "ok",
+            "device-plugin-registered",
+            f"MIG slices advertised: {mig_res or 'none'}",
+            allocatable=mig_res,
+        )
+    elif RES_GPU not in cap and RES_GPU not in alloc:
         add(
             "error",
             "device-plugin-not-registered",

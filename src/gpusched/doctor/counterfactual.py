@@ -10,6 +10,8 @@ Tried, for a pod that fits nowhere now:
 - fragmentation: the fewest moves of running pods (``core.defrag.plan_for``, moves to another GPU
   of the same node included) after which it lands; or, when none, the running pods that may not
   move (no controller would recreate them, opted out, a budget);
+- MIG slices: the scheduler's re-cut of one GPU's free slices (``doctor.mig.mig_counterfactual``), else
+  the fewest moves of MIG pods to free instances elsewhere that make room (``core.defrag.mig.room_for``);
 - quotas: the pod's tenant queue refuses it: the smallest raise of the queue's quota
   (``doctor.queues.quota_counterfactual``, passed in as ``quota``), first, as the scheduler checks
   quota before placement.
@@ -29,6 +31,7 @@ from gpusched.core.model import GPU_MILLI, PodSpec, Taint, Toleration
 from gpusched.core.scheduler import feasible
 from gpusched.core.status import Code, Diagnosis
 from gpusched.doctor.findings import Counterfactual
+from gpusched.doctor.mig import mig_counterfactual, mig_moves_counterfactual
 
 MAX_MOVES = 8
 TOLERATED_EFFECTS = ("NoSchedule", "NoExecute")
@@ -330,6 +333,9 @@ def physical_counterfactuals(
         out += toleration_counterfactual(profile, pod, snap, diag)
     out += healthy_counterfactual(profile, pod, snap)
     out += claimed_counterfactual(profile, pod, snap)
+    out += mig_counterfactual(profile, pod, snap)
+    if pod.mig and not any(c.kind == "mig-recut" for c in out):
+        out += mig_moves_counterfactual(profile, pod, snap)
     resolvable = diag is None or any(f.code == Code.UNSCHEDULABLE for f in diag.failures)
     if resolvable and not any(c.kind in ("gpu-model", "gpu-memory", "gpu-count") for c in out):
         out += moves_counterfactual(profile, pod, snap)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 from gpusched.core.cluster import ClusterState
+from gpusched.core.mig.books import MigSlot, NodeMig
+from gpusched.core.mig.geometry import Geometry, MigGpu
 from gpusched.core.model import GPU_MILLI, Controller, NodeSpec, PodSpec, Taint
 from gpusched.doctor.checks import ANN_ALLOCATED, ANN_TOPOLOGY
 from gpusched.doctor.snapshot import Snapshot, snapshot_of_state
@@ -108,3 +110,42 @@ def demo_snapshot() -> Snapshot:
         )
         ann[ANN_ALLOCATED] = json.dumps({"main": {res: [f"GPU-{node}-{g}" for g in gpus]}})
     return Snapshot(nodes_out, pods_out, snap.source)
+
+
+def _mig_pod(name: str, namespace: str, profile: str) -> PodSpec:
+    res = "nvidia.com/mig-" + profile.replace("+", ".")
+    owner = Controller("Job", name, "batch")
+    return PodSpec(
+        name, namespace=namespace, cpu_milli=1000, mig=(profile,), extended={res: 1}, controller=owner
+    )
+
+
+def mig_demo_snapshot() -> Snapshot:
+    """One A100 80GB node with two MIG GPUs: GPU 0 cut as mig-manager's all-balanced with its 3g held,
+    GPU 1 as 4g + 3g, both held; a 4g.40gb pod waits, and re-cutting GPU 0's free slices would host it."""
+    geom = Geometry.of("a100-80gb")
+    layouts = (
+        (("2g.20gb", 0), ("1g.10gb", 2), ("1g.10gb", 3), ("3g.40gb", 4)),
+        (("4g.40gb", 0), ("3g.40gb", 4)),
+    )
+    gpus: list[MigGpu] = []
+    counts: dict[str, int] = {}
+    for i, lay in enumerate(layouts):
+        g = MigGpu(f"a100-mig-0/{i}", geom)
+        for p, s in lay:
+            g = g.place(p, s)
+            res = "nvidia.com/mig-" + p
+            counts[res] = counts.get(res, 0) + 1
+        gpus.append(g)
+    node = NodeSpec(
+        "a100-mig-0", 64_000, 512 * 1024, extended=counts, mig=NodeMig(tuple(gpus), (0, 1)),
+        labels={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/mig.strategy": "mixed"},
+    )  # fmt: skip
+    state = ClusterState([node])
+    for name, profile, gpu, start in (
+        ("infer-3g", "3g.40gb", 0, 4),
+        ("train-4g", "4g.40gb", 1, 0),
+        ("infer-3g-b", "3g.40gb", 1, 4),
+    ):
+        state.assume(_mig_pod(name, "team-a", profile), 0, (), mig=(MigSlot(gpu, start, profile),))
+    return snapshot_of_state(state, [_mig_pod("needs-4g", "team-b", "4g.40gb")], source="demo MIG cluster")

@@ -39,7 +39,8 @@ class Counterfactual:
 
     ``kind``: fits-now, quota, queue (its queue is unknown or invalid: not checked), toleration,
     gpu-model, gpu-memory, gpu-count, moves, kept (no move plan: the pods that may not move),
-    healthy-gpu, claimed-gpu, none. ``cost`` orders them: the smallest change first (a move counts one per pod
+    healthy-gpu, claimed-gpu, mig-recut (a GPU's free MIG slices re-cut), none. ``cost`` orders them:
+    the smallest change first (a move counts one per pod
     moved)."""
 
     kind: str
@@ -86,9 +87,16 @@ class NodeReport:
     node: str
     findings: tuple[Finding, ...]
     gpus: tuple[Mapping[str, Any], ...] = ()
+    mig: tuple[Mapping[str, Any], ...] = ()
+    """Per MIG GPU: its slices (profile, start, size) and the pod holding each or None (``doctor.mig``)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "findings": [f.to_dict() for f in self.findings], "gpus": list(self.gpus)}
+        return {
+            "node": self.node,
+            "findings": [f.to_dict() for f in self.findings],
+            "gpus": list(self.gpus),
+            "mig": list(self.mig),
+        }
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,10 @@ main{display:grid;grid-template-columns:1fr 420px;gap:12px;padding:12px}
 .gpu .seg{width:100%}
 .gpu .idx{position:absolute;top:0;left:2px;font-size:9px;color:#333}
 .stranded{font-size:11px;color:#b45309}
+.mig{position:relative;height:16px;border:1px solid #9ca3af;border-radius:3px;margin-top:3px;background:#eef2f7}
+.mig.recut{border:2px dashed #7c3aed}
+.mig .sl{position:absolute;top:0;bottom:0;box-sizing:border-box;border-right:2px solid #fff;font-size:8px;overflow:hidden;white-space:nowrap}
+.mig .sl.free{background:#d1fae5}
 aside{background:#fff;border:1px solid #d1d5db;border-radius:6px;padding:8px;align-self:start}
 aside h2{font-size:14px;margin:4px 0}
 .pending{cursor:pointer;padding:4px;border-bottom:1px solid #eee}
@@ -35,7 +39,7 @@ table{border-collapse:collapse;font-size:12px} td,th{padding:2px 6px;border-bott
 <body>
 <header><h1>gpusched — GPU map</h1><span id="summary">loading…</span>
 <span class="legend"><span style="background:#eef2f7"></span>free<span style="background:#93c5fd"></span>held
-<span style="background:#fee2e2;border-color:#dc2626"></span>unhealthy</span></header>
+<span style="background:#fee2e2;border-color:#dc2626"></span>unhealthy<span style="background:#d1fae5"></span>free MIG slice</span></header>
 <main><div><div id="nodes"></div></div>
 <aside><h2>Stranded capacity by model</h2><table id="stranded"></table>
 <h2>Pending pods (<span id="npending">0</span>)</h2><div id="pending"></div>
@@ -50,7 +54,7 @@ function drawNodes(m){
   for(const n of m.nodes){
     const d=el("div","node"+(n.errors?" err":""));d.dataset.node=n.name;
     const h=el("h3");h.append(el("span","",n.name),el("span","",n.model));d.append(h);
-    d.append(el("div","meta",`${n.gpus.length} GPU · ${(n.gpu_memory_mib/1024).toFixed(0)} GiB`+(n.taints.length?` · taint ${n.taints.join(",")}`:"")));
+    d.append(el("div","meta",`${n.gpus.length} GPU`+((n.mig||[]).length?` · ${n.mig.length} MIG GPU`:"")+` · ${(n.gpu_memory_mib/1024).toFixed(0)} GiB`+(n.taints.length?` · taint ${n.taints.join(",")}`:"")));
     const g=el("div","gpus");
     for(const gpu of n.gpus){
       const c=el("div","gpu"+(gpu.healthy?"":" bad"));c.dataset.gpu=`${n.name}/${gpu.index}`;
@@ -58,6 +62,14 @@ function drawNodes(m){
       for(const p of gpu.pods){const s=el("div","seg");s.style.height=`${Math.max(4,p.milli/10)}%`;s.style.background=colour(p.pod);s.dataset.pod=p.pod;c.append(s)}
       c.append(el("span","idx",String(gpu.index)));g.append(c)}
     d.append(g);
+    for(const mg of n.mig||[]){
+      const b=el("div","mig"+(mg.reshaping?" recut":""));b.dataset.gpu=`${n.name}/${mg.index}`;
+      b.title=`MIG GPU ${mg.index} (${mg.model})`+(mg.reshaping?" being re-cut":"")+(mg.mig_enabled?"":" MIG off")+mg.slices.map(x=>`\n${x.profile}@${x.start}: ${x.pod||"free"}`).join("");
+      for(const x of mg.slices){const s=el("div","sl"+(x.pod?"":" free"),x.profile);
+        s.style.left=`${100*x.start/mg.mem_slices}%`;s.style.width=`${100*x.size/mg.mem_slices}%`;
+        if(x.pod){s.style.background=colour(x.pod);s.dataset.pod=x.pod}
+        s.dataset.slice=`${mg.index}:${x.profile}@${x.start}`;b.append(s)}
+      d.append(b)}
     if(n.stranded_milli>0)d.append(el("div","stranded",`stranded ${(n.stranded_milli/1000).toFixed(2)} GPU`));
     box.append(d)}
 }

@@ -85,6 +85,24 @@ def render_node(r: NodeReport, out: Console | None = None) -> None:
             health = Text("ok", style="green") if g["healthy"] else Text("UNHEALTHY", style="bold red")
             t.add_row(str(g["index"]), health, str(g["free_milli"]), str(g["free_memory_mib"]), pods)
         out.print(t)
+    if r.mig:
+        out.print(mig_table(r.mig))
+
+
+def mig_table(gpus: Sequence[Mapping[str, Any]]) -> Table:
+    """One row per MIG GPU: each slice as ``profile@start`` with the pod holding it, or free."""
+    t = Table("MIG GPU", "model", "state", "slices (profile@start: pod)", title="MIG slices")
+    for g in gpus:
+        state = "re-cutting" if g["reshaping"] else ("MIG" if g["mig_enabled"] else "MIG off")
+        row = Text()
+        for k, x in enumerate(g["slices"]):
+            row.append(", " if k else "")
+            row.append(f"{x['profile']}@{x['start']}: ")
+            row.append(x["pod"] or "free", style="" if x["pod"] else "green")
+        t.add_row(
+            str(g["index"]), g["model"], state, row if g["slices"] else Text("no instances", style="dim")
+        )
+    return t
 
 
 def render_cluster(r: ClusterReport, out: Console | None = None) -> None:

@@ -31,7 +31,9 @@ from typing import Any
 
 from gpusched.core.cluster import ClusterState
 from gpusched.core.errors import ResourceError
+from gpusched.core.mig.books import MigSlot, NodeMig
 from gpusched.core.model import NodeSpec, PodSpec
+from gpusched.core.names import ANN_MIG, ANN_MIG_RESHAPE
 from gpusched.doctor.checks import ANN_UNHEALTHY
 from gpusched.doctor.errors import SnapshotError
 from gpusched.k8s.convert import (
@@ -106,8 +108,13 @@ def node_object(nd: NodeSpec) -> dict[str, Any]:
             labels.setdefault(LABEL_MEMORY, str(nd.gpu_memory_mib))
     alloc.update((k, str(v)) for k, v in nd.extended.items())
     meta: dict[str, Any] = {"name": nd.name, "labels": labels}
+    ann: dict[str, str] = {}
     if nd.unhealthy_gpus:
-        meta["annotations"] = {ANN_UNHEALTHY: ",".join(str(g) for g in sorted(nd.unhealthy_gpus))}
+        ann[ANN_UNHEALTHY] = ",".join(str(g) for g in sorted(nd.unhealthy_gpus))
+    if nd.mig is not None:
+        ann.update(mig_annotations(nd.mig))
+    if ann:
+        meta["annotations"] = ann
     obj: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "metadata": meta}
     if nd.taints:
         obj["spec"] = {"taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in nd.taints]}
@@ -119,7 +126,30 @@ def node_object(nd: NodeSpec) -> dict[str, Any]:
     return obj
 
 
-def pod_object(pod: PodSpec, node: str = "", gpus: Sequence[int] = ()) -> dict[str, Any]:
+def mig_annotations(mig: NodeMig) -> dict[str, str]:
+    """A node's MIG geometry as its agent writes it (``gpusched.io/mig-geometry``; MIG UUIDs made up), and a
+    re-cut request outstanding for each GPU being re-cut (``gpusched.io/mig-reshape``)."""
+    gpus = [
+        {
+            "index": i,
+            "model": g.geometry.model,
+            "migEnabled": g.mig_enabled,
+            "instances": [
+                {"profile": x.profile, "start": x.start, "uuid": f"MIG-{g.name}-{x.profile}-{x.start}"}
+                for x in g.instances
+            ],
+        }
+        for i, g in zip(mig.indices, mig.gpus, strict=True)
+    ]
+    out = {ANN_MIG: json.dumps({"strategy": "mixed", "gpus": gpus}, separators=(",", ":"))}
+    for i in sorted(mig.reshaping)[:1]:  # one request at a time per node
+        out[ANN_MIG_RESHAPE] = json.dumps({"id": f"snapshot-{i}", "gpu": i, "destroy": [], "create": []})
+    return out
+
+
+def pod_object(
+    pod: PodSpec, node: str = "", gpus: Sequence[int] = (), mig: Sequence[MigSlot] = ()
+) -> dict[str, Any]:
     req: dict[str, str] = {}
     if pod.cpu_milli:
         req["cpu"] = f"{pod.cpu_milli}m"
@@ -142,8 +172,8 @@ def pod_object(pod: PodSpec, node: str = "", gpus: Sequence[int] = ()) -> dict[s
         ann[ANN_GANG] = pod.gang
     if pod.queue:
         ann[ANN_QUEUE] = pod.queue
-    if node and pod.num_gpu:
-        ann[ANN_ASSIGNMENT] = assignment_annotation(node, tuple(gpus), pod)
+    if node and (pod.num_gpu or mig):
+        ann[ANN_ASSIGNMENT] = assignment_annotation(node, tuple(gpus), pod, tuple(mig))
     spec: dict[str, Any] = {
         "containers": [{"name": "main", "resources": {"requests": req, "limits": dict(req)}}],
     }
@@ -190,7 +220,7 @@ def snapshot_of_state(
 ) -> Snapshot:
     """The simulator's books (every booked pod where it is booked) and its pending pods."""
     nodes = [node_object(nd) for nd in state.nodes]
-    pods = [pod_object(a.pod, state.names[a.node], a.gpus) for a in state.allocations.values()]
+    pods = [pod_object(a.pod, state.names[a.node], a.gpus, a.mig) for a in state.allocations.values()]
     pods += [pod_object(p) for p in pending if p.key not in state.allocations]
     return Snapshot(nodes, pods, source)
 

@@ -19,7 +19,8 @@ Outcomes and what they do:
 
 - PLACED: each placed pod assumed, its attempt counted ``scheduled``, bound off the scheduling
   thread; a failed bind forgets the assumption and requeues it with backoff. A gang's members
-  that did not fit beyond its minimum wait (unschedulable).
+  that did not fit beyond its minimum wait (unschedulable). A gang with DRA claims has every
+  member's claims written before any member is bound, or none (``_bind_gang``).
 - PREEMPT: a single pod is nominated on the PostFilter's node and its victims evicted; a gang's
   members are each nominated where they land and the victims evicted once for the gang. Unless
   the preemptor may not preempt yet (``Nominations.may_preempt``: its victims still leaving, too
@@ -218,12 +219,16 @@ class Actuator:
         self._attempts("unschedulable", seconds, len(p.members) - placed)
         if placed:
             self.tenants.admitted(list(p.members))
+            jointly = p.group is not None and any(pod.claims is not None for _, pod, _, _ in acts.binds)
             for qp, pod, node, gpus in acts.binds:
                 if p.group is None:
                     self.metrics.pod_scheduled(qp.key)
                 self.queue.done(qp.key)
                 self.queue.remove(qp.key)
-                self.pool.submit(self.bind, d.profile, qp, pod, node, gpus)
+                if not jointly:
+                    self.pool.submit(self.bind, d.profile, qp, pod, node, gpus)
+            if p.group is not None and jointly:
+                self.pool.submit(self._bind_gang, d.profile, p.group, list(acts.binds))
             if p.group is not None:
                 left_out = sorted(set(p.members) - {qp.key for qp, _, _, _ in acts.binds})
                 for key in left_out:
@@ -283,12 +288,14 @@ class Actuator:
             self.metrics.observe_attempt(result, seconds)
 
     # ------------------------------------------------------------- binding
+    def _keep_trying(self) -> bool:
+        return self._leading.is_set() and not self._stop.is_set()
+
     def bind(self, profile: Profile, qp: QueuedPod, pod: PodSpec, node: str, gpus: tuple[int, ...]) -> None:
         """Bind the booked decision until the API says what happened (``k8s/binding.py``): the
         GPUs stay booked while the outcome is unknown, so nothing else is placed on them."""
         t0 = time.perf_counter()
-        keep_trying = lambda: self._leading.is_set() and not self._stop.is_set()  # noqa: E731
-        claims = self.claims.write(qp.obj, pod, keep_trying=keep_trying)  # DRA: status.allocation first
+        claims = self.claims.write(qp.obj, pod, keep_trying=self._keep_trying)  # DRA: status.allocation first
         if not claims.ok:
             self.cluster.forget(pod.key)
             self.bind_errors += 1
@@ -296,6 +303,39 @@ class Actuator:
             self.events.failed(qp.obj, f"writing its ResourceClaims: {claims.message}")
             self.queue.add_or_update(qp.event, backoff=True)
             return
+        self._bind_written(profile, qp, pod, node, gpus, t0)
+
+    def _bind_gang(
+        self, profile: Profile, group: GroupSpec, binds: list[tuple[QueuedPod, PodSpec, str, tuple[int, ...]]]
+    ) -> None:
+        """A gang whose members have DRA claims: every member's claims written before any member
+        is bound (``DraClaims.write_all``), then each bound; or none bound, what was written taken
+        back, every member's devices and booking given back, and each member told why."""
+        t0 = time.perf_counter()
+        w = self.claims.write_all([(qp.obj, pod) for qp, pod, _, _ in binds], keep_trying=self._keep_trying)
+        if not w.ok:
+            assert w.outcome is not None
+            self.bind_errors += 1
+            msg = (
+                f"{group.ref.describe()}: writing the ResourceClaims of member {w.failed} failed "
+                f"({w.outcome.result.value}: {w.outcome.message}); no member is bound, the claims "
+                "written for the others were taken back"
+            )
+            log.warning("%s", msg)
+            self.gangs.waited(group, msg)  # the group told too (its status: not placed)
+            for qp, pod, _, _ in binds:
+                self.cluster.forget(pod.key)
+                self.events.failed(qp.obj, msg)
+                self.queue.add_or_update(qp.event, backoff=True)
+            return
+        for qp, pod, node, gpus in binds:
+            self._bind_written(profile, qp, pod, node, gpus, t0)
+
+    def _bind_written(
+        self, profile: Profile, qp: QueuedPod, pod: PodSpec, node: str, gpus: tuple[int, ...], t0: float
+    ) -> None:
+        """Bind a decision whose claims are written (or that has none); ``t0``: when its binding began."""
+        keep_trying = self._keep_trying
         out = bind_until_settled(
             lambda: run_bind(profile, pod, node, gpus), pod, self.settler, keep_trying=keep_trying
         )

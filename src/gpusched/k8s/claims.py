@@ -12,16 +12,17 @@
 - ``write(obj, pod)`` before binding: ``status.allocation`` and ``status.reservedFor`` written as
   kube-scheduler does (``k8s/dra/writer.py``); an unknown outcome keeps the devices held.
 - ``release(obj)`` when the binding did not happen: the pod leaves ``reservedFor``.
-
-Gang members with claims still wait unbound (``claims_message``): their joint allocation is not
-built yet (issue 32 item 3).
+- ``write_all(members)`` for a gang (its members' claims allocated jointly by the core,
+  ``core/gangclaims.py``): every member's claims written before any member is bound, or none: when
+  one member's write fails, what it and the members before it wrote is taken back and every member's
+  devices are given back.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,16 +40,17 @@ from gpusched.k8s.informer import Handlers, Reflector
 from gpusched.k8s.state import LiveCluster
 
 
-def claims_message(pod: Mapping[str, Any]) -> str:
-    """Why a gang member with claims cannot be scheduled here ("" when it claims nothing)."""
-    claims = (pod.get("spec") or {}).get("resourceClaims") or []
-    if not claims:
-        return ""
-    names = ", ".join(str(c.get("name", "?")) for c in claims if isinstance(c, Mapping)) or "?"
-    return (
-        f"spec.resourceClaims ({names}): gpusched's standalone scheduler cannot allocate DRA "
-        "ResourceClaims for the members of a gang yet (joint allocation); the pod waits unbound"
-    )
+@dataclass(frozen=True)
+class GangWrite:
+    """The outcome of ``write_all``: ``failed`` names the member whose write did not succeed ("" when
+    every member's did), ``outcome`` its write's."""
+
+    failed: str = ""
+    outcome: WriteOutcome | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
 
 
 @dataclass(frozen=True)
@@ -145,8 +147,6 @@ class DraClaims:
         """``pod`` with its claims attached (unchanged when it has none), or why it is not decided."""
         if not has_claims(obj):
             return pod
-        if pod.gang:
-            return ClaimsRefusal(claims_message(obj))
         if not self.synced():
             return ClaimsRefusal(WAITING_FOR_INFORMERS)
         held = self.books.reservation(pod.key)
@@ -226,6 +226,35 @@ class DraClaims:
             return []
         known = self.books.class_names()
         return sorted(n for n in names if n not in known)
+
+    def write_all(
+        self, members: Sequence[tuple[Mapping[str, Any], PodSpec]], *, keep_trying: Callable[[], bool]
+    ) -> GangWrite:
+        """Write the claims of a gang's placed members, in order, before any is bound; or none: when
+        a member's write fails, what it and the members before it wrote is taken back (``ClaimWriter.undo``:
+        claims they allocated deallocated, the pods out of ``reservedFor``) and every member's devices
+        are given back (the failed write's own stay held when its outcome is unknown, as for a pod)."""
+        mine = {}
+        for _, pod in members:
+            res = self.books.reservation(pod.key)
+            mine[pod.key] = {a.claim: a for a in res.allocations} if res is not None else {}
+        with self._lock:
+            refs = {pod.key: self._refs.get(pod.key, ()) for _, pod in members}
+        done: list[tuple[Mapping[str, Any], PodSpec]] = []
+        for obj, pod in members:
+            out = self.write(obj, pod, keep_trying=keep_trying)
+            if out.ok:
+                done.append((obj, pod))
+                continue
+            for o, p in reversed([*done, (obj, pod)]):  # the failed one's claims written before it too
+                with self._lock:
+                    self._refs.pop(p.key, None)
+                self.writer.undo(o, refs[p.key], mine[p.key])
+            for _, p in members:
+                if p.key != pod.key or out.result is not Written.HELD:
+                    self.books.unreserve(p.key)
+            return GangWrite(pod.key, out)
+        return GangWrite()
 
     def release(self, obj: Mapping[str, Any], pod: PodSpec) -> None:
         """The binding did not happen: the pod leaves its claims' ``reservedFor``."""

@@ -32,6 +32,10 @@ unit, its pods and its group told why (``FailedScheduling`` / ``GangWaiting``).
 - **Rooms**: a gang never lands in a room kept for another pod of at least its priority (a
   nominated preemptor's, or defragmentation's): ``k8s.preemption.Rooms`` holds them in the
   snapshot while it is decided.
+- **DRA claims**: each member's claims are resolved as a single pod's (``k8s/claims.py``; a member
+  whose claim is not ready is told why and left out, like an unconvertible one); the core allocates
+  the members' claims jointly (``core/gangclaims.py``) and the actuator writes every member's claims
+  before it binds any, or none (``DraClaims.write_all``).
 - Each decision counts one scheduling attempt per member tried (``Actuator.act``), with its
   result, as kube-scheduler counts pods.
 """
@@ -45,7 +49,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from gpusched.core.model import PodSpec
-from gpusched.k8s.claims import claims_message
 from gpusched.k8s.convert import InvalidRequest
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.groupref import API, GroupRef
@@ -169,11 +172,8 @@ class Gangs:
             )
             return Refusal(msg, "unschedulable", group, keys, "GangIncomplete")
         out = Members(group, keys, [], bound)
-        for m in pending:  # the members that can be decided: converted, without DRA claims
-            claims = claims_message(m.obj)
+        for m in pending:  # the members that can be decided: converted (claims: ``scheduler``)
             try:
-                if claims:
-                    raise InvalidRequest(claims)
                 out.pending.append((m, _in_gang(m.spec(), group)))
             except InvalidRequest as e:
                 out.invalid.append((m, f"{group.ref.describe()}: member {m.key}: {e}"))

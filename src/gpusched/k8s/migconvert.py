@@ -29,12 +29,13 @@ import orjson
 from gpusched.core.mig.books import MigSlot, NodeMig
 from gpusched.core.mig.geometry import Geometry, Instance, MigGpu
 from gpusched.core.mig.profiles import ALL_PROFILE_NAMES, MigError
+from gpusched.core.mig.whatif import MIG_RESOURCE_PREFIX, mig_resource
 from gpusched.core.names import ANN_ASSIGNMENT, ANN_MIG, ANN_MIG_RESHAPE, ANN_MIG_RESHAPE_STATUS
 from gpusched.k8s.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
 
-RES_MIG_PREFIX = "nvidia.com/mig-"
+RES_MIG_PREFIX = MIG_RESOURCE_PREFIX
 
 
 def profile_of(resource: str) -> str | None:
@@ -46,7 +47,7 @@ def profile_of(resource: str) -> str | None:
 
 
 def resource_of(profile: str) -> str:
-    return RES_MIG_PREFIX + profile.replace("+", ".")
+    return mig_resource(profile)
 
 
 def pod_mig(req: Mapping[str, Decimal], *, running: bool) -> tuple[str, ...]:

@@ -30,6 +30,7 @@ from typing import Any
 
 from kubernetes import client
 
+from gpusched.core.names import ANN_TOPOLOGY_PREFERRED, ANN_TOPOLOGY_REQUIRED
 from gpusched.k8s.groupref import API, GroupRef
 from gpusched.k8s.informer import Handlers, Reflector
 
@@ -40,6 +41,7 @@ DEFAULT_TIMEOUT_S = 60.0
 has no timeout of its own (coscheduling's default ``permitWaitingTimeSeconds``)."""
 
 _REDISCOVER_S = 5.0
+TOPOLOGY_ANNOTATIONS = (ANN_TOPOLOGY_REQUIRED, ANN_TOPOLOGY_PREFERRED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,8 @@ class GroupSpec:
     timeout_s: float
     problem: str = ""
     """Why the group cannot be used as it is (names the field); empty when it is sound."""
+    topology: tuple[tuple[str, str], ...] = ()
+    """The group's ``gpusched.io/topology-*`` annotations (name, value), read by ``k8s/gangtopology.py``."""
 
 
 def _count(value: Any, field: str, *, minimum: int) -> tuple[int, str]:
@@ -66,12 +70,17 @@ def group_from_k8s(api: API, obj: Mapping[str, Any]) -> GroupSpec:
     meta = obj.get("metadata") or {}
     ref = GroupRef(api, str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
     uid = str(meta.get("uid") or "")
+    ann = tuple(
+        sorted(
+            (str(k), str(v)) for k, v in (meta.get("annotations") or {}).items() if k in TOPOLOGY_ANNOTATIONS
+        )
+    )
     spec = obj.get("spec") or {}
     timeout, problem = DEFAULT_TIMEOUT_S, ""
     if api is API.WORKLOAD:
         policy = spec.get("schedulingPolicy") or {}
         if "gang" not in policy:
-            return GroupSpec(ref, uid, 0, timeout)  # basic: every pod on its own
+            return GroupSpec(ref, uid, 0, timeout, topology=ann)  # basic: every pod on its own
         minimum, problem = _count(
             (policy.get("gang") or {}).get("minCount"), "spec.schedulingPolicy.gang.minCount", minimum=1
         )
@@ -81,7 +90,7 @@ def group_from_k8s(api: API, obj: Mapping[str, Any]) -> GroupSpec:
             secs, why = _count(spec["scheduleTimeoutSeconds"], "spec.scheduleTimeoutSeconds", minimum=1)
             problem = problem or why
             timeout = float(secs) if not why else timeout
-    return GroupSpec(ref, uid, minimum, timeout, problem)
+    return GroupSpec(ref, uid, minimum, timeout, problem, ann)
 
 
 class PodGroups:

@@ -24,8 +24,8 @@ standby keeps its informers warm. Becoming leader rebuilds the books from the AP
 Gangs hold nothing while they wait: a PodGroup member is decided with its group's pending pods,
 all or nothing, in one cycle (``k8s/gangs.py``: membership and group status; within its tenant
 queue's quota, a preemptor as a unit). A pod with DRA claims has them resolved before it is decided
-and written before it is bound (``k8s/claims.py``, ``DraClaims``; the actuator writes them); a gang
-member with claims is never bound.
+and written before it is bound (``k8s/claims.py``, ``DraClaims``; the actuator writes them); a gang's
+members' claims are resolved each, allocated jointly and all written before any member is bound.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,7 @@ from gpusched.core.cluster import ClusterState
 from gpusched.core.fragmentation import TargetWorkload
 from gpusched.core.framework import Profile
 from gpusched.core.gang import GangSpec, Unit, without_post_filters
+from gpusched.core.gangtopology import InvalidTopology, TopologyLevels
 from gpusched.core.model import PodSpec
 from gpusched.core.policies import POLICIES, PolicyContext, make_profile
 from gpusched.core.workload import WorkloadSource
@@ -57,7 +58,8 @@ from gpusched.k8s.claims import ClaimsRefusal, DraClaims
 from gpusched.k8s.convert import InvalidRequest
 from gpusched.k8s.disruption import BudgetReader
 from gpusched.k8s.events import EventRecorder
-from gpusched.k8s.gangs import Gangs, Refusal
+from gpusched.k8s.gangs import Gangs, Members, Refusal
+from gpusched.k8s.gangtopology import gang_topology
 from gpusched.k8s.informer import Reflector
 from gpusched.k8s.migreshape import MigReshapes
 from gpusched.k8s.podevents import PodEvent, PodFeed, parse_pod_event
@@ -96,6 +98,9 @@ class SchedulerConfig:
     preemption_limit: int = 3
     """Preemptions one pod may make on one node within ``preemption_window_s``; then it waits."""
     preemption_window_s: float = 600.0
+    gang_topology_levels: TopologyLevels = field(default_factory=TopologyLevels)
+    """The topology hierarchy gangs may ask to be kept in (node label keys, narrowest first;
+    ``gpusched.io/topology-required|preferred`` on a gang, ``k8s/gangtopology.py``)."""
     defrag_lease: str = "kube-system/gpusched-defrag"
     """The defragmentation controller's Lease (NAMESPACE/NAME): its rooms are held only while it
     records their plan there (``k8s/reservation.py``)."""
@@ -119,7 +124,7 @@ class StandaloneScheduler:
         )
         self.queue = SchedulingQueue(flush_s=cfg.flush_s)
         self.events = EventRecorder(self.fast, cfg.scheduler_name, cfg.identity)
-        self.mig_reshapes = MigReshapes(self.core, self.cluster, self.events)  # MIG re-cuts (issue 31)
+        self.mig_reshapes = MigReshapes(self.core, self.cluster, self.events, pending=self.queue)  # issue 31
         self.metrics = metrics or SchedulerMetrics(profile=cfg.scheduler_name)
         self.metrics.set_leader(cfg.lease_name, False)
         self.metrics.watch_event_writes(self.events.counts)
@@ -351,8 +356,16 @@ class StandaloneScheduler:
         group = gang.group
         for m, why in gang.invalid:
             act.refuse(m, why, attempt="error")
+        gang = self._with_claims(gang, qp, pod)
         if not gang.pending:
             act.gang_waits(group, gang.keys, f"{group.ref.describe()}: no member can be decided")
+            return None
+        if gang.bound + len(gang.pending) < group.min_member:
+            act.gang_waits(
+                group, [m.key for m, _ in gang.pending],
+                f"{group.ref.describe()}: {len(gang.pending)} member(s) can be decided, {gang.bound} bound, "
+                f"minimum {group.min_member}; nothing is bound",
+            )  # fmt: skip
             return None
         keys = [m.key for m, _ in gang.pending]
         queue, problem = self.tenants.queue_of(gang.pending[0][1])
@@ -361,10 +374,39 @@ class StandaloneScheduler:
                 self.metrics.observe_attempt("unschedulable", time.perf_counter() - t0)
             act.gang_waits(group, keys, f"{group.ref.describe()}: {problem}; nothing is bound")
             return None
-        spec = GangSpec(group.ref.name, group.ref.namespace, group.min_member, int(group.timeout_s))
+        try:
+            members = (
+                (m.key, (m.obj.get("metadata") or {}).get("annotations") or {}) for m, _ in gang.pending
+            )
+            topology = gang_topology(
+                self.config.gang_topology_levels, (group.ref.describe(), group.topology), members
+            )
+        except InvalidTopology as e:
+            for _ in keys:
+                self.metrics.observe_attempt("error", time.perf_counter() - t0)
+            self.gangs.refused(group, f"{e}; nothing is bound", "InvalidGangTopology")
+            act.tell(keys, f"{e}; nothing is bound")
+            return None
+        spec = GangSpec(group.ref.name, group.ref.namespace, group.min_member, int(group.timeout_s), topology)
         pods = tuple(dataclasses.replace(p, queue=queue) if queue else p for _, p in gang.pending)
         unit = Unit(spec.key, pods, max(0, group.min_member - gang.bound), spec)
         return Popped(unit, {m.key: m for m, _ in gang.pending}, group, gang.bound, queue)
+
+    def _with_claims(self, gang: Members, qp: QueuedPod, pod: PodSpec) -> Members:
+        """The gang's pending members with their DRA claims resolved and attached (``qp`` as ``pod``,
+        prepared already); a member whose claims are not ready is told why and left out."""
+        pending: list[tuple[QueuedPod, PodSpec]] = []
+        for m, spec in gang.pending:
+            if m.key == qp.key:
+                prepared: PodSpec | ClaimsRefusal = dataclasses.replace(spec, claims=pod.claims)
+            else:
+                prepared = self.claims.prepare(m.obj, spec)
+            if isinstance(prepared, ClaimsRefusal):
+                self.actuator.refuse(m, f"{gang.group.ref.describe()}: member {m.key}: {prepared.message}",
+                                     reason=prepared.reason)  # fmt: skip
+                continue
+            pending.append((m, prepared))
+        return dataclasses.replace(gang, pending=pending)
 
     def _decide(self, popped: Popped, snap: ClusterState) -> Decision:
         """The one decision (``core.batch.run_cycle``) of ``popped``, under the cluster lock: with its
@@ -429,5 +471,9 @@ class StandaloneScheduler:
             return
         self._gauges_at = now
         tw = (self._profile.workload if self._profile is not None else None) or self.workload()
+        pending = []
+        for qp in self.queue.pending():
+            with contextlib.suppress(InvalidRequest):
+                pending.append(qp.spec())
         with self.cluster.live_books() as snap:
-            self.metrics.set_cluster(cluster_stats(snap, tw))
+            self.metrics.set_cluster(cluster_stats(snap, tw, pending))

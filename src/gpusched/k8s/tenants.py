@@ -42,12 +42,14 @@ from typing import Any, Protocol
 from gpusched.core.cluster import I64, ClusterState
 from gpusched.core.framework import Profile
 from gpusched.core.gang import without_post_filters
+from gpusched.core.gangclaims import schedule_gang
 from gpusched.core.model import PodSpec
 from gpusched.core.queues.quota import QueueBook
 from gpusched.core.queues.spec import ANY_MODEL, ResourceKey
 from gpusched.core.queues.status import QueueStatus, queue_statuses
 from gpusched.core.queues.usage import Usage, charge_of
-from gpusched.core.statement import Statement, schedule_all
+from gpusched.core.scheduler import undo
+from gpusched.core.statement import Statement
 from gpusched.k8s.convert import InvalidRequest
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.eviction import Evictor
@@ -395,7 +397,7 @@ def landing(
         for k in victims:
             if k in snap.allocations:
                 st.evict(k)
-        r = schedule_all(
+        r = schedule_gang(  # a gang of claim pods: its members' claims jointly, as it will be decided
             without_post_filters(profile),
             pods,
             snap,
@@ -406,5 +408,5 @@ def landing(
         )
         placed = [(x.pod, x.node_name) for x in r.placed]
         for x in r.placed:  # booked by schedule_all's own statement: undone before the victims return
-            snap.forget(x.pod.key)
+            undo(snap, x)  # (with what Reserve took: a claim pod's DRA devices)
     return placed

@@ -69,6 +69,9 @@ GPUS_BY_STATE = "max by (model, pool, state) (gpusched_gpus)"
 ALLOCATED = _books("gpusched_gpus_allocated")
 STRANDED = _books("gpusched_gpus_stranded")
 PENDING = 'scheduler_pending_pods{queue=~"active|backoff|unschedulable"}'
+MIG = "max by (node, model, profile, state) (gpusched_mig_instances)"
+MIG_PENDING = "max by (profile) (gpusched_mig_pending_slices)"
+MIG_FREE = 'max by (node, model, profile) (gpusched_mig_instances{state="free"})'
 
 
 def specs() -> list[DashboardSpec]:
@@ -140,6 +143,23 @@ def specs() -> list[DashboardSpec]:
                 _q("avg by (modelName) (DCGM_FI_DEV_GPU_UTIL)", "{{modelName}}"),
                 unit="percent",
             ),
+            _p(
+                "MIG instances by profile and state",
+                _q(f"sum by (profile, state) ({MIG})", "{{profile}} {{state}}"),
+                stack=True,
+                description="MIG instances present on GPUs in MIG mode: held by a pod, free, or on a GPU "
+                "being re-cut (gpusched_mig_instances).",
+            ),
+            _p(
+                "MIG slices pending vs free",
+                _q(MIG_PENDING, "pending {{profile}}"),
+                _q(
+                    f"sum by (profile) ({MIG.replace('gpusched_mig_instances', MIG_FREE)})",
+                    "free {{profile}}",
+                ),
+                description="Slices pending pods ask for against free instances of the profile: pending with "
+                "none free is what a re-cut serves.",
+            ),
         ),
     )
     gpu_map = DashboardSpec(
@@ -154,6 +174,15 @@ def specs() -> list[DashboardSpec]:
                 unit="percentunit",
                 width=24,
                 height=10,
+            ),
+            _p(
+                "MIG instances per node and profile",
+                _q(MIG, "{{node}} {{profile}} {{state}}"),
+                kind="table",
+                width=24,
+                description="Per node, MIG model and profile: instances held by pods, free, and on a GPU "
+                "being re-cut (gpusched_mig_instances; doctor node and gpusched ui show each slice's start "
+                "and pod).",
             ),
             _p(
                 "GPU health (gpusched)",
@@ -306,6 +335,7 @@ def specs() -> list[DashboardSpec]:
                 _q("sort_desc(max by (reason) (gpusched_pending_pods_by_reason))", "{{reason}}"),
                 kind="table",
             ),
+            _p("Pending MIG slices by profile", _q(MIG_PENDING, "{{profile}}"), stack=True, width=24),
         ),
     )
     queues = DashboardSpec(

@@ -26,6 +26,9 @@ gpusched's own:
   ``gpusched_gpu_memory_allocated_bytes``, ``gpusched_gpus_free``, ``gpusched_gpus_stranded``,
   ``gpusched_gpu_fragmentation_ratio``
 - per GPU ``{node,gpu,model,pool}``: ``gpusched_gpu_allocated_ratio``, ``gpusched_gpu_healthy``
+- per node and MIG profile ``{node,pool,model,profile,state}`` (``model``: the MIG model class, e.g.
+  ``a100-80gb``; ``state``: held | free | reshaping; their sum is the instances present):
+  ``gpusched_mig_instances``; per profile: ``gpusched_mig_pending_slices`` (slices pending pods ask for)
 - per tenant queue ``{queue}`` (the standalone scheduler's ``Queue`` objects, published with
   their status: ``set_queue_statuses``; a deleted queue's series go with the next refresh):
   ``gpusched_queue_gpus_used``, ``gpusched_queue_gpus_quota`` (absent when GPUs are not limited),
@@ -171,6 +174,27 @@ class ClusterCollector(Collector):
             fams["stranded"].add_metric(lv, g.stranded_gpus)
             fams["frag"].add_metric(lv, g.fragmentation_ratio)
         yield from fams.values()
+        yield from self._mig_families(stats)
+
+    @staticmethod
+    def _mig_families(stats: ClusterStats) -> Iterable[Metric]:
+        inst = GaugeMetricFamily(
+            "gpusched_mig_instances",
+            "MIG instances present on a node's GPUs in MIG mode, by profile and state (held by a pod, free, "
+            "or on a GPU being re-cut).",
+            labels=["node", "pool", "model", "profile", "state"],
+        )
+        for c in stats.mig:
+            for state, n in (("held", c.held), ("free", c.free), ("reshaping", c.reshaping)):
+                inst.add_metric([c.node, c.pool, c.model, c.profile, state], n)
+        pend = GaugeMetricFamily(
+            "gpusched_mig_pending_slices",
+            "MIG slices asked for by pending pods, by profile.",
+            labels=["profile"],
+        )
+        for p, n in stats.mig_pending.items():
+            pend.add_metric([p], n)
+        return (inst, pend)
 
     def per_gpu_text(self) -> bytes:
         """The per-GPU families in the text format, rendered here: at 5000 nodes of 8 GPUs

@@ -10,9 +10,11 @@ claim): ``<cdi dir>/<vendor>-claim_<claim UID>.json`` with kind ``<vendor>/claim
   claim, comma separated (a container asks for whole requests, so it sees exactly its devices; a container
   given two claims sees the last one's, as with NVIDIA's runtime hook);
 - ``GPUSCHED_DRA_CLAIM``: ``<namespace>/<name>`` of the claim;
-- a share of a GPU (a device allocated with a share ID): ``GPUSCHED_GPU_MILLI`` and
-  ``GPUSCHED_GPU_MEMORY_MIB`` from its consumed capacity, as the device plugin gives share containers; its CDI
-  device is named ``<claim UID>-<device>-<share ID>``;
+- a share of a GPU (a device allocated with a share ID): the environment and mounts the agent's sharing mode
+  gives a share container of the device plugin (``agent/sharing.py``: ``GPUSCHED_GPU_MILLI`` and
+  ``GPUSCHED_GPU_MEMORY_MIB`` from its consumed capacity; with ``--sharing hami-core`` HAMi-core's
+  ``LD_PRELOAD``, ``CUDA_DEVICE_MEMORY_LIMIT_0``, ``CUDA_DEVICE_SM_LIMIT`` and the library's read-only
+  mount); its CDI device is named ``<claim UID>-<device>-<share ID>``;
 - device nodes ``/dev/nvidia<index>`` (and ``nvidiactl``, ``nvidia-uvm``, ``nvidia-uvm-tools``) from the
   device-node root (``/dev`` on a GPU node), only those that exist there: on a machine without GPUs (the fake
   backend) the spec carries the env alone, unless the root holds stand-ins.
@@ -28,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gpusched.agent.sharing import Mount
 
 CDI_VERSION = "0.5.0"
 DEFAULT_CDI_DIR = Path("/var/run/cdi")
@@ -46,6 +50,9 @@ class PreparedDevice:
     share_id: str = ""
     milli: int | None = None
     memory_mib: int | None = None
+    share_env: tuple[tuple[str, str], ...] = ()
+    """A share's limits as its container's environment (the sharing mode's), in order."""
+    share_mounts: tuple[Mount, ...] = ()
 
     @property
     def cdi_name(self) -> str:
@@ -87,10 +94,13 @@ class CdiSpecs:
                 ]
             }
             if d.share_id:
-                if d.milli is not None:
-                    edits["env"].append(f"GPUSCHED_GPU_MILLI={d.milli}")
-                if d.memory_mib is not None:
-                    edits["env"].append(f"GPUSCHED_GPU_MEMORY_MIB={d.memory_mib}")
+                edits["env"] += [f"{k}={v}" for k, v in d.share_env]
+                if d.share_mounts:
+                    edits["mounts"] = [
+                        {"hostPath": m.host_path, "containerPath": m.container_path,
+                         "options": ["ro", "nosuid", "nodev", "bind"] if m.read_only else ["rbind"]}
+                        for m in d.share_mounts
+                    ]  # fmt: skip
             nodes = self._nodes([f"nvidia{d.gpu_index}"])
             if nodes:
                 edits["deviceNodes"] = nodes

@@ -9,6 +9,10 @@ retries it and reports it on the pod); the other claims of the call are prepared
 
 Unprepare, per claim: delete its CDI spec. A claim never prepared (or already unprepared) is no error: the
 kubelet may call again after a restart (the API's rule: idempotent).
+
+Dynamic MIG (``--dra-mig dynamic``): a device that names a placement gets its instance created before the spec
+is written, and destroyed at Unprepare (:mod:`gpusched.agent.dra.migprepare`); a spec that cannot be written
+destroys the instances again.
 """
 
 from __future__ import annotations
@@ -19,11 +23,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpusched.agent.allocation import Assignment
 from gpusched.agent.dra.cdi import CdiSpecs, PreparedDevice
 from gpusched.agent.dra.claims import AllocationResult, ClaimError, ClaimRef, ClaimSource, results_for
+from gpusched.agent.dra.migdynamic import Placement
+from gpusched.agent.dra.migprepare import MigInstances
 from gpusched.agent.dra.slices import NodeSlice
 from gpusched.agent.dra.v1 import api_pb2 as pb
 from gpusched.agent.dra.v1 import api_pb2_grpc as pbg
+from gpusched.agent.sharing import Mount, Sharing
 from gpusched.k8s.quantity import parse_quantity
 
 log = logging.getLogger(__name__)
@@ -74,6 +82,10 @@ class Preparer:
     claims: ClaimSource
     cdi: CdiSpecs
     current_slice: Callable[[], NodeSlice]
+    mig: MigInstances | None = None
+    """Dynamic MIG: creates a placement's instance at Prepare, destroys it at Unprepare."""
+    sharing: Sharing = field(default_factory=Sharing)
+    """What enforces a share's consumed capacity (``--sharing``): its container's env and mounts."""
     prepared: dict[str, PreparedClaim] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -84,31 +96,62 @@ class Preparer:
             return done
         pool = self.current_slice()
         claim = self.claims.get_claim(ref.namespace, ref.name)
-        devices = []
-        for r in results_for(claim, ref, pool.driver, pool.pool):
-            dev = pool.by_name.get(r.device)
-            if dev is None:
+        results = results_for(claim, ref, pool.driver, pool.pool)
+        for r in results:
+            if r.device not in pool.by_name:
                 raise ClaimError(
                     f"{ref}: device {r.device} is not published in pool {pool.pool!r} of driver {pool.driver}"
                 )
-            milli, memory = consumed(r, pool.driver, ref)
-            devices.append(
-                PreparedDevice(
-                    base_request(r.request), r.pool, r.device, dev.visible_id, dev.gpu_index, r.share_id,
-                    milli, memory,
-                )
-            )  # fmt: skip
-        ids = self.cdi.write(ref.uid, f"{ref.namespace}/{ref.name}", devices)
+        made = self._create_mig(ref, [(r.device, pool.by_name[r.device].placement) for r in results])
+        try:
+            devices = []
+            for r in results:
+                dev = pool.by_name[r.device]
+                milli, memory = consumed(r, pool.driver, ref)
+                visible = made.get(r.device, dev.visible_id)
+                env: tuple[tuple[str, str], ...] = ()
+                mounts: tuple[Mount, ...] = ()
+                if r.share_id:
+                    a = Assignment(pool.node, (dev.gpu_index,), 1000 if milli is None else milli, memory or 0)
+                    share = self.sharing.container(visible, a, (ref.uid, f"{r.device}-{r.share_id}"))
+                    env, mounts = tuple(share.envs.items()), share.mounts
+                devices.append(
+                    PreparedDevice(
+                        base_request(r.request), r.pool, r.device, visible, dev.gpu_index, r.share_id,
+                        milli, memory, env, mounts,
+                    )
+                )  # fmt: skip
+            ids = self.cdi.write(ref.uid, f"{ref.namespace}/{ref.name}", devices)
+        except BaseException:
+            if made and self.mig is not None:
+                try:
+                    self.mig.destroy(ref)
+                except ClaimError as e:
+                    log.warning("%s", e)
+            raise
         done = PreparedClaim(ref, tuple(devices), tuple(ids))
         with self._lock:
             self.prepared[ref.uid] = done
         log.info("prepared %s: %s", ref, ", ".join(ids) or "no device of this driver")
         return done
 
+    def _create_mig(self, ref: ClaimRef, devices: list[tuple[str, Placement | None]]) -> dict[str, str]:
+        wanted = [(d, p) for d, p in devices if p is not None]
+        if not wanted:
+            return {}
+        if self.mig is None:
+            raise ClaimError(
+                f"{ref}: device {wanted[0][0]} is a MIG placement, and this agent cannot create one"
+            )
+        return self.mig.create(ref, wanted)
+
     def unprepare(self, ref: ClaimRef) -> None:
         with self._lock:
             self.prepared.pop(ref.uid, None)
-        if self.cdi.remove(ref.uid):
+        removed = self.cdi.remove(ref.uid)
+        if self.mig is not None:
+            self.mig.destroy(ref)
+        if removed:
             log.info("unprepared %s", ref)
 
 
@@ -145,6 +188,9 @@ class DraServicer(pbg.DRAPluginServicer):
             try:
                 self.preparer.unprepare(ref)
                 out.claims[ref.uid].CopyFrom(pb.NodeUnprepareResourceResponse())
+            except ClaimError as e:
+                log.warning("NodeUnprepareResources: %s", e)
+                out.claims[ref.uid].CopyFrom(pb.NodeUnprepareResourceResponse(error=str(e)))
             except OSError as e:
                 log.warning("NodeUnprepareResources: %s: %s", ref, e)
                 out.claims[ref.uid].CopyFrom(pb.NodeUnprepareResourceResponse(error=f"{ref}: {e}"))

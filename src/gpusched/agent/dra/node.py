@@ -18,9 +18,12 @@ from gpusched.agent.dra.cdi import DEFAULT_CDI_DIR, CdiSpecs
 from gpusched.agent.dra.claims import ClaimSource
 from gpusched.agent.dra.driver import Preparer
 from gpusched.agent.dra.kubeletplugin import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, KubeletPlugin
+from gpusched.agent.dra.migprepare import CHECKPOINT, MigClaims, MigInstances
 from gpusched.agent.dra.publish import SliceApi, SlicePublisher
 from gpusched.agent.dra.slices import DEFAULT_DRIVER, DraConfigError, NodeSlice, build_slice
 from gpusched.agent.inventory import Inventory
+from gpusched.agent.migreshape import MigReshaper
+from gpusched.agent.sharing import Sharing
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,8 @@ class DraConfig:
     unhealthy_effect: str = "NoSchedule"
     shares: bool = False
     """Whole GPUs as shared devices with consumable capacity ``milli`` and ``memory``."""
+    mig: str = "static"
+    """``static``: the MIG devices configured; ``dynamic``: every placement, created at Prepare."""
     resync_s: float = 30.0
 
 
@@ -50,10 +55,10 @@ def refuse_device_plugin_beside(
             "served by a device plugin or by DRA, never both; run the agent as the DRA driver or beside the "
             "plugin"
         )
-    if sharing != "none":
+    if sharing == "mps":
         raise DraConfigError(
-            f"--dra with --sharing {sharing}: GPU shares are served as device-plugin slots "
-            "(gpusched.io/gpu-share), which DRA mode does not serve; use --sharing none with --dra"
+            "--dra with --sharing mps: the MPS daemons are kept for device-plugin share pods, not for DRA "
+            "shares; use --sharing hami-core (or none) with --dra"
         )
     found = sorted(other_plugins)
     if found:
@@ -71,6 +76,10 @@ class DraNode:
     config: DraConfig
     slices: SliceApi
     claims: ClaimSource
+    mig_ops: MigReshaper | None = None
+    """The backend that creates and destroys MIG instances (``config.mig == "dynamic"``)."""
+    sharing: Sharing = field(default_factory=Sharing)
+    """What enforces a share's consumed capacity (the agent's ``--sharing``)."""
     unhealthy: dict[str, int] = field(default_factory=dict)
     """GPU UUID -> the XID that made it unhealthy."""
     _dirty: threading.Event = field(default_factory=threading.Event)
@@ -79,8 +88,14 @@ class DraNode:
 
     def __post_init__(self) -> None:
         self.publisher = SlicePublisher(self.slices)
-        cdi = CdiSpecs(self.config.cdi_dir, self.config.driver, self.config.dev_root)
-        self.preparer = Preparer(self.claims, cdi, self.current_slice)
+        c = self.config
+        cdi = CdiSpecs(c.cdi_dir, c.driver, c.dev_root)
+        self.mig: MigInstances | None = None
+        if c.mig == "dynamic":
+            if self.mig_ops is None:
+                raise DraConfigError("--dra-mig dynamic: this GPU backend cannot create MIG instances")
+            self.mig = MigInstances(self.mig_ops, MigClaims(c.plugins_dir / c.driver / CHECKPOINT))
+        self.preparer = Preparer(self.claims, cdi, self.current_slice, self.mig, self.sharing)
         self.plugin = KubeletPlugin(
             self.config.driver,
             self.preparer,
@@ -93,9 +108,11 @@ class DraNode:
         with self._lock:
             bad: Mapping[str, int] = dict(self.unhealthy)
         c = self.config
+        inv, ours = self.mig.snapshot() if self.mig is not None else (self.inventory, frozenset[str]())
         return build_slice(
-            self.inventory, self.node, c.driver, unhealthy=bad, effect=c.unhealthy_effect, shares=c.shares
-        )
+            inv, self.node, c.driver, unhealthy=bad, effect=c.unhealthy_effect, shares=c.shares, mig=c.mig,
+            ours=ours,
+        )  # fmt: skip
 
     def mark(self, gpu_uuid: str, *, healthy: bool, xid: int = 0) -> bool:
         """A GPU's health changed; True when it did (the slice is published again soon)."""

@@ -57,48 +57,57 @@ class SlicePublisher:
         self._written: dict[str, tuple[str, str]] = {}
 
     def sync(self, want: NodeSlice) -> bool:
-        """Makes the API's slice ``want``; True when something was written."""
-        mine = None
+        """Makes the API's slices of the pool ``want``; True when something was written. A pool is written
+        whole: when one of its slices changes, all are written with the next generation (schedulers use only
+        a pool's newest generation, and only when all its slices are there)."""
+        parts = want.specs(0)
+        names = {name for name, _ in parts}
+        have: dict[str, dict[str, Any]] = {}
         wrote = False
         for s in self.api.list_slices(want.driver, want.node):
             name = str((s.get("metadata") or {}).get("name"))
-            if name == want.name:
-                mine = s
+            if name in names:
+                have[name] = s
             else:
-                log.info("deleting ResourceSlice %s (not this agent's name %s)", name, want.name)
+                log.info("deleting ResourceSlice %s (not a slice of this agent's pool)", name)
                 self.api.delete_slice(name)
                 wrote = True
-        desired = _comparable(want.spec(0))
-        if mine is not None:
-            rv = str((mine.get("metadata") or {}).get("resourceVersion"))
-            if (
-                self._written.get(want.name) == (rv, desired)
-                or _comparable(mine.get("spec") or {}) == desired
-            ):
-                return wrote
-        body: dict[str, Any] = {
-            "apiVersion": API_VERSION,
-            "kind": "ResourceSlice",
-            "metadata": {"name": want.name},
-        }
+        desired = {name: _comparable(spec) for name, spec in parts}
+        if not wrote and all(self._unchanged(have.get(n), n, desired[n]) for n in names):
+            return False
+        generation = 1 + max(
+            (int(((s.get("spec") or {}).get("pool") or {}).get("generation") or 0) for s in have.values()),
+            default=0,
+        )
         uid = self.api.node_uid(want.node)
-        if uid:
-            body["metadata"]["ownerReferences"] = [
-                {"apiVersion": "v1", "kind": "Node", "name": want.node, "uid": uid, "controller": True}
-            ]
-        if mine is None:
-            body["spec"] = want.spec(1)
-            stored = self.api.create_slice(body)
-            log.info("created ResourceSlice %s (%d devices)", want.name, len(want.devices))
-        else:
-            generation = int(((mine.get("spec") or {}).get("pool") or {}).get("generation") or 0) + 1
-            body["metadata"]["resourceVersion"] = (mine.get("metadata") or {}).get("resourceVersion")
-            body["spec"] = want.spec(generation)
-            stored = self.api.replace_slice(want.name, body)
-            log.info("updated ResourceSlice %s to generation %d", want.name, generation)
-        self._written[want.name] = (str((stored.get("metadata") or {}).get("resourceVersion")), desired)
-        self.writes += 1
+        for name, spec in want.specs(generation):
+            body: dict[str, Any] = {
+                "apiVersion": API_VERSION,
+                "kind": "ResourceSlice",
+                "metadata": {"name": name},
+            }
+            if uid:
+                body["metadata"]["ownerReferences"] = [
+                    {"apiVersion": "v1", "kind": "Node", "name": want.node, "uid": uid, "controller": True}
+                ]
+            body["spec"] = spec
+            mine = have.get(name)
+            if mine is None:
+                stored = self.api.create_slice(body)
+                log.info("created ResourceSlice %s (generation %d)", name, generation)
+            else:
+                body["metadata"]["resourceVersion"] = (mine.get("metadata") or {}).get("resourceVersion")
+                stored = self.api.replace_slice(name, body)
+                log.info("updated ResourceSlice %s to generation %d", name, generation)
+            self._written[name] = (str((stored.get("metadata") or {}).get("resourceVersion")), desired[name])
+            self.writes += 1
         return True
+
+    def _unchanged(self, stored: Mapping[str, Any] | None, name: str, desired: str) -> bool:
+        if stored is None:
+            return False
+        rv = str((stored.get("metadata") or {}).get("resourceVersion"))
+        return self._written.get(name) == (rv, desired) or _comparable(stored.get("spec") or {}) == desired
 
     def delete(self, want: NodeSlice) -> None:
         for s in self.api.list_slices(want.driver, want.node):

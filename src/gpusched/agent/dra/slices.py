@@ -27,10 +27,11 @@ Nothing here does I/O: :mod:`gpusched.agent.dra.publish` writes the slice.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpusched.agent.dra.migdynamic import GpuPartitions, MigPart, Placement, partitions
 from gpusched.agent.inventory import GpuDevice, Inventory, MigInstance
 from gpusched.agent.labels import family
 from gpusched.core.errors import InvalidInput
@@ -38,6 +39,7 @@ from gpusched.core.errors import InvalidInput
 #: NVIDIA's driver name: DeviceClasses ``gpu.nvidia.com`` / ``mig.nvidia.com`` select by it.
 DEFAULT_DRIVER = "gpu.nvidia.com"
 TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
+MIG_MODES = ("static", "dynamic")
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 MAX_NAME = 253
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -55,6 +57,12 @@ def check_driver_name(driver: str) -> str:
             "characters"
         )
     return driver
+
+
+def check_mig_mode(mode: str) -> str:
+    if mode not in MIG_MODES:
+        raise DraConfigError(f"--dra-mig {mode!r}: one of {', '.join(MIG_MODES)}")
+    return mode
 
 
 def check_effect(effect: str) -> str:
@@ -115,6 +123,11 @@ class DraDevice:
     taints: tuple[Taint, ...] = ()
     shared: bool = False
     """``allowMultipleAllocations``: GPU shares take parts of its consumable capacity."""
+    counter_set: str = ""
+    counters: Mapping[str, str] = field(default_factory=dict)
+    """What the device consumes of ``counter_set`` (dynamic MIG: its GPU's counters)."""
+    placement: Placement | None = None
+    """Dynamic MIG: the placement Prepare creates (``visible_id`` is then the new instance's UUID)."""
 
     def to_api(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -122,6 +135,8 @@ class DraDevice:
             "attributes": {k: {a.kind: a.value} for k, a in sorted(self.attributes.items())},
             "capacity": {k: c.to_api() for k, c in sorted(self.capacity.items())},
         }
+        if self.counters:
+            out["consumesCounters"] = [{"counterSet": self.counter_set, "counters": _values(self.counters)}]
         if self.shared:
             out["allowMultipleAllocations"] = True
         if self.taints:
@@ -129,14 +144,36 @@ class DraDevice:
         return out
 
 
+def _values(counters: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    return {k: {"value": v} for k, v in sorted(counters.items())}
+
+
+@dataclass(frozen=True)
+class CounterSet:
+    name: str
+    counters: Mapping[str, str]
+
+
+#: The apiserver's limits: devices per slice (64 once a device has taints or consumes counters), counter sets
+#: per slice (a slice holds devices or counter sets, never both).
+MAX_DEVICES = 128
+MAX_DEVICES_WITH_COUNTERS_OR_TAINTS = 64
+MAX_COUNTER_SETS = 8
+
+
+def _chunks(items: tuple[Any, ...], n: int) -> list[tuple[Any, ...]]:
+    return [items[i : i + n] for i in range(0, len(items), n)]
+
+
 @dataclass(frozen=True)
 class NodeSlice:
-    """The pool of one node: its devices, for one driver."""
+    """The pool of one node: its devices (and dynamic MIG's counter sets), for one driver."""
 
     driver: str
     node: str
     devices: tuple[DraDevice, ...]
     by_name: Mapping[str, DraDevice] = field(default_factory=dict)
+    counter_sets: tuple[CounterSet, ...] = ()
 
     @property
     def pool(self) -> str:
@@ -144,15 +181,34 @@ class NodeSlice:
 
     @property
     def name(self) -> str:
+        """The first (usually the only) slice's name."""
         return f"{self.node}-{self.driver}"[:MAX_NAME].rstrip(".-")
 
+    def _name(self, suffix: str) -> str:
+        return f"{self.name[: MAX_NAME - len(suffix) - 1]}-{suffix}"
+
+    def specs(self, generation: int) -> list[tuple[str, dict[str, Any]]]:
+        """The pool's slices: ``(name, spec)``. The devices in slices of at most the apiserver's limit (the
+        first named ``name``, the next ``<name>-1``...), the counter sets in their own
+        (``<name>-counters``, ``<name>-counters-1``...); all with the pool's generation and slice count."""
+        limit = MAX_DEVICES
+        if any(d.counters or d.taints for d in self.devices):
+            limit = MAX_DEVICES_WITH_COUNTERS_OR_TAINTS
+        parts: list[tuple[str, dict[str, Any]]] = []
+        for k, chunk in enumerate(_chunks(self.devices, limit) or [()]):
+            parts.append((self._name(str(k)) if k else self.name, {"devices": [d.to_api() for d in chunk]}))
+        for k, sets in enumerate(_chunks(self.counter_sets, MAX_COUNTER_SETS)):
+            counters = [{"name": c.name, "counters": _values(c.counters)} for c in sets]
+            parts.append((self._name(f"counters-{k}" if k else "counters"), {"sharedCounters": counters}))
+        pool = {"name": self.pool, "generation": generation, "resourceSliceCount": len(parts)}
+        return [
+            (name, {"driver": self.driver, "nodeName": self.node, "pool": pool, **body})
+            for name, body in parts
+        ]
+
     def spec(self, generation: int) -> dict[str, Any]:
-        return {
-            "driver": self.driver,
-            "nodeName": self.node,
-            "pool": {"name": self.pool, "generation": generation, "resourceSliceCount": 1},
-            "devices": [d.to_api() for d in self.devices],
-        }
+        """The first slice's spec (the devices, when they fit one slice)."""
+        return self.specs(generation)[0][1]
 
 
 def semver(text: str) -> str:
@@ -245,6 +301,33 @@ def mig_device(dev: GpuDevice, mig: MigInstance, inv: Inventory, taints: tuple[T
     )
 
 
+def dynamic_mig_device(
+    dev: GpuDevice, part: MigPart, common: Mapping[str, Attribute], taints: tuple[Taint, ...], cset: str
+) -> DraDevice:
+    """A placement not yet created (``migdynamic``): no ``uuid`` until Prepare makes the instance."""
+    attrs = {
+        "type": Attribute("string", "mig"),
+        "parentUUID": Attribute("string", dev.uuid),
+        "parentIndex": Attribute("int", dev.index),
+        "profile": Attribute("string", part.placement.profile),
+        **common,
+    }
+    cap = {k: Capacity(_quantity(k, v)) for k, v in part.capacity.items()}
+    counters = {k: _quantity(k, v) for k, v in part.counters.items()}
+    return DraDevice(
+        name=part.name, gpu_uuid=dev.uuid, visible_id="", gpu_index=dev.index, attributes=attrs,
+        capacity=cap, taints=taints, counter_set=cset, counters=counters, placement=part.placement,
+    )  # fmt: skip
+
+
+def _quantity(name: str, value: int) -> str:
+    return f"{value}Mi" if name == "memory" else str(value)
+
+
+def _counter_set(parts: GpuPartitions) -> CounterSet:
+    return CounterSet(parts.counter_set, {k: _quantity(k, v) for k, v in parts.counters.items()})
+
+
 def build_slice(
     inv: Inventory,
     node: str,
@@ -253,11 +336,16 @@ def build_slice(
     unhealthy: Mapping[str, int] | None = None,
     effect: str = "NoSchedule",
     shares: bool = False,
+    mig: str = "static",
+    ours: Collection[str] = (),
 ) -> NodeSlice:
     """The node's pool. ``unhealthy``: GPU UUID -> the XID that made it so (0 when unknown); ``shares``: whole
-    GPUs with consumable capacity."""
+    GPUs with consumable capacity; ``mig``: ``static`` publishes the MIG devices configured on GPUs in MIG
+    mode, ``dynamic`` every placement of their profiles (``migdynamic``), where ``ours`` are the MIG UUIDs
+    prepared claims made (their placements stay published; other instances block theirs)."""
     bad = unhealthy or {}
     devices: list[DraDevice] = []
+    counter_sets: list[CounterSet] = []
     for dev in sorted(inv.devices, key=lambda d: d.index):
         taints: tuple[Taint, ...] = ()
         if dev.uuid in bad and effect != "None":
@@ -265,7 +353,14 @@ def build_slice(
         if not dev.mig_enabled:
             devices.append(gpu_device(dev, inv, taints, shares=shares))
             continue
-        for mig in sorted(dev.mig_instances, key=lambda m: (m.placement_start, m.profile)):
-            if mig.slices_ci == mig.slices_gi:  # a CI spanning its GI: a device (as the device plugin)
-                devices.append(mig_device(dev, mig, inv, taints))
-    return NodeSlice(driver, node, tuple(devices), {d.name: d for d in devices})
+        foreign = [(m.placement_start, m.placement_size) for m in dev.mig_instances if m.uuid not in ours]
+        parts = partitions(dev, foreign) if mig == "dynamic" else None
+        if parts is not None:
+            counter_sets.append(_counter_set(parts))
+            common = _common(dev, inv)  # the parent's attributes, once per GPU
+            devices += [dynamic_mig_device(dev, p, common, taints, parts.counter_set) for p in parts.parts]
+            continue
+        for m in sorted(dev.mig_instances, key=lambda m: (m.placement_start, m.profile)):
+            if m.slices_ci == m.slices_gi:  # a CI spanning its GI: a device (as the device plugin)
+                devices.append(mig_device(dev, m, inv, taints))
+    return NodeSlice(driver, node, tuple(devices), {d.name: d for d in devices}, tuple(counter_sets))

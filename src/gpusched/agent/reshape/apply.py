@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, ClassVar, Protocol
 
 from gpusched.agent import migprofiles
 from gpusched.agent.inventory import GpuDevice, Inventory, MigInstance
+from gpusched.agent.reshape.events import OutcomeEvent
 from gpusched.core.mig.geometry import Geometry, Instance, MigGpu
 from gpusched.core.mig.profiles import MigError
 from gpusched.core.mig.reshape import GpuReshape
@@ -51,16 +52,14 @@ class ReshapeOutcome(enum.Enum):
     STALE = "stale"  # the GPU does not hold what the plan was made from: nothing was done
 
 
-_EVENTS = {
-    ReshapeOutcome.APPLIED: ("Normal", "MigReshaped"),
-    ReshapeOutcome.ROLLED_BACK: ("Warning", "MigReshapeRolledBack"),
-    ReshapeOutcome.ROLLBACK_FAILED: ("Warning", "MigReshapeFailed"),
-    ReshapeOutcome.STALE: ("Warning", "MigReshapeStale"),
-}
-
-
 @dataclass(frozen=True)
-class ReshapeResult:
+class ReshapeResult(OutcomeEvent):
+    EVENTS: ClassVar[Mapping[Any, tuple[str, str]]] = {
+        ReshapeOutcome.APPLIED: ("Normal", "MigReshaped"),
+        ReshapeOutcome.ROLLED_BACK: ("Warning", "MigReshapeRolledBack"),
+        ReshapeOutcome.ROLLBACK_FAILED: ("Warning", "MigReshapeFailed"),
+        ReshapeOutcome.STALE: ("Warning", "MigReshapeStale"),
+    }
     gpu: str  # device name, node/index
     outcome: ReshapeOutcome
     before: tuple[Instance, ...]
@@ -68,18 +67,6 @@ class ReshapeResult:
     target: tuple[Instance, ...]
     done: tuple[str, ...]  # the calls that succeeded, in order (undo calls too)
     error: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome is ReshapeOutcome.APPLIED
-
-    @property
-    def event_type(self) -> str:
-        return _EVENTS[self.outcome][0]
-
-    @property
-    def reason(self) -> str:
-        return _EVENTS[self.outcome][1]
 
     @property
     def message(self) -> str:
@@ -130,13 +117,9 @@ def apply_reshape(ops: MigOps, step: GpuReshape, held: Collection[str] = ()) -> 
     if dev is None:
         return ReshapeResult(step.gpu, ReshapeOutcome.STALE, (), (), step.target, (), f"no GPU index {index}")
     before = layout_of(dev)
-    if set(before) != set(step.before) or not (dev.mig_enabled or step.enable_mig):
-        why = f"it holds [{_names(before)}], the plan was made for [{_names(step.before)}]"
-        return ReshapeResult(step.gpu, ReshapeOutcome.STALE, before, before, step.target, (), why)
-    uuids = {(m.profile.split("c.", 1)[-1], m.placement_start): m.uuid for m in dev.mig_instances}
-    taken = [i for i in step.destroy if uuids[(i.profile, i.start)] in held]
-    if taken:
-        why = f"[{_names(tuple(taken))}] held by a live pod"
+    uuids = _uuids(dev)
+    why = why_stale(dev, step, held, ops.inventory().hostname)
+    if why:
         return ReshapeResult(step.gpu, ReshapeOutcome.STALE, before, before, step.target, (), why)
     done: list[str] = []
     undo: list[tuple[str, str, int]] = []  # (call, profile or MIG UUID, start)
@@ -160,6 +143,30 @@ def apply_reshape(ops: MigOps, step: GpuReshape, held: Collection[str] = ()) -> 
         return _roll_back(ops, step, before, done, undo, str(e))
     log.info("MIG GPU %s reshaped: %s", step.gpu, "; ".join(done))
     return ReshapeResult(step.gpu, ReshapeOutcome.APPLIED, before, after, step.target, tuple(done))
+
+
+def _uuids(dev: GpuDevice) -> dict[tuple[str, int], str]:
+    return {(m.profile.split("c.", 1)[-1], m.placement_start): m.uuid for m in dev.mig_instances}
+
+
+def why_stale(dev: GpuDevice, step: GpuReshape, held: Collection[str], host: str) -> str:
+    """Why ``step`` may not be applied to ``dev`` ("" when it may): not in MIG mode, not the layout the plan
+    was made from, an instance to destroy that is not there or that a live pod holds (``held``: MIG UUIDs)."""
+    before, uuids = layout_of(dev), _uuids(dev)
+    if not (dev.mig_enabled or step.enable_mig):
+        return f"not a GPU in MIG mode on {host}"
+    if set(before) != set(step.before):
+        return f"it holds [{_names(before)}], the plan was made for [{_names(step.before)}]"
+    gone = [i for i in step.destroy if (i.profile, i.start) not in uuids]
+    if gone:
+        return "; ".join(
+            f"no MIG {i.profile} at slice {i.start} to destroy (the plan is stale)" for i in gone
+        )
+    return "; ".join(
+        f"MIG {i.profile} at slice {i.start} ({u}) is held by a live pod"
+        for i in step.destroy
+        if (u := uuids[(i.profile, i.start)]) in held
+    )
 
 
 def _read(ops: MigOps, index: int) -> tuple[Instance, ...]:

@@ -1,11 +1,14 @@
 """The Node event of a reshape's result (``ReshapeResult`` or ``ManagerResult``: their ``event_type``,
 ``reason`` and ``message``), so that an operator sees on ``kubectl describe node`` that a GPU was reshaped,
-rolled back or left alone. Best effort, as the agent's pod events are."""
+rolled back or left alone. Best effort, as the agent's pod events are. ``OutcomeEvent`` gives both result
+types ``ok``, ``event_type`` and ``reason`` from one table per type (outcome → event type, reason)."""
 
 from __future__ import annotations
 
+import enum
 import logging
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any, ClassVar, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +22,26 @@ class ResultEvent(Protocol):
 
     @property
     def message(self) -> str: ...
+
+
+class OutcomeEvent:
+    """A reshape result's event, read from its ``outcome`` through the class's ``EVENTS`` table; ``ok`` is
+    the outcome ``applied``. Each result type says its own ``message``."""
+
+    EVENTS: ClassVar[Mapping[Any, tuple[str, str]]]
+    outcome: enum.Enum
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.outcome.value == "applied")
+
+    @property
+    def event_type(self) -> str:
+        return self.EVENTS[self.outcome][0]
+
+    @property
+    def reason(self) -> str:
+        return self.EVENTS[self.outcome][1]
 
 
 class NodeEvents:

@@ -21,13 +21,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import yaml
 
 from gpusched.agent.inventory import Inventory
 from gpusched.agent.pods import NodeWriter
 from gpusched.agent.reshape.apply import layout_of
+from gpusched.agent.reshape.events import OutcomeEvent
 from gpusched.core.errors import InvalidInput
 from gpusched.core.mig.reshape import GpuReshape
 
@@ -180,15 +181,13 @@ class ManagerOutcome(enum.Enum):
     TIMED_OUT = "timed-out"  # no success or failed in time: the label is back
 
 
-_EVENTS = {
-    ManagerOutcome.APPLIED: ("Normal", "MigReshaped"),
-    ManagerOutcome.FAILED: ("Warning", "MigReshapeRolledBack"),
-    ManagerOutcome.TIMED_OUT: ("Warning", "MigReshapeRolledBack"),
-}
-
-
 @dataclass(frozen=True)
-class ManagerResult:
+class ManagerResult(OutcomeEvent):
+    EVENTS: ClassVar[Mapping[Any, tuple[str, str]]] = {
+        ManagerOutcome.APPLIED: ("Normal", "MigReshaped"),
+        ManagerOutcome.FAILED: ("Warning", "MigReshapeRolledBack"),
+        ManagerOutcome.TIMED_OUT: ("Warning", "MigReshapeRolledBack"),
+    }
     node: str
     outcome: ManagerOutcome
     config: str  # the entry the label named
@@ -196,18 +195,6 @@ class ManagerResult:
     state: str | None  # the last nvidia.com/mig.config.state seen
     waited_s: float
     entry: tuple[dict[str, Any], ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome is ManagerOutcome.APPLIED
-
-    @property
-    def event_type(self) -> str:
-        return _EVENTS[self.outcome][0]
-
-    @property
-    def reason(self) -> str:
-        return _EVENTS[self.outcome][1]
 
     @property
     def message(self) -> str:

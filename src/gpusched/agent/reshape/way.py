@@ -5,34 +5,12 @@ take which."""
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 
-from gpusched.core.errors import InvalidInput
-from gpusched.core.mig.reshape import ReshapeScope
+from gpusched.core.mig.reshape import ReshapeWay
 from gpusched.core.names import LABEL_MIG_RESHAPE_WAY
 
-
-class ReshapeWay(enum.Enum):
-    NVML = "nvml"  # way (a): the agent creates and destroys GPU and compute instances through NVML
-    MIG_MANAGER = "mig-manager"  # way (b): NVIDIA's mig-manager applies a mig-parted configuration
-    OFF = "off"  # the geometry is the operator's: never reshaped
-
-    @property
-    def scope(self) -> ReshapeScope | None:
-        """What the planner may re-cut on a node reshaped this way (None: nothing)."""
-        return {
-            ReshapeWay.NVML: ReshapeScope.FREE_SLICES,
-            ReshapeWay.MIG_MANAGER: ReshapeScope.WHOLE_GPU,
-        }.get(self)
-
-    @staticmethod
-    def parse(value: str, where: str) -> ReshapeWay:
-        try:
-            return ReshapeWay(value)
-        except ValueError:
-            allowed = ", ".join(w.value for w in ReshapeWay)
-            raise InvalidInput(f"{where}: {value!r} is not a MIG reshape way ({allowed})") from None
+__all__ = ["ReshapeWay", "reshape_way"]
 
 
 def reshape_way(node: str, labels: Mapping[str, str], flag: ReshapeWay) -> ReshapeWay:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from gpusched.core.cluster import AccountingError
 from gpusched.core.defrag.types import Plan
 from gpusched.core.framework import Profile
+from gpusched.core.mig.books import MigSlot
 from gpusched.core.model import PodSpec
 from gpusched.core.scheduler import fits
 from gpusched.core.statement import Statement
@@ -41,7 +42,7 @@ def apply_plan(
         if to is None:
             return f"move {i}: no node {mv.to_node}"
         st.evict(mv.pod)
-        why = _book(st, profile, a.pod, to, mv.to_gpus, check_filters)
+        why = _book(st, profile, a.pod, to, mv.to_gpus, check_filters, mv.to_mig)
         if why is not None:
             return f"move {i}: {why}"
     for pl in plan.placements:
@@ -51,20 +52,27 @@ def apply_plan(
         to = snap.index.get(pl.node)
         if to is None:
             return f"placement of {pl.pod}: no node {pl.node}"
-        why = _book(st, profile, spec, to, pl.gpus, check_filters)
+        why = _book(st, profile, spec, to, pl.gpus, check_filters, pl.mig)
         if why is not None:
             return f"placement: {why}"
     return None
 
 
 def _book(
-    st: Statement, profile: Profile, pod: PodSpec, node: int, gpus: tuple[int, ...], check_filters: bool
+    st: Statement,
+    profile: Profile,
+    pod: PodSpec,
+    node: int,
+    gpus: tuple[int, ...],
+    check_filters: bool,
+    mig: tuple[MigSlot, ...] = (),
 ) -> str | None:
+    """Book ``pod`` at ``node``/``gpus`` (and at the MIG slices ``mig``, where a move names them)."""
     snap = st.snap
     if check_filters and not fits(profile, pod, snap, node):
         return f"pod {pod.key} does not pass the filters on {snap.names[node]}"
     try:
-        st.assume(pod, node, gpus)
+        st.assume(pod, node, gpus, mig=mig or None)
     except AccountingError as e:
         return f"pod {pod.key} does not fit on {snap.names[node]} GPUs {list(gpus)}: {e}"
     return None

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from gpusched.core.errors import InvalidInput
+from gpusched.core.mig.books import MigSlot
 from gpusched.core.selectors import LabelSelector
 
 _NO_COUNTS: Mapping[str, int] = MappingProxyType({})
@@ -202,7 +203,8 @@ class WorkBudget:
 @dataclass(frozen=True, slots=True)
 class Move:
     """Evict ``pod`` from ``from_node`` (its GPUs ``from_gpus``) and recreate it on ``to_node``,
-    GPUs ``to_gpus``. Nodes by name (stable across snapshots)."""
+    GPUs ``to_gpus``. Nodes by name (stable across snapshots). A MIG pod's move names its slices:
+    ``from_mig`` the ones it holds, ``to_mig`` the free instances it takes (``core.defrag.mig``)."""
 
     pod: str
     from_node: str
@@ -210,15 +212,18 @@ class Move:
     to_node: str
     to_gpus: tuple[int, ...]
     gpu_milli: int  # the pod's GPU demand, for reports
+    from_mig: tuple[MigSlot, ...] = ()
+    to_mig: tuple[MigSlot, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """Where a pending pod lands once the moves are done (the nominated node)."""
+    """Where a pending pod lands once the moves are done (the nominated node; ``mig``: its MIG slices)."""
 
     pod: str
     node: str
     gpus: tuple[int, ...]
+    mig: tuple[MigSlot, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,10 +276,14 @@ class Plan:
                     "to_node": m.to_node,
                     "to_gpus": list(m.to_gpus),
                     "gpu_milli": m.gpu_milli,
+                    **_mig_fields(from_mig=m.from_mig, to_mig=m.to_mig),
                 }
                 for m in self.moves
             ],
-            "placements": [{"pod": p.pod, "node": p.node, "gpus": list(p.gpus)} for p in self.placements],
+            "placements": [
+                {"pod": p.pod, "node": p.node, "gpus": list(p.gpus), **_mig_fields(mig=p.mig)}
+                for p in self.placements
+            ],
             "greedy_moves": self.greedy_moves,
             "exact_moves": self.exact_moves,
             "budgets_used": [{"budget": b, "moves": n} for b, n in self.budgets_used],
@@ -282,3 +291,11 @@ class Plan:
             "frag_after": self.frag_after,
             "kept": [{"pod": k, "why": r.value, "reason": REFUSAL_TEXT[r.value]} for k, r in self.kept],
         }
+
+
+def _mig_fields(**slots: tuple[MigSlot, ...]) -> dict[str, list[dict[str, object]]]:
+    """The MIG slices of a move or placement, only where it has some (plans of whole GPUs and shares read as
+    before)."""
+    return {
+        k: [{"gpu": x.gpu, "start": x.start, "profile": x.profile} for x in v] for k, v in slots.items() if v
+    }

@@ -16,15 +16,16 @@ prepared against. The DynamicResources plugin runs the allocator per node from i
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from gpusched.core.dra.allocator import Allocator, Outcome
+from gpusched.core.dra.allocator import Allocator, DoesNotFit, Fits, Outcome
 from gpusched.core.dra.model import (
     AllocatedState,
     Claim,
     ClaimAllocation,
     DeviceClass,
+    DeviceId,
     Node,
     NodeSelector,
     ResourceSlice,
@@ -114,14 +115,37 @@ class PodClaims:
     allocated_on: tuple[NodeSelector, ...]
     """The node selectors of its claims already allocated (shared claims): the node must match each."""
     inventory: DraInventory
+    avoid_nodes: frozenset[str] = frozenset()
+    """Nodes this decision keeps the pod off (a gang's joint search, ``core.gangclaims``)."""
+    avoid_devices: frozenset[DeviceId] = frozenset()
+    """Devices this decision does not offer the pod's claims (a gang's joint search): left out of
+    the slices as if not published, so they are neither taken nor charged to counters."""
 
     def reaches(self, node: Node) -> bool:
         return all(selector_matches(s, node) for s in self.allocated_on)
 
     def allocate(self, node: Node, allocated: AllocatedState) -> Outcome:
         """The claims to allocate on ``node`` (kube-scheduler's first solution) where ``allocated``
-        is held already; raises ``DraError``."""
-        return self.inventory.allocator(node.name, allocated).allocate(node, self.to_allocate)
+        is held already; a claim another pod's decision in flight allocated (``in_flight``: a gang's
+        shared claim) is not allocated again, and the pod must go where it is; raises ``DraError``."""
+        if node.name in self.avoid_nodes:
+            return DoesNotFit(f"the gang's joint search keeps this member off node {node.name}")
+        claims = self.to_allocate
+        if allocated.in_flight:  # a claim shared with a pod decided before: allocated once, there
+            for c in claims:
+                a = allocated.in_flight.get(c.name)
+                if a is not None and a.node_name is not None and a.node_name != node.name:
+                    return DoesNotFit(
+                        f"claim {c.name} is being allocated on node {a.node_name} for another pod"
+                    )
+            claims = tuple(c for c in claims if c.name not in allocated.in_flight)
+            if not claims:
+                return Fits(())
+        inv = self.inventory
+        if not self.avoid_devices:
+            return inv.allocator(node.name, allocated).allocate(node, claims)
+        slices = tuple(_without(s, self.avoid_devices) for s in inv.slices_for(node.name))
+        return Allocator(inv.classes, slices, inv.compiler, allocated).allocate(node, claims)
 
     def check(self) -> None:
         """Raise ``DraError`` for what no node can change: an unknown or missing class, a selector
@@ -129,6 +153,11 @@ class PodClaims:
         Allocator(self.inventory.classes, (), self.inventory.compiler).allocate(
             Node(name=""), self.to_allocate
         )
+
+
+def _without(s: ResourceSlice, devices: frozenset[DeviceId]) -> ResourceSlice:
+    kept = tuple(d for d in s.devices if DeviceId(s.driver, s.pool, d.name) not in devices)
+    return s if len(kept) == len(s.devices) else replace(s, devices=kept)
 
 
 def claim_names(claims: Sequence[Claim]) -> str:

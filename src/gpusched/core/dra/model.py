@@ -213,10 +213,12 @@ class DeviceId:
 @dataclass(frozen=True)
 class AllocatedState:
     """What other claims already hold: exclusive devices, and the capacity consumed on devices that
-    allow multiple allocations."""
+    allow multiple allocations. ``in_flight``: claims a decision not yet written has allocated (a
+    gang member decided before this one), by claim key: a pod sharing one uses that allocation."""
 
     devices: frozenset[DeviceId] = frozenset()
     consumed: Mapping[DeviceId, Mapping[str, int]] = field(default_factory=dict)
+    in_flight: Mapping[str, ClaimAllocation] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -68,12 +68,20 @@ class NodeMig:
         return frozenset(p for g in self.gpus for p in g.geometry.kinds)
 
 
+def open_gpus(node: NodeMig) -> frozenset[int]:
+    """The indices of the GPUs that take pods (in MIG mode, not being re-cut)."""
+    return frozenset(
+        i for i, g in zip(node.indices, node.gpus, strict=True) if g.mig_enabled and i not in node.reshaping
+    )
+
+
 def free_counts(node: NodeMig) -> Counter[str]:
-    """Instances present per profile on the GPUs that take pods (in MIG mode, not being re-cut)."""
+    """Instances present per profile on the GPUs that take pods (``open_gpus``)."""
+    open_ = open_gpus(node)
     return Counter(
         inst.profile
         for i, g in zip(node.indices, node.gpus, strict=True)
-        if g.mig_enabled and i not in node.reshaping
+        if i in open_
         for inst in g.instances
     )
 

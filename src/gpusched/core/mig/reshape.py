@@ -30,11 +30,13 @@ The start of each new instance is where the measure grows least (``placement.Mig
 from __future__ import annotations
 
 import enum
+import functools
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from gpusched.core.errors import InvalidInput
 from gpusched.core.mig.geometry import (
     Geometry,
     Instance,
@@ -52,6 +54,31 @@ from gpusched.core.mig.profiles import ALL_PROFILE_NAMES
 class ReshapeScope(enum.Enum):
     FREE_SLICES = "free-slices"  # keep instances in use, re-cut the rest of the GPU (NVML)
     WHOLE_GPU = "whole-gpu"  # re-cut only GPUs with nothing in use, as a whole (mig-manager)
+
+
+class ReshapeWay(enum.Enum):
+    """How a node's MIG geometry is reshaped, per node pool (the node label ``gpusched.io/mig-reshape-way``;
+    docs/mig.md, "Reshaping", says when to take which)."""
+
+    NVML = "nvml"  # way (a): the agent creates and destroys GPU and compute instances through NVML
+    MIG_MANAGER = "mig-manager"  # way (b): NVIDIA's mig-manager applies a mig-parted configuration
+    OFF = "off"  # the geometry is the operator's: never reshaped
+
+    @property
+    def scope(self) -> ReshapeScope | None:
+        """What the planner may re-cut on a node reshaped this way (None: nothing)."""
+        return {
+            ReshapeWay.NVML: ReshapeScope.FREE_SLICES,
+            ReshapeWay.MIG_MANAGER: ReshapeScope.WHOLE_GPU,
+        }.get(self)
+
+    @staticmethod
+    def parse(value: str, where: str) -> ReshapeWay:
+        try:
+            return ReshapeWay(value)
+        except ValueError:
+            allowed = ", ".join(w.value for w in ReshapeWay)
+            raise InvalidInput(f"{where}: {value!r} is not a MIG reshape way ({allowed})") from None
 
 
 @dataclass(frozen=True)
@@ -351,29 +378,99 @@ def plan_gpu(
 ) -> GpuRecut | None:
     """The re-cut of GPU ``index`` (``present``: its instances; ``held``: those pods hold), or None when it
     serves no pending request or creates nothing."""
+    return _plan_gpu(index, present, held, tuple(sorted(pending)), _weights(present.geometry, demand))
+
+
+def _weights(geom: Geometry, demand: DemandMix) -> tuple[int, ...]:
+    return tuple(demand.count(p) for p in geom.kinds)  # all that a plan reads of the demand
+
+
+def _plan_gpu(
+    index: int, present: MigGpu, held: MigGpu, pending: tuple[str, ...], weights: tuple[int, ...]
+) -> GpuRecut | None:
     if not present.mig_enabled:
         return None
-    target, served = target_layout(present.geometry, held.instances, pending, demand, present.instances)
-    destroy = tuple(i for i in present.instances if i not in target and i not in held.instances)
-    create = tuple(i for i in target if i not in present.instances)
+    found = _recut(present.geometry.model, present.instances, held.instances, pending, weights)
+    return None if found is None else GpuRecut(index, *found)
+
+
+@functools.lru_cache(maxsize=16384)
+def _recut(
+    model: str,
+    present: tuple[Instance, ...],
+    held: tuple[Instance, ...],
+    pending: tuple[str, ...],
+    weights: tuple[int, ...],
+) -> tuple[tuple[Instance, ...], tuple[Instance, ...], tuple[str, ...]] | None:
+    """``plan_gpu``'s (destroy, create, serves) by content: GPUs of one model in one state plan alike, so a
+    fleet of like GPUs (and a batch tried pod by pod) plans each state once."""
+    geom = Geometry.of(model)
+    demand = DemandMix()
+    for p, n in zip(geom.kinds, weights, strict=True):
+        demand.add(p, n)
+    target, served = target_layout(geom, held, pending, demand, present)
+    destroy = tuple(i for i in present if i not in target and i not in held)
+    create = tuple(i for i in target if i not in present)
     if not served or not create:
         return None
-    return GpuRecut(index, destroy, create, served)
+    return destroy, create, served
 
 
 def plan_node(
-    node: NodeGpus, books: Mapping[int, MigGpu], pending: Sequence[str], demand: DemandMix
+    node: NodeGpus,
+    books: Mapping[int, MigGpu],
+    pending: Sequence[str],
+    demand: DemandMix,
+    scope: ReshapeScope = ReshapeScope.FREE_SLICES,
 ) -> GpuRecut | None:
     """The GPU of ``node`` to re-cut for ``pending`` (requests that find no free instance), or None;
-    ``books[i]`` holds the instances pods hold on GPU ``i``."""
+    ``books[i]`` holds the instances pods hold on GPU ``i``. ``WHOLE_GPU`` (mig-manager re-creates every
+    instance of a GPU it changes): only a GPU that no pod holds anything of is re-cut."""
     best: tuple[tuple[int, int, int], GpuRecut] | None = None
     if node.reshaping:
         return None  # one re-cut at a time per node
+    want = tuple(sorted(pending))
+    weights: dict[str, tuple[int, ...]] = {}
     for i, g in zip(node.indices, node.gpus, strict=True):
-        plan = plan_gpu(i, g, books[i], pending, demand)
+        if scope is ReshapeScope.WHOLE_GPU and books[i].instances:
+            continue
+        w = weights.get(g.geometry.model) or weights.setdefault(
+            g.geometry.model, _weights(g.geometry, demand)
+        )
+        plan = _plan_gpu(i, g, books[i], want, w)
         if plan is None:
             continue
         key = (-len(plan.serves), len(plan.destroy), i)
         if best is None or key < best[0]:
             best = (key, plan)
     return best[1] if best else None
+
+
+def plan_node_batch(
+    node: NodeGpus,
+    books: Mapping[int, MigGpu],
+    requests: Sequence[Sequence[str]],
+    demand: DemandMix,
+    scope: ReshapeScope = ReshapeScope.FREE_SLICES,
+    misses: int = 8,
+) -> tuple[GpuRecut, tuple[int, ...]] | None:
+    """One re-cut of ``node`` for a batch of pending pods (``requests``: each pod's profiles, in the order
+    they are to be served, most important first): each pod in turn joins the batch when one re-cut of one GPU
+    (``plan_node``) still serves every slice of the pods taken so far and of it; a pod that does not fit
+    with them is left for a later re-cut, never displacing one before it. Once one is taken, ``misses`` pods
+    in a row that do not join end the batch (a GPU hosts at most 7 instances: the re-cut is then as good as
+    full). Returns the re-cut and the indices of the requests it serves, or None when it serves none."""
+    taken: list[int] = []
+    plan: GpuRecut | None = None
+    missed = 0
+    for k, req in enumerate(requests):
+        want = [p for j in (*taken, k) for p in requests[j]]
+        trial = plan_node(node, books, want, demand, scope) if req else None
+        if trial is not None and Counter(trial.serves) == Counter(want):
+            taken.append(k)
+            plan, missed = trial, 0
+        elif taken:
+            missed += 1
+            if missed >= misses:
+                break
+    return (plan, tuple(taken)) if plan is not None else None

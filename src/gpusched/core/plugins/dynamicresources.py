@@ -77,6 +77,16 @@ MIXED = (
 )
 
 
+def chosen(state: CycleState, node: int) -> tuple[DeviceId, ...]:
+    """The devices the pod's claims were given on ``node`` in the cycle of ``state`` (after
+    Reserve), in result order; () when it has no claims or they did not fit there."""
+    outcomes = state.read(OUTCOMES)
+    out = outcomes.by_node.get(node) if outcomes is not None else None
+    if not isinstance(out, Fits):
+        return ()
+    return tuple(r.device_id for a in out.allocations for r in a.results)
+
+
 def _takes_gpus(fits: Fits) -> bool:
     return any(r.driver in GPU_DRIVERS for a in fits.allocations for r in a.results)
 
@@ -127,7 +137,8 @@ class DynamicResources:
         out = self._outcomes(state, pod, snap).at(snap, node)
         if not isinstance(out, Fits):
             return Status(Code.UNSCHEDULABLE, (f"claims no longer fit on node {snap.names[node]}",), NAME)
-        pod.claims.inventory.ledger.reserve(pod.key, snap.names[node], out.allocations)
+        if out.allocations:  # none: its claims are a gang member's shared ones, allocated before it
+            pod.claims.inventory.ledger.reserve(pod.key, snap.names[node], out.allocations)
         return Status.success()
 
     def unreserve(self, state: CycleState, pod: PodSpec, snap: ClusterState, node: int) -> None:

@@ -125,8 +125,8 @@ class DefaultPreemption:
                 order.sort(key=lambda u: not any(a.pod.key in violating for a in u))  # stable
             victims: list[Allocation] = []
             for u in order:
-                for a in u:  # reprieve the unit, if the preemptor still fits
-                    st.assume(a.pod, a.node, a.gpus, check=False)  # as it was (rooms may overbook)
+                for a in u:  # reprieve the unit, as it was (MIG slices too; rooms may overbook)
+                    st.assume(a.pod, a.node, a.gpus, check=False, mig=a.mig)
                 leaving.difference_update(a.pod.key for a in u)
                 if not fits(self.what_if, pod, snap, node, leaving=leaving):
                     for a in u:

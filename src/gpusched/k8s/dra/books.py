@@ -294,12 +294,14 @@ class DraBooks:
             for k in {c for pod in gone for c in self._by_consumer.get(pod, ())}:  # their claims only
                 if k in per_claim and self._freed(self._claims.get(k), gone):
                     del per_claim[k]
+            in_flight: dict[str, ClaimAllocation] = {}
             for res in self._reserved.values():
                 if res.pod in gone:
                     continue
                 for key, devices in held_devices(res.allocations).items():
                     if key not in self._held:  # the API's copy wins once it is seen
                         per_claim.setdefault(key, devices)
+                in_flight.update((a.claim, a) for a in res.allocations if a.claim not in self._held)
             exclusive: set[DeviceId] = set()
             consumed: dict[DeviceId, dict[str, int]] = {}
             for devices in per_claim.values():
@@ -312,7 +314,7 @@ class DraBooks:
                             book[name] = book.get(name, 0) + v
                     else:
                         exclusive.add(d.device)
-            return AllocatedState(frozenset(exclusive), consumed)
+            return AllocatedState(frozenset(exclusive), consumed, in_flight)
 
     def _index_consumers(self, claim: str, consumers: tuple[str, ...]) -> None:
         for c in self._consumers.pop(claim, ()):

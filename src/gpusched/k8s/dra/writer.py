@@ -267,6 +267,56 @@ class ClaimWriter:
             except Exception as e:  # best effort; the resourceclaim controller removes stale entries
                 log.warning("taking pod %s out of ResourceClaim %s: %s", uid, ref.key, e)
 
+    def undo(
+        self, pod: Mapping[str, Any], refs: tuple[ClaimRef, ...], mine: Mapping[str, ClaimAllocation]
+    ) -> None:
+        """Take back what ``write`` wrote for ``pod`` (a gang member, when another member's write
+        failed: all members or none). A claim holding ``mine`` (this decision's allocation, by claim
+        key) with no other consumer is deallocated: ``status.allocation`` and ``reservedFor``
+        cleared, then the delete-protection finalizer removed; otherwise the pod leaves
+        ``reservedFor``. Claims are visited in reverse order, so a claim the gang shares is left
+        by its later members before its first is undone. Best effort, each failure logged: the
+        resourceclaim controller deallocates claims whose consumers are gone anyway."""
+        uid = (pod.get("metadata") or {}).get("uid")
+        for ref in reversed(refs):
+            ns, _, name = ref.key.partition("/")
+            try:
+                self._undo_one(ns, name, uid, mine.get(ref.key))
+            except Exception as e:
+                log.warning("taking back ResourceClaim %s for pod %s: %s", ref.key, uid, e)
+
+    def _undo_one(self, ns: str, name: str, uid: Any, mine: ClaimAllocation | None) -> None:
+        deallocated = False
+        for _ in range(8):  # conflicts (the resourceclaim controller writes too): read again and redo
+            obj = self._read(ns, name)
+            status = obj.setdefault("status", {})
+            reserved = [r for r in status.get("reservedFor") or [] if isinstance(r, Mapping)]
+            others = [r for r in reserved if r.get("uid") != uid]
+            alloc = status.get("allocation")
+            try:
+                if alloc is not None and mine is not None and _same(alloc, mine) and not others:
+                    status.pop("allocation", None)
+                    status.pop("reservedFor", None)
+                    obj = self._call(self.api.replace_namespaced_resource_claim_status, name, ns, obj)
+                    deallocated = True
+                elif len(others) != len(reserved):
+                    status["reservedFor"] = others
+                    self._call(self.api.replace_namespaced_resource_claim_status, name, ns, obj)
+                    return
+                finalizers = list(obj["metadata"].get("finalizers") or [])
+                if (
+                    deallocated
+                    and (obj.get("status") or {}).get("allocation") is None
+                    and FINALIZER in finalizers
+                ):
+                    obj["metadata"]["finalizers"] = [f for f in finalizers if f != FINALIZER]
+                    self._call(self.api.replace_namespaced_resource_claim, name, ns, obj)
+                return
+            except Exception as e:
+                if _status(e) != 409:
+                    raise
+        raise _Unknown(f"ResourceClaim {ns}/{name}: still conflicting after 8 attempts")
+
 
 def _request_classes(claim: Mapping[str, Any]) -> dict[str, str]:
     """Result request name (``req`` or ``req/sub``) -> its DeviceClass name."""
