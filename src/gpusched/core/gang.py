@@ -171,7 +171,7 @@ def place_gang(
     if unit.gang is not None and unit.gang.topology is not None:
         r = place_in_domain(
             without_post_filters(profile), unit.pods, snap, unit.gang.topology,
-            need=unit.need, gang=unit.key, tiebreak=tiebreak, diagnose=diagnose,
+            need=unit.need, gang=unit.key, tiebreak=tiebreak, diagnose=diagnose, leaving=leaving,
         ).result  # fmt: skip
     else:
         r = schedule_gang(
