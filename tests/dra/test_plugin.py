@@ -29,6 +29,9 @@ class RecordingLedger:
     def allocated(self) -> AllocatedState:
         return self.state
 
+    def allocated_without(self, leaving: object) -> AllocatedState:
+        return self.state
+
     def reserve(self, pod: str, node: str, allocations: tuple[ClaimAllocation, ...]) -> None:
         self.reserved[pod] = (node, allocations)
 

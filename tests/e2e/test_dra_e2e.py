@@ -146,14 +146,25 @@ class DraEnv:
         )
 
     def pod(
-        self, name: str, group: str, claims: list[dict[str, str]], *, scheduler: str = "", **labels: str
+        self,
+        name: str,
+        group: str,
+        claims: list[dict[str, str]],
+        *,
+        scheduler: str = "",
+        priority_class: str = "",
+        annotations: dict[str, str] | None = None,
+        **labels: str,
     ) -> None:
-        """A pod with ``claims`` on the nodes of ``group``, for gpusched (or ``scheduler``)."""
+        """A pod with ``claims`` on the nodes of ``group``, for gpusched (or ``scheduler``), of
+        ``priority_class``, with ``annotations`` and ``labels``."""
+        extra = {"priorityClassName": priority_class} if priority_class else {}
         self.v1.create_namespaced_pod(
             self.ns,
             {
-                "metadata": {"name": name, "labels": labels},
+                "metadata": {"name": name, "labels": labels, "annotations": annotations or {}},
                 "spec": {
+                    **extra,
                     "schedulerName": scheduler or self.scheduler_name,
                     "nodeSelector": {GROUP: group},
                     "containers": [

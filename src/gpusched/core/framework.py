@@ -62,6 +62,12 @@ class StateKey(Generic[T]):
         return f"StateKey({self.name!r})"
 
 
+LEAVING: StateKey[frozenset[str]] = StateKey("leaving")
+"""The pods (namespace/name) a what-if has taken out of the snapshot (preemption's victims), written
+into the what-if's fresh cycle state (``core.scheduler.fits``): a plugin whose books live outside the
+snapshot (DynamicResources' claim ledger) counts as free what only these pods held."""
+
+
 class CycleState:
     """Data one scheduling cycle passes between extension points (per pod, per cycle): what
     PreFilter precomputes for Filter, Prefer and Score, what Reserve books for Unreserve.

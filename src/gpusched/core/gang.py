@@ -152,7 +152,13 @@ def without_post_filters(profile: Profile) -> Profile:
 
 
 def place_gang(
-    profile: Profile, unit: Unit, snap: ClusterState, *, tiebreak: I64 | None = None, diagnose: bool = True
+    profile: Profile,
+    unit: Unit,
+    snap: ClusterState,
+    *,
+    tiebreak: I64 | None = None,
+    diagnose: bool = True,
+    leaving: frozenset[str] = frozenset(),
 ) -> GroupResult:
     """Place ``unit`` all-or-nothing: at least ``unit.need`` of its pods at once (those that fit
     beyond the minimum come along; the rest stay pending), or nothing booked and a status whose
@@ -165,7 +171,7 @@ def place_gang(
     if unit.gang is not None and unit.gang.topology is not None:
         r = place_in_domain(
             without_post_filters(profile), unit.pods, snap, unit.gang.topology,
-            need=unit.need, gang=unit.key, tiebreak=tiebreak, diagnose=diagnose,
+            need=unit.need, gang=unit.key, tiebreak=tiebreak, diagnose=diagnose, leaving=leaving,
         ).result  # fmt: skip
     else:
         r = schedule_gang(
@@ -175,6 +181,7 @@ def place_gang(
             tiebreak=tiebreak,
             min_count=unit.need,
             diagnose_failures=diagnose,
+            leaving=leaving,  # a what-if's evicted pods: what only they hold outside the books is free
         )
     if r.scheduled or unit.gang is None:
         return r

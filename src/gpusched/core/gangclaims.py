@@ -58,13 +58,15 @@ def schedule_gang(
     min_count: int | None = None,
     diagnose_failures: bool = True,
     nodes: I64 | None = None,
+    leaving: frozenset[str] = frozenset(),
 ) -> GroupResult:
     """``schedule_all`` for a gang, searching the members' joint claim choices when the first pass
     fails (module doc). On success the results name the unit's own pods (not the steered ones).
-    ``nodes``: only these snapshot indices are candidates (a gang topology domain)."""
+    ``nodes``: only these snapshot indices are candidates (a gang topology domain). ``leaving``: a
+    what-if's evicted pods (their DRA claims count as free, ``core.scheduler.fits``)."""
     first = schedule_all(
         profile, pods, snap, tiebreak=tiebreak, min_count=min_count, diagnose_failures=diagnose_failures,
-        nodes=nodes,
+        nodes=nodes, leaving=leaving,
     )  # fmt: skip
     if first.scheduled or not any(_has_claims(p) for p in pods):
         return first
@@ -77,7 +79,7 @@ def schedule_gang(
         steer = stack.pop()
         r = schedule_all(
             profile, _steered(pods, steer), snap, tiebreak=tiebreak, min_count=min_count,
-            diagnose_failures=False, nodes=nodes,
+            diagnose_failures=False, nodes=nodes, leaving=leaving,
         )  # fmt: skip
         passes, cycles = passes + 1, cycles + len(r.results)
         if r.scheduled:

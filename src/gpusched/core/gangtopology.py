@@ -208,6 +208,7 @@ def place_in_domain(
     gang: str,
     tiebreak: I64 | None = None,
     diagnose: bool = True,
+    leaving: frozenset[str] = frozenset(),
 ) -> TopologyPlacement:
     """Place at least ``need`` of ``pods`` (the gang ``gang``, ``namespace/name``) at once in one
     domain as ``request`` asks (see the module's doc); nothing stays booked when it fails. The
@@ -224,7 +225,14 @@ def place_in_domain(
         for d in candidates(snap, pods, need, keys, anchor):
             tried += 1
             r = schedule_gang(
-                profile, pods, snap, tiebreak=tiebreak, min_count=need, diagnose_failures=False, nodes=d.nodes
+                profile,
+                pods,
+                snap,
+                tiebreak=tiebreak,
+                min_count=need,
+                diagnose_failures=False,
+                nodes=d.nodes,
+                leaving=leaving,
             )
             if r.scheduled:
                 return TopologyPlacement(r, d)
@@ -233,11 +241,26 @@ def place_in_domain(
         few = fewest_domains(snap, pods, need, request.keys[-1:]) if not anchor else None
         if few is not None:
             r = schedule_gang(
-                profile, pods, snap, tiebreak=tiebreak, min_count=need, diagnose_failures=False, nodes=few
+                profile,
+                pods,
+                snap,
+                tiebreak=tiebreak,
+                min_count=need,
+                diagnose_failures=False,
+                nodes=few,
+                leaving=leaving,
             )
             if r.scheduled:
                 return TopologyPlacement(r, None)
-        r = schedule_gang(profile, pods, snap, tiebreak=tiebreak, min_count=need, diagnose_failures=diagnose)
+        r = schedule_gang(
+            profile,
+            pods,
+            snap,
+            tiebreak=tiebreak,
+            min_count=need,
+            diagnose_failures=diagnose,
+            leaving=leaving,
+        )
         return TopologyPlacement(r, None)
     return TopologyPlacement(
         GroupResult(

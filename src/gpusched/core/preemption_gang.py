@@ -106,11 +106,12 @@ def place_without(
 ) -> tuple[tuple[PodSpec, int], ...] | None:
     """Where ``unit``'s members land (pod, node index) with ``victims`` gone, or None when its
     minimum does not fit at once. The snapshot ends as it began."""
+    keys = [a.pod.key for v in victims for a in v.allocations]
+    gone = frozenset(keys)  # what only they hold outside the books (DRA claims) is free too
     with Statement(snap) as st:
-        for v in victims:
-            for a in v.allocations:
-                st.evict(a.pod.key)
-        r = place_gang(profile, unit, snap, tiebreak=tiebreak, diagnose=False)
+        for key in keys:
+            st.evict(key)
+        r = place_gang(profile, unit, snap, tiebreak=tiebreak, diagnose=False, leaving=gone)
         if not r.scheduled:
             return None
         placed = tuple((res.pod, res.node) for res in r.placed)

@@ -31,13 +31,14 @@ tie-break order and what they do with the result (bind or not).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from gpusched.core.cluster import I64, BoolArr, ClusterState
 from gpusched.core.devices import pick_gpus
-from gpusched.core.framework import CycleState, Profile, ReservePlugin
+from gpusched.core.framework import LEAVING, CycleState, Profile, ReservePlugin
 from gpusched.core.model import PodSpec
 from gpusched.core.status import Code, Diagnosis, NodeFailure, Status
 
@@ -152,11 +153,16 @@ def diagnose(
     )
 
 
-def fits(profile: Profile, pod: PodSpec, snap: ClusterState, node: int) -> bool:
+def fits(
+    profile: Profile, pod: PodSpec, snap: ClusterState, node: int, *, leaving: Collection[str] = ()
+) -> bool:
     """The what-if of preemption: would ``pod`` pass PreFilter and every Filter on ``node`` of
     ``snap`` as it is now? A fresh cycle state (``feasible``): the snapshot may have changed since
-    the cycle's PreFilter ran (victims evicted), so the precomputed state is computed again."""
-    return bool(feasible(profile, pod, snap, np.array([node], dtype=np.int64)).passed[0])
+    the cycle's PreFilter ran (victims evicted), so the precomputed state is computed again.
+    ``leaving``: the pods the what-if took out of ``snap`` (``LEAVING``: what only they hold outside
+    the snapshot, their DRA claims, counts as free)."""
+    nodes = np.array([node], dtype=np.int64)
+    return bool(feasible(profile, pod, snap, nodes, leaving=frozenset(leaving)).passed[0])
 
 
 # ------------------------------------------------------------------ Prefer, Score
@@ -254,11 +260,20 @@ class Feasibility:
 
 
 def feasible(
-    profile: Profile, pod: PodSpec, snap: ClusterState, nodes: I64 | None = None, *, explain: bool = False
+    profile: Profile,
+    pod: PodSpec,
+    snap: ClusterState,
+    nodes: I64 | None = None,
+    *,
+    explain: bool = False,
+    leaving: frozenset[str] = frozenset(),
 ) -> Feasibility:
     """The first half of a cycle, side-effect free: a fresh cycle state, PreFilter, then Filter
-    over every node of ``snap`` or over ``nodes`` (``filter_nodes``; ``explain`` as there)."""
+    over every node of ``snap`` or over ``nodes`` (``filter_nodes``; ``explain`` as there).
+    ``leaving``: see ``fits``."""
     state = CycleState()
+    if leaving:
+        state.write(LEAVING, leaving)
     st = pre_filter(state, profile, pod, snap)
     if not st.ok:
         return Feasibility(
@@ -364,6 +379,7 @@ def schedule_one(
     tiebreak: I64 | None = None,
     diagnose_failures: bool = True,
     assume: bool = True,
+    leaving: frozenset[str] = frozenset(),
     nodes: I64 | None = None,
 ) -> ScheduleResult:
     """Run one scheduling cycle for ``pod`` against ``snap``: ``feasible``, then ``pick_host``
@@ -375,7 +391,7 @@ def schedule_one(
     ``nodes``: only these snapshot indices are candidates (a gang kept in one topology domain,
     ``core.gangtopology``); None: every node.
     """
-    f = feasible(profile, pod, snap, nodes)
+    f = feasible(profile, pod, snap, nodes, leaving=leaving)  # leaving: a what-if's evicted pods (``fits``)
     if not f.status.ok:
         total = len(snap) if nodes is None else len(nodes)
         return ScheduleResult(pod, f.status, diagnosis=Diagnosis(total, (), pre_filter=f.status))

@@ -89,13 +89,20 @@ class Statement:
         *,
         tiebreak: I64 | None = None,
         diagnose_failures: bool = False,
+        leaving: frozenset[str] = frozenset(),
         nodes: I64 | None = None,
     ) -> ScheduleResult:
         """One ``schedule_one`` cycle (among ``nodes``, default every node) whose booking belongs to
         this statement."""
         self._check_open()
         r = schedule_one(
-            profile, pod, self.snap, tiebreak=tiebreak, diagnose_failures=diagnose_failures, nodes=nodes
+            profile,
+            pod,
+            self.snap,
+            tiebreak=tiebreak,
+            diagnose_failures=diagnose_failures,
+            nodes=nodes,
+            leaving=leaving,
         )
         if r.scheduled:  # schedule_one assumed it
             self._ops.append(Operation(OpKind.ASSUME, self.snap.allocations[pod.key], r))
@@ -176,6 +183,7 @@ def schedule_all(
     tiebreak: I64 | None = None,
     min_count: int | None = None,
     diagnose_failures: bool = True,
+    leaving: frozenset[str] = frozenset(),
     nodes: I64 | None = None,
 ) -> GroupResult:
     """Place every pod of ``pods`` or none of them (gang semantics).
@@ -203,7 +211,14 @@ def schedule_all(
     placed = 0
     with Statement(snap) as st:
         for i, pod in enumerate(pods):
-            r = st.schedule(profile, pod, tiebreak=tiebreak, diagnose_failures=diagnose_failures, nodes=nodes)
+            r = st.schedule(
+                profile,
+                pod,
+                tiebreak=tiebreak,
+                diagnose_failures=diagnose_failures,
+                nodes=nodes,
+                leaving=leaving,
+            )
             results.append(r)
             if r.scheduled:
                 placed += 1

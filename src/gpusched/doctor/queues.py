@@ -184,10 +184,10 @@ def _raised(spec: QueueSpec, key: ResourceKey, by: int) -> QueueSpec:
     """``spec`` with its nominal quota of ``key`` raised by ``by`` (a dimension not given: 0 + by)."""
     if key.model == ANY_MODEL:
         q = spec.nominal
-        return replace(spec, nominal=replace(q, **{key.dim: (getattr(q, key.dim) or 0) + by}))
+        return replace(spec, nominal=q.raised(key.dim, by))
     per_model = dict(spec.per_model)
     q = per_model.get(key.model, Quota())
-    per_model[key.model] = replace(q, **{key.dim: (getattr(q, key.dim) or 0) + by})
+    per_model[key.model] = q.raised(key.dim, by)
     return replace(spec, per_model=per_model)
 
 

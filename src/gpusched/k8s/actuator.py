@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 from gpusched.core.batch import Outcome, UnitOutcome
 from gpusched.core.cluster import I64, ClusterState
+from gpusched.core.dra.model import Node as DraNode
 from gpusched.core.framework import Profile, run_bind
 from gpusched.core.gang import Unit
 from gpusched.core.model import PodSpec
@@ -171,6 +172,10 @@ class Actuator:
             rooms = landing(d.profile, snap, unit.pods, o.victims, need=unit.need, tiebreak=d.tiebreak)
             by = f"gang {p.group.ref.describe()}" if p.group is not None else unit.pods[0].key
             self.tenants.start_reclaim(unit.pods, p.queue, victims, by=by, rooms=rooms)
+            if p.group is None:  # DRA: the devices its victims' claims free are held for it
+                for q, n in rooms:
+                    spec = snap.nodes[snap.index[n]]
+                    self.claims.hold_room(q, DraNode(spec.name, spec.labels), o.victims)
             acted = f"; reclaiming {len(held)} pod(s) from borrowing queues"
         elif o.outcome is Outcome.PREEMPT:
             placement = (
@@ -179,12 +184,16 @@ class Actuator:
                 else [(unit.pods[0], snap.names[o.nominated_node])]
             )
             wait = next((w for q, n in placement if (w := self.nominations.may_preempt(q.key, n, snap))), "")
+            wait = wait or self.claims.room_waits(unit.pods[0].key)  # DRA: its room is being made
             if wait:
                 acted = f"; preemption {wait}"
             elif held:
                 keys = tuple(a.pod.key for a in held)
                 for q, n in placement:
                     self.nominations.nominate(p.spec(q.key), n, keys)
+                if p.group is None:  # DRA: the devices its victims' claims free are held for it
+                    spec = snap.nodes[o.nominated_node]
+                    self.claims.hold_room(p.spec(unit.pods[0].key), DraNode(spec.name, spec.labels), keys)
                 acts.preempt = ([(p.spec(q.key), n) for q, n in placement], [a.pod for a in held])
                 if p.group is not None:
                     acted = (
@@ -192,6 +201,7 @@ class Actuator:
                     )
         elif o.outcome is Outcome.WAITING and p.group is None and d.tried and o.nominated_node < 0:
             gave_up = self.nominations.drop(unit.key) is not None  # no preemption helps any more
+            self.claims.drop_room(unit.key)
             acts.given_up = unit.pods[0] if gave_up and not p.queue else None  # (a reclaim's room: no API)
         if p.group is not None:
             where = f" (queue {p.queue})" if p.queue else ""

@@ -22,12 +22,16 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpusched.core.dra.allocator import Fits
 from gpusched.core.dra.celexpr import CelCompiler
+from gpusched.core.dra.model import Node
+from gpusched.core.dra.selector import DraError
 from gpusched.core.model import PodSpec
+from gpusched.core.queues.usage import Usage
 from gpusched.k8s.dra.books import DraBooks
 from gpusched.k8s.dra.mixed import MixedNodes
 from gpusched.k8s.dra.podclaims import ClaimRef, Invalid, Waiting, has_claims, resolve
@@ -57,6 +61,10 @@ class ClaimsRefusal:
     message: str
     reason: str = "FailedScheduling"
 
+
+ROOM_S = 300.0
+"""How long a preemptor's DRA room is held at most (its victims' grace periods, then
+kube-controller-manager's deallocation, then its own decision; docs/dra.md)."""
 
 WAITING_FOR_INFORMERS = (
     "waiting for the DRA informers (ResourceSlices, DeviceClasses, ResourceClaims) to list"
@@ -146,7 +154,7 @@ class DraClaims:
             return ClaimsRefusal(
                 f"the write of its claims to node {held.node} is being settled (outcome unknown)"
             )
-        self.books.unreserve(pod.key)  # an earlier decision not carried out: decided again now
+        self.books.unreserve(pod.key, room=False)  # an earlier decision not carried out (a room stays)
         r = resolve(obj, self.books)
         if isinstance(r, Waiting):
             return ClaimsRefusal(r.reason)
@@ -169,6 +177,55 @@ class DraClaims:
             with self._lock:
                 self._refs[pod.key] = refs  # for ``release``
         return out
+
+    def hold_room(self, pod: PodSpec, node: Node, victims: Collection[str]) -> None:
+        """``pod`` preempts ``victims`` to land on ``node``: the devices its claims take there once the
+        victims' claims are freed are held for it (``DraBooks.hold_room``) until it is decided there,
+        or for ``ROOM_S``. Nothing when it has no claim to allocate or they would not fit."""
+        if pod.claims is None or not pod.claims.to_allocate:
+            return
+        try:
+            out = pod.claims.allocate(node, self.books.allocated_without({*victims, pod.key}))
+        except DraError:
+            return
+        if isinstance(out, Fits):
+            self.books.hold_room(pod.key, node.name, out.allocations, ROOM_S)
+
+    def drop_room(self, key: str) -> None:
+        """The preemptor gave its room up (no preemption helps any more): the room goes, unless its
+        victims' claims still hold its devices (the victims are gone but kube-controller-manager has
+        not deallocated their claims yet: the preemptor is decided again when it has)."""
+        if not self.room_waits(key):
+            res = self.books.reservation(key)
+            if res is not None and res.room_until is not None:
+                self.books.unreserve(key)
+
+    def room_waits(self, key: str) -> str:
+        """Why preemptor ``key`` waits rather than preempting again ("" when it need not): devices of
+        its room are still allocated to others' claims (its victims are gone, kube-controller-
+        manager has not deallocated their claims yet; GPUs would be free at that moment, claims
+        are not)."""
+        res = self.books.reservation(key)
+        if res is None or res.room_until is None:
+            return ""
+        held = self.books.allocated_without({key})
+        room = {r.device_id for a in res.allocations for r in a.results}
+        busy = room & (held.devices | set(held.consumed))
+        if not busy:
+            return ""
+        return f"waiting for {len(busy)} device(s) of its victims' ResourceClaims to be deallocated"
+
+    # ------------------------------------------------------------------ tenant queues
+    def claim_charges(self) -> Mapping[str, Usage]:
+        """Per booked pod, what its claims ask per DeviceClass (``DraBooks.claim_charges``)."""
+        return self.books.claim_charges()
+
+    def unknown_classes(self, names: Collection[str]) -> list[str]:
+        """Those of ``names`` that are no DeviceClass the API has (none until the informers listed)."""
+        if not names or not self.synced():
+            return []
+        known = self.books.class_names()
+        return sorted(n for n in names if n not in known)
 
     def write_all(
         self, members: Sequence[tuple[Mapping[str, Any], PodSpec]], *, keep_trying: Callable[[], bool]

@@ -24,14 +24,14 @@ import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from gpusched.core.cluster import ClusterState
 from gpusched.core.model import PodSpec
 from gpusched.core.names import LABEL_QUEUE as LABEL_QUEUE
 from gpusched.core.queues.quota import QueueBook
 from gpusched.core.queues.spec import InvalidQueue, QueueSpec, QueueTree, Quota
-from gpusched.core.queues.usage import charge_of
+from gpusched.core.queues.usage import Usage, charge_of
 from gpusched.k8s.convert import ANN_QUEUE
 from gpusched.k8s.informer import Handlers, Reflector
 
@@ -46,10 +46,13 @@ def _quota(obj: object, where: str) -> Quota:
         return Quota()
     if not isinstance(obj, Mapping):
         raise InvalidQueue(f"{where}: must be an object")
-    unknown = sorted(set(obj) - {f for f, _ in _FIELDS})
+    unknown = sorted(set(obj) - {f for f, _ in _FIELDS} - {"dra"})
     if unknown:
         raise InvalidQueue(f"{where}: unknown field(s) {', '.join(unknown)}")
-    q = Quota(**{attr: obj.get(f) for f, attr in _FIELDS})
+    dra = obj.get("dra") or {}
+    if not isinstance(dra, Mapping):
+        raise InvalidQueue(f"{where}.dra: must be an object of devices/<class> or capacity/<class>/<name>")
+    q = Quota(**{attr: obj.get(f) for f, attr in _FIELDS}, devices=dict(dra))
     q.check(where)
     return q
 
@@ -157,14 +160,25 @@ def build_directory(
     return Directory(tree, {**errors, **invalid}, by_ns), errors
 
 
-def charge_booked(snap: ClusterState, d: Directory) -> QueueBook:
+class ClaimCharges(Protocol):
+    """What booked pods' DRA claims are charged (``DraBooks.claim_charges``)."""
+
+    def claim_charges(self) -> Mapping[str, Usage]: ...
+
+
+def charge_booked(snap: ClusterState, d: Directory, claims: ClaimCharges | None = None) -> QueueBook:
     """A queue book charged with every booked pod under a valid leaf queue: what it asks, with its
-    node's GPU model (the scheduler's kept book starts so; doctor's books are built so)."""
+    node's GPU model, and what its DRA claims ask per DeviceClass (``claims``; the scheduler's
+    kept book starts so; doctor's books are built so)."""
     book = QueueBook(d.tree)
+    dra = claims.claim_charges() if claims is not None else {}
     for key, a in snap.allocations.items():
         q, _ = d.queue_of(a.pod)
         if q and not d.problem(q, ""):
-            book.charge(key, q, charge_of(a.pod, snap.nodes[a.node].gpu_model))
+            charge = charge_of(a.pod, snap.nodes[a.node].gpu_model)
+            if key in dra and not (a.pod.claims is not None and a.pod.claims.to_allocate):
+                charge = charge + dra[key]
+            book.charge(key, q, charge)
     return book
 
 

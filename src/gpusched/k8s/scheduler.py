@@ -160,6 +160,7 @@ class StandaloneScheduler:
         self.rooms = Rooms(self.nominations, self.reservations)  # what each unit is decided clear of
         # DRA: claims resolved before deciding, written before binding; a DRA object changed: retry
         self.claims = DraClaims(api, on_change=self.queue.cluster_changed, cluster=self.cluster)
+        self.tenants.claims = self.claims  # claim pods charged per DeviceClass (docs/tenant-queues.md)
         self.actuator = Actuator(  # what a decided unit's outcome does in the API (k8s/actuator.py)
             cluster=self.cluster, queue=self.queue, events=self.events, metrics=self.metrics,
             pool=self._pool, settler=self._settler, nominations=self.nominations,
@@ -421,6 +422,9 @@ class StandaloneScheduler:
             if waiting := self.tenants.waiting_on(keys, snap):
                 why = f"waiting for {waiting} reclaimed pod(s) to leave"
                 why = why if popped.group is not None else f"queue {queue}: {why}"
+                return Decision(popped, UnitOutcome(unit, Outcome.WAITING, reason=why), profile, tried=False)
+            if popped.group is None and (why := self.claims.room_waits(keys[0])):  # DRA: being made
+                why = f"queue {queue}: {why}"
                 return Decision(popped, UnitOutcome(unit, Outcome.WAITING, reason=why), profile, tried=False)
         (o,) = run_cycle(
             profile, snap, [unit], book=book, budgets=self.budgets.budgets(), tiebreak=self._tiebreak,

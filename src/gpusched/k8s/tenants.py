@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from gpusched.core.cluster import I64, ClusterState
 from gpusched.core.framework import Profile
@@ -55,7 +55,15 @@ from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.eviction import Evictor
 from gpusched.k8s.preemption import Nominations
 from gpusched.k8s.queue import SchedulingQueue
-from gpusched.k8s.queues import GROUP, PLURAL, VERSION, Directory, QueueDirectory, charge_booked
+from gpusched.k8s.queues import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    ClaimCharges,
+    Directory,
+    QueueDirectory,
+    charge_booked,
+)
 from gpusched.k8s.state import LiveCluster
 from gpusched.metrics.scheduling import SchedulerMetrics
 
@@ -64,12 +72,18 @@ log = logging.getLogger(__name__)
 _STATUS_FIELDS = (("gpus", "gpus"), ("gpuMilli", "gpu_milli"), ("gpuMemoryMiB", "gpu_memory_mib"))
 
 
-def _amounts(usage: Any, get: Callable[[ResourceKey], int | None]) -> dict[str, int]:
-    out = {}
+def _amounts(st: QueueStatus, get: Callable[[ResourceKey], int | None]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for field, dim in _STATUS_FIELDS:
         v = get(ResourceKey(ANY_MODEL, dim))
         if v is not None:
             out[field] = int(v)
+    dra = {}  # the DRA keys of its tree (devices/<class>, capacity/<class>/<capacity>)
+    for k in sorted({*st.quota, *st.usage}):
+        if k.model == ANY_MODEL and "/" in k.dim and (v := get(k)) is not None:
+            dra[k.dim] = int(v)
+    if dra:
+        out["dra"] = dra
     return out
 
 
@@ -97,6 +111,12 @@ class _Kept:
     directory: Directory
     version: int
     book: QueueBook
+
+
+class QueueClaims(ClaimCharges, Protocol):
+    """The DRA side tenant queues read (``k8s/claims.py`` ``DraClaims``)."""
+
+    def unknown_classes(self, names: Collection[str]) -> list[str]: ...
 
 
 class TenantQueues:
@@ -140,6 +160,8 @@ class TenantQueues:
         self.books_built = 0
         self._written: dict[str, tuple[str, dict[str, Any]]] = {}  # queue -> (uid, status written)
         self._warned: dict[str, tuple[str, str]] = {}  # queue -> (uid, problem warned of)
+        self.claims: QueueClaims | None = None
+        """DRA: booked claim pods charged per DeviceClass, quotas naming unknown classes refused."""
         self.reclaims = 0
         """Reclaims started (victim sets evicted)."""
         self._stop = threading.Event()
@@ -166,7 +188,7 @@ class TenantQueues:
         k = self._kept
         fresh = k is not None and k.snap is snap and k.directory is d and k.version == snap.version
         if k is None or not fresh or not self.keep_book:
-            k = self._kept = _Kept(snap, d, snap.version, charge_booked(snap, d))
+            k = self._kept = _Kept(snap, d, snap.version, charge_booked(snap, d, self.claims))
             self.books_built += 1
         return k.book
 
@@ -193,7 +215,23 @@ class TenantQueues:
             return "", ""
         d = self.directory.current()
         queue, source = d.queue_of(pod)
-        return (queue, d.problem(queue, source)) if queue else ("", "")
+        if not queue:
+            return "", ""
+        return queue, d.problem(queue, source) or self._unknown_classes(d, queue, source)
+
+    def _unknown_classes(self, d: Directory, queue: str, source: str) -> str:
+        """Why a queue whose quotas (its own or an ancestor's) name a DeviceClass the API does not
+        have cannot admit pods ("" when none does, or the DRA informers have not listed yet)."""
+        if self.claims is None or queue not in d.tree:
+            return ""
+        for q in d.tree.paths[queue]:
+            unknown = self.claims.unknown_classes(d.tree.specs[q].device_classes())
+            if unknown:
+                return (
+                    f"Queue {q}: spec (nominalQuota, borrowingLimit or lendingLimit).dra names "
+                    f"DeviceClass {', '.join(unknown)}, which does not exist (the queue of {source})"
+                )
+        return ""
 
     # --------------------------------------------------------------- reclaim
     def waiting_on(self, keys: Collection[str], snap: ClusterState) -> int:
@@ -366,6 +404,7 @@ def landing(
             tiebreak=tiebreak,
             min_count=need,
             diagnose_failures=False,
+            leaving=frozenset(victims),  # their DRA claims are free there too
         )
         placed = [(x.pod, x.node_name) for x in r.placed]
         for x in r.placed:  # booked by schedule_all's own statement: undone before the victims return

@@ -15,7 +15,7 @@ prepared against. The DynamicResources plugin runs the allocator per node from i
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -42,6 +42,12 @@ class ClaimLedger(Protocol):
         """Every device held by a claim: allocated in the API, or reserved and not yet seen so."""
         ...
 
+    def allocated_without(self, leaving: Collection[str]) -> AllocatedState:
+        """``allocated()`` once the pods ``leaving`` (namespace/name) are gone (preemption's
+        what-if): a claim is freed only when every consumer it is reserved for is leaving (a claim
+        shared with a pod that stays is still held), and the leavers' own reservations go."""
+        ...
+
     def reserve(self, pod: str, node: str, allocations: tuple[ClaimAllocation, ...]) -> None:
         """Hold the devices ``pod`` (namespace/name) was given on ``node`` until the front end has
         written them or given them back."""
@@ -57,6 +63,9 @@ class FixedLedger:
     state: AllocatedState = field(default_factory=AllocatedState)
 
     def allocated(self) -> AllocatedState:
+        return self.state
+
+    def allocated_without(self, leaving: Collection[str]) -> AllocatedState:
         return self.state
 
     def reserve(self, pod: str, node: str, allocations: tuple[ClaimAllocation, ...]) -> None:

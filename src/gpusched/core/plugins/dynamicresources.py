@@ -7,10 +7,12 @@ allocator's message naming the claim, request and expression. Filter runs the al
 asked about, against the devices other claims hold (``PodClaims.inventory``), and keeps each node's
 outcome in the cycle state; ``explain`` reads it back. Reserve hands the chosen node's allocation to
 the front end's ``ClaimLedger`` (its devices are held from then on; the front end writes
-``status.allocation`` before binding), Unreserve takes it back. A pod without claims passes
-everywhere. A node that also serves GPUs through the device plugin (``NodeSpec.gpu_count``, booked by
-the GPU books) gets no claim for a GPU driver's devices: the two books are separate, and a GPU would
-be given twice (issue 32 item 4).
+``status.allocation`` before binding), Unreserve takes it back. In preemption's what-if (``LEAVING``
+in the cycle state: the victims) the devices of claims whose every consumer is leaving count as free
+(``ClaimLedger.allocated_without``); a shared claim another pod still uses stays held. A pod
+without claims passes everywhere. A node that also serves GPUs through the device plugin
+(``NodeSpec.gpu_count``, booked by the GPU books) gets no claim for a GPU driver's devices: the two
+books are separate, and a GPU would be given twice (issue 32 item 4).
 
 Prefer (better choices than first-fit, issue 32 item 2, the node level): nodes are ranked by the
 score of the solution the allocator chose on each (``core/dra/score.py``: alignment, counter
@@ -33,7 +35,7 @@ from gpusched.core.dra.model import AllocatedState, DeviceId, Node, qualify
 from gpusched.core.dra.pools import gather_pools
 from gpusched.core.dra.score import Score
 from gpusched.core.dra.selector import DraError
-from gpusched.core.framework import F64, CycleState, StateKey
+from gpusched.core.framework import F64, LEAVING, CycleState, StateKey
 from gpusched.core.model import PodSpec
 from gpusched.core.status import Code, Status
 
@@ -43,9 +45,11 @@ NAME = "DynamicResources"
 class _Outcomes:
     """Per node index: the allocator's outcome, or the DraError it raised there."""
 
-    def __init__(self, claims: PodClaims) -> None:
+    def __init__(self, claims: PodClaims, pod: str, leaving: frozenset[str] = frozenset()) -> None:
         self.claims = claims
-        self.allocated = claims.inventory.ledger.allocated()  # once per cycle
+        # read once per cycle; a what-if frees what only leavers hold, and the pod's own room (a
+        # preemptor's devices held while its victims leave) is its own to take
+        self.allocated = claims.inventory.ledger.allocated_without(leaving | {pod})
         self.by_node: dict[int, Outcome | DraError] = {}
 
     def at(self, snap: ClusterState, n: int) -> Outcome | DraError:
@@ -100,7 +104,7 @@ class DynamicResources:
             pod.claims.check()
         except DraError as e:
             return Status(Code.UNSCHEDULABLE_AND_UNRESOLVABLE, (str(e),), NAME)
-        state.write(OUTCOMES, _Outcomes(pod.claims))
+        state.write(OUTCOMES, _Outcomes(pod.claims, pod.key, state.read(LEAVING) or frozenset()))
         return Status.success()
 
     def _outcomes(self, state: CycleState, pod: PodSpec, snap: ClusterState) -> _Outcomes:
@@ -108,7 +112,7 @@ class DynamicResources:
 
     def _fill(self, state: CycleState, pod: PodSpec, snap: ClusterState) -> None:
         assert pod.claims is not None
-        state.write(OUTCOMES, _Outcomes(pod.claims))
+        state.write(OUTCOMES, _Outcomes(pod.claims, pod.key, state.read(LEAVING) or frozenset()))
 
     def filter(
         self, state: CycleState, pod: PodSpec, snap: ClusterState, nodes: I64 | None = None

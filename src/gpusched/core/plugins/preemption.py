@@ -12,7 +12,10 @@ Runs when a pod fits nowhere, after kube-scheduler's DefaultPreemption (a pod wh
    snapshot), the node is no candidate. Otherwise put the would-be victims back
    one by one, most important first (highest priority, then the smallest GPU demand), keeping
    each one that leaves room for the preemptor: what stays evicted is a minimal set in that
-   order. The statement is discarded: the snapshot is untouched.
+   order. The statement is discarded: the snapshot is untouched. The what-if's cycle state names
+   the pods evicted so far (``LEAVING``): DRA devices held by claims whose every consumer is among
+   them count as free (a claim shared with a pod that stays does not), and DynamicResources' Filter
+   runs again on that.
    Gangs go whole (gang-aware): a lower-priority pod of a gang (``PodSpec.gang``) is evicted
    only with every other member of its gang, wherever they run, and only when all of them are of
    lower priority; otherwise it is no victim and another is chosen. Reprieves, too, put a
@@ -108,11 +111,12 @@ class DefaultPreemption:
         units = _victim_units(pod, snap, node)
         if not units:
             return None
+        leaving = {a.pod.key for u in units for a in u}  # what only they hold outside the books frees
         with Statement(snap) as st:
             for u in units:
                 for a in u:
                     st.evict(a.pod.key)
-            if not fits(self.what_if, pod, snap, node):
+            if not fits(self.what_if, pod, snap, node, leaving=leaving):
                 return None
             order = sorted(units, key=_reprieve_order)
             violating: set[str] = set()
@@ -123,9 +127,11 @@ class DefaultPreemption:
             for u in order:
                 for a in u:  # reprieve the unit, as it was (MIG slices too; rooms may overbook)
                     st.assume(a.pod, a.node, a.gpus, check=False, mig=a.mig)
-                if not fits(self.what_if, pod, snap, node):
+                leaving.difference_update(a.pod.key for a in u)
+                if not fits(self.what_if, pod, snap, node, leaving=leaving):
                     for a in u:
                         st.evict(a.pod.key)
+                    leaving.update(a.pod.key for a in u)
                     victims.extend(u)
             # leaving the block discards the statement: the snapshot is as it was
         return victims, sum(1 for v in victims if v.pod.key in violating)

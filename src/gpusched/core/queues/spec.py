@@ -12,6 +12,13 @@ Quotas are integers in three dimensions, optionally per GPU model:
 - ``gpu_milli``: milli-GPU (``num_gpu * gpu_milli``; a whole GPU is 1000);
 - ``gpu_memory_mib``: GPU memory the pod asks for (``num_gpu * gpu_memory_mib``).
 
+and DRA devices per DeviceClass (``Quota.devices``, keys as ``dra_key`` writes them):
+
+- ``devices/<class>``: devices of that DeviceClass a pod's claims ask for (whole GPUs, MIG
+  partitions; a share of a device with consumable capacity counts 0 here);
+- ``capacity/<class>/<capacity>``: capacity a pod's claims ask of that class's shared devices
+  (``capacity.requests``, e.g. ``capacity/gpu-share.example.com/memory`` in bytes).
+
 A dimension left out (None) is not limited by that queue's tree unless another queue of the tree
 gives it, in which case the queue has 0 of it (as Kueue treats a resource a ClusterQueue does not
 cover). A per-model quota (``per_model``) limits the pods that land on GPUs of that model, in
@@ -20,8 +27,9 @@ addition to the total. Pods are charged to leaf queues only; inner queues pool t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from gpusched.core.errors import InvalidInput
@@ -30,6 +38,41 @@ from gpusched.core.gpumodel import canonical_gpu_model
 DIMENSIONS = ("gpus", "gpu_milli", "gpu_memory_mib")
 ANY_MODEL = ""
 """The model of the total (every GPU model together) in a ``ResourceKey``."""
+
+
+DRA_DEVICES, DRA_CAPACITY = "devices", "capacity"
+_CLASS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_CAPACITY_NAME = re.compile(r"^([a-z0-9.-]+/)?[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$", re.IGNORECASE)
+
+
+def dra_key(class_name: str, capacity: str = "") -> str:
+    """The quota dimension of DeviceClass ``class_name``: its devices, or one capacity of its shares."""
+    return f"{DRA_CAPACITY}/{class_name}/{capacity}" if capacity else f"{DRA_DEVICES}/{class_name}"
+
+
+def dra_class(dim: str) -> str:
+    """The DeviceClass a DRA dimension names ("" for the GPU dimensions)."""
+    kind, _, rest = dim.partition("/")
+    if kind == DRA_DEVICES:
+        return rest
+    return rest.partition("/")[0] if kind == DRA_CAPACITY else ""
+
+
+def check_dra_key(dim: str, where: str) -> None:
+    """``InvalidQueue`` naming ``where`` unless ``dim`` is ``devices/<class>`` or
+    ``capacity/<class>/<capacity>`` with a DeviceClass name (a DNS subdomain) and a capacity name."""
+    kind, _, rest = dim.partition("/")
+    cls, _, cap = rest.partition("/") if kind == DRA_CAPACITY else (rest, "", "")
+    if (
+        kind not in (DRA_DEVICES, DRA_CAPACITY)
+        or not _CLASS_NAME.match(cls)
+        or len(cls) > 253
+        or (kind == DRA_CAPACITY and not _CAPACITY_NAME.match(cap))
+    ):
+        raise InvalidQueue(
+            f"{where}: {dim!r} is not a DRA quota key: devices/<DeviceClass name> or "
+            "capacity/<DeviceClass name>/<capacity name> (docs/tenant-queues.md)"
+        )
 
 
 class InvalidQueue(InvalidInput):
@@ -48,6 +91,9 @@ class ResourceKey:
         return f"{self.dim}[{self.model}]" if self.model else self.dim
 
 
+_NO_DEVICES: Mapping[str, int] = MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True)
 class Quota:
     """Amounts per dimension; None = not given."""
@@ -55,18 +101,39 @@ class Quota:
     gpus: int | None = None
     gpu_milli: int | None = None
     gpu_memory_mib: int | None = None
+    devices: Mapping[str, int] = field(default_factory=lambda: _NO_DEVICES)
+    """DRA dimensions (``dra_key``) and their amounts."""
+
+    def amount(self, dim: str) -> int | None:
+        return self.devices.get(dim) if "/" in dim else getattr(self, dim)
+
+    def raised(self, dim: str, by: int) -> Quota:
+        """This quota with ``dim`` raised by ``by`` (a dimension not given: 0 + by)."""
+        if "/" in dim:
+            return replace(self, devices={**self.devices, dim: self.devices.get(dim, 0) + by})
+        amount: int = (getattr(self, dim) or 0) + by
+        if dim == "gpus":
+            return replace(self, gpus=amount)
+        if dim == "gpu_milli":
+            return replace(self, gpu_milli=amount)
+        return replace(self, gpu_memory_mib=amount)
 
     def items(self) -> Iterable[tuple[str, int]]:
         for d in DIMENSIONS:
             v = getattr(self, d)
             if v is not None:
                 yield d, v
+        yield from sorted(self.devices.items())
 
     def check(self, where: str) -> None:
         for d in DIMENSIONS:
             v = getattr(self, d)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
                 raise InvalidQueue(f"{where}.{d} must be a non-negative integer, got {v!r}")
+        for d, v in self.devices.items():
+            check_dra_key(d, f"{where}.dra")
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise InvalidQueue(f"{where}.dra[{d}] must be a non-negative integer, got {v!r}")
 
 
 _NO_MODELS: Mapping[str, Quota] = MappingProxyType({})
@@ -102,6 +169,8 @@ class QueueSpec:
             if not model:
                 raise InvalidQueue(f"{where}: perModel has an empty model name")
             q.check(f"{where}: perModel[{model}]")
+            if q.devices:
+                raise InvalidQueue(f"{where}: perModel[{model}]: DRA quotas are per DeviceClass, not model")
             key = canonical_gpu_model(model)
             if key in canonical:
                 raise InvalidQueue(
@@ -118,7 +187,12 @@ class QueueSpec:
 
     def nominal_of(self, key: ResourceKey) -> int | None:
         q = self.nominal if key.model == ANY_MODEL else self.per_model.get(key.model)
-        return None if q is None else getattr(q, key.dim)
+        return None if q is None else q.amount(key.dim)
+
+    def device_classes(self) -> set[str]:
+        """The DeviceClasses its quotas and limits name."""
+        quotas = [self.nominal, self.borrowing_limit, self.lending_limit]
+        return {dra_class(d) for q in quotas if q is not None for d in q.devices}
 
     def given(self) -> set[ResourceKey]:
         out = {ResourceKey(ANY_MODEL, d) for d, _ in self.nominal.items()}
@@ -129,7 +203,7 @@ class QueueSpec:
 
 def _limit(q: Quota | None, key: ResourceKey) -> int | None:
     """A borrowing or lending limit for ``key`` (limits apply to every model's key alike)."""
-    return None if q is None else getattr(q, key.dim)
+    return None if q is None else q.amount(key.dim)
 
 
 class QueueTree:
@@ -158,7 +232,7 @@ class QueueTree:
             cur = name
             while cur:
                 if cur in seen:
-                    cyc = " -> ".join([*path[path.index(cur):], cur])
+                    cyc = " -> ".join([*path[path.index(cur) :], cur])
                     raise InvalidQueue(f"queue {name}: parent cycle {cyc}")
                 seen.add(cur)
                 path.append(cur)

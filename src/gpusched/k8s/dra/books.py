@@ -12,7 +12,12 @@ its error remembered, ``problems``), and is the core's ``ClaimLedger``:
   and the reservation is dropped: a device is never counted twice), or the decision is given back
   (``unreserve``: the write was refused, the pod decided again);
 - a reservation whose write had an unknown outcome is ``hold``-en: kept until the informer shows the
-  claim allocated, or for ``grace_s`` (the apiserver's request timeout) while it shows it unallocated.
+  claim allocated, or for ``grace_s`` (the apiserver's request timeout) while it shows it unallocated;
+- a nominated preemptor's room (``hold_room``): the devices its victims' claims free, held for it
+  while they leave and kube-controller-manager deallocates their claims.
+
+Preemption's what-if asks ``allocated_without(victims)``: a claim is free there only when every pod
+in its ``reservedFor`` is a victim (a shared claim with a consumer that stays is still held).
 
 Thread-safe: informer threads, the scheduling thread and the writers share one lock.
 """
@@ -22,18 +27,27 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from gpusched.core.dra.inventory import DraInventory
-from gpusched.core.dra.model import AllocatedState, ClaimAllocation, DeviceClass, DeviceId, ResourceSlice
+from gpusched.core.dra.model import (
+    AllocatedState,
+    Claim,
+    ClaimAllocation,
+    DeviceClass,
+    DeviceId,
+    ResourceSlice,
+)
 from gpusched.core.dra.selector import SelectorCompiler
+from gpusched.core.queues.usage import Usage, claims_charge
 from gpusched.k8s.dra.convert import (
     DraObjectError,
     HeldDevice,
     TaintRule,
     allocation_from_k8s,
+    claim_from_k8s,
     claim_key,
     device_class_from_k8s,
     slice_from_k8s,
@@ -53,6 +67,7 @@ class Reservation:
     node: str
     allocations: tuple[ClaimAllocation, ...]
     held_since: float | None = None  # set when its write's outcome is unknown (``hold``)
+    room_until: float | None = None  # a preemptor's room (``hold_room``), kept until then at most
 
 
 def held_devices(allocations: tuple[ClaimAllocation, ...]) -> dict[str, tuple[HeldDevice, ...]]:
@@ -64,6 +79,23 @@ def held_devices(allocations: tuple[ClaimAllocation, ...]) -> dict[str, tuple[He
         )
         for a in allocations
     }
+
+
+def consumers_of(obj: Obj) -> tuple[str, ...]:
+    """The consumers in a claim's ``status.reservedFor``: a pod as namespace/name (the claim's
+    namespace), anything else as group/resource/name (never a pod key, so never freed by a pod's
+    eviction)."""
+    ns = str((obj.get("metadata") or {}).get("namespace") or "")
+    out: list[str] = []
+    for r in (obj.get("status") or {}).get("reservedFor") or []:
+        if not isinstance(r, Mapping):
+            continue
+        name = str(r.get("name") or "")
+        if r.get("resource") == "pods" and not r.get("apiGroup"):
+            out.append(f"{ns}/{name}")
+        else:
+            out.append(f"{r.get('apiGroup') or ''}/{r.get('resource')}/{name}")
+    return tuple(out)
 
 
 class DraBooks:
@@ -85,6 +117,8 @@ class DraBooks:
         self._claims: dict[str, Obj] = {}  # key -> the API object
         self._held: dict[str, tuple[HeldDevice, ...]] = {}  # claim key -> its allocation in the API
         self._reserved: dict[str, Reservation] = {}  # pod key -> its decision
+        self._consumers: dict[str, tuple[str, ...]] = {}  # claim key -> its reservedFor (``consumers_of``)
+        self._by_consumer: dict[str, set[str]] = {}  # consumer -> the claims reserved for it
         self._problems: dict[str, str] = {}  # "Kind name" -> why it cannot be read
         self._inventory: DraInventory | None = None
         self.version = 0
@@ -123,6 +157,7 @@ class DraBooks:
         key = claim_key(obj)
         with self.lock:
             self._claims[key] = obj
+            self._index_consumers(key, consumers_of(obj))
             try:
                 held = allocation_from_k8s(obj)
                 self._problems.pop(f"ResourceClaim {key}", None)
@@ -140,6 +175,7 @@ class DraBooks:
         key = claim_key(obj)
         with self.lock:
             self._claims.pop(key, None)
+            self._index_consumers(key, ())
             self._held.pop(key, None)
             self._written(key)
             self._changed()
@@ -199,6 +235,11 @@ class DraBooks:
         with self.lock:
             return self._claims.get(key)
 
+    def class_names(self) -> frozenset[str]:
+        """The DeviceClasses the API has (also those that could not be read)."""
+        with self.lock:
+            return frozenset(self._class_objs)
+
     def class_object(self, name: str) -> Obj | None:
         with self.lock:
             return self._class_objs.get(name)
@@ -237,13 +278,29 @@ class DraBooks:
 
     # ------------------------------------------------------------------ ClaimLedger
     def allocated(self) -> AllocatedState:
+        return self.allocated_without(())
+
+    def allocated_without(self, leaving: Collection[str]) -> AllocatedState:
+        """What claims hold once the pods ``leaving`` (namespace/name) are gone, as the API will show
+        it after kube-controller-manager's resourceclaim controller has taken them out of
+        ``reservedFor`` and deallocated the claims left with no consumer: a claim is freed only when
+        it is reserved for someone and every pod it is reserved for is leaving (a shared claim with
+        a consumer that stays, or one reserved for something other than a pod, stays held); the
+        leavers' own reservations not yet written go too. ``allocated()`` is this with no one."""
+        gone = frozenset(leaving)
         with self.lock:
             self._expire()
             per_claim = dict(self._held)
+            for k in {c for pod in gone for c in self._by_consumer.get(pod, ())}:  # their claims only
+                if k in per_claim and self._freed(self._claims.get(k), gone):
+                    del per_claim[k]
             in_flight: dict[str, ClaimAllocation] = {}
             for res in self._reserved.values():
+                if res.pod in gone:
+                    continue
                 for key, devices in held_devices(res.allocations).items():
-                    per_claim.setdefault(key, devices)  # the API's copy wins once it is seen
+                    if key not in self._held:  # the API's copy wins once it is seen
+                        per_claim.setdefault(key, devices)
                 in_flight.update((a.claim, a) for a in res.allocations if a.claim not in self._held)
             exclusive: set[DeviceId] = set()
             consumed: dict[DeviceId, dict[str, int]] = {}
@@ -259,15 +316,72 @@ class DraBooks:
                         exclusive.add(d.device)
             return AllocatedState(frozenset(exclusive), consumed, in_flight)
 
+    def _index_consumers(self, claim: str, consumers: tuple[str, ...]) -> None:
+        for c in self._consumers.pop(claim, ()):
+            keys = self._by_consumer.get(c)
+            if keys is not None:
+                keys.discard(claim)
+                if not keys:
+                    del self._by_consumer[c]
+        if consumers:
+            self._consumers[claim] = consumers
+            for c in consumers:
+                self._by_consumer.setdefault(c, set()).add(claim)
+
+    @staticmethod
+    def _freed(obj: Obj | None, gone: frozenset[str]) -> bool:
+        """Whether the claim ``obj`` has consumers and every one of them is a pod in ``gone``."""
+        if obj is None:
+            return False
+        consumers = consumers_of(obj)
+        return bool(consumers) and all(c in gone for c in consumers)
+
+    def claim_charges(self) -> dict[str, Usage]:
+        """Per pod key, what the allocated claims it was allocated for (the first consumer in
+        ``reservedFor``) ask per DeviceClass (``core.queues.usage.claims_charge``): the tenant
+        queues' charge of a booked claim pod. A claim that cannot be read is charged nothing."""
+        with self.lock:
+            by_pod: dict[str, list[Claim]] = {}
+            for key, obj in self._claims.items():
+                if key not in self._held:
+                    continue
+                consumers = consumers_of(obj)
+                if not consumers:
+                    continue
+                try:
+                    by_pod.setdefault(consumers[0], []).append(claim_from_k8s(obj))
+                except DraObjectError:
+                    continue
+        return {pod: claims_charge(cs) for pod, cs in by_pod.items()}
+
+    def consumers(self, claim: str) -> tuple[str, ...]:
+        """The consumers ``claim`` (namespace/name) is reserved for, as ``consumers_of`` names them."""
+        with self.lock:
+            obj = self._claims.get(claim)
+            return consumers_of(obj) if obj is not None else ()
+
     def reserve(self, pod: str, node: str, allocations: tuple[ClaimAllocation, ...]) -> None:
         with self.lock:
             self._reserved[pod] = Reservation(pod, node, allocations)
             self.version += 1
 
-    def unreserve(self, pod: str) -> None:
+    def unreserve(self, pod: str, *, room: bool = True) -> None:
+        """Give ``pod``'s decision back (and its room, unless ``room`` is False)."""
         with self.lock:
-            if self._reserved.pop(pod, None) is not None:
+            res = self._reserved.get(pod)
+            if res is not None and (room or res.room_until is None):
+                del self._reserved[pod]
                 self.version += 1
+
+    def hold_room(self, pod: str, node: str, allocations: tuple[ClaimAllocation, ...], for_s: float) -> None:
+        """A preemptor nominated on ``node``: the devices the what-if gave it there (its victims'
+        claims, still allocated until kube-controller-manager deallocates them) are held for it, so
+        that no other pod takes them once they are free, for ``for_s`` at most (the preemptor
+        deleted or never back). The preemptor's own decisions see them free (``allocated_without``
+        with its key); its Reserve replaces the room with the decision."""
+        with self.lock:
+            self._reserved[pod] = Reservation(pod, node, allocations, room_until=self._clock() + for_s)
+            self.version += 1
 
     def reservation(self, pod: str) -> Reservation | None:
         with self.lock:
@@ -303,7 +417,9 @@ class DraBooks:
         given up: by then a write the apiserver received has been committed (and seen) or not."""
         now = self._clock()
         for pod, res in list(self._reserved.items()):
-            if res.held_since is not None and now - res.held_since >= self.grace_s:
+            if (res.held_since is not None and now - res.held_since >= self.grace_s) or (
+                res.room_until is not None and now >= res.room_until
+            ):
                 del self._reserved[pod]
                 self.version += 1
 

@@ -1,0 +1,162 @@
+"""Tenant queues that count DRA devices per DeviceClass (issue 32 item 3): the quota keys
+(``devices/<class>``, ``capacity/<class>/<capacity>``) and their bad input, what a claim pod is
+charged, and reclaim that evicts the borrower whose claims free the class the claimant needs."""
+
+from __future__ import annotations
+
+import pytest
+from k8s_objects import allocation, claim, device_class, whole
+from test_dra_preemption import World
+
+from gpusched.core.dra.model import AllocationMode, Claim, ExactRequest, Request
+from gpusched.core.gang import Unit
+from gpusched.core.model import PodSpec
+from gpusched.core.policies import make_profile
+from gpusched.core.queues.quota import QueueBook
+from gpusched.core.queues.reclaim import plan_reclaim
+from gpusched.core.queues.spec import ANY_MODEL, InvalidQueue, QueueSpec, QueueTree, Quota, ResourceKey
+from gpusched.core.queues.status import queue_statuses
+from gpusched.core.queues.usage import claims_charge
+from gpusched.k8s.dra.podclaims import Ready, resolve
+from gpusched.k8s.queues import queue_from_k8s
+from gpusched.k8s.tenants import status_body
+
+
+def key(dim: str) -> ResourceKey:
+    return ResourceKey(ANY_MODEL, dim)
+
+
+def test_dra_quota_keys_are_read_and_bad_ones_named() -> None:
+    q = queue_from_k8s(
+        {
+            "metadata": {"name": "team"},
+            "spec": {
+                "nominalQuota": {
+                    "gpus": 2,
+                    "dra": {"devices/gpu.example.com": 4, "capacity/share.example.com/memory": 1 << 34},
+                },
+                "borrowingLimit": {"dra": {"devices/gpu.example.com": 1}},
+            },
+        }
+    )
+    assert q.nominal_of(key("devices/gpu.example.com")) == 4
+    assert q.nominal_of(key("capacity/share.example.com/memory")) == 1 << 34
+    assert q.nominal_of(key("gpus")) == 2
+    assert q.device_classes() == {"gpu.example.com", "share.example.com"}
+    with pytest.raises(
+        InvalidQueue, match=r"Queue t: spec.nominalQuota.dra: 'gpus/x' is not a DRA quota key"
+    ):
+        queue_from_k8s({"metadata": {"name": "t"}, "spec": {"nominalQuota": {"dra": {"gpus/x": 1}}}})
+    with pytest.raises(InvalidQueue, match=r"'devices/Bad_Class' is not a DRA quota key"):
+        queue_from_k8s(
+            {"metadata": {"name": "t"}, "spec": {"nominalQuota": {"dra": {"devices/Bad_Class": 1}}}}
+        )
+    with pytest.raises(InvalidQueue, match=r"dra\[devices/gpu\] must be a non-negative integer, got -1"):
+        queue_from_k8s({"metadata": {"name": "t"}, "spec": {"nominalQuota": {"dra": {"devices/gpu": -1}}}})
+    with pytest.raises(InvalidQueue, match=r"DRA quotas are per DeviceClass, not model"):
+        QueueSpec("t", per_model={"A100": Quota(devices={"devices/gpu": 1})})
+
+
+def test_a_claim_is_charged_per_class_by_what_it_asks() -> None:
+    gpu2 = ExactRequest("a", "gpu", count=2)
+    share = ExactRequest("b", "share", capacity_requests={"memory": 10})
+    mig_or_gpu = Request(
+        "c", first_available=(ExactRequest("c/mig", "mig", count=2), ExactRequest("c/gpu", "gpu"))
+    )
+    admin = ExactRequest("d", "gpu", admin_access=True)
+    everything = ExactRequest("e", "nic", mode=AllocationMode.ALL)
+    c = Claim(
+        "ns/c",
+        (
+            Request("a", exactly=gpu2),
+            Request(
+                "b", exactly=ExactRequest("b", "share", count=3, capacity_requests=share.capacity_requests)
+            ),
+            mig_or_gpu,
+            Request("d", exactly=admin),
+            Request("e", exactly=everything),
+            Request(
+                "f", first_available=(ExactRequest("f/one", "gpu"), ExactRequest("f/two", "gpu", count=2))
+            ),
+        ),
+    )
+    assert dict(claims_charge([c]).amounts) == {
+        key("devices/gpu"): 5,  # 2, 1 if c's fallback is chosen, and the most of f's alternatives
+        key("capacity/share/memory"): 30,  # a share counts no device
+        key("devices/mig"): 2,
+        key("devices/nic"): 1,  # All: at least one
+    }
+
+
+def test_reclaim_evicts_the_borrower_whose_claims_free_the_class_needed() -> None:
+    """Queue a lends its quota of two classes to b; b's pods hold one device of each (the lowest
+    priority one of class ``first``). a's pod asks for a device of class ``second``: the reclaim
+    evicts the holder of ``second`` only, and the DynamicResources what-if sees its device free."""
+    w = World({"node-a": 2})
+    w.books.upsert_class(device_class("first", "device.attributes['gpu.nvidia.com'].index == 0"))
+    w.books.upsert_class(device_class("second", "device.attributes['gpu.nvidia.com'].index == 1"))
+    for name, cls, dev, prio in (("x", "first", "gpu-0", 0), ("y", "second", "gpu-1", 1)):
+        c = claim(f"{name}-c", [whole(cls)], allocation=allocation("node-a", dev))
+        c["status"]["reservedFor"] = [{"resource": "pods", "name": name, "uid": f"uid-{name}"}]
+        w.claims[f"{name}-c"] = c
+        w._show(f"{name}-c")
+        w.snap.assume(PodSpec(name, cpu_milli=100, namespace="ns", priority=prio, queue="b"), 0, ())
+    share = Quota(devices={"devices/first": 1, "devices/second": 1})
+    tree = QueueTree([QueueSpec("org"), QueueSpec("a", "org", nominal=share), QueueSpec("b", "org")])
+    book = QueueBook(tree)
+    charges = w.books.claim_charges()
+    assert dict(charges["ns/x"].amounts) == {key("devices/first"): 1}
+    for k in ("ns/x", "ns/y"):
+        book.charge(k, "b", charges[k])
+    assert book.over_nominal("b") and not book.violations()
+    by = {st.name: status_body(st, 1, "") for st in queue_statuses(book, {})}  # the Queues' status
+    assert by["a"]["quota"]["dra"] == {"devices/first": 1, "devices/second": 1}
+    assert by["b"]["usage"]["dra"] == by["b"]["borrowed"]["dra"] == {"devices/first": 1, "devices/second": 1}
+
+    w.claims["p-c"] = claim("p-c", [whole("second")])
+    w._show("p-c")
+    r = resolve(pod_obj("p", "p-c"), w.books)
+    assert isinstance(r, Ready)
+    p = PodSpec("p", cpu_milli=100, namespace="ns", priority=5, queue="a", claims=r.claims)
+    plan = plan_reclaim(make_profile("bestfit"), w.snap, book, Unit(p.key, (p,), 1))
+    assert plan.ok, plan.reason
+    assert plan.victims == ("ns/y",)
+    assert book.charged.keys() == {"ns/x", "ns/y"}  # the plan changed nothing
+    assert w.books.allocated().devices == w.live_union()
+
+
+def pod_obj(name: str, claim_name: str) -> dict[str, object]:
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
+        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}]},
+    }
+
+
+def test_a_queue_naming_an_unknown_device_class_refuses_its_pods() -> None:
+    """A pod of a queue whose quota (or an ancestor's) names a DeviceClass the API lacks is refused
+    with the queue and class named; nothing is said before the DRA informers have listed."""
+    from gpusched.k8s.claims import DraClaims
+    from gpusched.k8s.queues import Directory
+    from gpusched.k8s.tenants import TenantQueues
+
+    w = World({"node-a": 1})
+    claims = DraClaims(None, books=w.books)
+    listed = False
+    claims.synced = lambda: listed  # type: ignore[method-assign]
+    tree = QueueTree(
+        [
+            QueueSpec("org", nominal=Quota(devices={"devices/nope.example.com": 1})),
+            QueueSpec("a", "org", nominal=Quota(devices={"devices/gpu": 1})),
+        ]
+    )
+    d = Directory(tree, {}, {})
+    tq = TenantQueues(None, None, None, cluster=None, queue=None, events=None, pool=None)  # type: ignore[arg-type]
+    tq.claims = claims
+    assert tq._unknown_classes(d, "a", "namespace ns") == ""
+    listed = True
+    assert tq._unknown_classes(d, "a", "namespace ns") == (
+        "Queue org: spec (nominalQuota, borrowingLimit or lendingLimit).dra names DeviceClass "
+        "nope.example.com, which does not exist (the queue of namespace ns)"
+    )
+    w.books.upsert_class(device_class("nope.example.com"))
+    assert tq._unknown_classes(d, "a", "namespace ns") == ""
