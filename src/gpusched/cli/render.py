@@ -214,6 +214,26 @@ def gangs_k8s(report: Mapping[str, Any], json_out: bool) -> None:
     )
 
 
+def dra_bench(report: Mapping[str, Any], rows: Sequence[Sequence[str]], json_out: bool) -> None:
+    """``bench dra``: the side-by-side table (``bench.dra.COLUMNS``), or the report as JSON."""
+    if json_out:
+        emit_json(report)
+        return
+    from gpusched.bench.dra import COLUMNS, LEGEND
+
+    title = f"DRA claims, {report['nodes']} kwok nodes ({report['gpus']} GPUs), seed {report['seed']}"
+    t = Table(title=title, box=box.SIMPLE_HEAVY)
+    for i, col in enumerate(COLUMNS):
+        t.add_column(col, justify="left" if i < 2 else "right", no_wrap=i < 2)
+    for row in rows:
+        t.add_row(*row)
+    t.caption = (
+        f"throughput gpusched / kube-scheduler (best of {report['throughput_rounds']} each): "
+        f"{report['throughput_ratio_gpusched_to_kube_scheduler']}\n{LEGEND}\n{report['command']}"
+    )
+    out_console.print(t)
+
+
 K8S_COMPARE_KEYS = (
     "kube_scheduler_pods_per_s",
     "kube_scheduler_runs_pods_per_s",
