@@ -9,11 +9,13 @@ from typing import Any
 
 from gpusched.bench.dra_shape import (
     A100,
+    MIG_PAIR,
     WHOLE,
     Ask,
     Classes,
     gang_members,
     memory_slices_of,
+    mig_pair_asks,
     node_slices,
     stream,
 )
@@ -80,3 +82,10 @@ def test_streams_are_seeded_and_gangs_interleave_whole_gangs() -> None:
     members = gang_members(10, 4, 0)
     assert Counter(members) == {g: 4 for g in range(10)}
     assert members != sorted(members)
+    pairs = gang_members(20, 2, 0)
+    asks = mig_pair_asks(pairs, 0)
+    for g in range(20):  # each MIG gang: one 4g.20gb and one 3g.20gb, either arriving first
+        assert sorted(a.profile for a, m in zip(asks, pairs, strict=True) if m == g) == ["3g.20gb", "4g.20gb"]
+    assert len({next(a for a, m in zip(asks, pairs, strict=True) if m == g) for g in range(20)}) == 2
+    assert _allocate(list(MIG_PAIR)) is not None  # a pair fills one GPU exactly ...
+    assert _allocate([MIG_PAIR[1], MIG_PAIR[1], MIG_PAIR[0]]) is None  # ... and two 3g leave no 4g room

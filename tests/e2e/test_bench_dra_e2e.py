@@ -51,6 +51,7 @@ def test_bench_dra_runs_both_schedulers_on_the_same_streams(control_plane: Contr
         assert r.gpu_sevenths_placed <= 7 * cfg.gpus, where
         if r.part in MIXES:  # longer than the cluster holds: saturated, and fed in order
             assert 0 < r.placed_at_first_refusal <= r.placed < r.pods, where
+            assert r.gpu_sevenths_at_first_refusal <= r.gpu_sevenths_placed, where
             assert r.refused == r.pods - r.placed, where
         if r.part == THROUGHPUT:
             assert r.placed == r.pods and r.pods_per_s > 0, where

@@ -32,6 +32,10 @@ Parts:
   (their devices held for nothing). Three schedulers: kube-scheduler as shipped (``GenericWorkload``
   off: members one by one), kube-scheduler with its own gang scheduling on (``KUBE_WORKLOAD``), and
   gpusched with its gang support.
+- **gangs-mig**: gangs of two MIG pods, a 4g.20gb and a 3g.20gb (``MIG_PAIR``), which fill an A100
+  exactly only as 4g at start 0 and 3g at start 4; ``gang_load`` gangs per GPU, which member arrives
+  first drawn per gang. A 3g placed first-fit at start 0 leaves its GPU no room for a 4g: placing the
+  members one at a time in device-name order strands gangs where choosing the pair together does not.
 
 Every run is checked: no pod bound twice, and no two claims' devices sharing a memory slice of one GPU.
 """
@@ -53,13 +57,16 @@ from kubernetes import client
 from gpusched.bench.dra_shape import (
     GPUS_PER_NODE,
     LABEL,
+    MIG_PAIR,
     MIXES,
+    WHOLE,
     Ask,
     Classes,
     claim_pod,
     gang_members,
     kwok_node,
     memory_slices_of,
+    mig_pair_asks,
     node_slices,
     pod_group,
     slices_used,
@@ -91,7 +98,9 @@ GANG_SCHEDULERS = (KUBE, KUBE_WORKLOAD, GPUSCHED)
 _SHORT = {KUBE: "kube", KUBE_WORKLOAD: "kubewl", GPUSCHED: "gs"}
 THROUGHPUT = "throughput"
 GANGS = "gangs"
-PARTS = (*MIXES, THROUGHPUT, GANGS)
+GANGS_MIG = "gangs-mig"
+GANG_PARTS = (GANGS, GANGS_MIG)
+PARTS = (*MIXES, THROUGHPUT, *GANG_PARTS)
 
 
 class DecisionWatcher(BindingWatcher):
@@ -130,7 +139,7 @@ class DraBenchConfig:
     """Throughput stream: 1g.5gb pods per GPU (1-7: it must fit)."""
     gang_size: int = 4
     gang_load: float = 1.5
-    """Gang stream: pods per GPU of the cluster (> 1: devices are tight)."""
+    """Gang streams: whole-GPU gang pods per GPU, MIG-pair gangs per GPU (> 1: devices are tight)."""
     throughput_rounds: int = 2
     """Throughput: kube-scheduler and gpusched alternate this many times; each is reported by its
     best run (on a shared machine one run varies a lot: best against best)."""
@@ -146,6 +155,13 @@ class DraBenchConfig:
     @property
     def gangs(self) -> int:
         return max(1, round(self.gang_load * self.gpus / self.gang_size))
+
+    def gang_count(self, part: str) -> int:
+        """Gangs of a gang part: ``gangs`` whole-GPU gangs, or one MIG pair per GPU times ``gang_load``."""
+        return self.gangs if part == GANGS else max(1, round(self.gang_load * self.gpus))
+
+    def gang_size_of(self, part: str) -> int:
+        return self.gang_size if part == GANGS else len(MIG_PAIR)
 
     def check(self) -> None:
         unknown = sorted(set(self.parts) - set(PARTS))
@@ -176,9 +192,12 @@ class DraBenchConfig:
                 out[part] = (stream(part, self.gpus, self.seed), None)
             elif part == THROUGHPUT:
                 out[part] = (throughput_stream(self.gpus, self.throughput_per_gpu), None)
-            else:
+            elif part == GANGS:
                 members = gang_members(self.gangs, self.gang_size, self.seed)
-                out[part] = ([Ask("gpu")] * len(members), members)
+                out[part] = ([Ask(WHOLE)] * len(members), members)
+            else:
+                members = gang_members(self.gang_count(part), len(MIG_PAIR), self.seed)
+                out[part] = (mig_pair_asks(members, self.seed), members)
         return out
 
     def plan(self) -> list[tuple[str, str]]:
@@ -188,7 +207,7 @@ class DraBenchConfig:
             if part == THROUGHPUT:
                 out += [(part, s) for _ in range(self.throughput_rounds) for s in SCHEDULERS]
             else:
-                out += [(part, s) for s in (GANG_SCHEDULERS if part == GANGS else SCHEDULERS)]
+                out += [(part, s) for s in (GANG_SCHEDULERS if part in GANG_PARTS else SCHEDULERS)]
         return out
 
     def steps(self) -> int:
@@ -212,6 +231,8 @@ class Run:
     """Pods neither placed nor marked (gang members waiting, in gpusched's case)."""
     gpu_sevenths_placed: int
     """Compute slices of the placed pods (a whole GPU is 7)."""
+    gpu_sevenths_at_first_refusal: int
+    """Compute slices of the pods placed when the first pod was refused (the cluster's use then)."""
     seconds: float
     """From the first binding seen to the last."""
     pods_per_s: float
@@ -249,8 +270,7 @@ class DraBenchReport:
             "gpus": cfg.gpus,
             "seed": cfg.seed,
             "parts": list(cfg.parts),
-            "gangs": cfg.gangs if GANGS in cfg.parts else 0,
-            "gang_size": cfg.gang_size,
+            "gangs": {p: [cfg.gang_count(p), cfg.gang_size_of(p)] for p in GANG_PARTS if p in cfg.parts},
             "setup_s": self.setup_s,
             "throughput_rounds": cfg.throughput_rounds if THROUGHPUT in cfg.parts else 0,
             "throughput_pods_per_s": {
@@ -277,8 +297,7 @@ class DraBenchReport:
         return "gpusched bench dra " + " ".join(opts)
 
     def rows(self) -> list[list[str]]:
-        """The side-by-side table: part, scheduler, pods, placed at first refusal, placed at
-        saturation, GPU sevenths placed, gangs complete / partial, pods/s."""
+        """The side-by-side table, one row a run (``COLUMNS``)."""
         out = []
         for r in self.runs:
             gangs = f"{r.gangs_complete} / {r.gangs_partial}" if r.gangs_complete is not None else ""
@@ -289,6 +308,7 @@ class DraBenchReport:
                     r.scheduler,
                     str(r.pods),
                     str(r.placed_at_first_refusal) if quality else "",
+                    str(r.gpu_sevenths_at_first_refusal) if quality else "",
                     str(r.placed),
                     str(r.gpu_sevenths_placed),
                     gangs,
@@ -298,11 +318,21 @@ class DraBenchReport:
         return out
 
 
-COLUMNS = ("part", "scheduler", "pods", "at 1st refusal", "at saturation", "7ths", "gangs", "pods/s")
+COLUMNS = (
+    "part",
+    "scheduler",
+    "pods",
+    "at 1st refusal",
+    "7ths then",
+    "at saturation",
+    "7ths then",
+    "gangs",
+    "pods/s",
+)
 LEGEND = (
-    "at 1st refusal / at saturation: pods placed when the first pod is refused / in all (streams fed "
-    "pod by pod); 7ths: compute sevenths of a GPU placed (a whole GPU is 7); gangs: gangs complete / "
-    "partly placed; pods/s: backlogs only, first binding to last"
+    "at 1st refusal / at saturation: pods placed when the first pod is refused / in all (quality streams, "
+    "fed pod by pod); 7ths then: compute sevenths of a GPU placed then (a whole GPU is 7); gangs: gangs "
+    "complete / partly placed; pods/s: backlogs only, first binding to last"
 )
 
 
@@ -357,7 +387,7 @@ class _Bench:
         if groups is not None:
             p = API.WORKLOAD.value
             self._each(lambda g: self.custom.create_namespaced_custom_object(
-                p.group, p.version, ns, p.plural, pod_group(f"g-{g:03d}", self.cfg.gang_size)),
+                p.group, p.version, ns, p.plural, pod_group(f"g-{g:03d}", self.cfg.gang_size_of(part))),
                 sorted(set(groups)))  # fmt: skip
         watcher = DecisionWatcher(self.v1, ns)
         watcher.start()
@@ -449,7 +479,7 @@ class _Bench:
         rate = watcher.rate()
         complete = partial = None
         if groups is not None:
-            size = self.cfg.gang_size
+            size = self.cfg.gang_size_of(part)
             landed = [sum(1 for i in placed if groups[i] == g) for g in sorted(set(groups))]
             complete = sum(1 for k in landed if k == size)
             partial = sum(1 for k in landed if 0 < k < size)
@@ -462,6 +492,7 @@ class _Bench:
             refused=len(refused),
             undecided=len(asks) - len(placed) - len(refused),
             gpu_sevenths_placed=slices_used([asks[i] for i in placed]),
+            gpu_sevenths_at_first_refusal=slices_used(asks[:first_gap]),
             seconds=rate.seconds,
             pods_per_s=rate.pods_per_s,
             gangs_complete=complete,

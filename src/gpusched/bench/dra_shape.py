@@ -329,3 +329,22 @@ def memory_slices_of(device: str) -> tuple[int, frozenset[int]]:
     profile = next(n for n in A100 if n.replace(".", "") == compact)
     size = A100[profile].kind.mem_slices
     return gpu, frozenset(range(int(start), int(start) + size))
+
+
+MIG_PAIR = (Ask("4g.20gb"), Ask("3g.20gb"))
+"""The two members of a MIG gang: together they fill one A100 exactly (4g at start 0, 3g at start 4),
+and only so; a 3g placed first-fit at start 0 leaves that GPU no room for any 4g."""
+
+
+def mig_pair_asks(members: Sequence[int], seed: int) -> list[Ask]:
+    """Each pod's ask in a stream of MIG-pair gangs (``gang_members(..., 2, ...)``): per gang, which
+    member arrives first is drawn (seeded)."""
+    rng = random.Random(f"dra-bench/mig-pairs/{seed}")
+    first = {g: rng.randrange(2) for g in sorted(set(members))}
+    seen: dict[int, int] = {}
+    out = []
+    for g in members:
+        k = seen.get(g, 0)
+        seen[g] = k + 1
+        out.append(MIG_PAIR[(first[g] + k) % 2])
+    return out

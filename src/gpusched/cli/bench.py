@@ -234,7 +234,9 @@ def bench_dra_cmd(
     seed: Annotated[int, typer.Option(help="Seed of the streams.")] = 0,
     only: Annotated[
         str | None,
-        typer.Option(help="These parts only (comma-separated): mig-heavy, mixed, throughput, gangs."),
+        typer.Option(
+            help="These parts only (comma-separated): mig-heavy, mixed, throughput, gangs, gangs-mig."
+        ),
     ] = None,
     throughput_per_gpu: Annotated[
         int, typer.Option(help="Throughput stream: 1g.5gb pods per GPU (1-7).")
@@ -242,8 +244,11 @@ def bench_dra_cmd(
     throughput_rounds: Annotated[
         int, typer.Option(help="Throughput: kube-scheduler and gpusched alternate this often; best of each.")
     ] = 2,
-    gang_size: Annotated[int, typer.Option(help="Pods per gang (its PodGroup's minCount).")] = 4,
-    gang_load: Annotated[float, typer.Option(help="Gang pods per GPU (above 1: devices are tight).")] = 1.5,
+    gang_size: Annotated[int, typer.Option(help="Pods per whole-GPU gang (its PodGroup's minCount).")] = 4,
+    gang_load: Annotated[
+        float,
+        typer.Option(help="Whole-GPU gang pods, and MIG-pair gangs, per GPU (above 1: devices are tight)."),
+    ] = 1.5,
     json_out: JsonOpt = False,
 ) -> None:
     """DRA claims on one real control plane: kube-scheduler, then gpusched standalone, on the same kwok
