@@ -66,4 +66,4 @@ def test_bench_dra_runs_both_schedulers_on_the_same_streams(control_plane: Contr
         "gpusched bench dra --nodes 1 --seed 0 --gpus-per-node 2 --only mixed,throughput,gangs "
         "--throughput-per-gpu 2 --throughput-rounds 1 --gang-size 2 --gang-load 1.5"
     )
-    assert len(report.rows()) == len(report.runs)
+    assert sum(len(t.rows) for t in report.tables()) == len(report.runs)

@@ -296,44 +296,36 @@ class DraBenchReport:
             opts.append(f"--gang-size {cfg.gang_size} --gang-load {cfg.gang_load}")
         return "gpusched bench dra " + " ".join(opts)
 
-    def rows(self) -> list[list[str]]:
-        """The side-by-side table, one row a run (``COLUMNS``)."""
-        out = []
-        for r in self.runs:
-            gangs = f"{r.gangs_complete} / {r.gangs_partial}" if r.gangs_complete is not None else ""
-            quality = r.part in MIXES
-            out.append(
-                [
-                    r.part,
-                    r.scheduler,
-                    str(r.pods),
-                    str(r.placed_at_first_refusal) if quality else "",
-                    str(r.gpu_sevenths_at_first_refusal) if quality else "",
-                    str(r.placed),
-                    str(r.gpu_sevenths_placed),
-                    gangs,
-                    "" if quality else f"{r.pods_per_s:.1f}",
-                ]
-            )
-        return out
+    def tables(self) -> list[Table]:
+        """The side-by-side tables: quality (the streams fed pod by pod), then throughput and gangs
+        (the backlogs); one row a run, empty tables left out."""
+        quality = Table(
+            "placement quality: pods placed, and a GPU's compute sevenths placed (a whole GPU is 7)",
+            ("part", "scheduler", "pods", "at 1st refusal", "7ths then", "saturated", "7ths then"),
+            [
+                [r.part, r.scheduler, str(r.pods), str(r.placed_at_first_refusal),
+                 str(r.gpu_sevenths_at_first_refusal), str(r.placed), str(r.gpu_sevenths_placed)]
+                for r in self.runs if r.part in MIXES
+            ],
+        )  # fmt: skip
+        backlog = Table(
+            "backlogs: bound pods/s (first binding to last), gangs complete / partly placed",
+            ("part", "scheduler", "pods", "placed", "gangs", "pods/s"),
+            [
+                [r.part, r.scheduler, str(r.pods), str(r.placed),
+                 f"{r.gangs_complete} / {r.gangs_partial}" if r.gangs_complete is not None else "",
+                 f"{r.pods_per_s:.1f}"]
+                for r in self.runs if r.part not in MIXES
+            ],
+        )  # fmt: skip
+        return [t for t in (quality, backlog) if t.rows]
 
 
-COLUMNS = (
-    "part",
-    "scheduler",
-    "pods",
-    "at 1st refusal",
-    "7ths then",
-    "at saturation",
-    "7ths then",
-    "gangs",
-    "pods/s",
-)
-LEGEND = (
-    "at 1st refusal / at saturation: pods placed when the first pod is refused / in all (quality streams, "
-    "fed pod by pod); 7ths then: compute sevenths of a GPU placed then (a whole GPU is 7); gangs: gangs "
-    "complete / partly placed; pods/s: backlogs only, first binding to last"
-)
+@dataclass(frozen=True, slots=True)
+class Table:
+    title: str
+    columns: tuple[str, ...]
+    rows: list[list[str]]
 
 
 class _Bench:

@@ -269,7 +269,7 @@ def bench_dra_cmd(
     cfg.check()
     with render.progress(cfg.steps(), "bench dra") as tick:
         report = bench_dra(cfg, on_progress=tick)
-    render.dra_bench(report.as_dict(), report.rows(), json_out)
+    render.dra_bench(report.as_dict(), report.tables(), json_out)
 
 
 @bench_app.command("extender-pick")

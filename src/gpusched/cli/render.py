@@ -214,24 +214,29 @@ def gangs_k8s(report: Mapping[str, Any], json_out: bool) -> None:
     )
 
 
-def dra_bench(report: Mapping[str, Any], rows: Sequence[Sequence[str]], json_out: bool) -> None:
-    """``bench dra``: the side-by-side table (``bench.dra.COLUMNS``), or the report as JSON."""
+def dra_bench(report: Mapping[str, Any], tables: Sequence[Any], json_out: bool) -> None:
+    """``bench dra``: its tables (``bench.dra.Table``: title, columns, rows), or the report as JSON."""
     if json_out:
         emit_json(report)
         return
-    from gpusched.bench.dra import COLUMNS, LEGEND
-
-    title = f"DRA claims, {report['nodes']} kwok nodes ({report['gpus']} GPUs), seed {report['seed']}"
-    t = Table(title=title, box=box.SIMPLE_HEAVY)
-    for i, col in enumerate(COLUMNS):
-        t.add_column(col, justify="left" if i < 2 else "right", no_wrap=i < 2)
-    for row in rows:
-        t.add_row(*row)
-    t.caption = (
-        f"throughput gpusched / kube-scheduler (best of {report['throughput_rounds']} each): "
-        f"{report['throughput_ratio_gpusched_to_kube_scheduler']}\n{LEGEND}\n{report['command']}"
+    out_console.print(
+        f"DRA claims, {report['nodes']} kwok nodes ({report['gpus']} GPUs), seed {report['seed']}: "
+        f"{report['command']}"
     )
-    out_console.print(t)
+    for table in tables:
+        t = Table(title=table.title, box=box.SIMPLE_HEAVY)
+        for i, col in enumerate(table.columns):
+            t.add_column(col, justify="left" if i < 2 else "right", no_wrap=i < 2)
+        for row in table.rows:
+            t.add_row(*row)
+        out_console.print(t)
+    ratio = report["throughput_ratio_gpusched_to_kube_scheduler"]
+    if ratio is not None:
+        rounds, rates = report["throughput_rounds"], report["throughput_pods_per_s"]
+        out_console.print(
+            f"throughput, best of {rounds} each: kube-scheduler {rates['kube-scheduler']} pods/s, "
+            f"gpusched {rates['gpusched']} pods/s, ratio gpusched / kube-scheduler {ratio}"
+        )
 
 
 K8S_COMPARE_KEYS = (
