@@ -50,9 +50,12 @@ def test_bench_dra_runs_both_schedulers_on_the_same_streams(control_plane: Contr
         assert r.placed + r.refused + r.undecided == r.pods, where
         assert r.gpu_sevenths_placed <= 7 * cfg.gpus, where
         if r.part in MIXES:  # longer than the cluster holds: saturated, and fed in order
-            assert 0 < r.placed_at_first_refusal <= r.placed < r.pods, where
-            assert r.gpu_sevenths_at_first_refusal <= r.gpu_sevenths_placed, where
+            first, sevenths = r.placed_at_first_refusal, r.gpu_sevenths_at_first_refusal
+            assert first is not None and 0 < first <= r.placed < r.pods, where
+            assert sevenths is not None and sevenths <= r.gpu_sevenths_placed, where
             assert r.refused == r.pods - r.placed, where
+        else:  # a backlog is not taken in the stream's order: no first refusal to speak of
+            assert r.placed_at_first_refusal is None and r.gpu_sevenths_at_first_refusal is None, where
         if r.part == THROUGHPUT:
             assert r.placed == r.pods and r.pods_per_s > 0, where
     gangs = {r.scheduler: r for r in report.runs if r.part == GANGS}

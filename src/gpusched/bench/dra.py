@@ -222,17 +222,18 @@ class Run:
     scheduler: str
     pods: int
     placed: int
-    placed_at_first_refusal: int
+    placed_at_first_refusal: int | None
     """Quality streams (fed pod by pod): the index of the first pod left without a node, that is the
-    pods placed when the first is refused."""
+    pods placed when the first is refused; None for a backlog (not taken in the stream's order)."""
     refused: int
     """Pods marked ``PodScheduled=False`` at the end."""
     undecided: int
     """Pods neither placed nor marked (gang members waiting, in gpusched's case)."""
     gpu_sevenths_placed: int
     """Compute slices of the placed pods (a whole GPU is 7)."""
-    gpu_sevenths_at_first_refusal: int
-    """Compute slices of the pods placed when the first pod was refused (the cluster's use then)."""
+    gpu_sevenths_at_first_refusal: int | None
+    """Compute slices of the pods placed when the first pod was refused (the cluster's use then);
+    None for a backlog."""
     seconds: float
     """From the first binding seen to the last."""
     pods_per_s: float
@@ -468,6 +469,7 @@ class _Bench:
         placed = [i for i in range(len(asks)) if node_of.get(f"p-{i:05d}")]
         refused = {n for n in watcher.refused() if not node_of.get(n)}
         first_gap = next((i for i in range(len(asks)) if not node_of.get(f"p-{i:05d}")), len(asks))
+        fed = part in MIXES  # in the stream's order: the first refusal is the first gap
         rate = watcher.rate()
         complete = partial = None
         if groups is not None:
@@ -480,11 +482,11 @@ class _Bench:
             scheduler=which,
             pods=len(asks),
             placed=len(placed),
-            placed_at_first_refusal=first_gap,
+            placed_at_first_refusal=first_gap if fed else None,
             refused=len(refused),
             undecided=len(asks) - len(placed) - len(refused),
             gpu_sevenths_placed=slices_used([asks[i] for i in placed]),
-            gpu_sevenths_at_first_refusal=slices_used(asks[:first_gap]),
+            gpu_sevenths_at_first_refusal=slices_used(asks[:first_gap]) if fed else None,
             seconds=rate.seconds,
             pods_per_s=rate.pods_per_s,
             gangs_complete=complete,
