@@ -148,9 +148,10 @@ def kube_scheduler_config(
 
 @contextlib.contextmanager
 def kube_scheduler(
-    cp: ControlPlane, name: str, config: Mapping[str, Any], log_dir: Path
+    cp: ControlPlane, name: str, config: Mapping[str, Any], log_dir: Path, feature_gates: str = ""
 ) -> Iterator[SchedulerProcess]:
-    """The control plane's kube-scheduler binary with ``config``, until the block ends."""
+    """The control plane's kube-scheduler binary with ``config`` (and ``--feature-gates``, when
+    given), until the block ends."""
     path = log_dir / f"{name}-config.json"
     log_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(config, indent=2))
@@ -164,6 +165,7 @@ def kube_scheduler(
         f"--secure-port={free_port()}",
         f"--cert-dir={log_dir / (name + '-certs')}",
         "--v=1",
+        *([f"--feature-gates={feature_gates}"] if feature_gates else []),
     ]
     with _spawned(name, cmd, log_dir) as proc:
         yield proc

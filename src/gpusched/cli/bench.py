@@ -269,6 +269,54 @@ def bench_gangs_k8s_cmd(
     render.gangs_k8s(bench_gangs_k8s(nodes=nodes, gangs=gangs, size=size, policy=policy).as_dict(), json_out)
 
 
+@bench_app.command("dra")
+@reports_errors
+def bench_dra_cmd(
+    nodes: Annotated[
+        int, typer.Option(help="kwok nodes, 8 A100 40GB each as NVIDIA's DRA driver publishes them.")
+    ] = 4,
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node (1-8).")] = 8,
+    seed: Annotated[int, typer.Option(help="Seed of the streams.")] = 0,
+    only: Annotated[
+        str | None,
+        typer.Option(
+            help="These parts only (comma-separated): mig-heavy, mixed, throughput, gangs, gangs-mig."
+        ),
+    ] = None,
+    throughput_per_gpu: Annotated[
+        int, typer.Option(help="Throughput stream: 1g.5gb pods per GPU (1-7).")
+    ] = 5,
+    throughput_rounds: Annotated[
+        int, typer.Option(help="Throughput: kube-scheduler and gpusched alternate this often; best of each.")
+    ] = 2,
+    gang_size: Annotated[int, typer.Option(help="Pods per whole-GPU gang (its PodGroup's minCount).")] = 4,
+    gang_load: Annotated[
+        float,
+        typer.Option(help="Whole-GPU gang pods, and MIG-pair gangs, per GPU (above 1: devices are tight)."),
+    ] = 1.5,
+    json_out: JsonOpt = False,
+) -> None:
+    """DRA claims on one real control plane: kube-scheduler, then gpusched standalone, on the same kwok
+    nodes, slices and claim streams: pods placed (at the first refusal, at saturation), pods/s, gangs."""
+    from gpusched.bench.dra import PARTS, DraBenchConfig, bench_dra
+
+    parts = tuple(p.strip() for p in only.split(",") if p.strip()) if only else PARTS
+    cfg = DraBenchConfig(
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        seed=seed,
+        parts=parts,
+        throughput_per_gpu=throughput_per_gpu,
+        throughput_rounds=throughput_rounds,
+        gang_size=gang_size,
+        gang_load=gang_load,
+    )
+    cfg.check()
+    with render.progress(cfg.steps(), "bench dra") as tick:
+        report = bench_dra(cfg, on_progress=tick)
+    render.dra_bench(report.as_dict(), report.tables(), json_out)
+
+
 @bench_app.command("extender-pick")
 @reports_errors
 def bench_extender_pick_cmd(

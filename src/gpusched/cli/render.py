@@ -214,6 +214,31 @@ def gangs_k8s(report: Mapping[str, Any], json_out: bool) -> None:
     )
 
 
+def dra_bench(report: Mapping[str, Any], tables: Sequence[Any], json_out: bool) -> None:
+    """``bench dra``: its tables (``bench.dra.Table``: title, columns, rows), or the report as JSON."""
+    if json_out:
+        emit_json(report)
+        return
+    out_console.print(
+        f"DRA claims, {report['nodes']} kwok nodes ({report['gpus']} GPUs), seed {report['seed']}: "
+        f"{report['command']}"
+    )
+    for table in tables:
+        t = Table(title=table.title, box=box.SIMPLE_HEAVY)
+        for i, col in enumerate(table.columns):
+            t.add_column(col, justify="left" if i < 2 else "right", no_wrap=i < 2)
+        for row in table.rows:
+            t.add_row(*row)
+        out_console.print(t)
+    ratio = report["throughput_ratio_gpusched_to_kube_scheduler"]
+    if ratio is not None:
+        rounds, rates = report["throughput_rounds"], report["throughput_pods_per_s"]
+        out_console.print(
+            f"throughput, best of {rounds} each: kube-scheduler {rates['kube-scheduler']} pods/s, "
+            f"gpusched {rates['gpusched']} pods/s, ratio gpusched / kube-scheduler {ratio}"
+        )
+
+
 K8S_COMPARE_KEYS = (
     "kube_scheduler_pods_per_s",
     "kube_scheduler_runs_pods_per_s",

@@ -195,7 +195,13 @@ class StandaloneScheduler:
 
     def synced(self) -> bool:
         informers = bool(self._reflectors) and all(r.synced.is_set() for r in self._reflectors)
-        return informers and self.gangs.groups.synced() and self.tenants.directory.ready()
+        # the DRA informers too: deciding a claim pod before they list would refuse it for nothing
+        return (
+            informers
+            and self.claims.synced()
+            and self.gangs.groups.synced()
+            and self.tenants.directory.ready()
+        )
 
     def wait_synced(self, timeout: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout
