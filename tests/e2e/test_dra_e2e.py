@@ -593,7 +593,10 @@ def test_bad_slices_are_named_in_an_event_nothing_is_bound_and_kube_scheduler_ag
     for who, scheduler in (("ours", ""), ("theirs", "default-scheduler")):
         dra.claim(f"bs-{case}-{who}", [{"name": "gpu", "exactly": exactly(cls)}])
         dra.pod(
-            f"bs-{case}-{who}", group, [{"name": "gpu", "resourceClaimName": f"bs-{case}-{who}"}], scheduler
+            f"bs-{case}-{who}",
+            group,
+            [{"name": "gpu", "resourceClaimName": f"bs-{case}-{who}"}],
+            scheduler=scheduler,
         )
     msg = dra.failure(f"bs-{case}-ours", contains=expected)
     theirs = dra.failure(f"bs-{case}-theirs")
