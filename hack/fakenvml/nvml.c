@@ -307,7 +307,7 @@ static void memory_of(nvmlDevice_t dev, unsigned long long *total, unsigned long
     const unsigned long long mib = 1024ULL * 1024ULL;
     if (m) {
         *total = (unsigned long long)m->gi->profile->memory_mib * mib;
-        *used = 0;
+        *used = (unsigned long long)m->gi->mem_used_mib * mib; /* the GI's, which its CIs share */
     } else {
         *total = g->memory_mib * mib;
         *used = g->mem_used_mib > 0 ? (unsigned long long)g->mem_used_mib * mib : 0;
