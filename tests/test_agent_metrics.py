@@ -8,9 +8,12 @@ import urllib.request
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpusched.agent import migprofiles
 from gpusched.agent.fake import FakeBackend, FakeConfigError
 from gpusched.agent.inventory import Readings
 from gpusched.agent.metrics import GpuCollector, gpu_instances, owners_from_pods
@@ -297,3 +300,61 @@ def test_a_fake_instance_using_more_than_its_memory_is_refused_naming_the_field(
         FakeConfigError, match=r"gpus\[0\] \(GPU index 0\): field mig\[2\]\.memoryUsedMiB .* 10240"
     ):
         FakeBackend.from_dict(doc, "m")
+
+
+A100 = ("NVIDIA A100-SXM4-80GB", 81920)
+LEGAL = [(p.name, s) for p in migprofiles.profiles(*A100).values() for s in p.kind.starts]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    tries=st.lists(st.sampled_from(LEGAL), max_size=12),
+    used_frac=st.lists(st.integers(0, 100), min_size=12, max_size=12),
+    holders=st.lists(st.integers(0, 3), min_size=12, max_size=12),
+)
+def test_property_each_gpu_instance_counted_once_with_its_holders(
+    tries: list[tuple[str, int]], used_frac: list[int], holders: list[int]
+) -> None:
+    """Random legal layouts, memory in use and holders (0 to 3 pods per instance, through
+    gpusched.io/allocated): each GPU instance's framebuffer appears once per holder (once if free), with the
+    fake's value; the GPU's own framebuffer series are absent exactly when it has instances; the free memory
+    of every instance adds up to what is not used."""
+    kept: list[tuple[str, int]] = []
+    for profile, start in tries:  # keep each candidate that fits beside those kept
+        cand = [*kept, (profile, start)]
+        insts = [migprofiles.instance(*A100, p, s, f"MIG-{i}", gi_id=i + 1) for i, (p, s) in enumerate(cand)]
+        try:
+            migprofiles.validate(*A100, insts)
+        except migprofiles.MigError:
+            continue
+        kept = cand
+    mem = {p.name: p.memory_mib for p in migprofiles.profiles(*A100).values()}
+    mig_entries = [
+        {"profile": p, "start": s, "uuid": f"MIG-{i}", "memoryUsedMiB": mem[p] * used_frac[i] // 100}
+        for i, (p, s) in enumerate(kept)
+    ]
+    doc = {
+        "hostname": "node-m",
+        "gpus": [{"model": A100[0], "uuid": "GPU-p", "migMode": True, "mig": mig_entries}],
+    }
+    pods = []
+    for i, (p, _s) in enumerate(kept):
+        for k in range(holders[i]):
+            ann = {"gpusched.io/allocated": json.dumps({"srv": {f"nvidia.com/mig-{p}": [f"MIG-{i}"]}})}
+            pods.append(mig_pod(f"p{i}-{k}", p, ann))
+    m = mig_samples(FakeBackend.from_dict(doc, "m"), pods)
+    used = m.get("DCGM_FI_DEV_FB_USED", [])
+    if not kept:
+        assert [("GPU_I_ID" in s) for s in used] == [False]  # the GPU's own, once
+        return
+    by_gi: dict[str, list[dict[str, str]]] = {}
+    for s in used:
+        by_gi.setdefault(s["GPU_I_ID"], []).append(s)
+    assert sorted(by_gi) == sorted(str(i + 1) for i in range(len(kept)))
+    for i, e in enumerate(mig_entries):
+        series = by_gi[str(i + 1)]
+        assert {s["GPU_I_PROFILE"] for s in series} == {e["profile"]}
+        assert {float(s["value"]) for s in series} == {float(e["memoryUsedMiB"])}
+        assert sorted(s["pod"] for s in series) == sorted([f"p{i}-{k}" for k in range(holders[i])] or [""])
+    free = {s["GPU_I_ID"]: float(s["value"]) for s in m["DCGM_FI_DEV_FB_FREE"]}
+    assert sum(free.values()) == sum(mem[e["profile"]] - e["memoryUsedMiB"] for e in mig_entries)
