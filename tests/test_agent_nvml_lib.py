@@ -10,6 +10,7 @@ soname); each nvmlInit after the last nvmlShutdown re-reads $GPUSCHED_FAKE_NVML_
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import dataclasses
 import os
@@ -321,6 +322,21 @@ def test_a_mig_memory_query_nvml_refuses_gives_no_series(
         assert [s for s in samples if "GPU_I_ID" in s[1]] == []  # no made-up values
         # nor do the GPUs in MIG mode with instances fall back to the parent's total
         assert [s for s in samples if s[0] == "DCGM_FI_DEV_FB_USED" and "'gpu', '0'" in s[1]] == []
+    finally:
+        real.close()
+
+
+def test_no_utilization_while_mig_mode_is_on_on_both_backends(nvml_env: FakeFiles) -> None:
+    doc = copy.deepcopy(SHAPES["mig-mixed"])
+    doc["gpus"][1]["readings"] = {"utilization": 42}  # GPU 1: MIG mode on, no instance
+    fake = nvml_env.use(doc)
+    real = NvmlBackend(doc["hostname"])
+    try:
+        assert real.readings(1).gpu_util_percent is None and fake.readings(1).gpu_util_percent is None
+        assert [s for s in _samples(real, {}) if s[0] == "DCGM_FI_DEV_GPU_UTIL"] == []
+        real.set_mig_mode(1, False)
+        fake.set_mig_mode(1, False)
+        assert real.readings(1).gpu_util_percent == fake.readings(1).gpu_util_percent == 42
     finally:
         real.close()
 

@@ -339,7 +339,7 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *m
 API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t *u) {
     GPU_OR_RETURN(g, dev); /* NVML attributes no utilization to MIG devices */
     if (!u) return NVML_ERROR_INVALID_ARGUMENT;
-    if (g->util < 0) return NVML_ERROR_NOT_SUPPORTED;
+    if (g->util < 0 || g->mig_mode) return NVML_ERROR_NOT_SUPPORTED; /* nor to a GPU in MIG mode */
     u->gpu = (unsigned int)g->util;
     u->memory = 0;
     return NVML_SUCCESS;

@@ -22,7 +22,8 @@ document itself). CI and the kubelet e2e use it. Format::
                                       # memoryUsedMiB: its GPU instance's framebuffer in use (default 0)
         xids: [79]                    # injected once, at start
         readings: {utilization: 35, memoryUsedMiB: 1024, temperature: 41, power: 250.5}  # memoryUsedMiB
-                                      # defaults to 0 (NVML always reports memory use); the others to none
+                                      # defaults to 0 (NVML always reports memory use); the others to none;
+                                      # no utilization is reported while migMode is on (NVML gives none)
 
 Errors name the file, the GPU (list position and index) and the field.
 """
@@ -189,6 +190,16 @@ class FakeBackend:
             self._inv = fakeops.set_mig_mode(self._inv, gpu_index, enabled)
 
     def readings(self, index: int) -> Readings:
+        """What NVML reports: the GPU's sensors, but no utilization while it is in MIG mode (nvml.h: "On
+        MIG-enabled GPUs, querying device utilization rates is not currently supported")."""
+        r = self.sensors(index)
+        d = self._inv.by_index(index)
+        if d is not None and d.mig_enabled and r.gpu_util_percent is not None:
+            r = replace(r, gpu_util_percent=None)
+        return r
+
+    def sensors(self, index: int) -> Readings:
+        """The file's readings whatever the MIG mode (utilization shows again when MIG mode goes off)."""
         r = self._readings.get(index, Readings())
         d = self._inv.by_index(index)
         if d is not None and r.memory_free_mib is None:

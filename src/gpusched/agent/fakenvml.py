@@ -75,7 +75,7 @@ def flat_config(backend: FakeBackend) -> str:
         )
         if d.nvlink_peers:
             lines.append("peers\t" + "\t".join(str(p) for p in d.nvlink_peers))
-        r = backend.readings(d.index)
+        r = backend.sensors(d.index)  # the library refuses utilization itself while MIG mode is on
         power = None if r.power_w is None else round(r.power_w * 1000)
         lines.append(
             f"readings\t{_num(r.gpu_util_percent)}\t{_num(r.memory_used_mib)}\t{_num(r.temperature_c)}\t{_num(power)}"
