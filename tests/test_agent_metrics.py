@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpusched.agent import migprofiles
@@ -173,8 +173,10 @@ def mig_pod(name: str, profile: str, ann: dict[str, str]) -> dict[str, Any]:
 
 def mig_samples(backend: Any, pods: list[dict[str, Any]]) -> dict[str, list[dict[str, str]]]:
     owners = owners_from_pods(pods, "node-m", ["GPU-whole"], backend.inventory())
-    out: dict[str, list[dict[str, str]]] = {}
-    for fam in GpuCollector(backend, lambda: owners).collect():
+    reg = CollectorRegistry()
+    reg.register(GpuCollector(backend, lambda: owners))
+    out: dict[str, list[dict[str, str]]] = {}  # through the text exposition, as Prometheus reads it
+    for fam in text_string_to_metric_families(generate_latest(reg).decode()):
         for s in fam.samples:
             out.setdefault(s.name, []).append({**s.labels, "value": str(s.value)})
     return out
