@@ -67,9 +67,9 @@ def test_a_good_file_gives_the_inventory_readings_and_xids(tmp_path: Path) -> No
         False,
     )
     assert len({d.uuid for d in inv.devices}) == 4 and len({d.pci_bus_id for d in inv.devices}) == 4
-    r = b.readings(0)
+    r = b.readings(0)  # in MIG mode: NVML gives no utilization for it, the file's 35 stays a sensor value
     assert (r.gpu_util_percent, r.memory_used_mib, r.memory_free_mib, r.temperature_c, r.power_w) == (
-        35,
+        None,
         1024,
         81920 - 1024,
         41,

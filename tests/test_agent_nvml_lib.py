@@ -10,6 +10,7 @@ soname); each nvmlInit after the last nvmlShutdown re-reads $GPUSCHED_FAKE_NVML_
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import dataclasses
 import os
@@ -62,14 +63,18 @@ SHAPES: dict[str, dict[str, Any]] = {
                 "model": "NVIDIA A100-SXM4-80GB",
                 "migMode": True,
                 "mig": [
-                    {"profile": "3g.40gb", "start": 4},
+                    {"profile": "3g.40gb", "start": 4, "memoryUsedMiB": 12000},
                     {"profile": "1g.10gb+me", "start": 0},
                     {"profile": "2g.20gb", "start": 2},
                 ],
             },
             {"model": "NVIDIA A100-SXM4-80GB", "migMode": True},
             {"model": "NVIDIA A100-SXM4-80GB"},
-            {"model": "NVIDIA A30", "migMode": True, "mig": [{"profile": "2g.12gb", "start": 2}]},
+            {
+                "model": "NVIDIA A30",
+                "migMode": True,
+                "mig": [{"profile": "2g.12gb", "start": 2, "memoryUsedMiB": 512}],
+            },
         ],
     },
     "mig-single": {
@@ -184,6 +189,7 @@ def test_backends_agree(nvml_env: FakeFiles, shape: str) -> None:
         assert got == want
         for d in want.devices:
             assert real.readings(d.index) == fake.readings(d.index), f"GPU {d.index}"
+            assert real.mig_readings(d.index) == fake.mig_readings(d.index), f"GPU {d.index}"
         for strategy in ("none", "mixed"):  # the agent labels no 'single' strategy
             assert labels.gfd_labels(got, strategy) == labels.gfd_labels(want, strategy), strategy
         assert labels.topology_annotation(got) == labels.topology_annotation(want)
@@ -270,6 +276,69 @@ def test_what_it_does_not_have_is_an_nvml_error_not_a_crash(nvml: Any) -> None:
     assert (mem.total, mem.reserved, mem.used) == (81920 * 1024**2, 0, 0)
     bus = n.nvmlDeviceGetPciInfo(t).busId
     assert n.nvmlDeviceGetIndex(n.nvmlDeviceGetHandleByPciBusId(bus)) == 2
+
+
+def test_a_mig_device_handle_gives_its_gpu_instance_memory(nvml: Any) -> None:
+    n = nvml
+    h = n.nvmlDeviceGetHandleByIndex(0)
+    by_slices = {}
+    for k in range(n.nvmlDeviceGetMaxMigDeviceCount(h)):
+        try:
+            m = n.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
+        except n.NVMLError_NotFound:
+            continue
+        mem = n.nvmlDeviceGetMemoryInfo(m)
+        by_slices[n.nvmlDeviceGetAttributes(m).gpuInstanceSliceCount] = (mem.total, mem.used, mem.free)
+    mib = 1024**2
+    assert by_slices == {  # by GPU-instance slices: 3g.40gb with 12000 MiB in use, 1g.10gb+me, 2g.20gb
+        3: (40960 * mib, 12000 * mib, (40960 - 12000) * mib),
+        1: (10240 * mib, 0, 10240 * mib),
+        2: (20480 * mib, 0, 20480 * mib),
+    }
+
+
+def test_a_mig_memory_query_nvml_refuses_gives_no_series(
+    nvml_env: FakeFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pynvml
+
+    doc = SHAPES["mig-mixed"]
+    nvml_env.use(doc)
+    real = NvmlBackend(doc["hostname"])
+    plain = pynvml.nvmlDeviceGetMemoryInfo
+
+    def refuse_mig(h: Any, *args: Any, **kw: Any) -> Any:
+        if pynvml.nvmlDeviceIsMigDeviceHandle(h):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return plain(h, *args, **kw)
+
+    try:
+        monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", refuse_mig)
+        got = real.mig_readings(0)
+        assert len(got) == 3 and all(
+            r.memory_used_mib is None and r.memory_free_mib is None for r in got.values()
+        )
+        samples = _samples(real, {})
+        assert [s for s in samples if "GPU_I_ID" in s[1]] == []  # no made-up values
+        # nor do the GPUs in MIG mode with instances fall back to the parent's total
+        assert [s for s in samples if s[0] == "DCGM_FI_DEV_FB_USED" and "'gpu', '0'" in s[1]] == []
+    finally:
+        real.close()
+
+
+def test_no_utilization_while_mig_mode_is_on_on_both_backends(nvml_env: FakeFiles) -> None:
+    doc = copy.deepcopy(SHAPES["mig-mixed"])
+    doc["gpus"][1]["readings"] = {"utilization": 42}  # GPU 1: MIG mode on, no instance
+    fake = nvml_env.use(doc)
+    real = NvmlBackend(doc["hostname"])
+    try:
+        assert real.readings(1).gpu_util_percent is None and fake.readings(1).gpu_util_percent is None
+        assert [s for s in _samples(real, {}) if s[0] == "DCGM_FI_DEV_GPU_UTIL"] == []
+        real.set_mig_mode(1, False)
+        fake.set_mig_mode(1, False)
+        assert real.readings(1).gpu_util_percent == fake.readings(1).gpu_util_percent == 42
+    finally:
+        real.close()
 
 
 def test_topology_follows_numa_nodes(nvml_env: FakeFiles) -> None:

@@ -127,10 +127,12 @@ int fake_load(const char *path, struct fake_system *sys) {
             p->size = (unsigned int)v[12];
             p->starts = (unsigned int)v[13];
             copy(p->name, sizeof(p->name), f[14]);
-        } else if (!strcmp(f[0], "mig") && n == 6) {
+        } else if (!strcmp(f[0], "mig") && (n == 6 || n == 7)) {
             for (int i = 1; i < 5; i++)
                 if (num(f[i], &v[i]) || v[i] < 0) { err = "mig: a numeric field is not a number"; break; }
             if (err) break;
+            v[6] = 0; /* memory used MiB: optional, -1 for none */
+            if (n == 7 && num(f[6], &v[6])) { err = "mig: memory used is not a number (use -1 for none)"; break; }
             if (v[2] >= FAKE_MAX_PROFILES || !g->profiles[v[2]].present) { err = "mig: unknown profile index"; break; }
             struct fake_gi *gi = NULL;
             for (int i = 0; i < FAKE_MAX_GIS && !gi; i++)
@@ -141,6 +143,7 @@ int fake_load(const char *path, struct fake_system *sys) {
             gi->id = (unsigned int)v[1];
             gi->profile = &g->profiles[v[2]];
             gi->start = (unsigned int)v[3];
+            gi->mem_used_mib = v[6] > 0 ? v[6] : 0;
             struct fake_ci *ci = &gi->cis[0];
             ci->h.kind = FAKE_MIG;
             ci->used = 1;

@@ -248,6 +248,7 @@ struct fake_gi {
     unsigned int id;
     struct fake_profile *profile;
     unsigned int start;
+    long long mem_used_mib; /* framebuffer in use, shared by its CIs (the flat file's, else 0) */
     struct fake_ci cis[FAKE_MAX_CIS];
 };
 

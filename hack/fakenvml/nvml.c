@@ -307,7 +307,7 @@ static void memory_of(nvmlDevice_t dev, unsigned long long *total, unsigned long
     const unsigned long long mib = 1024ULL * 1024ULL;
     if (m) {
         *total = (unsigned long long)m->gi->profile->memory_mib * mib;
-        *used = 0;
+        *used = (unsigned long long)m->gi->mem_used_mib * mib; /* the GI's, which its CIs share */
     } else {
         *total = g->memory_mib * mib;
         *used = g->mem_used_mib > 0 ? (unsigned long long)g->mem_used_mib * mib : 0;
@@ -339,7 +339,7 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *m
 API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t *u) {
     GPU_OR_RETURN(g, dev); /* NVML attributes no utilization to MIG devices */
     if (!u) return NVML_ERROR_INVALID_ARGUMENT;
-    if (g->util < 0) return NVML_ERROR_NOT_SUPPORTED;
+    if (g->util < 0 || g->mig_mode) return NVML_ERROR_NOT_SUPPORTED; /* nor to a GPU in MIG mode */
     u->gpu = (unsigned int)g->util;
     u->memory = 0;
     return NVML_SUCCESS;

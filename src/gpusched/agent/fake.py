@@ -18,10 +18,12 @@ document itself). CI and the kubelet e2e use it. Format::
         numaNode: 0
         nvlinkPeers: [1, 2, 3]
         migMode: true
-        mig: [{profile: 3g.40gb, start: 4}, {profile: 1g.10gb, start: 0, uuid: MIG-...}]
+        mig: [{profile: 3g.40gb, start: 4}, {profile: 1g.10gb, start: 0, uuid: MIG-..., memoryUsedMiB: 512}]
+                                      # memoryUsedMiB: its GPU instance's framebuffer in use (default 0)
         xids: [79]                    # injected once, at start
         readings: {utilization: 35, memoryUsedMiB: 1024, temperature: 41, power: 250.5}  # memoryUsedMiB
-                                      # defaults to 0 (NVML always reports memory use); the others to none
+                                      # defaults to 0 (NVML always reports memory use); the others to none;
+                                      # no utilization is reported while migMode is on (NVML gives none)
 
 Errors name the file, the GPU (list position and index) and the field.
 """
@@ -88,9 +90,11 @@ class FakeBackend:
         readings: Mapping[int, Readings] | None = None,
         xids: list[XidEvent] | None = None,
         xid_file: Path | None = None,
+        mig_used: Mapping[str, int] | None = None,
     ) -> None:
         self._inv = inventory
         self._readings = dict(readings or {})
+        self._mig_used = dict(mig_used or {})  # MIG UUID -> framebuffer used (MiB); absent: 0
         self._pending: list[XidEvent] = list(xids or [])
         self._cond = threading.Condition()
         self._xid_file = xid_file
@@ -142,6 +146,7 @@ class FakeBackend:
         devices: list[GpuDevice] = []
         readings: dict[int, Readings] = {}
         xids: list[XidEvent] = []
+        mig_used: dict[str, int] = {}
         for pos, entry in enumerate(gpus):
             if not isinstance(entry, dict):
                 raise FakeConfigError(f"{source}: gpus[{pos}] must be a mapping")
@@ -154,6 +159,7 @@ class FakeBackend:
                 index = len(devices)
                 where = f"{source}: gpus[{pos}] (GPU index {index})"
                 dev, rd, xs = _gpu(entry, index, hostname, where, single=count == 1, copy=k)
+                mig_used.update(_mig_used(entry, dev, where))
                 devices.append(dev)
                 readings[index] = rd
                 xids += xs
@@ -172,7 +178,7 @@ class FakeBackend:
             machine=str(doc.get("machine", "unknown")),
         )
         xid_file = Path(doc["xidFile"]) if doc.get("xidFile") else None
-        return cls(inv, readings, xids, xid_file)
+        return cls(inv, readings, xids, xid_file, mig_used)
 
     # ------------------------------------------------------------------------------------- backend
     def inventory(self) -> Inventory:
@@ -184,6 +190,16 @@ class FakeBackend:
             self._inv = fakeops.set_mig_mode(self._inv, gpu_index, enabled)
 
     def readings(self, index: int) -> Readings:
+        """What NVML reports: the GPU's sensors, but no utilization while it is in MIG mode (nvml.h: "On
+        MIG-enabled GPUs, querying device utilization rates is not currently supported")."""
+        r = self.sensors(index)
+        d = self._inv.by_index(index)
+        if d is not None and d.mig_enabled and r.gpu_util_percent is not None:
+            r = replace(r, gpu_util_percent=None)
+        return r
+
+    def sensors(self, index: int) -> Readings:
+        """The file's readings whatever the MIG mode (utilization shows again when MIG mode goes off)."""
         r = self._readings.get(index, Readings())
         d = self._inv.by_index(index)
         if d is not None and r.memory_free_mib is None:
@@ -191,6 +207,18 @@ class FakeBackend:
             used = r.memory_used_mib or 0
             r = Readings(r.gpu_util_percent, used, d.memory_mib - used, r.temperature_c, r.power_w)
         return r
+
+    def mig_readings(self, index: int) -> dict[str, Readings]:
+        """Each MIG device's framebuffer: its instance's memory, ``memoryUsedMiB`` of it used (NVML's
+        ``nvmlDeviceGetMemoryInfo`` on the MIG device handle); nothing else, as NVML gives nothing else."""
+        d = self._inv.by_index(index)
+        if d is None or not d.mig_enabled:
+            return {}
+        out = {}
+        for m in d.mig_instances:
+            used = self._mig_used.get(m.uuid, 0)
+            out[m.uuid] = Readings(memory_used_mib=used, memory_free_mib=m.memory_mib - used)
+        return out
 
     @property
     def xid_file(self) -> Path | None:
@@ -394,6 +422,22 @@ def _gpu(
         power_w=rd.get("power"),
     )
     return dev, readings, [XidEvent(index, x) for x in xids_raw]
+
+
+def _mig_used(entry: Mapping[str, Any], dev: GpuDevice, where: str) -> dict[str, int]:
+    """MIG UUID -> ``memoryUsedMiB`` of the entry's instances that give one (0 to its memory)."""
+    out = {}
+    for j, (m, inst) in enumerate(zip(entry.get("mig") or [], dev.mig_instances, strict=True)):
+        used = m.get("memoryUsedMiB")
+        if used is None:
+            continue
+        if not isinstance(used, int) or isinstance(used, bool) or not 0 <= used <= inst.memory_mib:
+            raise FakeConfigError(
+                f"{where}: field mig[{j}].memoryUsedMiB must be an integer from 0 to the instance's "
+                f"{inst.memory_mib} MiB, not {used!r}"
+            )
+        out[inst.uuid] = used
+    return out
 
 
 def _check_unique(devices: list[GpuDevice], source: str) -> None:

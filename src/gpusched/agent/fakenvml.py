@@ -14,7 +14,7 @@ Format (one record per line, fields separated by tabs; -1 means "not given")::
     readings  <util %> <memory used MiB> <temperature C> <power mW>
     profile   <NVML index> <id> <SM slices> <max count> <memory MiB> <SMs> <copy> <dec> <enc> <jpeg> <ofa>
               <placement size> <allowed starts, bit mask> <name>
-    mig       <GI id> <profile NVML index> <start> <CI slices> <MIG UUID>
+    mig       <GI id> <profile NVML index> <start> <CI slices> <MIG UUID> [<memory used MiB>]
     xid       <xid>                          # delivered once to each event set
 
 ``<mig>`` is 0 (no MIG), 2 (MIG-capable, off) or 3 (on). NVML reports integers for utilization, temperature
@@ -75,7 +75,7 @@ def flat_config(backend: FakeBackend) -> str:
         )
         if d.nvlink_peers:
             lines.append("peers\t" + "\t".join(str(p) for p in d.nvlink_peers))
-        r = backend.readings(d.index)
+        r = backend.sensors(d.index)  # the library refuses utilization itself while MIG mode is on
         power = None if r.power_w is None else round(r.power_w * 1000)
         lines.append(
             f"readings\t{_num(r.gpu_util_percent)}\t{_num(r.memory_used_mib)}\t{_num(r.temperature_c)}\t{_num(power)}"
@@ -92,9 +92,11 @@ def flat_config(backend: FakeBackend) -> str:
                 f"profile\t{index}\t{pid}\t{p.kind.sm_slices}\t{p.kind.max_count}\t{p.memory_mib}\t"
                 f"{p.multiprocessors}\t{c}\t{dec}\t{enc}\t{jpeg}\t{ofa}\t{p.kind.mem_slices}\t{starts}\t{p.name}"
             )
+        mig_mem = backend.mig_readings(d.index)
         for m in d.mig_instances:
             lines.append(
-                f"mig\t{m.gi_id}\t{index_of[m.profile]}\t{m.placement_start}\t{m.slices_ci}\t{m.uuid}"
+                f"mig\t{m.gi_id}\t{index_of[m.profile]}\t{m.placement_start}\t{m.slices_ci}\t{m.uuid}\t"
+                f"{_num(mig_mem[m.uuid].memory_used_mib)}"
             )
         lines += [f"xid\t{x}" for x in xids.get(d.index, [])]
     return "\n".join(lines) + "\n"

@@ -7,6 +7,7 @@ e2e).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -118,6 +119,13 @@ class GpuBackend(Protocol):
     def inventory(self) -> Inventory: ...
 
     def readings(self, index: int) -> Readings: ...
+
+    def mig_readings(self, index: int) -> Mapping[str, Readings]:
+        """Per MIG device (UUID) of GPU ``index`` in MIG mode, what NVML gives for its handle: its GPU
+        instance's framebuffer (``nvmlDeviceGetMemoryInfo``), None where NVML refuses; the other fields are
+        always None (NVML attributes no utilization, temperature or power to a MIG device). Empty for a GPU
+        out of MIG mode."""
+        ...
 
     def poll_xids(self, timeout_s: float) -> list[XidEvent]:
         """XID events since the last call; waits at most ``timeout_s`` for one."""

@@ -177,6 +177,27 @@ class NvmlBackend:
             power_w=power / 1000.0 if power is not None else None,
         )
 
+    def mig_readings(self, index: int) -> dict[str, Readings]:
+        """Each MIG device's framebuffer, from ``nvmlDeviceGetMemoryInfo`` on its own handle (nvml.h:
+        "per-instance information can be queried by using specific MIG device handles"); a refused query
+        gives None."""
+        n = self._n
+        h = self._handles[index]
+        mode = self._try(n.nvmlDeviceGetMigMode, h)
+        if mode is None or not mode[0]:
+            return {}
+        out: dict[str, Readings] = {}
+        for k in range(self._try(n.nvmlDeviceGetMaxMigDeviceCount, h, default=0)):
+            m = self._try(n.nvmlDeviceGetMigDeviceHandleByIndex, h, k)
+            if m is None:
+                continue  # an empty index
+            mem = self._try(n.nvmlDeviceGetMemoryInfo, m)
+            out[_str(n.nvmlDeviceGetUUID(m))] = Readings(
+                memory_used_mib=int(mem.used // (1024 * 1024)) if mem is not None else None,
+                memory_free_mib=int(mem.free // (1024 * 1024)) if mem is not None else None,
+            )
+        return out
+
     def poll_xids(self, timeout_s: float) -> list[XidEvent]:
         n = self._n
         if self._events is None:

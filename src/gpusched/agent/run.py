@@ -193,7 +193,9 @@ class Agent:
         except Exception as e:
             log.warning("could not list pods on %s: %s", self.config.node, e)
             return
-        self._owners = owners_from_pods(pods, self.config.node, [d.uuid for d in self.devices.whole_gpus])
+        self._owners = owners_from_pods(
+            pods, self.config.node, [d.uuid for d in self.devices.whole_gpus], self.devices.inventory
+        )
 
     def check_other_plugins(self) -> str | None:
         """Another device plugin in the kubelet's directory serving devices the agent serves (NVIDIA's plugin
