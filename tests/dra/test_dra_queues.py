@@ -8,7 +8,7 @@ import pytest
 from k8s_objects import allocation, claim, device_class, whole
 from test_dra_preemption import World
 
-from gpusched.core.dra.model import AllocationMode, Claim, ExactRequest, Request
+from gpusched.core.dra.model import AllocationMode, Claim, ExactRequest, Node, Request
 from gpusched.core.gang import Unit
 from gpusched.core.model import PodSpec
 from gpusched.core.policies import make_profile
@@ -160,3 +160,44 @@ def test_a_queue_naming_an_unknown_device_class_refuses_its_pods() -> None:
     )
     w.books.upsert_class(device_class("nope.example.com"))
     assert tq._unknown_classes(d, "a", "namespace ns") == ""
+
+
+def test_reclaims_what_ifs_leave_the_dra_ledger_as_they_found_it() -> None:
+    """plan_reclaim's and landing's what-ifs place the claimant (Reserve runs); each gives back what
+    its Reserve took (``scheduler.undo``): a claimant without a room holds nothing afterwards, and one
+    that holds a room from an earlier reclaim (its victims leaving) keeps that room unchanged."""
+    from gpusched.core.policies import make_profile as profile_of
+    from gpusched.k8s.claims import DraClaims
+    from gpusched.k8s.tenants import landing
+
+    w = World({"node-a": 2})
+    w.holder("y-c", "node-a", ("gpu-1",), [("y", 1)])
+    book = QueueBook(
+        QueueTree(
+            [
+                QueueSpec("org"),
+                QueueSpec("a", "org", nominal=Quota(devices={"devices/gpu": 2})),
+                QueueSpec("b", "org"),
+            ]
+        )
+    )
+    book.charge("ns/y", "b", w.books.claim_charges()["ns/y"])
+    w.claims["x-c"] = claim("x-c", [whole(count=2)])
+    w._show("x-c")
+    r = resolve(pod_obj("x", "x-c"), w.books)
+    assert isinstance(r, Ready)
+    p = PodSpec("x", cpu_milli=100, namespace="ns", priority=5, queue="a", claims=r.claims)
+    prof = profile_of("bestfit")
+    before = w.books.allocated()
+    plan = plan_reclaim(prof, w.snap, book, Unit(p.key, (p,), 1))
+    assert plan.victims == ("ns/y",)
+    assert w.books.reservation(p.key) is None and w.books.allocated() == before
+    assert landing(prof, w.snap, (p,), plan.victims) == [(p, "node-a")]
+    assert w.books.reservation(p.key) is None and w.books.allocated() == before
+
+    DraClaims(None, books=w.books).hold_room(p, Node("node-a"), plan.victims)  # as the actuator does
+    room = w.books.reservation(p.key)
+    assert room is not None and room.room_until is not None
+    assert plan_reclaim(prof, w.snap, book, Unit(p.key, (p,), 1)).victims == ("ns/y",)
+    assert landing(prof, w.snap, (p,), plan.victims) == [(p, "node-a")]
+    assert w.books.reservation(p.key) == room  # the what-ifs neither dropped nor replaced it

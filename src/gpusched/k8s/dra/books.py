@@ -117,6 +117,7 @@ class DraBooks:
         self._claims: dict[str, Obj] = {}  # key -> the API object
         self._held: dict[str, tuple[HeldDevice, ...]] = {}  # claim key -> its allocation in the API
         self._reserved: dict[str, Reservation] = {}  # pod key -> its decision
+        self._rooms_under: dict[str, Reservation] = {}  # pod key -> its room a decision replaced
         self._consumers: dict[str, tuple[str, ...]] = {}  # claim key -> its reservedFor (``consumers_of``)
         self._by_consumer: dict[str, set[str]] = {}  # consumer -> the claims reserved for it
         self._problems: dict[str, str] = {}  # "Kind name" -> why it cannot be read
@@ -362,16 +363,26 @@ class DraBooks:
 
     def reserve(self, pod: str, node: str, allocations: tuple[ClaimAllocation, ...]) -> None:
         with self.lock:
+            old = self._reserved.get(pod)
+            if old is not None and old.room_until is not None:
+                self._rooms_under[pod] = old  # back if the decision is given back (a what-if's undo)
             self._reserved[pod] = Reservation(pod, node, allocations)
             self.version += 1
 
     def unreserve(self, pod: str, *, room: bool = True) -> None:
-        """Give ``pod``'s decision back (and its room, unless ``room`` is False)."""
+        """Give ``pod``'s decision back (and its room, unless ``room`` is False). A decision that
+        replaced the pod's room gives the room back (while it lasts): a what-if's Reserve undone
+        (``core.scheduler.undo``) leaves the books as it found them, and a refused write leaves the
+        preemptor its room."""
         with self.lock:
             res = self._reserved.get(pod)
-            if res is not None and (room or res.room_until is None):
-                del self._reserved[pod]
-                self.version += 1
+            if res is None or (not room and res.room_until is not None):
+                return
+            del self._reserved[pod]
+            under = self._rooms_under.pop(pod, None)
+            if res.room_until is None and under is not None and self._clock() < (under.room_until or 0.0):
+                self._reserved[pod] = under
+            self.version += 1
 
     def hold_room(self, pod: str, node: str, allocations: tuple[ClaimAllocation, ...], for_s: float) -> None:
         """A preemptor nominated on ``node``: the devices the what-if gave it there (its victims'
@@ -381,6 +392,7 @@ class DraBooks:
         with its key); its Reserve replaces the room with the decision."""
         with self.lock:
             self._reserved[pod] = Reservation(pod, node, allocations, room_until=self._clock() + for_s)
+            self._rooms_under.pop(pod, None)
             self.version += 1
 
     def reservation(self, pod: str) -> Reservation | None:
@@ -410,6 +422,7 @@ class DraBooks:
             keys = {a.claim for a in res.allocations}
             if claim in keys and all(k in self._held or k not in self._claims for k in keys):
                 del self._reserved[pod]
+                self._rooms_under.pop(pod, None)
                 self.version += 1
 
     def _expire(self) -> None:
@@ -421,6 +434,7 @@ class DraBooks:
                 res.room_until is not None and now >= res.room_until
             ):
                 del self._reserved[pod]
+                self._rooms_under.pop(pod, None)
                 self.version += 1
 
     def reservations(self) -> list[str]:
