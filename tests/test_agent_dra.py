@@ -223,7 +223,7 @@ class Env:
         self.dev.mkdir(exist_ok=True)
         self.config = DraConfig(
             cdi_dir=root / "cdi", dev_root=self.dev, registry_dir=root / "reg", plugins_dir=root / "plugins",
-            mig=mig,
+            mig=mig, proc_root=root / "host",
         )  # fmt: skip
         inv = backend.inventory() if backend is not None else inventory()
         self.node = DraNode(NODE, inv, self.config, self.api, self.api, backend, sharing or Sharing())
@@ -913,3 +913,95 @@ def test_dynamic_mig_instances_are_made_and_undone_through_nvml_as_through_the_f
     assert set(made) == {n for n, _ in want} and all(u.startswith("MIG-") for u in made.values())
     assert mig.destroy(ref) and layout() == [("2g.12gb", 2)]
     assert not mig.destroy(ref)  # nothing left of it
+
+
+# ------------------------------------------------------------------------- MIG capability device nodes
+
+
+def fake_caps(root: Path, dev: Path, table: dict[str, int], files: dict[str, int] | None = None) -> None:
+    """A fake host: ``/proc/driver/nvidia-caps/mig-minors`` holding ``table``, capability files
+    (``gpu2/mig/gi1/access`` -> its minor) and a ``/dev/nvidia-caps`` node for every minor."""
+    minors = root / "proc/driver/nvidia-caps/mig-minors"
+    minors.parent.mkdir(parents=True, exist_ok=True)
+    minors.write_text("config 1\nmonitor 2\n" + "".join(f"{k} {v}\n" for k, v in table.items()))
+    for path, n in (files or {}).items():
+        f = root / "proc/driver/nvidia/capabilities" / path
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(f"DeviceFileMinor: {n}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+    (dev / "nvidia-caps").mkdir(parents=True, exist_ok=True)
+    for n in [*table.values(), *(files or {}).values()]:
+        (dev / "nvidia-caps" / f"nvidia-cap{n}").touch()
+
+
+def test_mig_capability_minors_come_from_the_table_else_the_capability_file_and_absence_is_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from gpusched.agent.dra.migcaps import MigCaps
+
+    host, dev = tmp_path / "host", tmp_path / "dev"
+    caps = MigCaps(host, dev)
+    with caplog.at_level("WARNING", logger="gpusched.agent.dra.migcaps"):
+        assert caps.device_nodes(0, 1, 0) == [] and caps.device_nodes(2, 3, 0) == []
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "no NVIDIA driver on this node" in said[0]  # once, not per device
+
+    fake_caps(
+        host, dev, {"gpu0/gi1/access": 21, "gpu0/gi1/ci0/access": 22, "gpu0/gi2/access": 30},
+        files={"gpu0/mig/gi2/ci1/access": 33, "gpu0/mig/gi1/access": 99},  # the table wins where it has one
+    )  # fmt: skip
+    caps = MigCaps(host, dev)
+
+    def node(n: int) -> dict[str, str]:
+        return {
+            "path": f"/dev/nvidia-caps/nvidia-cap{n}",
+            "hostPath": str(dev / f"nvidia-caps/nvidia-cap{n}"),
+        }
+
+    assert caps.device_nodes(0, 1, 0) == [node(21), node(22)]
+    assert caps.device_nodes(0, 2, 1) == [node(30), node(33)]  # the CI's minor from its capability file
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gpusched.agent.dra.migcaps"):
+        assert caps.device_nodes(0, 5, 0) == []  # an instance the host tells nothing of
+        (dev / "nvidia-caps/nvidia-cap22").unlink()
+        assert caps.device_nodes(0, 1, 0) == [node(21)]  # a node not created: left out, named
+    assert any("gi5" in r.getMessage() for r in caplog.records)
+    assert any("nvidia-cap22" in r.getMessage() for r in caplog.records)
+
+
+def test_static_and_dynamic_mig_devices_get_their_capability_nodes_in_the_cdi_spec(env: Env) -> None:
+    mig = next(m for m in inventory().devices[2].mig_instances if m.uuid == MIG_UUID)
+    fake_caps(
+        env.root / "host", env.dev,
+        {f"gpu2/gi{mig.gi_id}/access": 41, f"gpu2/gi{mig.gi_id}/ci{mig.ci_id}/access": 42},
+    )  # fmt: skip
+    env.api.claims[("ns1", "c1")] = claim(
+        "uid-c", [result("gpu-1", "gpu"), result("gpu-2-mig-1g10gb-0", "g")]
+    )
+    assert env.prepare(ClaimRef("ns1", "c1", "uid-c")).claims["uid-c"].error == ""
+    spec = json.loads((env.config.cdi_dir / "k8s.gpu.nvidia.com-claim_uid-c.json").read_text())
+    nodes = [d["containerEdits"].get("deviceNodes", []) for d in spec["devices"]]
+    assert nodes[0] == []  # a whole GPU has no capability node
+    assert [n["path"] for n in nodes[1]] == [
+        "/dev/nvidia-caps/nvidia-cap41",
+        "/dev/nvidia-caps/nvidia-cap42",
+    ]
+    assert nodes[1][0]["hostPath"] == str(env.dev / "nvidia-caps/nvidia-cap41")
+
+    root = Path(tempfile.mkdtemp(prefix="dra", dir="/tmp"))
+    dyn = Env(root, dyn_backend(), mig="dynamic")
+    fake_caps(root / "host", dyn.dev, {"gpu1/gi1/access": 51, "gpu1/gi1/ci0/access": 52})
+    dyn.node.start()
+    try:
+        dyn.api.claims[("ns1", "c1")] = claim("uid-d", [result("gpu-1-mig-3g40gb-9-4")])
+        assert dyn.prepare(ClaimRef("ns1", "c1", "uid-d")).claims["uid-d"].error == ""
+        assert dyn.node.mig is not None
+        (made,) = dyn.node.mig.ops.inventory().devices[1].mig_instances
+        assert (made.gi_id, made.ci_id) == (1, 0)  # the fake's first instance on the GPU
+        spec = json.loads((dyn.config.cdi_dir / "k8s.gpu.nvidia.com-claim_uid-d.json").read_text())
+        paths = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
+        assert paths == ["/dev/nvidia-caps/nvidia-cap51", "/dev/nvidia-caps/nvidia-cap52"]
+        checkpoint = json.loads((dyn.config.plugins_dir / DRIVER / "mig-claims.json").read_text())
+        assert (checkpoint["claims"]["uid-d"][0]["gi"], checkpoint["claims"]["uid-d"][0]["ci"]) == (1, 0)
+    finally:
+        dyn.node.stop()
+        shutil.rmtree(root, ignore_errors=True)
