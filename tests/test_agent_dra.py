@@ -1005,3 +1005,55 @@ def test_static_and_dynamic_mig_devices_get_their_capability_nodes_in_the_cdi_sp
     finally:
         dyn.node.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_gpu_handed_to_a_device_plugin_pod_is_tainted_before_allocate_answers(tmp_path: Path) -> None:
+    """The event, not the 10 s resync: when the kubelet's Allocate hands a bound pod the GPU of its
+    assignment, the DeviceTaintRule of the GPU's device in another driver's slice exists before Allocate
+    answers, i.e. before the kubelet can start the container; no list call is made on that path."""
+    from gpusched.agent.dra.heldtaints import MemoryTaintRules
+
+    class Counting(MemoryTaintRules):
+        lists = 0
+
+        def slices_on_node(self, node: str) -> list[dict[str, Any]]:
+            self.lists += 1
+            return super().slices_on_node(node)
+
+        def list_rules(self, node: str) -> list[dict[str, Any]]:
+            self.lists += 1
+            return super().list_rules(node)
+
+    backend = FakeBackend.from_dict(json.loads(json.dumps(DOC)), "t")
+    pods = MemoryPods([])
+    rules = Counting(
+        [{"spec": {"driver": "gpu.nvidia.com", "nodeName": NODE, "pool": {"name": NODE},
+                   "devices": [{"name": f"gpu-{i}", "attributes": {"uuid": {"string": UUIDS[i]}}}
+                               for i in range(2)]}}]
+    )  # fmt: skip
+    cfg = AgentConfig(node=NODE, plugin_dir=tmp_path / "dp", held_taints_s=3600.0)  # no resync in this test
+    agent = Agent(cfg, backend, pods, pods, taint_api=rules)
+    agent.sync_held_taints()  # the resync at start: nothing held yet
+    assert rules.rules == {}
+    pod = _dp_pod("new", assigned=[1], phase="Pending")  # just bound, its container not started
+    pod["spec"]["containers"] = [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    pods.pods.append(pod)
+    lists = rules.lists
+    seen: list[list[str]] = []
+    create = rules.create_rule
+
+    def creating(body: Any) -> None:  # the rule is written while Allocate has not answered yet
+        assert not seen
+        create(body)
+
+    rules.create_rule = creating  # type: ignore[method-assign]
+    dev_id = next(i for i, _ in agent.devices.devices("nvidia.com/gpu"))
+    resp = agent.plugin.allocator.allocate_container("nvidia.com/gpu", [dev_id])
+    seen.append([resp.envs["NVIDIA_VISIBLE_DEVICES"]])
+    assert seen == [[UUIDS[1]]]
+    assert [r["spec"]["deviceSelector"]["device"] for r in rules.rules.values()] == ["gpu-1"]
+    assert rules.lists == lists  # the event path reads nothing
+    assert agent.held_taints is not None and agent.held_taints.add([UUIDS[1]]) == []  # known: not again
+    pods.pods.clear()  # the pod went: the resync deletes the rule
+    agent.sync_held_taints()
+    assert rules.rules == {}

@@ -135,6 +135,8 @@ class Agent:
         self.held_taints = (
             HeldTaints(self.taint_api, c.node) if self.taint_api is not None and self.dra is None else None
         )
+        if self.held_taints is not None:  # the event: GPUs handed out are tainted before Allocate answers
+            self.plugin.allocator.on_handed = self.held_taints.add
         reshaper = self.backend if isinstance(self.backend, MigReshaper) else None
         manager = MigManagerWay(self.nodes, self.configmaps, c.mig_manager) if self.configmaps else None
         self.reshapes = (
