@@ -201,3 +201,34 @@ def test_reclaims_what_ifs_leave_the_dra_ledger_as_they_found_it() -> None:
     assert plan_reclaim(prof, w.snap, book, Unit(p.key, (p,), 1)).victims == ("ns/y",)
     assert landing(prof, w.snap, (p,), plan.victims) == [(p, "node-a")]
     assert w.books.reservation(p.key) == room  # the what-ifs neither dropped nor replaced it
+
+
+def test_an_all_request_is_charged_the_devices_it_took_once_allocated() -> None:
+    """``All`` asks for every matching device of the node it lands on: before placement it is charged 1
+    (the least; the count depends on the node), once placed what the decision took, then what the API's
+    allocation shows. A queue whose quota is smaller than what it took refuses the placement (undone,
+    nothing held), one that covers it is charged all of it."""
+    from gpusched.core.batch import Outcome, run_cycle
+
+    every = [{"name": "gpu", "exactly": {"deviceClassName": "gpu", "allocationMode": "All"}}]
+    for quota, placed in ((2, False), (3, True)):
+        w = World({"node-a": 3})
+        w.claims["all-c"] = claim("all-c", every)
+        w._show("all-c")
+        r = resolve(pod_obj("p", "all-c"), w.books)
+        assert isinstance(r, Ready)
+        p = PodSpec("p", cpu_milli=100, namespace="ns", uid="uid-p", queue="a", claims=r.claims)
+        assert claims_charge(r.claims.to_allocate)[key("devices/gpu")] == 1  # before placement
+        tree = QueueTree([QueueSpec("a", nominal=Quota(devices={"devices/gpu": quota}))])
+        book = QueueBook(tree)
+        (o,) = run_cycle(make_profile("bestfit"), w.snap, [Unit(p.key, (p,), 1)], book=book, reclaim=False)
+        assert (o.outcome is Outcome.PLACED) is placed, o.reason
+        if not placed:
+            assert "devices/gpu" in o.reason and w.books.reservation(p.key) is None and not book.charged
+            continue
+        assert book.charged[p.key][1][key("devices/gpu")] == 3
+        assert w.books.claim_charges()["ns/p"][key("devices/gpu")] == 3  # the decision, not yet written
+        assert w.books.decided_charge("ns/p") == w.books.claim_charges()["ns/p"]
+        w.write(p, "node-a")
+        assert w.books.decided_charge("ns/p") is None
+        assert w.books.claim_charges()["ns/p"][key("devices/gpu")] == 3  # the API's allocation
