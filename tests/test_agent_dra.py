@@ -1057,3 +1057,40 @@ def test_a_gpu_handed_to_a_device_plugin_pod_is_tainted_before_allocate_answers(
     pods.pods.clear()  # the pod went: the resync deletes the rule
     agent.sync_held_taints()
     assert rules.rules == {}
+
+
+def test_a_pod_bound_with_its_assignment_is_tainted_at_the_watch_event_and_a_stale_resync_keeps_it(
+    tmp_path: Path,
+) -> None:
+    """Where a DRA driver publishes the node's GPUs, the agent watches the pods bound to its node: a pod
+    bound with a ``gpusched.io/assignment`` gets its GPU's rule at that event, before the kubelet admits
+    it (no Allocate yet, no resync); a resync whose pod list was read before that binding does not delete
+    the rule; once the pod is gone, the resync does."""
+    from gpusched.agent.dra.heldtaints import MemoryTaintRules, held_gpus
+
+    backend = FakeBackend.from_dict(json.loads(json.dumps(DOC)), "t")
+    pods = MemoryPods([])
+    rules = MemoryTaintRules(
+        [{"spec": {"driver": "gpu.nvidia.com", "nodeName": NODE, "pool": {"name": NODE},
+                   "devices": [{"name": f"gpu-{i}", "attributes": {"uuid": {"string": UUIDS[i]}}}
+                               for i in range(2)]}}]
+    )  # fmt: skip
+    cfg = AgentConfig(node=NODE, plugin_dir=tmp_path / "dp", held_taints_s=3600.0)
+    agent = Agent(cfg, backend, pods, pods, taint_api=rules)
+    agent.sync_held_taints()  # the resync at start: a DRA driver publishes here, the watch starts
+    assert rules.rules == {} and agent.held_taints is not None
+    mark = agent.held_taints.mark()  # a resync begins: its pods are read before the binding
+    stale = pods.pods_on_node(NODE)
+    pods.bind(_dp_pod("new", assigned=[1], phase="Pending"))  # the watch event
+    assert [r["spec"]["deviceSelector"]["device"] for r in rules.rules.values()] == ["gpu-1"]
+    held = held_gpus(stale, NODE, agent.devices.inventory, {})
+    agent.held_taints.sync(held, rules.slices_on_node(NODE), mark)
+    assert len(rules.rules) == 1  # the stale pass keeps it
+    agent.sync_held_taints()
+    assert len(rules.rules) == 1  # held by the pod's assignment
+    pods.pods.clear()
+    agent.sync_held_taints()
+    assert rules.rules == {}
+    agent.stop()
+    pods.bind(_dp_pod("later", assigned=[0], phase="Pending"))
+    assert rules.rules == {}  # the watch stopped with the agent

@@ -142,6 +142,8 @@ class HeldTaints:
         self._rules_left = True  # unknown at start: an earlier agent may have left rules
         self._slices: list[dict[str, Any]] = []  # the node's slices as the last resync read them
         self._have: set[str] = set()  # the rule names known to exist (last resync, and created since)
+        self._seq = 0  # counts the event path's creations
+        self._added: dict[str, int] = {}  # rule name -> its creation's number (the event path's)
         self._lock = threading.Lock()  # Allocate's threads and the resync
 
     def _failed(self, e: Exception) -> None:
@@ -170,6 +172,8 @@ class HeldTaints:
                 for name in sorted(set(want) - self._have):
                     self.api.create_rule(rule(self.node, want[name]))
                     self._have.add(name)
+                    self._seq += 1
+                    self._added[name] = self._seq
                     self._rules_left = True
                     d = want[name]
                     log.info(
@@ -188,24 +192,38 @@ class HeldTaints:
     def needed(self, slices: Sequence[Mapping[str, Any]]) -> bool:
         """Whether a pass can change anything: a device on this node names a GPU, or rules are left. On a
         node no DRA driver publishes, the agent thus reads no pods and no rules for this."""
-        return self._rules_left or any(
+        return self._rules_left or self.published(slices)
+
+    @staticmethod
+    def published(slices: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether a device of ``slices`` names a GPU (``uuid`` or ``parentUUID``)."""
+        return any(
             _attr(d.get("attributes") or {}, str((s.get("spec") or {}).get("driver", "")), k) is not None
             for s in slices
             for d in (s.get("spec") or {}).get("devices") or []
             for k in ("uuid", "parentUUID")
         )
 
+    def mark(self) -> int:
+        """Taken before the pods a resync reads are listed: rules the event path creates after it are not
+        deleted by that resync (its pod list may predate their pod)."""
+        with self._lock:
+            return self._seq
+
     def sync(
-        self, held: Collection[str], slices: Sequence[Mapping[str, Any]] | None = None
+        self,
+        held: Collection[str],
+        slices: Sequence[Mapping[str, Any]] | None = None,
+        mark: int | None = None,
     ) -> tuple[list[str], list[str]]:
         """Creates the missing rules and deletes those of GPUs no longer held (``slices``: the node's, read
-        now when not given); returns (created, deleted) rule names. API errors are logged (once while they
-        repeat) and retried at the next call."""
+        now when not given; ``mark``: ``mark()`` before ``held`` was read); returns (created, deleted) rule
+        names. API errors are logged (once while they repeat) and retried at the next call."""
         with self._lock:
-            return self._sync(held, slices)
+            return self._sync(held, slices, self._seq if mark is None else mark)
 
     def _sync(
-        self, held: Collection[str], slices: Sequence[Mapping[str, Any]] | None
+        self, held: Collection[str], slices: Sequence[Mapping[str, Any]] | None, mark: int
     ) -> tuple[list[str], list[str]]:
         try:
             if slices is None:
@@ -213,6 +231,7 @@ class HeldTaints:
             self._slices = [dict(s) for s in slices]
             want = {rule_name(self.node, d): d for d in held_devices(slices, held)}
             have = {str((r.get("metadata") or {}).get("name")) for r in self.api.list_rules(self.node)}
+            newer = {n for n, seq in self._added.items() if seq > mark}  # made after the pods were read
             created, deleted = [], []
             for name in sorted(set(want) - have):
                 self.api.create_rule(rule(self.node, want[name]))
@@ -220,16 +239,17 @@ class HeldTaints:
                 log.info("GPU %s held by a device-plugin pod: tainted %s/%s/%s for DRA (DeviceTaintRule %s)",
                          d.gpu_uuid, d.driver, d.pool, d.device, name)  # fmt: skip
                 created.append(name)
-            for name in sorted(have - set(want)):
+            for name in sorted(have - set(want) - newer):
                 self.api.delete_rule(name)
                 log.info("DeviceTaintRule %s deleted: its GPU is no longer held by a device-plugin pod", name)
                 deleted.append(name)
         except Exception as e:
             self._failed(e)
             return [], []
-        self._have = set(want)
+        self._have = set(want) | (have & newer)
+        self._added = {n: seq for n, seq in self._added.items() if seq > mark}
         self._last_error = ""
-        self._rules_left = bool(want)
+        self._rules_left = bool(self._have)
         return created, deleted
 
 
