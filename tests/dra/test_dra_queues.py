@@ -5,6 +5,8 @@ charged, and reclaim that evicts the borrower whose claims free the class the cl
 from __future__ import annotations
 
 import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 from k8s_objects import allocation, claim, device_class, whole
 from test_dra_preemption import World
 
@@ -232,3 +234,58 @@ def test_an_all_request_is_charged_the_devices_it_took_once_allocated() -> None:
         w.write(p, "node-a")
         assert w.books.decided_charge("ns/p") is None
         assert w.books.claim_charges()["ns/p"][key("devices/gpu")] == 3  # the API's allocation
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    gpus=st.integers(1, 4),
+    held=st.sampled_from([0, 0, 0, 1, 2]),  # All fits only where no matching device is in use
+    requests=st.lists(st.one_of(st.just("all"), st.integers(1, 2)), min_size=1, max_size=2),
+)
+def test_a_placed_claim_pod_is_charged_exactly_the_devices_it_took(
+    gpus: int, held: int, requests: list[object]
+) -> None:
+    """Property: for ExactCount and All requests over a node where others hold some devices, a claim pod
+    that is placed is charged, per class, the devices its decision took (the queue's book at placement,
+    the books' charge before the write and after it); one that is not placed is charged nothing."""
+    from gpusched.core.batch import Outcome, run_cycle
+
+    w = World({"node-a": gpus})
+    held = min(held, gpus)
+    if held:
+        w.holder("other", "node-a", tuple(f"gpu-{i}" for i in range(held)), [("o", 0)])
+    reqs = [
+        {"name": f"r{i}", "exactly": {"deviceClassName": "gpu", "allocationMode": "All"}}
+        if r == "all"
+        else {"name": f"r{i}", "exactly": {"deviceClassName": "gpu", "count": r}}
+        for i, r in enumerate(requests)
+    ]
+    w.claims["c"] = claim("c", reqs)
+    w._show("c")
+    r = resolve(pod_obj("p", "c"), w.books)
+    assert isinstance(r, Ready)
+    p = PodSpec("p", cpu_milli=100, namespace="ns", uid="uid-p", queue="a", claims=r.claims)
+    book = QueueBook(QueueTree([QueueSpec("a", nominal=Quota(devices={"devices/gpu": 100}))]))
+    (o,) = run_cycle(make_profile("bestfit"), w.snap, [Unit(p.key, (p,), 1)], book=book, reclaim=False)
+    res = w.books.reservation(p.key)
+    if o.outcome is not Outcome.PLACED:
+        event("not placed")
+        assert res is None and not book.charged
+        return
+    assert res is not None
+    took = sum(len(a.results) for a in res.allocations)
+    event(f"All, took {took}" if "all" in requests else "counts only")
+    assert book.charged[p.key][1][key("devices/gpu")] == took
+    assert w.books.claim_charges()["ns/p"][key("devices/gpu")] == took
+    (a,) = res.allocations  # the writer's result as the informer shows it, each result's request named
+    c = w.claims["c"]
+    c["status"] = {
+        "allocation": allocation("node-a"),
+        "reservedFor": [{"resource": "pods", "name": "p", "uid": "uid-p"}],
+    }
+    c["status"]["allocation"]["devices"]["results"] = [
+        {"request": x.request, "driver": x.driver, "pool": x.pool, "device": x.device} for x in a.results
+    ]
+    w._show("c")
+    assert w.books.decided_charge("ns/p") is None  # written: charged from the API's copy
+    assert w.books.claim_charges()["ns/p"][key("devices/gpu")] == took
