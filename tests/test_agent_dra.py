@@ -963,9 +963,19 @@ def test_mig_capability_minors_come_from_the_table_else_the_capability_file_and_
     with caplog.at_level("WARNING", logger="gpusched.agent.dra.migcaps"):
         assert caps.device_nodes(0, 5, 0) == []  # an instance the host tells nothing of
         (dev / "nvidia-caps/nvidia-cap22").unlink()
-        assert caps.device_nodes(0, 1, 0) == [node(21)]  # a node not created: left out, named
+        assert caps.device_nodes(0, 1, 0) == [node(21)]  # a node not made, no major known: left out, named
     assert any("gi5" in r.getMessage() for r in caplog.records)
     assert any("nvidia-cap22" in r.getMessage() for r in caplog.records)
+    (host / "proc/devices").write_text("Character devices:\n  1 mem\n195 nvidia\n508 nvidia-caps\n")
+    (host / "proc/driver/nvidia/capabilities/gpu0/mig/gi1/ci0/access").parent.mkdir(parents=True)
+    (host / "proc/driver/nvidia/capabilities/gpu0/mig/gi1/ci0/access").write_text(
+        "DeviceFileMinor: 22\nDeviceFileMode: 256\nDeviceFileModify: 1\n"
+    )
+    # the runtime makes a node the host never made, from its type, numbers and mode (NVIDIA's driver's way)
+    assert caps.device_nodes(0, 1, 0) == [
+        node(21),
+        {"path": "/dev/nvidia-caps/nvidia-cap22", "type": "c", "major": 508, "minor": 22, "fileMode": 256},
+    ]
 
 
 def test_static_and_dynamic_mig_devices_get_their_capability_nodes_in_the_cdi_spec(env: Env) -> None:

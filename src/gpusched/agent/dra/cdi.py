@@ -114,7 +114,7 @@ class CdiSpecs:
                          "options": ["ro", "nosuid", "nodev", "bind"] if m.read_only else ["rbind"]}
                         for m in d.share_mounts
                     ]  # fmt: skip
-            nodes = self._nodes([f"nvidia{d.gpu_index}"])
+            nodes: list[dict[str, Any]] = [*self._nodes([f"nvidia{d.gpu_index}"])]
             if d.mig is not None:
                 nodes += self.mig_caps.device_nodes(d.gpu_index, *d.mig)
             if nodes:

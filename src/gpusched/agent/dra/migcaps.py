@@ -17,8 +17,10 @@ the agent's CDI spec (``cdi.py``). The minor comes from ``mig-minors`` (read onc
 change while the driver is loaded); where the table lacks the line, from the capability file itself. All is
 read under an injectable root (``/`` on a node; the fake backend's tests give a fake tree). Where neither
 file is there (a node without NVIDIA's driver: the fake GPUs), the agent says so once in its log and the spec
-carries no capability node; a capability whose ``/dev/nvidia-caps`` node does not exist
-(``nvidia-modprobe -f <path>`` creates it) is left out with a warning, as the spec's other device nodes are.
+carries no capability node. A capability whose ``/dev/nvidia-caps`` node exists on the host is given by its
+host path; one whose node was never made (``nvidia-modprobe -f <path>`` makes it) by type ``c``, the
+``nvidia-caps`` major from ``/proc/devices``, its minor and its ``DeviceFileMode``, so the runtime creates it
+in the container (NVIDIA's DRA driver does the same); without the major it is left out with a warning.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,9 @@ MIG_MINORS = "proc/driver/nvidia-caps/mig-minors"
 CAPABILITIES = "proc/driver/nvidia/capabilities"
 _LINE = re.compile(r"^(gpu\d+/gi\d+(?:/ci\d+)?/access)\s+(\d+)\s*$")
 _MINOR = re.compile(r"^DeviceFileMinor:\s*(\d+)\s*$", re.MULTILINE)
+_MODE = re.compile(r"^DeviceFileMode:\s*(\d+)\s*$", re.MULTILINE)
+DEVICES = "proc/devices"
+_MAJOR = re.compile(r"^\s*(\d+)\s+nvidia-caps\s*$", re.MULTILINE)
 
 
 def capability_paths(gpu_minor: int, gi: int, ci: int) -> tuple[str, str]:
@@ -91,9 +97,10 @@ class MigCaps:
             return None
         return int(m.group(1)) if m else None
 
-    def device_nodes(self, gpu_minor: int, gi: int, ci: int) -> list[dict[str, str]]:
+    def device_nodes(self, gpu_minor: int, gi: int, ci: int) -> list[dict[str, Any]]:
         """The CDI ``deviceNodes`` of the GPU instance's and compute instance's access capabilities: none when
-        the host tells no minor for one of them, and those whose node exists under ``dev_root``."""
+        the host tells no minor for one of them; a node that exists under ``dev_root`` by its host path, else
+        by type, major (``nvidia-caps`` in ``/proc/devices``), minor and mode (the runtime creates it)."""
         caps = capability_paths(gpu_minor, gi, ci)
         minors = [self.minor(c) for c in caps]
         if any(n is None for n in minors):
@@ -112,16 +119,40 @@ class MigCaps:
                     gi, ci, gpu_minor, " or ".join(caps), self.root,
                 )  # fmt: skip
             return []
-        out = []
+        out: list[dict[str, Any]] = []
         for cap, n in zip(caps, minors, strict=True):
+            path = f"/dev/nvidia-caps/nvidia-cap{n}"
             host = self.dev_root / "nvidia-caps" / f"nvidia-cap{n}"
-            if not host.exists():
+            if host.exists():
+                out.append({"path": path, "hostPath": str(host)})
+                continue
+            major = self._major()
+            if major is None:
                 self._say_once(
                     str(host),
-                    "%s (capability %s) does not exist: the MIG device's container cannot use it "
-                    "(nvidia-modprobe -f /%s/%s creates it)",
-                    host, cap, CAPABILITIES, cap,
+                    "%s (capability %s) does not exist and %s names no nvidia-caps major: the MIG device's "
+                    "container cannot use it (nvidia-modprobe -f /%s/%s creates the node)",
+                    host, cap, self.root / DEVICES, CAPABILITIES, cap,
                 )  # fmt: skip
                 continue
-            out.append({"path": f"/dev/nvidia-caps/nvidia-cap{n}", "hostPath": str(host)})
+            # not made on the host (nvidia-modprobe was not run): the runtime creates the node in the
+            # container from its type and numbers, and lets the container open it, as NVIDIA's driver has it
+            out.append({"path": path, "type": "c", "major": major, "minor": n, "fileMode": self._mode(cap)})
         return out
+
+    def _major(self) -> int | None:
+        """The ``nvidia-caps`` character device major, from ``/proc/devices``."""
+        try:
+            text = (self.root / DEVICES).read_text()
+        except OSError:
+            return None
+        m = _MAJOR.search(text)
+        return int(m.group(1)) if m else None
+
+    def _mode(self, capability: str) -> int:
+        """The capability's ``DeviceFileMode`` (0o444 when its file does not say)."""
+        try:
+            m = _MODE.search((self.root / CAPABILITIES / capability).read_text())
+        except OSError:
+            return 0o444
+        return int(m.group(1)) if m else 0o444
