@@ -1017,6 +1017,14 @@ def test_static_and_dynamic_mig_devices_get_their_capability_nodes_in_the_cdi_sp
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _nvidia_slice(gpus: int) -> dict[str, Any]:
+    """NVIDIA's driver's slice on NODE: ``gpu-<i>`` with the fake GPUs' UUIDs."""
+    devices = [{"name": f"gpu-{i}", "attributes": {"uuid": {"string": UUIDS[i]}}} for i in range(gpus)]
+    return {
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": NODE, "pool": {"name": NODE}, "devices": devices}
+    }
+
+
 def test_a_gpu_handed_to_a_device_plugin_pod_is_tainted_before_allocate_answers(tmp_path: Path) -> None:
     """The event, not the 10 s resync: when the kubelet's Allocate hands a bound pod the GPU of its
     assignment, the DeviceTaintRule of the GPU's device in another driver's slice exists before Allocate
@@ -1036,11 +1044,7 @@ def test_a_gpu_handed_to_a_device_plugin_pod_is_tainted_before_allocate_answers(
 
     backend = FakeBackend.from_dict(json.loads(json.dumps(DOC)), "t")
     pods = MemoryPods([])
-    rules = Counting(
-        [{"spec": {"driver": "gpu.nvidia.com", "nodeName": NODE, "pool": {"name": NODE},
-                   "devices": [{"name": f"gpu-{i}", "attributes": {"uuid": {"string": UUIDS[i]}}}
-                               for i in range(2)]}}]
-    )  # fmt: skip
+    rules = Counting([_nvidia_slice(2)])
     cfg = AgentConfig(node=NODE, plugin_dir=tmp_path / "dp", held_taints_s=3600.0)  # no resync in this test
     agent = Agent(cfg, backend, pods, pods, taint_api=rules)
     agent.sync_held_taints()  # the resync at start: nothing held yet
@@ -1080,11 +1084,7 @@ def test_a_pod_bound_with_its_assignment_is_tainted_at_the_watch_event_and_a_sta
 
     backend = FakeBackend.from_dict(json.loads(json.dumps(DOC)), "t")
     pods = MemoryPods([])
-    rules = MemoryTaintRules(
-        [{"spec": {"driver": "gpu.nvidia.com", "nodeName": NODE, "pool": {"name": NODE},
-                   "devices": [{"name": f"gpu-{i}", "attributes": {"uuid": {"string": UUIDS[i]}}}
-                               for i in range(2)]}}]
-    )  # fmt: skip
+    rules = MemoryTaintRules([_nvidia_slice(2)])
     cfg = AgentConfig(node=NODE, plugin_dir=tmp_path / "dp", held_taints_s=3600.0)
     agent = Agent(cfg, backend, pods, pods, taint_api=rules)
     agent.sync_held_taints()  # the resync at start: a DRA driver publishes here, the watch starts

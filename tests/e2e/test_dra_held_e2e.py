@@ -55,16 +55,22 @@ def _claim_pod(dra: DraEnv, name: str, group: str, count: int) -> None:
     )
 
 
-def test_kube_scheduler_refuses_a_claim_the_gpu_a_device_plugin_pod_holds(dra: DraEnv) -> None:
-    group = f"held-{dra.tag}"
+def _node_with_two_gpus(dra: DraEnv, group: str, name: str) -> tuple[str, list[str], FakeBackend]:
+    """A kwok node whose two A100s NVIDIA's driver's slice publishes with their UUIDs, and the agent's fake
+    backend for them."""
     uuids = [f"GPU-{uuid.uuid4()}" for _ in range(2)]
     devices = [gpu(i, A100) for i in range(2)]
     for d, u in zip(devices, uuids, strict=True):
         d["attributes"]["uuid"] = {"string": u}
-    node = dra.node_with_gpus(group, "held", devices)
-    inv = FakeBackend.from_dict(
-        {"hostname": node, "gpus": [{"model": A100[0], "uuid": u} for u in uuids]}, "t"
-    ).inventory()
+    node = dra.node_with_gpus(group, name, devices)
+    inventory = {"hostname": node, "gpus": [{"model": A100[0], "uuid": u} for u in uuids]}
+    return node, uuids, FakeBackend.from_dict(inventory, "t")
+
+
+def test_kube_scheduler_refuses_a_claim_the_gpu_a_device_plugin_pod_holds(dra: DraEnv) -> None:
+    group = f"held-{dra.tag}"
+    node, uuids, backend = _node_with_two_gpus(dra, group, "held")
+    inv = backend.inventory()
     dra.v1.create_namespaced_pod(  # a device-plugin pod the agent handed GPU 0
         dra.ns,
         {
@@ -116,14 +122,7 @@ def test_the_agent_taints_a_gpu_at_the_binding_it_watches(dra: DraEnv, tmp_path:
     """The agent's pod watch on the real apiserver: once a DRA driver publishes the node's GPUs, a pod
     bound to the node with a ``gpusched.io/assignment`` naming GPU 1 gets its DeviceTaintRule from the
     watch event, with no resync (its period is an hour here) and no Allocate (kwok starts no container)."""
-    group = f"watch-{dra.tag}"
-    uuids = [f"GPU-{uuid.uuid4()}" for _ in range(2)]
-    devices = [gpu(i, A100) for i in range(2)]
-    for d, u in zip(devices, uuids, strict=True):
-        d["attributes"]["uuid"] = {"string": u}
-    node = dra.node_with_gpus(group, "watch", devices)
-    inventory = {"hostname": node, "gpus": [{"model": A100[0], "uuid": u} for u in uuids]}
-    backend = FakeBackend.from_dict(inventory, "t")
+    node, _, backend = _node_with_two_gpus(dra, f"watch-{dra.tag}", "watch")
     pods = KubePods(str(dra.cp.kubeconfig_path))
     rules = KubeTaintRules(str(dra.cp.kubeconfig_path))
     cfg = AgentConfig(node=node, plugin_dir=tmp_path / "dp", held_taints_s=3600.0)
