@@ -223,7 +223,7 @@ class Env:
         self.dev.mkdir(exist_ok=True)
         self.config = DraConfig(
             cdi_dir=root / "cdi", dev_root=self.dev, registry_dir=root / "reg", plugins_dir=root / "plugins",
-            mig=mig,
+            mig=mig, proc_root=root / "host",
         )  # fmt: skip
         inv = backend.inventory() if backend is not None else inventory()
         self.node = DraNode(NODE, inv, self.config, self.api, self.api, backend, sharing or Sharing())
@@ -913,3 +913,194 @@ def test_dynamic_mig_instances_are_made_and_undone_through_nvml_as_through_the_f
     assert set(made) == {n for n, _ in want} and all(u.startswith("MIG-") for u in made.values())
     assert mig.destroy(ref) and layout() == [("2g.12gb", 2)]
     assert not mig.destroy(ref)  # nothing left of it
+
+
+# ------------------------------------------------------------------------- MIG capability device nodes
+
+
+def fake_caps(root: Path, dev: Path, table: dict[str, int], files: dict[str, int] | None = None) -> None:
+    """A fake host: ``/proc/driver/nvidia-caps/mig-minors`` holding ``table``, capability files
+    (``gpu2/mig/gi1/access`` -> its minor) and a ``/dev/nvidia-caps`` node for every minor."""
+    minors = root / "proc/driver/nvidia-caps/mig-minors"
+    minors.parent.mkdir(parents=True, exist_ok=True)
+    minors.write_text("config 1\nmonitor 2\n" + "".join(f"{k} {v}\n" for k, v in table.items()))
+    for path, n in (files or {}).items():
+        f = root / "proc/driver/nvidia/capabilities" / path
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(f"DeviceFileMinor: {n}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+    (dev / "nvidia-caps").mkdir(parents=True, exist_ok=True)
+    for n in [*table.values(), *(files or {}).values()]:
+        (dev / "nvidia-caps" / f"nvidia-cap{n}").touch()
+
+
+def test_mig_capability_minors_come_from_the_table_else_the_capability_file_and_absence_is_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from gpusched.agent.dra.migcaps import MigCaps
+
+    host, dev = tmp_path / "host", tmp_path / "dev"
+    caps = MigCaps(host, dev)
+    with caplog.at_level("WARNING", logger="gpusched.agent.dra.migcaps"):
+        assert caps.device_nodes(0, 1, 0) == [] and caps.device_nodes(2, 3, 0) == []
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "no NVIDIA driver on this node" in said[0]  # once, not per device
+
+    fake_caps(
+        host, dev, {"gpu0/gi1/access": 21, "gpu0/gi1/ci0/access": 22, "gpu0/gi2/access": 30},
+        files={"gpu0/mig/gi2/ci1/access": 33, "gpu0/mig/gi1/access": 99},  # the table wins where it has one
+    )  # fmt: skip
+    caps = MigCaps(host, dev)
+
+    def node(n: int) -> dict[str, str]:
+        return {
+            "path": f"/dev/nvidia-caps/nvidia-cap{n}",
+            "hostPath": str(dev / f"nvidia-caps/nvidia-cap{n}"),
+        }
+
+    assert caps.device_nodes(0, 1, 0) == [node(21), node(22)]
+    assert caps.device_nodes(0, 2, 1) == [node(30), node(33)]  # the CI's minor from its capability file
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gpusched.agent.dra.migcaps"):
+        assert caps.device_nodes(0, 5, 0) == []  # an instance the host tells nothing of
+        (dev / "nvidia-caps/nvidia-cap22").unlink()
+        assert caps.device_nodes(0, 1, 0) == [node(21)]  # a node not made, no major known: left out, named
+    assert any("gi5" in r.getMessage() for r in caplog.records)
+    assert any("nvidia-cap22" in r.getMessage() for r in caplog.records)
+    (host / "proc/devices").write_text("Character devices:\n  1 mem\n195 nvidia\n508 nvidia-caps\n")
+    (host / "proc/driver/nvidia/capabilities/gpu0/mig/gi1/ci0/access").parent.mkdir(parents=True)
+    (host / "proc/driver/nvidia/capabilities/gpu0/mig/gi1/ci0/access").write_text(
+        "DeviceFileMinor: 22\nDeviceFileMode: 256\nDeviceFileModify: 1\n"
+    )
+    # the runtime makes a node the host never made, from its type, numbers and mode (NVIDIA's driver's way)
+    assert caps.device_nodes(0, 1, 0) == [
+        node(21),
+        {"path": "/dev/nvidia-caps/nvidia-cap22", "type": "c", "major": 508, "minor": 22, "fileMode": 256},
+    ]
+
+
+def test_static_and_dynamic_mig_devices_get_their_capability_nodes_in_the_cdi_spec(env: Env) -> None:
+    mig = next(m for m in inventory().devices[2].mig_instances if m.uuid == MIG_UUID)
+    fake_caps(
+        env.root / "host", env.dev,
+        {f"gpu2/gi{mig.gi_id}/access": 41, f"gpu2/gi{mig.gi_id}/ci{mig.ci_id}/access": 42},
+    )  # fmt: skip
+    env.api.claims[("ns1", "c1")] = claim(
+        "uid-c", [result("gpu-1", "gpu"), result("gpu-2-mig-1g10gb-0", "g")]
+    )
+    assert env.prepare(ClaimRef("ns1", "c1", "uid-c")).claims["uid-c"].error == ""
+    spec = json.loads((env.config.cdi_dir / "k8s.gpu.nvidia.com-claim_uid-c.json").read_text())
+    nodes = [d["containerEdits"].get("deviceNodes", []) for d in spec["devices"]]
+    assert nodes[0] == []  # a whole GPU has no capability node
+    assert [n["path"] for n in nodes[1]] == [
+        "/dev/nvidia-caps/nvidia-cap41",
+        "/dev/nvidia-caps/nvidia-cap42",
+    ]
+    assert nodes[1][0]["hostPath"] == str(env.dev / "nvidia-caps/nvidia-cap41")
+
+    root = Path(tempfile.mkdtemp(prefix="dra", dir="/tmp"))
+    dyn = Env(root, dyn_backend(), mig="dynamic")
+    fake_caps(root / "host", dyn.dev, {"gpu1/gi1/access": 51, "gpu1/gi1/ci0/access": 52})
+    dyn.node.start()
+    try:
+        dyn.api.claims[("ns1", "c1")] = claim("uid-d", [result("gpu-1-mig-3g40gb-9-4")])
+        assert dyn.prepare(ClaimRef("ns1", "c1", "uid-d")).claims["uid-d"].error == ""
+        assert dyn.node.mig is not None
+        (made,) = dyn.node.mig.ops.inventory().devices[1].mig_instances
+        assert (made.gi_id, made.ci_id) == (1, 0)  # the fake's first instance on the GPU
+        spec = json.loads((dyn.config.cdi_dir / "k8s.gpu.nvidia.com-claim_uid-d.json").read_text())
+        paths = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
+        assert paths == ["/dev/nvidia-caps/nvidia-cap51", "/dev/nvidia-caps/nvidia-cap52"]
+        checkpoint = json.loads((dyn.config.plugins_dir / DRIVER / "mig-claims.json").read_text())
+        assert (checkpoint["claims"]["uid-d"][0]["gi"], checkpoint["claims"]["uid-d"][0]["ci"]) == (1, 0)
+    finally:
+        dyn.node.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _nvidia_slice(gpus: int) -> dict[str, Any]:
+    """NVIDIA's driver's slice on NODE: ``gpu-<i>`` with the fake GPUs' UUIDs."""
+    devices = [{"name": f"gpu-{i}", "attributes": {"uuid": {"string": UUIDS[i]}}} for i in range(gpus)]
+    return {
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": NODE, "pool": {"name": NODE}, "devices": devices}
+    }
+
+
+def test_a_gpu_handed_to_a_device_plugin_pod_is_tainted_before_allocate_answers(tmp_path: Path) -> None:
+    """The event, not the 10 s resync: when the kubelet's Allocate hands a bound pod the GPU of its
+    assignment, the DeviceTaintRule of the GPU's device in another driver's slice exists before Allocate
+    answers, i.e. before the kubelet can start the container; no list call is made on that path."""
+    from gpusched.agent.dra.heldtaints import MemoryTaintRules
+
+    class Counting(MemoryTaintRules):
+        lists = 0
+
+        def slices_on_node(self, node: str) -> list[dict[str, Any]]:
+            self.lists += 1
+            return super().slices_on_node(node)
+
+        def list_rules(self, node: str) -> list[dict[str, Any]]:
+            self.lists += 1
+            return super().list_rules(node)
+
+    backend = FakeBackend.from_dict(json.loads(json.dumps(DOC)), "t")
+    pods = MemoryPods([])
+    rules = Counting([_nvidia_slice(2)])
+    cfg = AgentConfig(node=NODE, plugin_dir=tmp_path / "dp", held_taints_s=3600.0)  # no resync in this test
+    agent = Agent(cfg, backend, pods, pods, taint_api=rules)
+    agent.sync_held_taints()  # the resync at start: nothing held yet
+    assert rules.rules == {}
+    pod = _dp_pod("new", assigned=[1], phase="Pending")  # just bound, its container not started
+    pod["spec"]["containers"] = [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    pods.pods.append(pod)
+    lists = rules.lists
+    seen: list[list[str]] = []
+    create = rules.create_rule
+
+    def creating(body: Any) -> None:  # the rule is written while Allocate has not answered yet
+        assert not seen
+        create(body)
+
+    rules.create_rule = creating  # type: ignore[method-assign]
+    dev_id = next(i for i, _ in agent.devices.devices("nvidia.com/gpu"))
+    resp = agent.plugin.allocator.allocate_container("nvidia.com/gpu", [dev_id])
+    seen.append([resp.envs["NVIDIA_VISIBLE_DEVICES"]])
+    assert seen == [[UUIDS[1]]]
+    assert [r["spec"]["deviceSelector"]["device"] for r in rules.rules.values()] == ["gpu-1"]
+    assert rules.lists == lists  # the event path reads nothing
+    assert agent.held_taints is not None and agent.held_taints.add([UUIDS[1]]) == []  # known: not again
+    pods.pods.clear()  # the pod went: the resync deletes the rule
+    agent.sync_held_taints()
+    assert rules.rules == {}
+
+
+def test_a_pod_bound_with_its_assignment_is_tainted_at_the_watch_event_and_a_stale_resync_keeps_it(
+    tmp_path: Path,
+) -> None:
+    """Where a DRA driver publishes the node's GPUs, the agent watches the pods bound to its node: a pod
+    bound with a ``gpusched.io/assignment`` gets its GPU's rule at that event, before the kubelet admits
+    it (no Allocate yet, no resync); a resync whose pod list was read before that binding does not delete
+    the rule; once the pod is gone, the resync does."""
+    from gpusched.agent.dra.heldtaints import MemoryTaintRules, held_gpus
+
+    backend = FakeBackend.from_dict(json.loads(json.dumps(DOC)), "t")
+    pods = MemoryPods([])
+    rules = MemoryTaintRules([_nvidia_slice(2)])
+    cfg = AgentConfig(node=NODE, plugin_dir=tmp_path / "dp", held_taints_s=3600.0)
+    agent = Agent(cfg, backend, pods, pods, taint_api=rules)
+    agent.sync_held_taints()  # the resync at start: a DRA driver publishes here, the watch starts
+    assert rules.rules == {} and agent.held_taints is not None
+    mark = agent.held_taints.mark()  # a resync begins: its pods are read before the binding
+    stale = pods.pods_on_node(NODE)
+    pods.bind(_dp_pod("new", assigned=[1], phase="Pending"))  # the watch event
+    assert [r["spec"]["deviceSelector"]["device"] for r in rules.rules.values()] == ["gpu-1"]
+    held = held_gpus(stale, NODE, agent.devices.inventory, {})
+    agent.held_taints.sync(held, rules.slices_on_node(NODE), mark)
+    assert len(rules.rules) == 1  # the stale pass keeps it
+    agent.sync_held_taints()
+    assert len(rules.rules) == 1  # held by the pod's assignment
+    pods.pods.clear()
+    agent.sync_held_taints()
+    assert rules.rules == {}
+    agent.stop()
+    pods.bind(_dp_pod("later", assigned=[0], phase="Pending"))
+    assert rules.rules == {}  # the watch stopped with the agent

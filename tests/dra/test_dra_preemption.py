@@ -283,3 +283,49 @@ def test_the_preemptors_room_keeps_the_freed_device_from_others_until_it_is_deci
     w.evict(("ns/lo",))  # gone and deallocated: the device is free
     claims.drop_room(p.key)
     assert w.books.reservation(p.key) is None
+
+
+def test_a_gang_of_claim_pods_that_preempts_holds_a_room_for_each_member() -> None:
+    """A gang's members are nominated where the what-if lands them, and each gets a DRA room as a single
+    preemptor does (``DraClaims.hold_room``, member by member, each seeing the rooms before it): the two
+    devices the victims' claims free go one to each member, and a third claim pod finds both held."""
+    from gpusched.core.batch import Outcome, UnitOutcome
+    from gpusched.core.gang import Unit
+    from gpusched.core.preemption_gang import plan_gang_preemption
+    from gpusched.k8s.actuator import Acts, Actuator, Decision, Popped
+    from gpusched.k8s.preemption import Nominations
+
+    w = World({"node-a": 2})
+    w.holder("c0", "node-a", ("gpu-0",), [("lo0", 0)])
+    w.holder("c1", "node-a", ("gpu-1",), [("lo1", 0)])
+    members = (w.preemptor("m0", 100), w.preemptor("m1", 100))
+    unit = Unit("ns/g", members, 2)
+    profile = make_profile("bestfit", preemption=True)
+    plan = plan_gang_preemption(profile, w.snap, unit)  # as run_cycle's gang preemption
+    assert set(plan.victims) == {"ns/lo0", "ns/lo1"}, plan.reason
+    o = UnitOutcome(unit, Outcome.PREEMPT, victims=plan.victims, nominated=plan.placement)
+
+    class Group:
+        class ref:
+            @staticmethod
+            def describe() -> str:
+                return "PodGroup ns/g"
+
+    claims = DraClaims(None, books=w.books)
+    act = Actuator(
+        cluster=None, queue=None, events=None, metrics=None, pool=None, settler=None,
+        nominations=Nominations("gpusched"), preemptor=None, budgets=None, reservations=None,
+        tenants=None, gangs=None, claims=claims, mig=None, running=(None, None),
+    )  # fmt: skip
+    d = Decision(Popped(unit, {}, group=Group()), o, profile)
+    acts = Acts(d)
+    act._rooms(d, w.snap, acts)
+    assert acts.preempt is not None
+    rooms = [w.books.reservation(m.key) for m in members]
+    assert all(r is not None and r.room_until is not None for r in rooms)
+    held = [r.device for room in rooms if room is not None for a in room.allocations for r in a.results]
+    assert sorted(held) == ["gpu-0", "gpu-1"]  # one each, none twice
+    w.evict(tuple(o.victims))  # gone and deallocated
+    other = w.preemptor("other", 10)
+    r = schedule_one(make_profile("bestfit"), other, w.snap)
+    assert not r.scheduled  # both devices held for the gang

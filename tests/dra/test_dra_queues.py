@@ -5,10 +5,12 @@ charged, and reclaim that evicts the borrower whose claims free the class the cl
 from __future__ import annotations
 
 import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 from k8s_objects import allocation, claim, device_class, whole
 from test_dra_preemption import World
 
-from gpusched.core.dra.model import AllocationMode, Claim, ExactRequest, Request
+from gpusched.core.dra.model import AllocationMode, Claim, ExactRequest, Node, Request
 from gpusched.core.gang import Unit
 from gpusched.core.model import PodSpec
 from gpusched.core.policies import make_profile
@@ -160,3 +162,130 @@ def test_a_queue_naming_an_unknown_device_class_refuses_its_pods() -> None:
     )
     w.books.upsert_class(device_class("nope.example.com"))
     assert tq._unknown_classes(d, "a", "namespace ns") == ""
+
+
+def test_reclaims_what_ifs_leave_the_dra_ledger_as_they_found_it() -> None:
+    """plan_reclaim's and landing's what-ifs place the claimant (Reserve runs); each gives back what
+    its Reserve took (``scheduler.undo``): a claimant without a room holds nothing afterwards, and one
+    that holds a room from an earlier reclaim (its victims leaving) keeps that room unchanged."""
+    from gpusched.core.policies import make_profile as profile_of
+    from gpusched.k8s.claims import DraClaims
+    from gpusched.k8s.tenants import landing
+
+    w = World({"node-a": 2})
+    w.holder("y-c", "node-a", ("gpu-1",), [("y", 1)])
+    book = QueueBook(
+        QueueTree(
+            [
+                QueueSpec("org"),
+                QueueSpec("a", "org", nominal=Quota(devices={"devices/gpu": 2})),
+                QueueSpec("b", "org"),
+            ]
+        )
+    )
+    book.charge("ns/y", "b", w.books.claim_charges()["ns/y"])
+    w.claims["x-c"] = claim("x-c", [whole(count=2)])
+    w._show("x-c")
+    r = resolve(pod_obj("x", "x-c"), w.books)
+    assert isinstance(r, Ready)
+    p = PodSpec("x", cpu_milli=100, namespace="ns", priority=5, queue="a", claims=r.claims)
+    prof = profile_of("bestfit")
+    before = w.books.allocated()
+    plan = plan_reclaim(prof, w.snap, book, Unit(p.key, (p,), 1))
+    assert plan.victims == ("ns/y",)
+    assert w.books.reservation(p.key) is None and w.books.allocated() == before
+    assert landing(prof, w.snap, (p,), plan.victims) == [(p, "node-a")]
+    assert w.books.reservation(p.key) is None and w.books.allocated() == before
+
+    DraClaims(None, books=w.books).hold_room(p, Node("node-a"), plan.victims)  # as the actuator does
+    room = w.books.reservation(p.key)
+    assert room is not None and room.room_until is not None
+    assert plan_reclaim(prof, w.snap, book, Unit(p.key, (p,), 1)).victims == ("ns/y",)
+    assert landing(prof, w.snap, (p,), plan.victims) == [(p, "node-a")]
+    assert w.books.reservation(p.key) == room  # the what-ifs neither dropped nor replaced it
+
+
+def test_an_all_request_is_charged_the_devices_it_took_once_allocated() -> None:
+    """``All`` asks for every matching device of the node it lands on: before placement it is charged 1
+    (the least; the count depends on the node), once placed what the decision took, then what the API's
+    allocation shows. A queue whose quota is smaller than what it took refuses the placement (undone,
+    nothing held), one that covers it is charged all of it."""
+    from gpusched.core.batch import Outcome, run_cycle
+
+    every = [{"name": "gpu", "exactly": {"deviceClassName": "gpu", "allocationMode": "All"}}]
+    for quota, placed in ((2, False), (3, True)):
+        w = World({"node-a": 3})
+        w.claims["all-c"] = claim("all-c", every)
+        w._show("all-c")
+        r = resolve(pod_obj("p", "all-c"), w.books)
+        assert isinstance(r, Ready)
+        p = PodSpec("p", cpu_milli=100, namespace="ns", uid="uid-p", queue="a", claims=r.claims)
+        assert claims_charge(r.claims.to_allocate)[key("devices/gpu")] == 1  # before placement
+        tree = QueueTree([QueueSpec("a", nominal=Quota(devices={"devices/gpu": quota}))])
+        book = QueueBook(tree)
+        (o,) = run_cycle(make_profile("bestfit"), w.snap, [Unit(p.key, (p,), 1)], book=book, reclaim=False)
+        assert (o.outcome is Outcome.PLACED) is placed, o.reason
+        if not placed:
+            assert "devices/gpu" in o.reason and w.books.reservation(p.key) is None and not book.charged
+            continue
+        assert book.charged[p.key][1][key("devices/gpu")] == 3
+        assert w.books.claim_charges()["ns/p"][key("devices/gpu")] == 3  # the decision, not yet written
+        assert w.books.decided_charge("ns/p") == w.books.claim_charges()["ns/p"]
+        w.write(p, "node-a")
+        assert w.books.decided_charge("ns/p") is None
+        assert w.books.claim_charges()["ns/p"][key("devices/gpu")] == 3  # the API's allocation
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    gpus=st.integers(1, 4),
+    held=st.sampled_from([0, 0, 0, 1, 2]),  # All fits only where no matching device is in use
+    requests=st.lists(st.one_of(st.just("all"), st.integers(1, 2)), min_size=1, max_size=2),
+)
+def test_a_placed_claim_pod_is_charged_exactly_the_devices_it_took(
+    gpus: int, held: int, requests: list[object]
+) -> None:
+    """Property: for ExactCount and All requests over a node where others hold some devices, a claim pod
+    that is placed is charged, per class, the devices its decision took (the queue's book at placement,
+    the books' charge before the write and after it); one that is not placed is charged nothing."""
+    from gpusched.core.batch import Outcome, run_cycle
+
+    w = World({"node-a": gpus})
+    held = min(held, gpus)
+    if held:
+        w.holder("other", "node-a", tuple(f"gpu-{i}" for i in range(held)), [("o", 0)])
+    reqs = [
+        {"name": f"r{i}", "exactly": {"deviceClassName": "gpu", "allocationMode": "All"}}
+        if r == "all"
+        else {"name": f"r{i}", "exactly": {"deviceClassName": "gpu", "count": r}}
+        for i, r in enumerate(requests)
+    ]
+    w.claims["c"] = claim("c", reqs)
+    w._show("c")
+    r = resolve(pod_obj("p", "c"), w.books)
+    assert isinstance(r, Ready)
+    p = PodSpec("p", cpu_milli=100, namespace="ns", uid="uid-p", queue="a", claims=r.claims)
+    book = QueueBook(QueueTree([QueueSpec("a", nominal=Quota(devices={"devices/gpu": 100}))]))
+    (o,) = run_cycle(make_profile("bestfit"), w.snap, [Unit(p.key, (p,), 1)], book=book, reclaim=False)
+    res = w.books.reservation(p.key)
+    if o.outcome is not Outcome.PLACED:
+        event("not placed")
+        assert res is None and not book.charged
+        return
+    assert res is not None
+    took = sum(len(a.results) for a in res.allocations)
+    event(f"All, took {took}" if "all" in requests else "counts only")
+    assert book.charged[p.key][1][key("devices/gpu")] == took
+    assert w.books.claim_charges()["ns/p"][key("devices/gpu")] == took
+    (a,) = res.allocations  # the writer's result as the informer shows it, each result's request named
+    c = w.claims["c"]
+    c["status"] = {
+        "allocation": allocation("node-a"),
+        "reservedFor": [{"resource": "pods", "name": "p", "uid": "uid-p"}],
+    }
+    c["status"]["allocation"]["devices"]["results"] = [
+        {"request": x.request, "driver": x.driver, "pool": x.pool, "device": x.device} for x in a.results
+    ]
+    w._show("c")
+    assert w.books.decided_charge("ns/p") is None  # written: charged from the API's copy
+    assert w.books.claim_charges()["ns/p"][key("devices/gpu")] == took

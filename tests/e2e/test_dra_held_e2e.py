@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +19,8 @@ from test_dra_e2e import A100, DRIVER, DraEnv, dra, exactly, gpu
 
 from gpusched.agent.dra.heldtaints import LABEL_NODE, TAINT_KEY, HeldTaints, KubeTaintRules, held_gpus
 from gpusched.agent.fake import FakeBackend
+from gpusched.agent.pods import KubePods
+from gpusched.agent.run import Agent, AgentConfig
 from gpusched.testenv import ControlPlane, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -52,16 +55,22 @@ def _claim_pod(dra: DraEnv, name: str, group: str, count: int) -> None:
     )
 
 
-def test_kube_scheduler_refuses_a_claim_the_gpu_a_device_plugin_pod_holds(dra: DraEnv) -> None:
-    group = f"held-{dra.tag}"
+def _node_with_two_gpus(dra: DraEnv, group: str, name: str) -> tuple[str, list[str], FakeBackend]:
+    """A kwok node whose two A100s NVIDIA's driver's slice publishes with their UUIDs, and the agent's fake
+    backend for them."""
     uuids = [f"GPU-{uuid.uuid4()}" for _ in range(2)]
     devices = [gpu(i, A100) for i in range(2)]
     for d, u in zip(devices, uuids, strict=True):
         d["attributes"]["uuid"] = {"string": u}
-    node = dra.node_with_gpus(group, "held", devices)
-    inv = FakeBackend.from_dict(
-        {"hostname": node, "gpus": [{"model": A100[0], "uuid": u} for u in uuids]}, "t"
-    ).inventory()
+    node = dra.node_with_gpus(group, name, devices)
+    inventory = {"hostname": node, "gpus": [{"model": A100[0], "uuid": u} for u in uuids]}
+    return node, uuids, FakeBackend.from_dict(inventory, "t")
+
+
+def test_kube_scheduler_refuses_a_claim_the_gpu_a_device_plugin_pod_holds(dra: DraEnv) -> None:
+    group = f"held-{dra.tag}"
+    node, uuids, backend = _node_with_two_gpus(dra, group, "held")
+    inv = backend.inventory()
     dra.v1.create_namespaced_pod(  # a device-plugin pod the agent handed GPU 0
         dra.ns,
         {
@@ -107,3 +116,33 @@ def test_kube_scheduler_refuses_a_claim_the_gpu_a_device_plugin_pod_holds(dra: D
         assert sorted(x["device"] for x in results) == ["gpu-0", "gpu-1"]
     finally:
         held.sync(set())
+
+
+def test_the_agent_taints_a_gpu_at_the_binding_it_watches(dra: DraEnv, tmp_path: Path) -> None:
+    """The agent's pod watch on the real apiserver: once a DRA driver publishes the node's GPUs, a pod
+    bound to the node with a ``gpusched.io/assignment`` naming GPU 1 gets its DeviceTaintRule from the
+    watch event, with no resync (its period is an hour here) and no Allocate (kwok starts no container)."""
+    node, _, backend = _node_with_two_gpus(dra, f"watch-{dra.tag}", "watch")
+    pods = KubePods(str(dra.cp.kubeconfig_path))
+    rules = KubeTaintRules(str(dra.cp.kubeconfig_path))
+    cfg = AgentConfig(node=node, plugin_dir=tmp_path / "dp", held_taints_s=3600.0)
+    agent = Agent(cfg, backend, pods, pods, taint_api=rules)
+    try:
+        agent.sync_held_taints()  # the resync at start: nothing held; the watch starts
+        assert rules.list_rules(node) == []
+        assignment = json.dumps({"node": node, "gpus": [1], "milli": 1000, "memoryMiB": 0})
+        dra.v1.create_namespaced_pod(
+            dra.ns,
+            {
+                "metadata": {"name": "bound", "annotations": {"gpusched.io/assignment": assignment}},
+                "spec": {"nodeName": node, "containers": [{"name": "c", "image": "pause"}]},
+            },
+            _preload_content=False,
+        )
+        wait_until(lambda: len(rules.list_rules(node)) == 1, timeout=10, what="the rule of GPU 1",
+                   control_plane=dra.cp)  # fmt: skip
+        (r,) = rules.list_rules(node)
+        assert r["spec"]["deviceSelector"] == {"driver": DRIVER, "pool": node, "device": "gpu-1"}
+    finally:
+        agent.stop()
+        HeldTaints(rules, node).sync(set())

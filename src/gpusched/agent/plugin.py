@@ -28,7 +28,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -188,6 +188,9 @@ class Allocator:
         self._allocated: dict[str, set[tuple[str, str]]] = {}
         self._lock = threading.Lock()
         self._unwritten: dict[tuple[str, str], str] = {}  # (namespace, pod) -> gpusched.io/allocated
+        self.on_handed: Callable[[Sequence[str]], object] | None = None
+        """Called with the GPU UUIDs a container is handed, before Allocate answers (the held-GPU taint
+        rules for other DRA drivers, ``agent.dra.heldtaints``: written before the container starts)."""
 
     def flush_annotations(self) -> bool:
         """Writes the ``gpusched.io/allocated`` annotations not yet written (the API may have been down:
@@ -290,7 +293,9 @@ class Allocator:
                     raise AllocationError(msg) from None
             resp = self._response(uuids, share)
             self._record(pod, uid, container, resource, device_ids, uuids)
-            return resp
+        if self.on_handed is not None:
+            self.on_handed(uuids)
+        return resp
 
     def _record(
         self,

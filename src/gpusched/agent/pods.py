@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +20,14 @@ class PodSource(Protocol):
 
     def warn(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
         """Record a Warning event on the pod."""
+        ...
+
+
+@runtime_checkable
+class PodWatch(Protocol):
+    def watch_pods(self, node: str, on_pod: Callable[[Mapping[str, Any]], None]) -> Callable[[], None]:
+        """Calls ``on_pod`` with every pod bound to ``node`` as it is listed, added or changed (from
+        another thread), until the returned function is called."""
         ...
 
 
@@ -40,6 +48,23 @@ class MemoryPods:
         self.events: list[tuple[str, str, str]] = []
         self.node_patches: list[tuple[str, dict[str, Any]]] = []
         self._lock = threading.Lock()
+        self._watchers: list[tuple[str, Callable[[Mapping[str, Any]], None]]] = []
+
+    def watch_pods(self, node: str, on_pod: Callable[[Mapping[str, Any]], None]) -> Callable[[], None]:
+        w = (node, on_pod)
+        self._watchers.append(w)
+        for p in self.pods_on_node(node):
+            on_pod(p)
+        return lambda: self._watchers.remove(w)
+
+    def bind(self, pod: dict[str, Any]) -> None:
+        """A pod bound (added): watchers of its node see it."""
+        with self._lock:
+            self.pods.append(pod)
+        node = (pod.get("spec") or {}).get("nodeName")
+        for n, on_pod in list(self._watchers):
+            if n == node:
+                on_pod(pod)
 
     def pods_on_node(self, node: str) -> list[dict[str, Any]]:
         with self._lock:
@@ -91,6 +116,17 @@ class KubePods:
             field_selector=f"spec.nodeName={node}", _preload_content=False
         )
         return list(json.loads(resp.data).get("items") or [])  # type: ignore[attr-defined]
+
+    def watch_pods(self, node: str, on_pod: Callable[[Mapping[str, Any]], None]) -> Callable[[], None]:
+        from gpusched.k8s.informer import Handlers, Reflector
+
+        r = Reflector(
+            f"pods-on-{node}",
+            self._core.list_pod_for_all_namespaces,
+            Handlers(on_pod, lambda _obj: None),
+            field_selector=f"spec.nodeName={node}",
+        ).start()
+        return r.stop
 
     def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
         self._core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": dict(annotations)}})

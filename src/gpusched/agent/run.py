@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 from prometheus_client import CollectorRegistry, start_http_server
@@ -22,7 +24,7 @@ from gpusched.agent.migrequest import MigReshapes
 from gpusched.agent.migreshape import MigReshaper
 from gpusched.agent.mps import DEFAULT_CONTROL, DEFAULT_ROOT, MpsDaemons
 from gpusched.agent.plugin import DEFAULT_PLUGIN_DIR, DEFAULT_SLOTS, DevicePlugin, NodeDevices
-from gpusched.agent.pods import NodeWriter, PodSource
+from gpusched.agent.pods import NodeWriter, PodSource, PodWatch
 from gpusched.agent.reshape.manager import ConfigMaps, ManagerSettings, MigManagerWay
 from gpusched.agent.reshape.way import ReshapeWay
 from gpusched.agent.sharing import (
@@ -97,6 +99,7 @@ class Agent:
     last_xid: dict[int, int] = field(default_factory=dict)
     _owners: Owners = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
+    _stop_pod_watch: Callable[[], None] | None = None
     _health_dirty: threading.Event = field(default_factory=threading.Event)
     _kubelet_seen: coexist.Allocations = field(default_factory=dict)
 
@@ -135,6 +138,8 @@ class Agent:
         self.held_taints = (
             HeldTaints(self.taint_api, c.node) if self.taint_api is not None and self.dra is None else None
         )
+        if self.held_taints is not None:  # the event: GPUs handed out are tainted before Allocate answers
+            self.plugin.allocator.on_handed = self.held_taints.add
         reshaper = self.backend if isinstance(self.backend, MigReshaper) else None
         manager = MigManagerWay(self.nodes, self.configmaps, c.mig_manager) if self.configmaps else None
         self.reshapes = (
@@ -269,13 +274,30 @@ class Agent:
         slices = self.held_taints.slices()
         if slices is None or not self.held_taints.needed(slices):
             return  # no DRA driver publishes this node's GPUs: no pod list, no rule list
+        mark = self.held_taints.mark()  # rules the pod watch makes from here on are kept by this pass
         try:
             pods = self.pods.pods_on_node(self.config.node)
         except Exception as e:
             log.warning("could not list pods on %s: %s", self.config.node, e)
             return
         unwritten = {f"{ns}/{name}": v for (ns, name), v in self.plugin.allocator._unwritten.items()}
-        self.held_taints.sync(held_gpus(pods, self.config.node, self.devices.inventory, unwritten), slices)
+        self.held_taints.sync(
+            held_gpus(pods, self.config.node, self.devices.inventory, unwritten), slices, mark
+        )
+        if (
+            self._stop_pod_watch is None
+            and isinstance(self.pods, PodWatch)
+            and self.held_taints.published(slices)
+        ):
+            self._stop_pod_watch = self.pods.watch_pods(self.config.node, self._pod_seen)
+
+    def _pod_seen(self, pod: Mapping[str, Any]) -> None:
+        """The pod watch (held-GPU taints): a pod bound here with an assignment gets its GPUs' rules at
+        once (``HeldTaints.add``), before the kubelet admits it."""
+        if self.held_taints is not None:
+            gpus = held_gpus([pod], self.config.node, self.devices.inventory, {})
+            if gpus:
+                self.held_taints.add(gpus)
 
     def refuse_dra_beside_a_device_plugin(self) -> None:
         """DRA mode: ``DraConfigError`` when a device plugin serves this node's GPUs too
@@ -363,6 +385,8 @@ class Agent:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._stop_pod_watch is not None:
+            self._stop_pod_watch()
         if self.dra is not None:
             self.dra.stop()
         else:

@@ -44,6 +44,7 @@ from gpusched.core.cluster import I64, ClusterState
 from gpusched.core.framework import Profile
 from gpusched.core.gang import Unit, place_gang, without_post_filters
 from gpusched.core.model import PodSpec
+from gpusched.core.plugins.dynamicresources import decided
 from gpusched.core.preemption_gang import Budgets, plan_gang_preemption
 from gpusched.core.queues.fairshare import surplus_order
 from gpusched.core.queues.quota import QueueBook
@@ -110,7 +111,8 @@ def _charge_placed(book: QueueBook, snap: ClusterState, unit: Unit, placed: Sequ
     what their Reserve plugins took (a claim pod's DRA devices go back to the ledger)."""
     done: list[str] = []
     for r in placed:
-        charge = charge_of(r.pod, snap.nodes[r.node].gpu_model)
+        took = decided(r.reserved.state, r.node) if r.reserved is not None else None  # `All`: what it got
+        charge = charge_of(r.pod, snap.nodes[r.node].gpu_model, took)
         v = book.check(unit.queue, charge)
         if not v.ok:
             for k in done:

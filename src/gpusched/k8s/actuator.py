@@ -172,10 +172,9 @@ class Actuator:
             rooms = landing(d.profile, snap, unit.pods, o.victims, need=unit.need, tiebreak=d.tiebreak)
             by = f"gang {p.group.ref.describe()}" if p.group is not None else unit.pods[0].key
             self.tenants.start_reclaim(unit.pods, p.queue, victims, by=by, rooms=rooms)
-            if p.group is None:  # DRA: the devices its victims' claims free are held for it
-                for q, n in rooms:
-                    spec = snap.nodes[snap.index[n]]
-                    self.claims.hold_room(q, DraNode(spec.name, spec.labels), o.victims)
+            for q, n in rooms:  # DRA: what its victims' claims free held for it (a gang: each member in
+                spec = snap.nodes[snap.index[n]]  # turn, seeing the rooms held before it)
+                self.claims.hold_room(q, DraNode(spec.name, spec.labels), o.victims)
             acted = f"; reclaiming {len(held)} pod(s) from borrowing queues"
         elif o.outcome is Outcome.PREEMPT:
             placement = (
@@ -184,16 +183,15 @@ class Actuator:
                 else [(unit.pods[0], snap.names[o.nominated_node])]
             )
             wait = next((w for q, n in placement if (w := self.nominations.may_preempt(q.key, n, snap))), "")
-            wait = wait or self.claims.room_waits(unit.pods[0].key)  # DRA: its room is being made
+            wait = wait or next((w for q in unit.pods if (w := self.claims.room_waits(q.key))), "")  # DRA
             if wait:
                 acted = f"; preemption {wait}"
             elif held:
                 keys = tuple(a.pod.key for a in held)
                 for q, n in placement:
                     self.nominations.nominate(p.spec(q.key), n, keys)
-                if p.group is None:  # DRA: the devices its victims' claims free are held for it
-                    spec = snap.nodes[o.nominated_node]
-                    self.claims.hold_room(p.spec(unit.pods[0].key), DraNode(spec.name, spec.labels), keys)
+                    spec = snap.nodes[snap.index[n]]  # DRA: its victims' claims' devices held for it
+                    self.claims.hold_room(p.spec(q.key), DraNode(spec.name, spec.labels), keys)
                 acts.preempt = ([(p.spec(q.key), n) for q, n in placement], [a.pod for a in held])
                 if p.group is not None:
                     acted = (

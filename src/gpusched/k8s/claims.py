@@ -220,6 +220,10 @@ class DraClaims:
         """Per booked pod, what its claims ask per DeviceClass (``DraBooks.claim_charges``)."""
         return self.books.claim_charges()
 
+    def decided_charge(self, pod: str) -> Usage | None:
+        """What the claims of ``pod``'s decision took per DeviceClass (``DraBooks.decided_charge``)."""
+        return self.books.decided_charge(pod)
+
     def unknown_classes(self, names: Collection[str]) -> list[str]:
         """Those of ``names`` that are no DeviceClass the API has (none until the informers listed)."""
         if not names or not self.synced():

@@ -31,7 +31,7 @@ from gpusched.core.model import PodSpec
 from gpusched.core.names import LABEL_QUEUE as LABEL_QUEUE
 from gpusched.core.queues.quota import QueueBook
 from gpusched.core.queues.spec import InvalidQueue, QueueSpec, QueueTree, Quota
-from gpusched.core.queues.usage import Usage, charge_of
+from gpusched.core.queues.usage import Usage, charge_of, gpu_charge
 from gpusched.k8s.convert import ANN_QUEUE
 from gpusched.k8s.informer import Handlers, Reflector
 
@@ -175,9 +175,9 @@ def charge_booked(snap: ClusterState, d: Directory, claims: ClaimCharges | None 
     for key, a in snap.allocations.items():
         q, _ = d.queue_of(a.pod)
         if q and not d.problem(q, ""):
-            charge = charge_of(a.pod, snap.nodes[a.node].gpu_model)
-            if key in dra and not (a.pod.claims is not None and a.pod.claims.to_allocate):
-                charge = charge + dra[key]
+            model = snap.nodes[a.node].gpu_model
+            # what its claims took (allocated, or decided and not yet written), else what they ask
+            charge = gpu_charge(a.pod, model) + dra[key] if key in dra else charge_of(a.pod, model)
             book.charge(key, q, charge)
     return book
 

@@ -47,7 +47,7 @@ from gpusched.core.model import PodSpec
 from gpusched.core.queues.quota import QueueBook
 from gpusched.core.queues.spec import ANY_MODEL, ResourceKey
 from gpusched.core.queues.status import QueueStatus, queue_statuses
-from gpusched.core.queues.usage import Usage, charge_of
+from gpusched.core.queues.usage import Usage, charge_of, gpu_charge
 from gpusched.core.scheduler import undo
 from gpusched.core.statement import Statement
 from gpusched.k8s.convert import InvalidRequest
@@ -117,6 +117,8 @@ class QueueClaims(ClaimCharges, Protocol):
     """The DRA side tenant queues read (``k8s/claims.py`` ``DraClaims``)."""
 
     def unknown_classes(self, names: Collection[str]) -> list[str]: ...
+
+    def decided_charge(self, pod: str) -> Usage | None: ...
 
 
 class TenantQueues:
@@ -205,7 +207,10 @@ class TenantQueues:
                 continue
             q, _ = d.queue_of(a.pod)
             if q and not d.problem(q, ""):
-                k.book.charge(key, q, charge_of(a.pod, snap.nodes[a.node].gpu_model))
+                model = snap.nodes[a.node].gpu_model  # what its claims took (`All`: every device)
+                took = self.claims.decided_charge(key) if self.claims is not None else None
+                charge = charge_of(a.pod, model) if took is None else gpu_charge(a.pod, model) + took
+                k.book.charge(key, q, charge)
         k.version = snap.version
 
     def queue_of(self, pod: PodSpec) -> tuple[str, str]:

@@ -17,13 +17,17 @@ claim): ``<cdi dir>/<vendor>-claim_<claim UID>.json`` with kind ``<vendor>/claim
   mount); its CDI device is named ``<claim UID>-<device>-<share ID>``;
 - device nodes ``/dev/nvidia<index>`` (and ``nvidiactl``, ``nvidia-uvm``, ``nvidia-uvm-tools``) from the
   device-node root (``/dev`` on a GPU node), only those that exist there: on a machine without GPUs (the fake
-  backend) the spec carries the env alone, unless the root holds stand-ins.
+  backend) the spec carries the env alone, unless the root holds stand-ins;
+- a MIG device (static or made by dynamic MIG's Prepare): also its GPU instance's and compute instance's
+  access capability nodes ``/dev/nvidia-caps/nvidia-cap<N>``, their minors read from the host's procfs under
+  ``proc_root`` (``migcaps.py``; none on a node without NVIDIA's driver, said once in the log).
 
 Writes are atomic (a temporary file renamed), so a runtime never reads half a spec.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Sequence
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpusched.agent.dra.migcaps import MigCaps
 from gpusched.agent.sharing import Mount
 
 CDI_VERSION = "0.5.0"
@@ -53,6 +58,8 @@ class PreparedDevice:
     share_env: tuple[tuple[str, str], ...] = ()
     """A share's limits as its container's environment (the sharing mode's), in order."""
     share_mounts: tuple[Mount, ...] = ()
+    mig: tuple[int, int] | None = None
+    """A MIG device: its GPU instance and compute instance IDs (for the capability nodes)."""
 
     @property
     def cdi_name(self) -> str:
@@ -66,6 +73,12 @@ class CdiSpecs:
     directory: Path
     driver: str
     dev_root: Path = Path("/dev")
+    proc_root: Path = Path("/")
+    """Where the host's ``/proc`` is found (``proc_root/proc/driver/...``): MIG capability minors."""
+
+    @functools.cached_property
+    def mig_caps(self) -> MigCaps:
+        return MigCaps(self.proc_root, self.dev_root)
 
     @property
     def vendor(self) -> str:
@@ -101,7 +114,9 @@ class CdiSpecs:
                          "options": ["ro", "nosuid", "nodev", "bind"] if m.read_only else ["rbind"]}
                         for m in d.share_mounts
                     ]  # fmt: skip
-            nodes = self._nodes([f"nvidia{d.gpu_index}"])
+            nodes: list[dict[str, Any]] = [*self._nodes([f"nvidia{d.gpu_index}"])]
+            if d.mig is not None:
+                nodes += self.mig_caps.device_nodes(d.gpu_index, *d.mig)
             if nodes:
                 edits["deviceNodes"] = nodes
             cdi_devices.append({"name": f"{claim_uid}-{d.cdi_name}", "containerEdits": edits})

@@ -104,6 +104,7 @@ class Preparer:
                 )
         made = self._create_mig(ref, [(r.device, pool.by_name[r.device].placement) for r in results])
         try:
+            made_ids = self.mig.instance_ids(ref) if made and self.mig is not None else {}
             devices = []
             for r in results:
                 dev = pool.by_name[r.device]
@@ -118,7 +119,7 @@ class Preparer:
                 devices.append(
                     PreparedDevice(
                         base_request(r.request), r.pool, r.device, visible, dev.gpu_index, r.share_id,
-                        milli, memory, env, mounts,
+                        milli, memory, env, mounts, made_ids.get(r.device, dev.mig),
                     )
                 )  # fmt: skip
             ids = self.cdi.write(ref.uid, f"{ref.namespace}/{ref.name}", devices)

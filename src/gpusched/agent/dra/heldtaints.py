@@ -10,6 +10,13 @@ and name (v1 selects devices only so), the taint is ``gpusched.io/held-by-device
 ``NoSchedule``. kube-scheduler then allocates no new claim to it (claims already allocated stay: NoSchedule
 evicts nothing). When the GPU is free again the rule is deleted. The rules carry the label
 ``gpusched.io/held-gpu-node=<node>``, so each agent finds and removes exactly its own.
+
+When: at the event, and by a resync. The device plugin's Allocate is where the agent meets a pod bound to
+its node with its assignment: before Allocate answers (so before the kubelet starts the container), the rules
+of the GPUs it hands out are created (``HeldTaints.add``: the slices of the last resync, only rules not known
+to exist, no list call; one create per device another driver publishes, none where no DRA driver publishes).
+The resync (every 10 s, and at start) lists slices, pods and rules, creates what is missing (a pod bound but
+not yet admitted by the kubelet: its assignment) and deletes the rules of GPUs no longer held.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -132,6 +140,11 @@ class HeldTaints:
         self.api, self.node = api, node
         self._last_error = ""
         self._rules_left = True  # unknown at start: an earlier agent may have left rules
+        self._slices: list[dict[str, Any]] = []  # the node's slices as the last resync read them
+        self._have: set[str] = set()  # the rule names known to exist (last resync, and created since)
+        self._seq = 0  # counts the event path's creations
+        self._added: dict[str, int] = {}  # rule name -> its creation's number (the event path's)
+        self._lock = threading.Lock()  # Allocate's threads and the resync
 
     def _failed(self, e: Exception) -> None:
         if str(e) != self._last_error:  # logged once while it repeats
@@ -141,32 +154,84 @@ class HeldTaints:
     def slices(self) -> list[dict[str, Any]] | None:
         """The ResourceSlices on this node; None (logged) when the API did not answer."""
         try:
-            return self.api.slices_on_node(self.node)
+            slices = self.api.slices_on_node(self.node)
         except Exception as e:  # the API unreachable, resource.k8s.io not served, RBAC: retried
             self._failed(e)
             return None
+        self._slices = slices
+        return slices
+
+    def add(self, gpus: Collection[str]) -> list[str]:
+        """The event: ``gpus`` were just handed to a pod. Creates their rules not known to exist, against the
+        slices the last resync read (no list call); deletes nothing. Returns the rule names created; API
+        errors are logged (the resync retries)."""
+        with self._lock:
+            want = {rule_name(self.node, d): d for d in held_devices(self._slices, gpus)}
+            created = []
+            try:
+                for name in sorted(set(want) - self._have):
+                    self.api.create_rule(rule(self.node, want[name]))
+                    self._have.add(name)
+                    self._seq += 1
+                    self._added[name] = self._seq
+                    self._rules_left = True
+                    d = want[name]
+                    log.info(
+                        "GPU %s handed to a device-plugin pod: tainted %s/%s/%s for DRA (DeviceTaintRule %s)",
+                        d.gpu_uuid,
+                        d.driver,
+                        d.pool,
+                        d.device,
+                        name,
+                    )
+                    created.append(name)
+            except Exception as e:
+                self._failed(e)
+            return created
 
     def needed(self, slices: Sequence[Mapping[str, Any]]) -> bool:
         """Whether a pass can change anything: a device on this node names a GPU, or rules are left. On a
         node no DRA driver publishes, the agent thus reads no pods and no rules for this."""
-        return self._rules_left or any(
+        return self._rules_left or self.published(slices)
+
+    @staticmethod
+    def published(slices: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether a device of ``slices`` names a GPU (``uuid`` or ``parentUUID``)."""
+        return any(
             _attr(d.get("attributes") or {}, str((s.get("spec") or {}).get("driver", "")), k) is not None
             for s in slices
             for d in (s.get("spec") or {}).get("devices") or []
             for k in ("uuid", "parentUUID")
         )
 
+    def mark(self) -> int:
+        """Taken before the pods a resync reads are listed: rules the event path creates after it are not
+        deleted by that resync (its pod list may predate their pod)."""
+        with self._lock:
+            return self._seq
+
     def sync(
-        self, held: Collection[str], slices: Sequence[Mapping[str, Any]] | None = None
+        self,
+        held: Collection[str],
+        slices: Sequence[Mapping[str, Any]] | None = None,
+        mark: int | None = None,
     ) -> tuple[list[str], list[str]]:
         """Creates the missing rules and deletes those of GPUs no longer held (``slices``: the node's, read
-        now when not given); returns (created, deleted) rule names. API errors are logged (once while they
-        repeat) and retried at the next call."""
+        now when not given; ``mark``: ``mark()`` before ``held`` was read); returns (created, deleted) rule
+        names. API errors are logged (once while they repeat) and retried at the next call."""
+        with self._lock:
+            return self._sync(held, slices, self._seq if mark is None else mark)
+
+    def _sync(
+        self, held: Collection[str], slices: Sequence[Mapping[str, Any]] | None, mark: int
+    ) -> tuple[list[str], list[str]]:
         try:
             if slices is None:
                 slices = self.api.slices_on_node(self.node)
+            self._slices = [dict(s) for s in slices]
             want = {rule_name(self.node, d): d for d in held_devices(slices, held)}
             have = {str((r.get("metadata") or {}).get("name")) for r in self.api.list_rules(self.node)}
+            newer = {n for n, seq in self._added.items() if seq > mark}  # made after the pods were read
             created, deleted = [], []
             for name in sorted(set(want) - have):
                 self.api.create_rule(rule(self.node, want[name]))
@@ -174,15 +239,17 @@ class HeldTaints:
                 log.info("GPU %s held by a device-plugin pod: tainted %s/%s/%s for DRA (DeviceTaintRule %s)",
                          d.gpu_uuid, d.driver, d.pool, d.device, name)  # fmt: skip
                 created.append(name)
-            for name in sorted(have - set(want)):
+            for name in sorted(have - set(want) - newer):
                 self.api.delete_rule(name)
                 log.info("DeviceTaintRule %s deleted: its GPU is no longer held by a device-plugin pod", name)
                 deleted.append(name)
         except Exception as e:
             self._failed(e)
             return [], []
+        self._have = set(want) | (have & newer)
+        self._added = {n: seq for n, seq in self._added.items() if seq > mark}
         self._last_error = ""
-        self._rules_left = bool(want)
+        self._rules_left = bool(self._have)
         return created, deleted
 
 

@@ -37,11 +37,14 @@ CHECKPOINT = "mig-claims.json"
 
 @dataclass(frozen=True)
 class Made:
-    """One instance a claim's Prepare made: the device it was for, its GPU and its MIG UUID."""
+    """One instance a claim's Prepare made: the device it was for, its GPU and its MIG UUID; its GPU instance
+    and compute instance IDs (-1: unknown, a checkpoint written before they were kept)."""
 
     device: str
     gpu_index: int
     uuid: str
+    gi_id: int = -1
+    ci_id: int = -1
 
 
 class MigClaims:
@@ -57,12 +60,15 @@ class MigClaims:
         except (OSError, ValueError) as e:
             raise ClaimError(f"{path}: the dynamic-MIG checkpoint cannot be read: {e}") from None
         for uid, made in (doc.get("claims") or {}).items():
-            self.claims[str(uid)] = tuple(Made(str(m["device"]), int(m["gpu"]), str(m["uuid"])) for m in made)
+            self.claims[str(uid)] = tuple(_made(m) for m in made)
 
     def save(self) -> None:
         doc = {
             "claims": {
-                uid: [{"device": m.device, "gpu": m.gpu_index, "uuid": m.uuid} for m in made]
+                uid: [
+                    {"device": m.device, "gpu": m.gpu_index, "uuid": m.uuid, "gi": m.gi_id, "ci": m.ci_id}
+                    for m in made
+                ]
                 for uid, made in sorted(self.claims.items())
             }
         }
@@ -73,6 +79,11 @@ class MigClaims:
 
     def uuids(self) -> frozenset[str]:
         return frozenset(m.uuid for made in self.claims.values() for m in made)
+
+
+def _made(m: dict[str, object]) -> Made:
+    gi, ci = m.get("gi", -1), m.get("ci", -1)  # absent in a checkpoint written before they were kept
+    return Made(str(m["device"]), int(str(m["gpu"])), str(m["uuid"]), int(str(gi)), int(str(ci)))
 
 
 def _present(inv: Inventory, gpu_index: int, uuid: str) -> bool:
@@ -112,7 +123,7 @@ class MigInstances:
                     m = self.ops.create_mig_instance(p.gpu_index, p.profile, p.start)
                 except MigError as e:
                     raise ClaimError(self._rolled_back(ref, device, p, str(e), made)) from None
-                made.append(Made(device, p.gpu_index, m.uuid))
+                made.append(Made(device, p.gpu_index, m.uuid, m.gi_id, m.ci_id))
                 log.info("%s: created %s (%s) for device %s", ref, p, m.uuid, device)
             self.checkpoint.claims[ref.uid] = tuple(made)
             try:
@@ -121,6 +132,23 @@ class MigInstances:
                 self.checkpoint.claims.pop(ref.uid, None)
                 raise ClaimError(self._rolled_back(ref, "", None, f"checkpoint: {e}", made)) from None
             return {m.device: m.uuid for m in made}
+
+    def instance_ids(self, ref: ClaimRef) -> dict[str, tuple[int, int]]:
+        """Device name -> (GPU instance ID, compute instance ID) of the instances made for ``ref`` (those of
+        an older checkpoint without them: as the GPUs show them now)."""
+        with self._lock:
+            made = self.checkpoint.claims.get(ref.uid, ())
+            inv = self.ops.inventory() if any(m.gi_id < 0 for m in made) else None
+        out = {}
+        for m in made:
+            if m.gi_id >= 0:
+                out[m.device] = (m.gi_id, m.ci_id)
+                continue
+            dev = inv.by_index(m.gpu_index) if inv is not None else None
+            found = [x for x in (dev.mig_instances if dev is not None else ()) if x.uuid == m.uuid]
+            if found:
+                out[m.device] = (found[0].gi_id, found[0].ci_id)
+        return out
 
     def _rolled_back(
         self, ref: ClaimRef, device: str, p: Placement | None, error: str, made: list[Made]

@@ -33,6 +33,8 @@ class DraConfig:
     driver: str = DEFAULT_DRIVER
     cdi_dir: Path = DEFAULT_CDI_DIR
     dev_root: Path = Path("/dev")
+    proc_root: Path = Path("/")
+    """Where the host's ``/proc`` is (``<proc_root>/proc/driver``): MIG devices' capability minors."""
     registry_dir: Path = DEFAULT_REGISTRY_DIR
     plugins_dir: Path = DEFAULT_PLUGINS_DIR
     unhealthy_effect: str = "NoSchedule"
@@ -89,7 +91,7 @@ class DraNode:
     def __post_init__(self) -> None:
         self.publisher = SlicePublisher(self.slices)
         c = self.config
-        cdi = CdiSpecs(c.cdi_dir, c.driver, c.dev_root)
+        cdi = CdiSpecs(c.cdi_dir, c.driver, c.dev_root, c.proc_root)
         self.mig: MigInstances | None = None
         if c.mig == "dynamic":
             if self.mig_ops is None:

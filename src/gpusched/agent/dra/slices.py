@@ -128,6 +128,8 @@ class DraDevice:
     """What the device consumes of ``counter_set`` (dynamic MIG: its GPU's counters)."""
     placement: Placement | None = None
     """Dynamic MIG: the placement Prepare creates (``visible_id`` is then the new instance's UUID)."""
+    mig: tuple[int, int] | None = None
+    """A configured MIG device: its GPU instance and compute instance IDs (its CDI capability nodes)."""
 
     def to_api(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -287,6 +289,7 @@ def mig_device(dev: GpuDevice, mig: MigInstance, inv: Inventory, taints: tuple[T
         gpu_uuid=dev.uuid,
         visible_id=mig.uuid,
         gpu_index=dev.index,
+        mig=(mig.gi_id, mig.ci_id),
         attributes=attrs,
         capacity={
             "multiprocessors": Capacity(str(mig.multiprocessors)),

@@ -31,7 +31,7 @@ import numpy as np
 from gpusched.core.cluster import I64, BoolArr, ClusterState
 from gpusched.core.dra.allocator import DoesNotFit, Fits, Outcome
 from gpusched.core.dra.inventory import PodClaims
-from gpusched.core.dra.model import AllocatedState, DeviceId, Node, qualify
+from gpusched.core.dra.model import AllocatedState, ClaimAllocation, DeviceId, Node, qualify
 from gpusched.core.dra.pools import gather_pools
 from gpusched.core.dra.score import Score
 from gpusched.core.dra.selector import DraError
@@ -88,6 +88,14 @@ def chosen(state: CycleState, node: int) -> tuple[DeviceId, ...]:
     if not isinstance(out, Fits):
         return ()
     return tuple(r.device_id for a in out.allocations for r in a.results)
+
+
+def decided(state: CycleState, node: int) -> tuple[ClaimAllocation, ...] | None:
+    """The allocations the pod's claims were given on ``node`` in the cycle of ``state``; None when
+    it has no claims to allocate or they did not fit there."""
+    outcomes = state.read(OUTCOMES)
+    out = outcomes.by_node.get(node) if outcomes is not None else None
+    return out.allocations if isinstance(out, Fits) else None
 
 
 def _takes_gpus(fits: Fits) -> bool:

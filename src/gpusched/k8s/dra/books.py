@@ -38,10 +38,11 @@ from gpusched.core.dra.model import (
     ClaimAllocation,
     DeviceClass,
     DeviceId,
+    DeviceResult,
     ResourceSlice,
 )
 from gpusched.core.dra.selector import SelectorCompiler
-from gpusched.core.queues.usage import Usage, claims_charge
+from gpusched.core.queues.usage import Usage, allocated_charge
 from gpusched.k8s.dra.convert import (
     DraObjectError,
     HeldDevice,
@@ -68,6 +69,21 @@ class Reservation:
     allocations: tuple[ClaimAllocation, ...]
     held_since: float | None = None  # set when its write's outcome is unknown (``hold``)
     room_until: float | None = None  # a preemptor's room (``hold_room``), kept until then at most
+
+
+def _allocation_of(obj: Mapping[str, Any]) -> ClaimAllocation:
+    """A claim's ``status.allocation`` as far as its charge needs it: each result's request, device
+    and admin access (``DraObjectError`` when it cannot be read)."""
+    at = f"ResourceClaim {claim_key(obj)}: status.allocation.devices.results"
+    alloc = (obj.get("status") or {}).get("allocation") or {}
+    results = (alloc.get("devices") or {}).get("results") or []
+    out = []
+    for i, r in enumerate(results if isinstance(results, list) else ()):
+        if not isinstance(r, Mapping) or not all(isinstance(r.get(k), str) for k in ("request", "device")):
+            raise DraObjectError(f"{at}[{i}]: a result needs request and device")
+        out.append(DeviceResult(r["request"], str(r.get("driver", "")), str(r.get("pool", "")), r["device"],
+                                admin_access=bool(r.get("adminAccess"))))  # fmt: skip
+    return ClaimAllocation(claim_key(obj), tuple(out), None)
 
 
 def held_devices(allocations: tuple[ClaimAllocation, ...]) -> dict[str, tuple[HeldDevice, ...]]:
@@ -117,6 +133,7 @@ class DraBooks:
         self._claims: dict[str, Obj] = {}  # key -> the API object
         self._held: dict[str, tuple[HeldDevice, ...]] = {}  # claim key -> its allocation in the API
         self._reserved: dict[str, Reservation] = {}  # pod key -> its decision
+        self._rooms_under: dict[str, Reservation] = {}  # pod key -> its room a decision replaced
         self._consumers: dict[str, tuple[str, ...]] = {}  # claim key -> its reservedFor (``consumers_of``)
         self._by_consumer: dict[str, set[str]] = {}  # consumer -> the claims reserved for it
         self._problems: dict[str, str] = {}  # "Kind name" -> why it cannot be read
@@ -337,11 +354,13 @@ class DraBooks:
         return bool(consumers) and all(c in gone for c in consumers)
 
     def claim_charges(self) -> dict[str, Usage]:
-        """Per pod key, what the allocated claims it was allocated for (the first consumer in
-        ``reservedFor``) ask per DeviceClass (``core.queues.usage.claims_charge``): the tenant
-        queues' charge of a booked claim pod. A claim that cannot be read is charged nothing."""
+        """Per pod key, what the claims allocated for it took per DeviceClass: those the API shows
+        allocated, charged to the first consumer in ``reservedFor``, and those of its decision not
+        yet seen written (``core.queues.usage.allocated_charge``: an ``All`` request every device
+        it got). The tenant queues' charge of a booked claim pod. A claim that cannot be read is
+        charged nothing."""
         with self.lock:
-            by_pod: dict[str, list[Claim]] = {}
+            by_pod: dict[str, list[tuple[Claim, ClaimAllocation]]] = {}
             for key, obj in self._claims.items():
                 if key not in self._held:
                     continue
@@ -349,10 +368,38 @@ class DraBooks:
                 if not consumers:
                     continue
                 try:
-                    by_pod.setdefault(consumers[0], []).append(claim_from_k8s(obj))
+                    got = (claim_from_k8s(obj), _allocation_of(obj))
                 except DraObjectError:
                     continue
-        return {pod: claims_charge(cs) for pod, cs in by_pod.items()}
+                by_pod.setdefault(consumers[0], []).append(got)
+            for res in self._reserved.values():
+                if res.room_until is None:
+                    by_pod.setdefault(res.pod, []).extend(self._decided(res))
+        return {
+            pod: allocated_charge([c for c, _ in got], [a for _, a in got]) for pod, got in by_pod.items()
+        }
+
+    def decided_charge(self, pod: str) -> Usage | None:
+        """What the claims of ``pod``'s decision (not yet seen written) took per DeviceClass; None
+        when it has no decision held."""
+        with self.lock:
+            res = self._reserved.get(pod)
+            if res is None or res.room_until is not None:
+                return None
+            got = self._decided(res)
+        return allocated_charge([c for c, _ in got], [a for _, a in got])
+
+    def _decided(self, res: Reservation) -> list[tuple[Claim, ClaimAllocation]]:
+        out = []
+        for a in res.allocations:
+            obj = self._claims.get(a.claim)
+            if obj is None or a.claim in self._held:
+                continue  # gone, or seen allocated (charged from the API's copy)
+            try:
+                out.append((claim_from_k8s(obj), a))
+            except DraObjectError:
+                continue
+        return out
 
     def consumers(self, claim: str) -> tuple[str, ...]:
         """The consumers ``claim`` (namespace/name) is reserved for, as ``consumers_of`` names them."""
@@ -362,16 +409,26 @@ class DraBooks:
 
     def reserve(self, pod: str, node: str, allocations: tuple[ClaimAllocation, ...]) -> None:
         with self.lock:
+            old = self._reserved.get(pod)
+            if old is not None and old.room_until is not None:
+                self._rooms_under[pod] = old  # back if the decision is given back (a what-if's undo)
             self._reserved[pod] = Reservation(pod, node, allocations)
             self.version += 1
 
     def unreserve(self, pod: str, *, room: bool = True) -> None:
-        """Give ``pod``'s decision back (and its room, unless ``room`` is False)."""
+        """Give ``pod``'s decision back (and its room, unless ``room`` is False). A decision that
+        replaced the pod's room gives the room back (while it lasts): a what-if's Reserve undone
+        (``core.scheduler.undo``) leaves the books as it found them, and a refused write leaves the
+        preemptor its room."""
         with self.lock:
             res = self._reserved.get(pod)
-            if res is not None and (room or res.room_until is None):
-                del self._reserved[pod]
-                self.version += 1
+            if res is None or (not room and res.room_until is not None):
+                return
+            del self._reserved[pod]
+            under = self._rooms_under.pop(pod, None)
+            if res.room_until is None and under is not None and self._clock() < (under.room_until or 0.0):
+                self._reserved[pod] = under
+            self.version += 1
 
     def hold_room(self, pod: str, node: str, allocations: tuple[ClaimAllocation, ...], for_s: float) -> None:
         """A preemptor nominated on ``node``: the devices the what-if gave it there (its victims'
@@ -381,6 +438,7 @@ class DraBooks:
         with its key); its Reserve replaces the room with the decision."""
         with self.lock:
             self._reserved[pod] = Reservation(pod, node, allocations, room_until=self._clock() + for_s)
+            self._rooms_under.pop(pod, None)
             self.version += 1
 
     def reservation(self, pod: str) -> Reservation | None:
@@ -410,6 +468,7 @@ class DraBooks:
             keys = {a.claim for a in res.allocations}
             if claim in keys and all(k in self._held or k not in self._claims for k in keys):
                 del self._reserved[pod]
+                self._rooms_under.pop(pod, None)
                 self.version += 1
 
     def _expire(self) -> None:
@@ -421,6 +480,7 @@ class DraBooks:
                 res.room_until is not None and now >= res.room_until
             ):
                 del self._reserved[pod]
+                self._rooms_under.pop(pod, None)
                 self.version += 1
 
     def reservations(self) -> list[str]:
