@@ -178,3 +178,17 @@ def test_a_held_mig_room_is_never_given_to_another_pod(
         for x in slots:
             owner = kept.get((node, x))
             assert owner is None or owner == pod.labels["app"], f"{pod.key} took {node} {x}, kept for {owner}"
+
+
+def test_a_re_cut_room_keeps_the_freed_slices_for_the_pending_pod() -> None:
+    """The pending pod lands after the scheduler re-cuts the freed slices (a 2g.20gb from two 1g.10gb): its
+    room names the freed slices, each held from an equal pod, though the pod itself does not fit there yet."""
+    snap = ClusterState([mig_node("n1", LAYOUTS[2])])
+    freed = (MigSlot(0, 0, "1g.10gb"), MigSlot(0, 1, "1g.10gb"))
+    held_rooms = rooms()
+    obj = pending("big", "n1", freed)
+    obj["spec"]["containers"][0]["resources"]["requests"] = {res("2g.20gb"): "1"}
+    held_rooms.on_pod_event(parse_pod_event(obj))
+    got = [land(snap, held_rooms, mig_pod(f"small-{k}", "1g.10gb"))[1] for k in range(6)]
+    assert all(x not in freed for slots in got for x in slots)
+    assert got[-1] == ()  # five 1g.10gb were left to take

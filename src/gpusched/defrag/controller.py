@@ -395,7 +395,12 @@ class DefragController:
                     f"Evicted to make room for {for_whom} on node {mv.from_node}; "
                     f"planned to run on node {mv.to_node}",
                 )
-                self._wait_gone(str(meta.get("namespace", "default")), str(meta.get("name", "")), mv.pod)
+                self._wait_gone(
+                    str(meta.get("namespace", "default")),
+                    str(meta.get("name", "")),
+                    str(meta.get("uid", "")),
+                    mv.pod,
+                )
             i += 1
         self._wait_bound(keys)
 
@@ -524,10 +529,13 @@ class DefragController:
                 bound += 1
         return bound == len(keys)
 
-    def _wait_gone(self, ns: str, name: str, key: str) -> None:
+    def _wait_gone(self, ns: str, name: str, uid: str, key: str) -> None:
+        """Until the evicted pod (``uid``) has left: no pod of that name, or another (a StatefulSet
+        recreates its pod under the same name once the old one is gone)."""
         deadline = time.monotonic() + self.config.leave_timeout_s
         while time.monotonic() < deadline and not self._stop.is_set():
-            if self._read_pod(ns, name) is None:
+            now = self._read_pod(ns, name)
+            if now is None or (now.get("metadata") or {}).get("uid") != uid:
                 return
             self._stop.wait(self.config.poll_s)
         raise _Abandon("eviction-timeout", f"{key} did not leave in {self.config.leave_timeout_s:g} s")
