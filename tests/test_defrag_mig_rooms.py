@@ -14,6 +14,7 @@ from gpusched.core.cluster import ClusterState
 from gpusched.core.mig.books import MigSlot
 from gpusched.core.model import Controller, PodSpec
 from gpusched.core.scheduler import schedule_one
+from gpusched.doctor import Books, doctor_pod, snapshot_of_state
 from gpusched.k8s.podevents import parse_pod_event
 from gpusched.k8s.reservation import ANN_ROOM, PlanRecord, Reservations, Steer, room_annotation
 from migbuilders import HALVES, held, mig_node, mig_pod, res
@@ -192,3 +193,18 @@ def test_a_re_cut_room_keeps_the_freed_slices_for_the_pending_pod() -> None:
     got = [land(snap, held_rooms, mig_pod(f"small-{k}", "1g.10gb"))[1] for k in range(6)]
     assert all(x not in freed for slots in got for x in slots)
     assert got[-1] == ()  # five 1g.10gb were left to take
+
+
+def test_doctor_names_a_mig_rooms_slices_and_those_kept_for_the_moved_pods() -> None:
+    snap = snapshot_of_state(cluster(), [mig_pod("big", "3g.40gb"), mig_pod("small", "3g.40gb")])
+    objs = {p["metadata"]["name"]: p for p in snap.pods}
+    objs["big"]["metadata"]["annotations"][ANN_ROOM] = pending("big", "n1", ROOM, STEER)["metadata"][
+        "annotations"
+    ][ANN_ROOM]
+    objs["big"]["status"]["nominatedNodeName"] = "n1"
+    (found,) = [f for f in doctor_pod(Books.of(snap), "default/small").findings if f.code == "defrag-room"]
+    assert (
+        "node n1 MIG slices 3g.40gb on GPU 0 at 4 for default/big, and for the pods it moves MIG slices "
+        "3g.40gb on GPU 1 at 4 on node n2 (plan p1" in found.message
+    )
+    assert found.evidence["mig"] == [{"gpu": 0, "start": 4, "profile": "3g.40gb"}]
