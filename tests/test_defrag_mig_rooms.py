@@ -4,20 +4,23 @@ standalone scheduler's books; the replacement takes its planned slice, nothing e
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kubernetes import client
 
 from builders import k8s_pod, profile
 from gpusched.core.cluster import ClusterState
 from gpusched.core.mig.books import MigSlot
 from gpusched.core.model import Controller, PodSpec
 from gpusched.core.scheduler import schedule_one
+from gpusched.defrag.controller import ControllerConfig, DefragController
 from gpusched.doctor import Books, doctor_pod, snapshot_of_state
 from gpusched.k8s.podevents import parse_pod_event
 from gpusched.k8s.reservation import ANN_ROOM, PlanRecord, Reservations, Steer, room_annotation
-from migbuilders import HALVES, held, mig_node, mig_pod, res
+from migbuilders import BALANCED, HALVES, held, mig_node, mig_pod, res
 
 NOW = 1_800_000_000.0
 PLAN = "p1"
@@ -208,3 +211,56 @@ def test_doctor_names_a_mig_rooms_slices_and_those_kept_for_the_moved_pods() -> 
         "3g.40gb on GPU 1 at 4 on node n2 (plan p1" in found.message
     )
     assert found.evidence["mig"] == [{"gpu": 0, "start": 4, "profile": "3g.40gb"}]
+
+
+def test_the_controller_writes_a_re_cut_plans_room_with_the_freed_slices_and_the_moved_pods_slice() -> None:
+    """``room_for`` answers with a re-cut (no placement): the controller's room for the pending pod names the
+    slices its moves free, on their node, and the steer the slice the moved pod takes."""
+    snap = ClusterState([mig_node("a", BALANCED, HALVES), mig_node("b", BALANCED)])
+    held(snap, "small", 0, (0, 2, "1g.10gb"), controller=RS, labels={"app": "small"})  # blocks a 4g at 0
+    held(snap, "h4", 0, (1, 0, "4g.40gb"))
+    held(snap, "h3", 0, (1, 4, "3g.40gb"))
+    held(snap, "b2", 1, (0, 0, "2g.20gb"))
+    held(snap, "b3", 1, (0, 4, "3g.40gb"))
+    shot = snapshot_of_state(snap, [mig_pod("w", "4g.40gb")])
+    for p in shot.pods:
+        p["metadata"]["creationTimestamp"] = "2020-01-01T00:00:00Z"
+        if not p["spec"].get("nodeName"):
+            p["spec"]["schedulerName"] = "gpusched"
+    books = Books.of(shot)
+    ctl = DefragController(
+        client.ApiClient(), lambda: books, ControllerConfig(), wall=lambda: NOW, ledger=Ledger()
+    )
+    patched: dict[str, Any] = {}
+
+    def patch(name: str, ns: str, body: dict[str, Any], **kw: Any) -> None:
+        patched.update(body["metadata"]["annotations"])
+
+    ctl.core.patch_namespaced_pod = patch  # type: ignore[method-assign]
+    ctl.core.patch_namespaced_pod_status = lambda name, ns, body, **kw: None  # type: ignore[method-assign]
+    ctl.events.about = lambda *a, **kw: None  # type: ignore[method-assign]
+    group = ctl._target(books)
+    assert group is not None and [p.key for p in group] == ["default/w"]
+    plan = ctl._plan(books, group)
+    assert plan.feasible and not plan.placements and "after re-cutting it" in plan.reason
+    (mv,) = plan.moves
+    ctl._reserve(books, plan)
+    room = json.loads(patched[ANN_ROOM])
+    assert room["node"] == "a" and room["mig"] == [{"gpu": 0, "start": 2, "profile": "1g.10gb"}]
+    (steer,) = room["steer"]
+    assert steer["node"] == mv.to_node and steer["labels"] == {"app": "small"}
+    assert steer["mig"] == [{"gpu": x.gpu, "start": x.start, "profile": x.profile} for x in mv.to_mig]
+    ctl.events.stop()
+
+
+class Ledger:
+    """The Lease's record, in memory: plans only (this test moves nothing)."""
+
+    def __init__(self) -> None:
+        self.record: PlanRecord | None = None
+
+    def moves(self, now: float) -> list[tuple[float, str]]:
+        return []
+
+    def set_plan(self, record: PlanRecord) -> None:
+        self.record = record
