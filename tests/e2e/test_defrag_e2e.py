@@ -86,9 +86,11 @@ class DefragEnv(Env):
         self.create_pods([body])
 
     def deployment(
-        self, app: str, replicas: int, finalizer: bool = False, milli: int = 600, node: str = ""
-    ) -> None:
-        template = self.pod("x", {RES_MILLI: str(milli)}, labels={"app": app})
+        self, app: str, replicas: int, finalizer: bool = False, milli: int = 600, node: str = "",
+        res: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
+        """``res``: what each pod asks for (a share of ``milli`` when not given)."""
+        template = self.pod("x", res or {RES_MILLI: str(milli)}, labels={"app": app})
         if node:
             template["spec"]["nodeSelector"][PIN] = node
         meta = {"labels": {"app": app}}

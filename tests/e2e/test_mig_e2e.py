@@ -57,6 +57,48 @@ def inventory(layouts: tuple[tuple[tuple[str, int, int], ...], ...] = LAYOUTS) -
     return Inventory("mig", "550.107.02", (12, 4), devs)
 
 
+def mig_node_body(
+    name: str, tag: str, layouts: tuple[tuple[tuple[str, int, int], ...], ...] = LAYOUTS,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """A kwok node of node group ``tag`` with A100 80GB GPUs cut as ``layouts``: the MIG geometry the agent
+    publishes and the ``nvidia.com/mig-<profile>`` counts the device plugin advertises."""
+    cap = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+    for layout in layouts:
+        for p, _s, _n in layout:
+            res = f"nvidia.com/mig-{p}"
+            cap[res] = str(int(cap.get(res, "0")) + 1)
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {
+                "type": "kwok",
+                GROUP: tag,
+                "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+                "nvidia.com/mig.strategy": "mixed",
+                **(labels or {}),
+            },
+            "annotations": {
+                "node.alpha.kubernetes.io/ttl": "0",
+                ANN_MIG: str(mig_annotation(inventory(layouts), "mixed")),  # as the agent writes it
+            },
+        },
+        "status": {"capacity": cap, "allocatable": cap},
+    }
+
+
+def create_mig_node(cp: ControlPlane, v1: Any, body: dict[str, Any]) -> None:
+    """Create the node ``body`` and wait until kwok says it is Ready."""
+    name = body["metadata"]["name"]
+    v1.create_node(body, _preload_content=False)
+
+    def ready() -> bool:
+        n = json.loads(v1.read_node(name, _preload_content=False).data)
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))
+
+    wait_until(ready, timeout=120, what="kwok node Ready", control_plane=cp, interval=1)
+
+
 class Mig:
     def __init__(self, cp: ControlPlane) -> None:
         from kubernetes import client
@@ -73,38 +115,10 @@ class Mig:
         self.v1.create_namespace({"metadata": {"name": self.ns}})
 
     def node_body(self, layouts: tuple[tuple[tuple[str, int, int], ...], ...] = LAYOUTS) -> dict[str, Any]:
-        cap = {"cpu": "64", "memory": "512Gi", "pods": "110"}
-        for layout in layouts:
-            for p, _s, _n in layout:
-                res = f"nvidia.com/mig-{p}"
-                cap[res] = str(int(cap.get(res, "0")) + 1)
-        return {
-            "metadata": {
-                "name": self.node,
-                "labels": {
-                    "type": "kwok",
-                    GROUP: self.tag,
-                    "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
-                    "nvidia.com/mig.strategy": "mixed",
-                },
-                "annotations": {
-                    "node.alpha.kubernetes.io/ttl": "0",
-                    ANN_MIG: str(mig_annotation(inventory(layouts), "mixed")),  # as the agent writes it
-                },
-            },
-            "status": {"capacity": cap, "allocatable": cap},
-        }
+        return mig_node_body(self.node, self.tag, layouts)
 
     def create_node(self) -> None:
-        self.v1.create_node(self.node_body(), _preload_content=False)
-
-        def ready() -> bool:
-            n = json.loads(self.v1.read_node(self.node, _preload_content=False).data)
-            return any(
-                c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", [])
-            )
-
-        wait_until(ready, timeout=120, what="kwok node Ready", control_plane=self.cp, interval=1)
+        create_mig_node(self.cp, self.v1, self.node_body())
 
     def pod_body(self, name: str, limits: dict[str, str]) -> dict[str, Any]:
         return {

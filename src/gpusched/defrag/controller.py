@@ -11,7 +11,10 @@ budgets, the moves of the window so far counted against ``max_moves_per_window``
    ``gpusched.io/defrag-room`` (node and GPUs): the standalone scheduler keeps that room from
    pods of lower or equal priority from then on (``k8s/reservation.py``), so no recreated pod
    takes back what an eviction freed. The annotation also names each moved pod's planned node:
-   the scheduler prefers it for the pod's replacement (same namespace and labels).
+   the scheduler prefers it for the pod's replacement (same namespace and labels). A plan for a
+   pending MIG pod (``core.defrag.mig.room_for``) names slices: the pod's room is the slice it takes
+   (or the freed slices the scheduler re-cuts for it), each moved pod's the free instance it is to
+   take; the scheduler holds both (``k8s/reservation.py``).
 2. **Each move, checked first.** The books are read again and the rest of the plan is carried
    out on them in a ``Statement`` (``core.defrag.apply_plan``, then undone); if a step no longer
    holds, the controller plans again from the fresh books (at most ``replans`` times), else the
@@ -52,7 +55,17 @@ from typing import Any
 
 import numpy as np
 
-from gpusched.core.defrag import RECREATING_KINDS, Method, Plan, Rules, WorkBudget, apply_plan, plan_for
+from gpusched.core.defrag import (
+    RECREATING_KINDS,
+    Method,
+    Placement,
+    Plan,
+    Rules,
+    WorkBudget,
+    apply_plan,
+    plan_for,
+)
+from gpusched.core.defrag.mig import room_for
 from gpusched.core.model import PodSpec
 from gpusched.core.statement import Statement
 from gpusched.defrag.dryrun import pending_targets
@@ -62,7 +75,7 @@ from gpusched.doctor.books import Books
 from gpusched.k8s.convert import controller_of
 from gpusched.k8s.events import EventRecorder
 from gpusched.k8s.eviction import Evictor, Outcome
-from gpusched.k8s.reservation import ANN_ROOM, PlanRecord, Steer, room_annotation
+from gpusched.k8s.reservation import ANN_ROOM, PlanRecord, Steer, room_annotation, room_text
 from gpusched.metrics.defrag import DefragMetrics
 
 log = logging.getLogger(__name__)
@@ -133,6 +146,15 @@ def _involved(obj: Mapping[str, Any]) -> dict[str, Any]:
         "name": meta.get("name", ""),
         "uid": meta.get("uid", ""),
     }
+
+
+def _rooms(plan: Plan) -> tuple[Placement, ...]:
+    """The rooms a plan keeps: its placements; for a MIG plan whose pending pod lands after the scheduler
+    re-cuts the freed slices (no placement), the slices its moves free, on their node, for that pod."""
+    if plan.placements or not plan.moves or not all(m.from_mig for m in plan.moves):
+        return plan.placements
+    freed = tuple(x for m in plan.moves for x in m.from_mig)
+    return tuple(Placement(k, plan.moves[0].from_node, (), freed) for k in plan.pending)
 
 
 class DefragController:
@@ -265,7 +287,7 @@ class DefragController:
 
     def _target(self, books: Books) -> list[PodSpec] | None:
         cfg, now = self.config, self.wall()
-        for group in pending_targets(books):
+        for group in pending_targets(books, mig=True):
             objs = [books.pod_objs[p.key] for p in group]
             if any((o.get("spec") or {}).get("schedulerName") != cfg.scheduler_name for o in objs):
                 continue
@@ -303,7 +325,10 @@ class DefragController:
         budget = WorkBudget(should_stop=lambda: time.monotonic() >= deadline)
         tiebreak = np.arange(len(books.state), dtype=np.int64)  # the scheduler's: nodes in name order
         t0 = time.perf_counter()
-        plan = plan_for(books.profile, books.state, list(group), rules, budget, tiebreak=tiebreak)
+        if len(group) == 1 and group[0].mig:  # MIG slices move to free instances (core.defrag.mig)
+            plan = room_for(books.profile, books.state, group[0], rules).plan
+        else:
+            plan = plan_for(books.profile, books.state, list(group), rules, budget, tiebreak=tiebreak)
         self.metrics.planning.labels(plan.method.value).observe(time.perf_counter() - t0)
         return plan
 
@@ -370,7 +395,12 @@ class DefragController:
                     f"Evicted to make room for {for_whom} on node {mv.from_node}; "
                     f"planned to run on node {mv.to_node}",
                 )
-                self._wait_gone(str(meta.get("namespace", "default")), str(meta.get("name", "")), mv.pod)
+                self._wait_gone(
+                    str(meta.get("namespace", "default")),
+                    str(meta.get("name", "")),
+                    str(meta.get("uid", "")),
+                    mv.pod,
+                )
             i += 1
         self._wait_bound(keys)
 
@@ -425,7 +455,8 @@ class DefragController:
         """Nominate each placement's node and name the room (the scheduler keeps it) and where the
         moved pods go (the scheduler steers their replacements there)."""
         expires = self._expiry(plan)
-        keys = tuple(pl.pod for pl in plan.placements)
+        rooms = _rooms(plan)
+        keys = tuple(pl.pod for pl in rooms)
         try:
             self.ledger.set_plan(PlanRecord(self._plan_id, keys, self.config.identity, expires))
         except LedgerError as e:
@@ -434,12 +465,12 @@ class DefragController:
         for m in plan.moves:
             a = books.state.allocations.get(m.pod)
             if a is not None and a.pod.labels:
-                steer.append(Steer(a.pod.namespace, tuple(sorted(a.pod.labels.items())), m.to_node))
-        for pl in plan.placements:
+                steer.append(Steer(a.pod.namespace, tuple(sorted(a.pod.labels.items())), m.to_node, m.to_mig))
+        for pl in rooms:
             obj = books.pod_objs[pl.pod]
             meta = obj.get("metadata") or {}
             ns, name = str(meta.get("namespace", "default")), str(meta.get("name", ""))
-            room = room_annotation(pl.node, pl.gpus, steer, plan=self._plan_id, expires=expires)
+            room = room_annotation(pl.node, pl.gpus, steer, plan=self._plan_id, expires=expires, mig=pl.mig)
             ann = {"metadata": {"annotations": {ANN_ROOM: room}}}
             self.core.patch_namespaced_pod(name, ns, ann, _preload_content=False)
             status = {"status": {"nominatedNodeName": pl.node}}
@@ -448,8 +479,8 @@ class DefragController:
                 _involved(obj),
                 "Normal",
                 "DefragPlanned",
-                f"Making room on node {pl.node} (GPUs {list(pl.gpus)}): {len(plan.moves)} pod(s) to move "
-                f"({plan.method.value})",
+                f"Making room on node {pl.node} ({room_text(pl.gpus, pl.mig)}): {len(plan.moves)} pod(s) "
+                f"to move ({plan.method.value})",
             )
 
     def _release(self, keys: Sequence[str], why: str) -> None:
@@ -498,10 +529,13 @@ class DefragController:
                 bound += 1
         return bound == len(keys)
 
-    def _wait_gone(self, ns: str, name: str, key: str) -> None:
+    def _wait_gone(self, ns: str, name: str, uid: str, key: str) -> None:
+        """Until the evicted pod (``uid``) has left: no pod of that name, or another (a StatefulSet
+        recreates its pod under the same name once the old one is gone)."""
         deadline = time.monotonic() + self.config.leave_timeout_s
         while time.monotonic() < deadline and not self._stop.is_set():
-            if self._read_pod(ns, name) is None:
+            now = self._read_pod(ns, name)
+            if now is None or (now.get("metadata") or {}).get("uid") != uid:
                 return
             self._stop.wait(self.config.poll_s)
         raise _Abandon("eviction-timeout", f"{key} did not leave in {self.config.leave_timeout_s:g} s")

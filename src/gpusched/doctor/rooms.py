@@ -13,7 +13,8 @@ from gpusched.core.model import PodSpec
 from gpusched.doctor.books import Books
 from gpusched.doctor.findings import Finding
 from gpusched.k8s.convert import InvalidRequest
-from gpusched.k8s.reservation import Room, parse_room
+from gpusched.k8s.migconvert import slots_json
+from gpusched.k8s.reservation import Room, parse_room, room_text
 
 
 def _when(expires: float) -> str:
@@ -23,7 +24,10 @@ def _when(expires: float) -> str:
 
 
 def _describe(key: str, room: Room) -> str:
-    where = f"node {room.node} GPUs {list(room.gpus)} for {key}"
+    where = f"node {room.node} {room_text(room.gpus, room.mig)} for {key}"
+    kept = [f"{room_text((), s.mig)} on node {s.node}" for s in room.steer if s.mig]
+    if kept:
+        where += f", and for the pods it moves {'; '.join(kept)}"
     if not room.plan:
         return f"{where}: names no plan, so the scheduler holds nothing for it (not the controller's)"
     return f"{where} (plan {room.plan}, {_when(room.expires)}; held while the controller's Lease records it)"
@@ -42,7 +46,11 @@ def room_findings(books: Books, pod: PodSpec) -> list[Finding]:
             continue
         if room is None:
             continue
-        evidence = {"node": room.node, "gpus": list(room.gpus), "plan": room.plan, "expires": room.expires}
+        evidence: dict[str, object] = {
+            "node": room.node, "gpus": list(room.gpus), "plan": room.plan, "expires": room.expires,
+        }  # fmt: skip
+        if room.mig:
+            evidence["mig"] = slots_json(room.mig)
         if key == pod.key:
             msg = f"defragmentation is making room: {_describe(key, room)}"
             out.append(Finding("scheduling", "info", "defrag-room-own", msg, evidence, key))

@@ -136,6 +136,12 @@ def slots_json(slots: tuple[MigSlot, ...]) -> list[dict[str, object]]:
     return [{"gpu": s.gpu, "start": s.start, "profile": s.profile} for s in slots]
 
 
+def slots_of(items: Any) -> tuple[MigSlot, ...]:
+    """MIG slices from their JSON form (``slots_json``). Raises ValueError, KeyError or TypeError for one
+    that cannot be read."""
+    return tuple(MigSlot(_int(i["gpu"], "gpu"), _int(i["start"], "start"), str(i["profile"])) for i in items)
+
+
 def assignment_mig(pod: Mapping[str, Any]) -> tuple[MigSlot, ...] | None:
     """The MIG slices of the pod's assignment annotation; None when it has none (or no ``mig`` field).
     Raises InvalidRequest naming the pod and the field for one that cannot be read."""
@@ -149,8 +155,6 @@ def assignment_mig(pod: Mapping[str, Any]) -> tuple[MigSlot, ...] | None:
         items = data.get("mig")
         if items is None:
             return None
-        return tuple(
-            MigSlot(_int(i["gpu"], "gpu"), _int(i["start"], "start"), str(i["profile"])) for i in items
-        )
+        return slots_of(items)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise InvalidRequest(f"pod {key}: annotation {ANN_ASSIGNMENT} field mig is not valid: {e}") from None

@@ -33,10 +33,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gpusched.core.mig.books import MigSlot
 from gpusched.core.model import PodSpec
 from gpusched.core.names import ANN_ROOM
 from gpusched.k8s.convert import InvalidRequest, parse_assignment, pod_from_k8s
 from gpusched.k8s.groupref import GroupRef, group_ref_of
+from gpusched.k8s.migconvert import slots_of
 
 TERMINAL = ("Succeeded", "Failed")
 """The phases of a pod that has finished: it holds nothing any more."""
@@ -50,11 +52,13 @@ def pod_key(obj: Mapping[str, Any]) -> str:
 # ------------------------------------------------------------------------------------------ rooms
 @dataclass(frozen=True, slots=True)
 class Steer:
-    """A pod of ``namespace`` with exactly ``labels`` is preferred onto ``node``."""
+    """A pod of ``namespace`` with exactly ``labels`` is preferred onto ``node`` (a moved MIG pod's
+    replacement: onto the MIG slices ``mig`` there, which are held for it)."""
 
     namespace: str
     labels: tuple[tuple[str, str], ...]
     node: str
+    mig: tuple[MigSlot, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +70,14 @@ class Room:
     steer: tuple[Steer, ...] = ()
     plan: str = ""
     expires: float = 0.0
+    mig: tuple[MigSlot, ...] = ()
+    """A MIG pod's room: the slices held for it on ``node`` (those a move frees; when the plan has the
+    scheduler re-cut them, the freed slices it re-cuts)."""
 
 
 def _steer(s: Mapping[str, Any]) -> Steer:
     labels = tuple(sorted((str(k), str(v)) for k, v in s["labels"].items()))
-    return Steer(str(s["namespace"]), labels, str(s["node"]))
+    return Steer(str(s["namespace"]), labels, str(s["node"]), slots_of(s.get("mig") or ()))
 
 
 def parse_room(obj: Mapping[str, Any]) -> Room | None:
@@ -89,6 +96,7 @@ def parse_room(obj: Mapping[str, Any]) -> Room | None:
             tuple(_steer(s) for s in data.get("steer") or ()),
             str(data.get("plan") or ""),
             float(data.get("expires") or 0.0),
+            slots_of(data.get("mig") or ()),
         )
     except (ValueError, KeyError, TypeError, AttributeError):
         raise InvalidRequest(f"pod {pod_key(obj)}: annotation {ANN_ROOM} is not valid: {raw!r}") from None

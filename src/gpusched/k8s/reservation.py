@@ -23,6 +23,14 @@ The annotation may also say where the plan puts the pods it moves (``"steer": [{
 labels are those of a moved pod (its owner recreated it from the same template) gets a preferred
 node affinity for the plan's node (weight 100) for its cycle, so the scheduler places it there
 when it fits, elsewhere when not.
+
+MIG rooms (``"mig"``: the slices, ``[{"gpu": 0, "start": 4, "profile": "3g.40gb"}]``): a plan that moves
+MIG slices (``core.defrag.mig``) names the slice the pending pod takes (or, when the scheduler is to
+re-cut the freed slices, the freed slices) in the pod's room, and the slice each moved pod is to take in
+its steer. Both are held as GPUs are: the room's slices from every pod of lower or equal priority (the
+free ones, one placeholder per slice, until the pod fits there), each steer's slices from every pod but
+the replacement the steer matches; that replacement is steered onto the node and, there, onto its
+slices (the node's other free instances of its profiles are held for its cycle).
 """
 
 from __future__ import annotations
@@ -38,6 +46,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpusched.core.cluster import AccountingError, ClusterState
+from gpusched.core.mig.books import MigSlot
+from gpusched.core.mig.whatif import mig_resource
 from gpusched.core.model import GPU_MILLI, PodSpec
 from gpusched.core.names import ANN_MOVES as ANN_MOVES
 from gpusched.core.names import ANN_PLAN as ANN_PLAN
@@ -45,6 +55,7 @@ from gpusched.core.names import ANN_ROOM as ANN_ROOM
 from gpusched.core.selectors import NODE_NAME_FIELD, NodeSelectorTerm, PreferredNodeTerm, SelectorRequirement
 from gpusched.core.statement import Statement
 from gpusched.k8s.convert import InvalidRequest
+from gpusched.k8s.migconvert import slots_json
 from gpusched.k8s.podevents import PodEvent
 from gpusched.k8s.podevents import Room as Room
 from gpusched.k8s.podevents import Steer as Steer
@@ -85,12 +96,22 @@ def parse_plan_record(raw: str, where: str) -> PlanRecord:
 
 
 def room_annotation(
-    node: str, gpus: tuple[int, ...], steer: Sequence[Steer] = (), *, plan: str = "", expires: float = 0.0
-) -> str:
+    node: str, gpus: tuple[int, ...], steer: Sequence[Steer] = (), *, plan: str = "", expires: float = 0.0,
+    mig: tuple[MigSlot, ...] = (),
+) -> str:  # fmt: skip
     data: dict[str, Any] = {"node": node, "gpus": list(gpus), "plan": plan, "expires": expires}
+    if mig:
+        data["mig"] = slots_json(mig)
     if steer:
-        data["steer"] = [{"namespace": s.namespace, "labels": dict(s.labels), "node": s.node} for s in steer]
+        data["steer"] = [_steer_json(s) for s in steer]
     return json.dumps(data, separators=(",", ":"))
+
+
+def _steer_json(s: Steer) -> dict[str, Any]:
+    out: dict[str, Any] = {"namespace": s.namespace, "labels": dict(s.labels), "node": s.node}
+    if s.mig:
+        out["mig"] = slots_json(s.mig)
+    return out
 
 
 def unbacked(key: str, room: Room, record: PlanRecord | None, now: float) -> str:
@@ -236,18 +257,31 @@ class Reservations:
     def _against(self, pod: PodSpec) -> list[tuple[str, Reservation]]:
         return [(k, r) for k, r in self.backed().items() if k != pod.key and r.pod.priority >= pod.priority]
 
+    def _steering(self, pod: PodSpec) -> list[Reservation]:
+        """The rooms whose steers' MIG slices ``pod`` must leave alone: those held against it and its own
+        (a pending pod never takes the slice its plan keeps for a moved pod)."""
+        return [r for k, r in self.backed().items() if k == pod.key or r.pod.priority >= pod.priority]
+
     @contextmanager
     def hold(self, snap: ClusterState, pod: PodSpec) -> Iterator[PodSpec]:
         """Within the block, ``snap`` holds the rooms that ``pod`` must leave alone; afterwards it
         is as it was. Yields the pod to schedule: ``pod``, or ``pod`` steered to where a plan put
         the pod it replaces."""
         rooms = [r for _, r in self._against(pod)] if len(self) else []
-        if not rooms:
+        steering = [r for r in self._steering(pod) if any(s.mig for s in r.steer)] if len(self) else []
+        if not rooms and not steering:
             yield pod
             return
         with Statement(snap) as st:
             for r in rooms:
                 _hold(st, r)
+            mine = _steer_of(pod, steering)
+            for r in steering:
+                for s in r.steer:
+                    if s.mig and s is not mine:
+                        _hold_slices(st, r.pod, s.node, s.mig)
+            if mine is not None and mine.mig:
+                _pin(st, pod, mine)
             yield _steered(pod, rooms)
 
     def note(self, pod: PodSpec) -> str:
@@ -256,24 +290,82 @@ class Reservations:
         if not rooms:
             return ""
         shown = "; ".join(
-            f"node {r.node} GPUs {list(r.gpus)} for {k} (plan {r.room.plan}, until {_utc(r.room.expires)})"
+            f"node {r.node} {room_text(r.gpus, r.room.mig)} for {k} "
+            f"(plan {r.room.plan}, until {_utc(r.room.expires)})"
             for k, r in sorted(rooms)[:3]
         )
         more = f"; and {len(rooms) - 3} more" if len(rooms) > 3 else ""
         return f" Defragmentation holds: {shown}{more}."
 
 
-def _steered(pod: PodSpec, rooms: Sequence[Reservation]) -> PodSpec:
+def room_text(gpus: Sequence[int], mig: Sequence[MigSlot]) -> str:
+    """A room's GPUs, or its MIG slices, in words."""
+    if mig:
+        return "MIG slices " + ", ".join(f"{x.profile} on GPU {x.gpu} at {x.start}" for x in mig)
+    return f"GPUs {list(gpus)}"
+
+
+def _steer_of(pod: PodSpec, rooms: Sequence[Reservation]) -> Steer | None:
+    """The steer of ``rooms`` that ``pod`` matches (its namespace and exactly its labels: the moved
+    pod's owner recreated it from the same template), or None."""
     if not pod.labels:
-        return pod
+        return None
     labels = tuple(sorted(pod.labels.items()))
     for r in rooms:
         for s in r.steer:
             if s.namespace == pod.namespace and s.labels == labels:
-                term = NodeSelectorTerm(match_fields=(SelectorRequirement(NODE_NAME_FIELD, "In", (s.node,)),))
-                prefer = (*pod.preferred_node_affinity, PreferredNodeTerm(100, term))
-                return replace(pod, preferred_node_affinity=prefer)
-    return pod
+                return s
+    return None
+
+
+def _steered(pod: PodSpec, rooms: Sequence[Reservation]) -> PodSpec:
+    s = _steer_of(pod, rooms)
+    if s is None:
+        return pod
+    term = NodeSelectorTerm(match_fields=(SelectorRequirement(NODE_NAME_FIELD, "In", (s.node,)),))
+    prefer = (*pod.preferred_node_affinity, PreferredNodeTerm(100, term))
+    return replace(pod, preferred_node_affinity=prefer)
+
+
+def _hold_slices(st: Statement, owner: PodSpec, node: str, slots: Sequence[MigSlot]) -> None:
+    """Book each free slice of ``slots`` on ``node`` in ``st`` under a placeholder named after ``owner``
+    (a slice held, absent or gone is skipped: the books refuse it)."""
+    snap = st.snap
+    n = snap.index.get(node)
+    if n is None or snap.nodes[n].mig is None:
+        return
+    for x in slots:
+        hold = PodSpec(
+            f"{owner.name}{ROOM_SUFFIX}{x.gpu}.{x.start}",
+            mig=(x.profile,),
+            extended={mig_resource(x.profile): 1},
+            namespace=owner.namespace,
+            priority=owner.priority,
+            movable=False,
+        )
+        try:
+            st.assume(hold, n, (), mig=(x,))
+        except (AccountingError, ValueError):
+            continue
+
+
+def _pin(st: Statement, pod: PodSpec, s: Steer) -> None:
+    """For ``pod``'s cycle, the free instances of its profiles on the steer's node other than the
+    steer's slices are held: there, it takes the slices the plan chose for it."""
+    snap = st.snap
+    n = snap.index.get(s.node)
+    nm = snap.nodes[n].mig if n is not None else None
+    if n is None or nm is None:
+        return
+    profiles = set(pod.mig)
+    others = [
+        MigSlot(i, x.start, x.profile)
+        for i, g in zip(nm.indices, nm.gpus, strict=True)
+        for x in g.instances
+        if x.profile in profiles and x not in snap.mig_books[n][i].instances
+        and MigSlot(i, x.start, x.profile) not in s.mig
+    ]  # fmt: skip
+    _hold_slices(st, pod, s.node, others)
 
 
 def _hold(st: Statement, r: Reservation) -> None:
@@ -281,11 +373,16 @@ def _hold(st: Statement, r: Reservation) -> None:
     n = snap.index.get(r.node)
     if n is None or r.pod.key in snap.allocations:
         return
+    mig = r.room.mig
+    own = mig if mig and sorted(x.profile for x in mig) == list(r.pod.mig) else None  # else: slices to re-cut
     try:
-        st.assume(r.pod, n, r.gpus)  # it fits there now: keep its whole room
-        return
+        st.assume(r.pod, n, r.gpus, mig=own)
+        return  # it fits there now: keep its whole room
     except (AccountingError, ValueError):
         pass
+    if mig:
+        _hold_slices(st, r.pod, r.node, mig)
+        return
     free = snap.node_gpu_free(n)
     want = GPU_MILLI if r.pod.is_whole else r.pod.gpu_milli
     for g in r.gpus:
