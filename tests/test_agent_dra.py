@@ -28,7 +28,7 @@ from gpusched.agent.dra.publish import MemorySlices, SlicePublisher
 from gpusched.agent.dra.slices import DraConfigError, build_slice, check_driver_name, check_effect
 from gpusched.agent.dra.v1 import api_pb2 as pb
 from gpusched.agent.dra.v1 import api_pb2_grpc as pbg
-from gpusched.agent.fake import FakeBackend
+from gpusched.agent.fake import FakeBackend, FakeConfigError
 from gpusched.agent.inventory import Inventory, XidEvent
 from gpusched.agent.plugin import wait_until
 from gpusched.agent.pods import MemoryPods
@@ -1015,6 +1015,61 @@ def test_static_and_dynamic_mig_devices_get_their_capability_nodes_in_the_cdi_sp
     finally:
         dyn.node.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_gpus_device_node_and_capability_paths_use_its_nvml_minor_not_its_index() -> None:
+    """NVML numbers GPUs by PCI bus, the driver its device nodes in probe order: GPU 1 here is
+    ``/dev/nvidia5`` and GPU 2 (MIG) ``/dev/nvidia4``; stand-ins for the index-named nodes exist too, so
+    a spec that named a GPU by its index would take the wrong node."""
+    doc = json.loads(json.dumps(DOC))
+    doc["gpus"][1]["minor"], doc["gpus"][2]["minor"] = 5, 4
+    backend = FakeBackend.from_dict(doc, "t")
+    assert [d.device_minor for d in backend.inventory().devices] == [0, 5, 4]
+    s = build_slice(backend.inventory(), NODE, DRIVER)
+    minors = {d.name: d.attributes["minor"].value for d in s.devices if "minor" in d.attributes}
+    assert minors == {"gpu-0": 0, "gpu-1": 5}  # the attribute NVIDIA's driver publishes (GPU 2 is MIG)
+    root = Path(tempfile.mkdtemp(prefix="dra", dir="/tmp"))
+    e = Env(root, backend)
+    for n in (1, 2, 4, 5):
+        (e.dev / f"nvidia{n}").touch()
+    mig = next(m for m in backend.inventory().devices[2].mig_instances if m.uuid == MIG_UUID)
+    gi, ci = mig.gi_id, mig.ci_id
+    fake_caps(
+        root / "host", e.dev,
+        {f"gpu2/gi{gi}/access": 61, f"gpu2/gi{gi}/ci{ci}/access": 62,  # the index's: wrong
+         f"gpu4/gi{gi}/access": 71, f"gpu4/gi{gi}/ci{ci}/access": 72},
+    )  # fmt: skip
+    e.node.start()
+    try:
+        e.api.claims[("ns1", "c1")] = claim(
+            "uid-m", [result("gpu-1", "gpu"), result("gpu-2-mig-1g10gb-0", "g")]
+        )
+        assert e.prepare(ClaimRef("ns1", "c1", "uid-m")).claims["uid-m"].error == ""
+        spec = json.loads((e.config.cdi_dir / "k8s.gpu.nvidia.com-claim_uid-m.json").read_text())
+        paths = [[n["path"] for n in d["containerEdits"]["deviceNodes"]] for d in spec["devices"]]
+        assert paths == [
+            ["/dev/nvidia5"],
+            ["/dev/nvidia4", "/dev/nvidia-caps/nvidia-cap71", "/dev/nvidia-caps/nvidia-cap72"],
+        ]
+        assert spec["devices"][0]["containerEdits"]["deviceNodes"][0]["hostPath"] == str(e.dev / "nvidia5")
+    finally:
+        e.node.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_fake_gpus_minor_is_checked_and_unique() -> None:
+    doc = json.loads(json.dumps(DOC))
+    doc["gpus"][1]["minor"] = 2  # GPU 2's, by default
+    with pytest.raises(FakeConfigError, match="GPU index 2: /dev/nvidia2 is also GPU index 1's"):
+        FakeBackend.from_dict(doc, "t")
+    doc["gpus"][1]["minor"] = -1
+    with pytest.raises(
+        FakeConfigError, match=r"gpus\[1\] \(GPU index 1\): field minor must be a non-negative"
+    ):
+        FakeBackend.from_dict(doc, "t")
+    doc["gpus"][1].update(minor=7, count=2)
+    with pytest.raises(FakeConfigError, match="field minor names one GPU's device node; it needs count 1"):
+        FakeBackend.from_dict(doc, "t")
 
 
 def _nvidia_slice(gpus: int) -> dict[str, Any]:

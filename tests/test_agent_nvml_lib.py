@@ -122,6 +122,19 @@ SHAPES: dict[str, dict[str, Any]] = {
             },
         ],
     },
+    "minors-differ": {  # NVML's order (PCI bus) is not the driver's device-node order
+        "hostname": "node-n",
+        "gpus": [
+            {"model": "NVIDIA A100-SXM4-80GB", "minor": 2},
+            {"model": "NVIDIA A100-SXM4-80GB", "minor": 0},
+            {
+                "model": "NVIDIA A100-SXM4-80GB",
+                "minor": 1,
+                "migMode": True,
+                "mig": [{"profile": "3g.40gb", "start": 4}],
+            },
+        ],
+    },
 }
 
 
@@ -356,6 +369,58 @@ def test_topology_follows_numa_nodes(nvml_env: FakeFiles) -> None:
         assert n.nvmlDeviceGetNvLinkState(h[2], 0) == 1 and n.nvmlDeviceGetNvLinkState(h[2], 2) == 0
     finally:
         n.nvmlShutdown()
+
+
+def _device_nodes(inv: Inventory, root: Path) -> dict[str, list[str]]:
+    """Device name -> the device nodes of its CDI spec, for every device the DRA driver publishes, on a host
+    under ``root`` with a node for every ``/dev/nvidia<n>`` and capability minors for GPUs 0-2's first GPU
+    instance (``gpu<n>/gi1``: 10n + 1, its compute instance 10n + 2)."""
+    from gpusched.agent.dra.cdi import CdiSpecs, PreparedDevice
+    from gpusched.agent.dra.slices import build_slice
+
+    dev = root / "dev"
+    (dev / "nvidia-caps").mkdir(parents=True, exist_ok=True)
+    table = root / "proc/driver/nvidia-caps/mig-minors"
+    table.parent.mkdir(parents=True, exist_ok=True)
+    table.write_text(
+        "".join(f"gpu{n}/gi1/access {10 * n + 1}\ngpu{n}/gi1/ci0/access {10 * n + 2}\n" for n in range(3))
+    )
+    for n in range(3):
+        (dev / f"nvidia{n}").touch()
+        for m in (10 * n + 1, 10 * n + 2):
+            (dev / "nvidia-caps" / f"nvidia-cap{m}").touch()
+    cdi = CdiSpecs(root / "cdi", "gpu.nvidia.com", dev_root=dev, proc_root=root)
+    devices = [
+        PreparedDevice("r", "p", d.name, d.visible_id, d.gpu_index, d.gpu_minor, mig=d.mig)
+        for d in build_slice(inv, "node-n", "gpu.nvidia.com").devices
+    ]
+    spec = cdi.spec("uid", "ns/c", devices)
+    return {
+        d.device: [n["path"] for n in c["containerEdits"]["deviceNodes"]]
+        for d, c in zip(devices, spec["devices"], strict=True)
+    }
+
+
+def test_device_nodes_follow_nvmls_minor_number_on_both_backends(nvml_env: FakeFiles, tmp_path: Path) -> None:
+    doc = SHAPES["minors-differ"]
+    fake = nvml_env.use(doc)
+    real = NvmlBackend(doc["hostname"])
+    try:
+        got = real.inventory()
+    finally:
+        real.close()
+    assert [d.minor for d in got.devices] == [2, 0, 1]  # nvmlDeviceGetMinorNumber, not the index
+    want = {
+        "gpu-0": ["/dev/nvidia2"],
+        "gpu-1": ["/dev/nvidia0"],
+        "gpu-2-mig-3g40gb-4": [
+            "/dev/nvidia1",
+            "/dev/nvidia-caps/nvidia-cap11",
+            "/dev/nvidia-caps/nvidia-cap12",
+        ],
+    }
+    assert _device_nodes(fake.inventory(), tmp_path / "fake") == want
+    assert _device_nodes(got, tmp_path / "real") == want
 
 
 def test_a_broken_or_missing_file_is_a_clear_nvml_error(nvml_env: FakeFiles, tmp_path: Path) -> None:

@@ -108,6 +108,24 @@ def test_a_pod_that_fits_now_gets_no_plan_and_is_not_tried_again_at_once() -> No
     assert ctl.run_once() is None  # tried within wait_s: left to the scheduler
 
 
+def test_a_mig_pod_that_lands_without_moving_a_slice_is_counted_as_fits_now() -> None:
+    from migbuilders import BALANCED, mig_node, mig_pod
+
+    st = ClusterState([mig_node("m", BALANCED)])  # a free 1g.10gb on the balanced GPU
+    snap = snapshot_of_state(st, [mig_pod("w", "1g.10gb")])
+    created = dt.datetime.fromtimestamp(NOW - 600.0, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for p in snap.pods:
+        p["metadata"]["creationTimestamp"] = created
+        p["spec"]["schedulerName"] = "gpusched"
+    b = Books.of(snap)
+    ctl = controller(b)
+    a = ctl.run_once()
+    assert a is not None and a.result == "fits-now" and a.moves == ()
+    get = ctl.metrics.registry.get_sample_value
+    assert get("gpusched_defrag_no_plan_total", {"reason": "fits-now"}) == 1
+    assert not get("gpusched_defrag_no_plan_total", {"reason": "infeasible"})
+
+
 def test_no_plan_within_the_rules_is_counted_and_nothing_moves() -> None:
     b = books([whole("p", 4)])  # 4 GPUs on 2-GPU nodes: no move helps
     ctl = controller(b)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from builders import profile
 from gpusched.core.cluster import ClusterState
-from gpusched.core.defrag import Rules, apply_plan
+from gpusched.core.defrag import Method, Rules, apply_plan
 from gpusched.core.defrag.mig import free_a_gpu, replay, room_for
 from gpusched.core.mig.books import MigSlot
 from gpusched.core.mig.geometry import Instance, MigGpu
@@ -111,7 +111,8 @@ def test_a_holder_of_higher_priority_is_not_moved_for_a_lower_pod() -> None:
 def test_a_pod_that_lands_already_needs_no_move() -> None:
     snap = ClusterState([mig_node("a", BALANCED)])
     room = room_for(profile(), snap, mig_pod("w", "1g.10gb"), Rules())
-    assert not room.plan.feasible and "without moving" in room.plan.reason
+    assert room.plan.feasible and room.plan.method is Method.FITS_NOW and room.plan.moves == ()
+    assert "without moving" in room.plan.reason
 
 
 # ---------------------------------------------------------------------------------------------- property

@@ -77,6 +77,7 @@ int fake_load(const char *path, struct fake_system *sys) {
             g = &sys->gpus[sys->n_gpus++];
             g->h.kind = FAKE_GPU;
             g->index = (unsigned int)v[1];
+            g->minor = g->index;
             copy(g->uuid, sizeof(g->uuid), f[2]);
             copy(g->bus_id, sizeof(g->bus_id), f[3]);
             g->pci_device_id = (unsigned int)v[4];
@@ -92,6 +93,9 @@ int fake_load(const char *path, struct fake_system *sys) {
         } else if (!g) {
             err = "a per-GPU line before the first 'gpu' line";
             break;
+        } else if (!strcmp(f[0], "minor") && n == 2) {
+            if (num(f[1], &v[1]) || v[1] < 0) { err = "minor: not a non-negative number"; break; }
+            g->minor = (unsigned int)v[1];
         } else if (!strcmp(f[0], "peers") && n >= 2) {
             for (int i = 1; i < n; i++) {
                 if (num(f[i], &v[i]) || v[i] < 0 || g->n_peers >= FAKE_NVLINK_MAX) { err = "peers: bad GPU index"; break; }

@@ -255,6 +255,7 @@ struct fake_gi {
 struct fake_gpu {
     struct fake_handle h; /* FAKE_GPU */
     unsigned int index;
+    unsigned int minor; /* nvmlDeviceGetMinorNumber: the 'minor' line, else the index */
     char name[FAKE_NAME_LEN];
     char uuid[FAKE_UUID_LEN];
     char bus_id[FAKE_BUSID_LEN];

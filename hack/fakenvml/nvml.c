@@ -237,7 +237,7 @@ API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t dev, unsigned int *index) {
 API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t dev, unsigned int *minor) {
     GPU_OR_RETURN(g, dev);
     if (!minor) return NVML_ERROR_INVALID_ARGUMENT;
-    *minor = g->index;
+    *minor = g->minor;
     return NVML_SUCCESS;
 }
 

@@ -14,6 +14,7 @@ document itself). CI and the kubelet e2e use it. Format::
         memoryMiB: 81920
         uuid: GPU-...                 # default: derived from hostname and index
         pciBusId: "00000000:07:00.0"  # default: derived from the index
+        minor: 3                      # NVML's minor number, /dev/nvidia<minor> (default: the index)
         computeCapability: "8.0"
         numaNode: 0
         nvlinkPeers: [1, 2, 3]
@@ -310,6 +311,7 @@ _GPU_FIELDS = {
     "memoryMiB",
     "uuid",
     "pciBusId",
+    "minor",
     "computeCapability",
     "numaNode",
     "nvlinkPeers",
@@ -355,6 +357,9 @@ def _gpu(
     pci = entry.get("pciBusId") if single else None
     pci = str(pci) if pci else f"00000000:{0x07 + index * 0x08 & 0xFF:02X}:00.0"
     numa = _int(entry, "numaNode", where)
+    minor = _int(entry, "minor", where)
+    if minor is not None and not single:
+        raise FakeConfigError(f"{where}: field minor names one GPU's device node; it needs count 1")
     peers_raw = entry.get("nvlinkPeers", [])
     if not isinstance(peers_raw, list) or not all(isinstance(p, int) and p >= 0 for p in peers_raw):
         raise FakeConfigError(f"{where}: field nvlinkPeers must be a list of GPU indices, not {peers_raw!r}")
@@ -414,6 +419,7 @@ def _gpu(
         mig_instances=tuple(instances),
         nvlink_peers=tuple(sorted(set(peers_raw))),  # as NVML's links give them: a set, in index order
         numa_node=numa,
+        minor=index if minor is None else minor,
     )
     readings = Readings(
         gpu_util_percent=rd.get("utilization"),
@@ -443,7 +449,7 @@ def _mig_used(entry: Mapping[str, Any], dev: GpuDevice, where: str) -> dict[str,
 def _check_unique(devices: list[GpuDevice], source: str) -> None:
     seen: dict[str, int] = {}
     for d in devices:
-        for key in (d.uuid, d.pci_bus_id, *(m.uuid for m in d.mig_instances)):
+        for key in (d.uuid, d.pci_bus_id, f"/dev/{d.device_node}", *(m.uuid for m in d.mig_instances)):
             if key in seen and seen[key] != d.index:
                 raise FakeConfigError(f"{source}: GPU index {d.index}: {key} is also GPU index {seen[key]}'s")
             seen[key] = d.index

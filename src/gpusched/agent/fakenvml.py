@@ -10,6 +10,7 @@ Format (one record per line, fields separated by tabs; -1 means "not given")::
     xidfile   /run/fake-xids                 # optional
     gpu       <index> <uuid> <bus id> <PCI device id> <memory MiB> <cc major> <cc minor> <NUMA node> <mig>
               <name>
+    minor     <minor number>                 # optional: nvmlDeviceGetMinorNumber (default: the index)
     peers     <GPU index>...                 # NVLink peers: link k goes to the k-th
     readings  <util %> <memory used MiB> <temperature C> <power mW>
     profile   <NVML index> <id> <SM slices> <max count> <memory MiB> <SMs> <copy> <dec> <enc> <jpeg> <ofa>
@@ -73,6 +74,8 @@ def flat_config(backend: FakeBackend) -> str:
             f"gpu\t{d.index}\t{d.uuid}\t{d.pci_bus_id}\t{pci_id:#x}\t{d.memory_mib}\t{d.compute_major}\t"
             f"{d.compute_minor}\t{numa}\t{mig}\t{d.name}"
         )
+        if d.device_minor != d.index:
+            lines.append(f"minor\t{d.device_minor}")
         if d.nvlink_peers:
             lines.append("peers\t" + "\t".join(str(p) for p in d.nvlink_peers))
         r = backend.sensors(d.index)  # the library refuses utilization itself while MIG mode is on

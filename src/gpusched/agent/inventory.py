@@ -63,6 +63,20 @@ class GpuDevice:
     nvlink_peers: tuple[int, ...] = ()  # indices of GPUs reachable over NVLink
     numa_node: int | None = None
     pci_class: int = 0x0302  # 3D controller ("compute"); 0x0300 is VGA ("graphics")
+    minor: int | None = None
+    """NVML's minor number (``nvmlDeviceGetMinorNumber``): the GPU's device node is ``/dev/nvidia<minor>``.
+    It need not equal the index (NVML orders by PCI bus, the driver numbers in probe order); None: unknown,
+    taken to be the index."""
+
+    @property
+    def device_minor(self) -> int:
+        """The minor of the GPU's device node (and of ``gpu<minor>`` in the driver's capability paths)."""
+        return self.index if self.minor is None else self.minor
+
+    @property
+    def device_node(self) -> str:
+        """The GPU's device node under ``/dev``: ``nvidia<minor>``."""
+        return f"nvidia{self.device_minor}"
 
 
 @dataclass(frozen=True)

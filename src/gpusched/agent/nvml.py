@@ -70,6 +70,7 @@ class NvmlBackend:
             cc = self._try(n.nvmlDeviceGetCudaComputeCapability, h, default=(0, 0))
             pci = n.nvmlDeviceGetPciInfo(h)
             numa = self._try(getattr(n, "nvmlDeviceGetNumaNodeId", lambda _h: None), h)
+            minor = self._try(n.nvmlDeviceGetMinorNumber, h)
             devices.append(
                 GpuDevice(
                     index=i,
@@ -84,6 +85,7 @@ class NvmlBackend:
                     mig_instances=self._mig_instances(h) if enabled else (),
                     nvlink_peers=self._nvlink_peers(h),
                     numa_node=numa if isinstance(numa, int) else None,
+                    minor=int(minor) if minor is not None else None,
                 )
             )
         cuda = int(n.nvmlSystemGetCudaDriverVersion())

@@ -15,9 +15,10 @@ claim): ``<cdi dir>/<vendor>-claim_<claim UID>.json`` with kind ``<vendor>/claim
   ``GPUSCHED_GPU_MEMORY_MIB`` from its consumed capacity; with ``--sharing hami-core`` HAMi-core's
   ``LD_PRELOAD``, ``CUDA_DEVICE_MEMORY_LIMIT_0``, ``CUDA_DEVICE_SM_LIMIT`` and the library's read-only
   mount); its CDI device is named ``<claim UID>-<device>-<share ID>``;
-- device nodes ``/dev/nvidia<index>`` (and ``nvidiactl``, ``nvidia-uvm``, ``nvidia-uvm-tools``) from the
-  device-node root (``/dev`` on a GPU node), only those that exist there: on a machine without GPUs (the fake
-  backend) the spec carries the env alone, unless the root holds stand-ins;
+- device nodes ``/dev/nvidia<minor>`` (NVML's minor number of the GPU, which need not be its index) and
+  ``nvidiactl``, ``nvidia-uvm``, ``nvidia-uvm-tools``, from the device-node root (``/dev`` on a GPU node),
+  only those that exist there: on a machine without GPUs (the fake backend) the spec carries the env alone,
+  unless the root holds stand-ins;
 - a MIG device (static or made by dynamic MIG's Prepare): also its GPU instance's and compute instance's
   access capability nodes ``/dev/nvidia-caps/nvidia-cap<N>``, their minors read from the host's procfs under
   ``proc_root`` (``migcaps.py``; none on a node without NVIDIA's driver, said once in the log).
@@ -52,6 +53,8 @@ class PreparedDevice:
     device: str
     visible_id: str
     gpu_index: int
+    gpu_minor: int
+    """The GPU's device minor: its node is ``/dev/nvidia<minor>``, its MIG capabilities ``gpu<minor>/...``."""
     share_id: str = ""
     milli: int | None = None
     memory_mib: int | None = None
@@ -114,9 +117,9 @@ class CdiSpecs:
                          "options": ["ro", "nosuid", "nodev", "bind"] if m.read_only else ["rbind"]}
                         for m in d.share_mounts
                     ]  # fmt: skip
-            nodes: list[dict[str, Any]] = [*self._nodes([f"nvidia{d.gpu_index}"])]
+            nodes: list[dict[str, Any]] = [*self._nodes([f"nvidia{d.gpu_minor}"])]
             if d.mig is not None:
-                nodes += self.mig_caps.device_nodes(d.gpu_index, *d.mig)
+                nodes += self.mig_caps.device_nodes(d.gpu_minor, *d.mig)
             if nodes:
                 edits["deviceNodes"] = nodes
             cdi_devices.append({"name": f"{claim_uid}-{d.cdi_name}", "containerEdits": edits})

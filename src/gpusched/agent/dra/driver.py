@@ -118,7 +118,8 @@ class Preparer:
                     env, mounts = tuple(share.envs.items()), share.mounts
                 devices.append(
                     PreparedDevice(
-                        base_request(r.request), r.pool, r.device, visible, dev.gpu_index, r.share_id,
+                        base_request(r.request), r.pool, r.device, visible, dev.gpu_index, dev.gpu_minor,
+                        r.share_id,
                         milli, memory, env, mounts, made_ids.get(r.device, dev.mig),
                     )
                 )  # fmt: skip

@@ -118,6 +118,8 @@ class DraDevice:
     visible_id: str
     """What the container's ``NVIDIA_VISIBLE_DEVICES`` names: the GPU's or the MIG device's UUID."""
     gpu_index: int
+    gpu_minor: int
+    """The GPU's device minor (``/dev/nvidia<minor>``; NVML's minor number, not necessarily its index)."""
     attributes: Mapping[str, Attribute]
     capacity: Mapping[str, Capacity]
     taints: tuple[Taint, ...] = ()
@@ -250,7 +252,7 @@ def gpu_device(
         "type": Attribute("string", "gpu"),
         "uuid": Attribute("string", dev.uuid),
         "index": Attribute("int", dev.index),
-        "minor": Attribute("int", dev.index),
+        "minor": Attribute("int", dev.device_minor),
         **_common(dev, inv),
     }
     return DraDevice(
@@ -258,6 +260,7 @@ def gpu_device(
         gpu_uuid=dev.uuid,
         visible_id=dev.uuid,
         gpu_index=dev.index,
+        gpu_minor=dev.device_minor,
         attributes=attrs,
         capacity=_share_capacity(dev.memory_mib) if shares else {"memory": Capacity(f"{dev.memory_mib}Mi")},
         taints=taints,
@@ -289,6 +292,7 @@ def mig_device(dev: GpuDevice, mig: MigInstance, inv: Inventory, taints: tuple[T
         gpu_uuid=dev.uuid,
         visible_id=mig.uuid,
         gpu_index=dev.index,
+        gpu_minor=dev.device_minor,
         mig=(mig.gi_id, mig.ci_id),
         attributes=attrs,
         capacity={
@@ -318,7 +322,8 @@ def dynamic_mig_device(
     cap = {k: Capacity(_quantity(k, v)) for k, v in part.capacity.items()}
     counters = {k: _quantity(k, v) for k, v in part.counters.items()}
     return DraDevice(
-        name=part.name, gpu_uuid=dev.uuid, visible_id="", gpu_index=dev.index, attributes=attrs,
+        name=part.name, gpu_uuid=dev.uuid, visible_id="", gpu_index=dev.index,
+        gpu_minor=dev.device_minor, attributes=attrs,
         capacity=cap, taints=taints, counter_set=cset, counters=counters, placement=part.placement,
     )  # fmt: skip
 

@@ -221,14 +221,15 @@ def room_for(profile: Profile, snap: ClusterState, pod: PodSpec, rules: Rules) -
     """The fewest moves of MIG pods (within ``rules``, of the pod's priority or below as ``rules.priority``
     says) after which ``pod`` (asking for MIG slices) lands on a node: on a freed instance of its profile, or
     after the scheduler re-cuts the GPU's free slices. Per node the pod may use but for its slices, per GPU,
-    every subset of its held slices, smallest first. Infeasible when the pod lands without moves or no subset
-    within ``rules.max_moves`` makes room."""
+    every subset of its held slices, smallest first. A plan of no moves (``Method.FITS_NOW``, as the
+    planner's) when the pod lands as things are; infeasible when no subset within ``rules.max_moves`` makes
+    room."""
     if not pod.mig:
         return MigRoom(Plan((pod.key,), False, Method.NONE, reason="the pod asks for no MIG slice"))
     ok = feasible(profile, without_slices(pod), snap).indices().tolist()
     nodes = [n for n in ok if snap.nodes[n].mig is not None]
     if any(_lands(profile, pod, snap, n)[0] for n in nodes):
-        return MigRoom(Plan((pod.key,), False, Method.NONE, reason="it lands without moving a slice"))
+        return MigRoom(Plan((pod.key,), True, Method.FITS_NOW, reason="it lands without moving a slice"))
     el = eligibility(snap, rules, pod.priority, (pod.key,))
     work = _Work(snap)
     best: tuple[tuple[int, int, str, int], MigRoom] | None = None
