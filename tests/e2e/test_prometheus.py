@@ -18,7 +18,8 @@ ValidatingAdmissionPolicy refuses kwok's status updates that would make it Ready
 re-initialises every node that is not Ready), and at the end the scheduler and the extender are
 killed (``up == 0``). A tenant ``Queue`` of one GPU (the Queue CRD; its namespace listed in
 ``spec.namespaces``) runs one GPU pod on the one-GPU "pq" node and has two more waiting for quota:
-the queue panels have data and the queue-quota alert fires.
+the queue panels have data and the queue-quota alert fires. A MIG node (its geometry as the agent
+publishes it) holds one 3g.40gb pod and has a 7g.80gb pod waiting: the MIG panels have data.
 
 Counts are printed in the test's output (``-s``) and recorded as user properties.
 """
@@ -43,6 +44,7 @@ from typing import Any
 
 import pytest
 import yaml
+from test_mig_e2e import create_mig_node, mig_node_body
 
 from gpusched.metrics.alerts import JOBS, Thresholds, alerts
 from gpusched.metrics.check import Check, Connection, Report, alert_checks, check, panel_checks
@@ -439,6 +441,9 @@ def test_every_panel_query_and_alert_on_a_real_prometheus(
 ) -> None:
     s = scene
     s.nodes()
+    # a MIG node (A100s cut all-balanced and 4g + 3g, as its agent would publish them): one slice held, one
+    # profile no GPU has cut (its pod waits: the MIG panels have data)
+    create_mig_node(s.cp, s.v1, mig_node_body(f"pm-{s.tag}", s.tag, labels={"gpusched.io/pool": "pm"}))
     s.tenant_queue()
     down = s.not_ready_node()
     s.gpu_quota()
@@ -456,6 +461,8 @@ def test_every_panel_query_and_alert_on_a_real_prometheus(
         for i in range(6):
             s.pod(f"share-{i}", {"cpu": "1", "gpusched.io/gpu-milli": "700"}, {"gpusched.io/pool": "pa"})
         s.pod("wants-h100", {"cpu": "1", "nvidia.com/gpu": "1"}, {"nvidia.com/gpu.product": "H100"})
+        s.pod("mig-held", {"cpu": "1", "nvidia.com/mig-3g.40gb": "1"}, {"gpusched.io/pool": "pm"})
+        s.pod("mig-waits", {"cpu": "1", "nvidia.com/mig-7g.80gb": "1"}, {"gpusched.io/pool": "pm"})
         for i in range(3):  # the queue's: one GPU of quota, the first takes it, two wait
             s.pod(f"tenant-{i}", {"cpu": "1", "nvidia.com/gpu": "1"}, {"gpusched.io/pool": "pq"}, s.queue_ns)
 
@@ -499,6 +506,8 @@ def test_every_panel_query_and_alert_on_a_real_prometheus(
                 "rate(gpusched_extender_request_duration_seconds_count[1m]) > 0",
                 f'max(gpusched_queue_gpus_used{{queue="{s.queue}"}}) == 1',
                 f'max(gpusched_queue_pending_pods{{queue="{s.queue}"}}) == 2',
+                'gpusched_mig_instances{state="held", profile="3g.40gb"} > 0',
+                'gpusched_mig_pending_slices{profile="7g.80gb"} > 0',
             ]
             report = prom.check([Check("panel", "scraped", q, q) for q in needed])
             missing[:] = [r.expr for r in report.results if r.outcome != "data"]
