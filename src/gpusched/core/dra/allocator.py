@@ -140,7 +140,10 @@ class Allocator:
             if pool.invalid is not None:
                 continue  # reported if nothing fits (``allocate``)
             for cand in pool.devices:
-                held = self._allocated.consumed.get(DeviceId(cand.driver, cand.pool, cand.device.name), {})
+                consumed = self._allocated.consumed
+                held = (
+                    consumed.get(DeviceId(cand.driver, cand.pool, cand.device.name), {}) if consumed else {}
+                )
                 if (eager and not _selected(where, selectors, cand, self._memo)) or not _capacity_fits(
                     exact, cand, held, self._memo
                 ):
