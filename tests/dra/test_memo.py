@@ -4,8 +4,10 @@ next allocation, while a claim's change keeps the inventory (and its memo) as it
 
 from __future__ import annotations
 
+import pytest
 from k8s_objects import claim, device_class, gpu_device, gpu_slice, pod
 
+from gpusched.core.dra import memo as memo_module
 from gpusched.core.dra.allocator import DoesNotFit, Fits
 from gpusched.core.dra.celexpr import CelCompiler
 from gpusched.core.dra.memo import AllocatorMemo
@@ -76,3 +78,15 @@ def test_the_memo_answers_per_device_object_and_per_slice_tuple_not_by_name() ->
     b = ResourceSlice("s", "gpu.nvidia.com", "p", NodeScope(node_name=NODE), devices=(new,))
     assert memo.pools((a,), Node(NODE))[0].devices[0].device is old
     assert memo.pools((b,), Node(NODE))[0].devices[0].device is new
+
+
+def test_selector_results_past_the_limit_are_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(memo_module, "MATCHES_LIMIT", 2)
+    memo, compiler = AllocatorMemo(), CelCompiler()
+    devices = [Device(f"gpu-{i}", {"model": "x"}) for i in range(5)]
+    for expression in ("device.attributes['gpu.nvidia.com'].model == 'x'", "true"):
+        for d in devices:
+            assert memo.matches(compiler.compile(expression), "gpu.nvidia.com", d)
+            assert len(memo._matches) <= 2

@@ -11,7 +11,9 @@ changes (``k8s.dra.books.DraBooks``), and the entries are keyed by the objects t
 - a selector's result by (expression, driver, device object): a slice converted again brings new
   device objects, so nothing read from an old one is reused. The device is kept with its entry, so
   its ``id`` cannot be reused while the entry lives.
-A selector that fails on a device is remembered as failing, and raised again each time.
+A selector that fails on a device is remembered as failing, and raised again each time. The selector
+results are the only entries that grow with the claims (one per expression and device): past
+``MATCHES_LIMIT`` they are dropped and evaluated again.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from gpusched.core.dra.pools import Pool, gather_pools
 from gpusched.core.dra.selector import CompiledSelector, SelectorError, device_view
 
 _PoolKey = tuple[str, tuple[tuple[str, str], ...]]
+MATCHES_LIMIT = 1_000_000
 
 
 class AllocatorMemo:
@@ -48,6 +51,8 @@ class AllocatorMemo:
         key = (selector.expression, driver, id(device))
         hit = self._matches.get(key)
         if hit is None or hit[0] is not device:
+            if len(self._matches) >= MATCHES_LIMIT:
+                self._matches.clear()
             try:
                 value: bool | str = selector.matches(self._view(driver, device))
             except SelectorError as e:
