@@ -11,7 +11,7 @@ from gpusched.core.dra import memo as memo_module
 from gpusched.core.dra.allocator import DoesNotFit, Fits
 from gpusched.core.dra.celexpr import CelCompiler
 from gpusched.core.dra.memo import AllocatorMemo
-from gpusched.core.dra.model import Device, Node, NodeScope, ResourceSlice
+from gpusched.core.dra.model import Capacity, Device, Node, NodeScope, ResourceSlice
 from gpusched.k8s.dra.books import DraBooks
 from gpusched.k8s.dra.podclaims import Ready, resolve
 
@@ -78,6 +78,11 @@ def test_the_memo_answers_per_device_object_and_per_slice_tuple_not_by_name() ->
     b = ResourceSlice("s", "gpu.nvidia.com", "p", NodeScope(node_name=NODE), devices=(new,))
     assert memo.pools((a,), Node(NODE))[0].devices[0].device is old
     assert memo.pools((b,), Node(NODE))[0].devices[0].device is new
+    small = Device("gpu-0", capacity={"memory": Capacity(10)})
+    large = Device("gpu-0", capacity={"memory": Capacity(20)})
+    assert memo.consumption("gpu.nvidia.com", small, {}) == {"gpu.nvidia.com/memory": 10}
+    assert memo.consumption("gpu.nvidia.com", large, {}) == {"gpu.nvidia.com/memory": 20}
+    assert memo.limits("gpu.nvidia.com", large) == {"gpu.nvidia.com/memory": 20}
 
 
 def test_selector_results_past_the_limit_are_dropped(

@@ -233,6 +233,8 @@ def _capacity_fits(
 ) -> bool:
     """Whether one allocation's consumption fits what other claims left of the device (a device that
     cannot is not a candidate at all, also not for "All")."""
+    if not held and not exact.capacity_requests:
+        return memo.fits_alone(cand.driver, cand.device)
     used = memo.consumption(cand.driver, cand.device, exact.capacity_requests)
     if not used:
         return used is not None

@@ -36,6 +36,7 @@ class AllocatorMemo:
         self._matches: dict[tuple[str, str, int], tuple[Device, bool | str]] = {}
         self._plain: dict[tuple[str, int], tuple[Device, dict[str, int] | None]] = {}
         self._limits: dict[tuple[str, int], tuple[Device, dict[str, int]]] = {}
+        self._alone: dict[tuple[str, int], tuple[Device, bool]] = {}
 
     def pools(self, slices: Sequence[ResourceSlice], node: Node) -> list[Pool]:
         """``gather_pools(slices, node)``, gathered once per node for the same slice objects."""
@@ -71,6 +72,18 @@ class AllocatorMemo:
         hit = self._plain.get(key)
         if hit is None or hit[0] is not device:
             hit = self._plain[key] = (device, consumption(device, {}, driver))
+        return hit[1]
+
+    def fits_alone(self, driver: str, device: Device) -> bool:
+        """Whether an allocation without capacity requests fits the device when no claim holds any
+        of its capacity (``_capacity_fits`` with nothing held): kept per device object."""
+        key = (driver, id(device))
+        hit = self._alone.get(key)
+        if hit is None or hit[0] is not device:
+            used = self.consumption(driver, device, {})
+            limits = self.limits(driver, device)
+            fits = used is not None and all(v <= limits[n] for n, v in used.items())
+            hit = self._alone[key] = (device, fits)
         return hit[1]
 
     def limits(self, driver: str, device: Device) -> dict[str, int]:
