@@ -21,12 +21,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpusched.core.dra.capacity import consumption
 from gpusched.core.dra.constraints import ConstraintBook
+from gpusched.core.dra.memo import AllocatorMemo
 from gpusched.core.dra.model import (
     AllocatedState,
     AllocationMode,
-    Capacity,
     Claim,
     ClaimAllocation,
     DeviceClass,
@@ -37,16 +36,14 @@ from gpusched.core.dra.model import (
     Request,
     ResourceSlice,
     TaintEffect,
-    qualify,
 )
-from gpusched.core.dra.pools import Candidate, Pool, gather_pools
+from gpusched.core.dra.pools import Candidate, Pool
 from gpusched.core.dra.score import FIRST_FIT, Score, Scorer, SearchBudget, Usage
 from gpusched.core.dra.selector import (
     CompiledSelector,
     DraError,
     SelectorCompiler,
     SelectorError,
-    device_view,
 )
 
 
@@ -91,16 +88,19 @@ class Allocator:
         compiler: SelectorCompiler,
         allocated: AllocatedState | None = None,
         budget: SearchBudget = FIRST_FIT,
+        memo: AllocatorMemo | None = None,
     ) -> None:
         self._classes = classes
         self._slices = tuple(slices)
         self._compiler = compiler
         self._allocated = allocated or AllocatedState()
         self._budget = budget
+        self._memo = memo or AllocatorMemo()
+        """Pools and selector results kept across calls (an inventory's; a fresh one by default)."""
 
     def allocate(self, node: Node, claims: Sequence[Claim]) -> Outcome:
-        pools = gather_pools(self._slices, node)
-        search = _Search(pools, self._allocated, self._budget)
+        pools = self._memo.pools(self._slices, node)
+        search = _Search(pools, self._allocated, self._budget, self._memo)
         plans = [[self._choices(c, r, pools) for r in c.requests] for c in claims]
         for claim, plan in zip(claims, plans, strict=True):
             _check_claim_limit(claim, plan)
@@ -112,7 +112,7 @@ class Allocator:
         if invalid:
             raise DraError("invalid resource pools were encountered: " + ", ".join(invalid))
         notes = [n for p in pools for n in p.notes()]
-        reason = _reason(node, claims, plans)
+        reason = _reason(node, claims, plans, self._memo)
         return DoesNotFit(reason + "; " + "; ".join(notes) if notes else reason)
 
     def _choices(self, claim: Claim, request: Request, pools: list[Pool]) -> list[_Choice]:
@@ -140,8 +140,13 @@ class Allocator:
             if pool.invalid is not None:
                 continue  # reported if nothing fits (``allocate``)
             for cand in pool.devices:
-                held = self._allocated.consumed.get(DeviceId(cand.driver, cand.pool, cand.device.name), {})
-                if (eager and not _selected(where, selectors, cand)) or not _capacity_fits(exact, cand, held):
+                consumed = self._allocated.consumed
+                held = (
+                    consumed.get(DeviceId(cand.driver, cand.pool, cand.device.name), {}) if consumed else {}
+                )
+                if (eager and not _selected(where, selectors, cand, self._memo)) or not _capacity_fits(
+                    exact, cand, held, self._memo
+                ):
                     continue  # (taints are checked when a device is taken: "All" fails on one)
                 if pool.incomplete:
                     if exact.mode is AllocationMode.ALL:
@@ -160,11 +165,12 @@ class Allocator:
             raise DraError(f"{where}: selector {expression!r}: {e}") from None
 
 
-def _selected(where: str, selectors: Sequence[CompiledSelector], cand: Candidate) -> bool:
-    view = device_view(cand.driver, cand.device)
+def _selected(
+    where: str, selectors: Sequence[CompiledSelector], cand: Candidate, memo: AllocatorMemo
+) -> bool:
     for sel in selectors:
         try:
-            if not sel.matches(view):
+            if not memo.matches(sel, cand.driver, cand.device):
                 return False
         except SelectorError as e:
             raise DraError(
@@ -174,22 +180,24 @@ def _selected(where: str, selectors: Sequence[CompiledSelector], cand: Candidate
     return True
 
 
-def _any_match(choice: _Choice) -> bool:
+def _any_match(choice: _Choice, memo: AllocatorMemo) -> bool:
     """Whether any candidate matches the choice's selectors (one that fails to evaluate does not)."""
     for cand in choice.candidates:
         try:
-            if _selected(choice.where, choice.lazy, cand):
+            if _selected(choice.where, choice.lazy, cand, memo):
                 return True
         except DraError:
             continue
     return False
 
 
-def _reason(node: Node, claims: Sequence[Claim], plans: list[list[list[_Choice]]]) -> str:
+def _reason(
+    node: Node, claims: Sequence[Claim], plans: list[list[list[_Choice]]], memo: AllocatorMemo
+) -> str:
     """Why nothing fits: the first request without a single matching device, else the claims together."""
     for claim, plan in zip(claims, plans, strict=True):
         for request, choices in zip(claim.requests, plan, strict=True):
-            if not any(_any_match(c) for c in choices):
+            if not any(_any_match(c, memo) for c in choices):
                 classes = sorted({c.exact.class_name for c in choices})
                 return (
                     f"claim {claim.name}, request {request.name}: no device on node {node.name} matches"
@@ -220,14 +228,18 @@ def _check_claim_limit(claim: Claim, plan: list[list[_Choice]]) -> None:
         )
 
 
-def _capacity_fits(exact: ExactRequest, cand: Candidate, held: Mapping[str, int]) -> bool:
+def _capacity_fits(
+    exact: ExactRequest, cand: Candidate, held: Mapping[str, int], memo: AllocatorMemo
+) -> bool:
     """Whether one allocation's consumption fits what other claims left of the device (a device that
     cannot is not a candidate at all, also not for "All")."""
-    used = consumption(cand.device, exact.capacity_requests, cand.driver)
-    if used is None:
-        return False
-    caps = _qualified_caps(cand)
-    return all(held.get(n, 0) + v <= caps[n].value for n, v in used.items())
+    if not held and not exact.capacity_requests:
+        return memo.fits_alone(cand.driver, cand.device)
+    used = memo.consumption(cand.driver, cand.device, exact.capacity_requests)
+    if not used:
+        return used is not None
+    limits = memo.limits(cand.driver, cand.device)
+    return all(held.get(n, 0) + v <= limits[n] for n, v in used.items())
 
 
 def _tolerated(exact: ExactRequest, cand: Candidate) -> bool:
@@ -247,8 +259,13 @@ class _Search:
     """The mutable state of one depth-first search (undone step by step when it backtracks)."""
 
     def __init__(
-        self, pools: list[Pool], allocated: AllocatedState, budget: SearchBudget = FIRST_FIT
+        self,
+        pools: list[Pool],
+        allocated: AllocatedState,
+        budget: SearchBudget = FIRST_FIT,
+        memo: AllocatorMemo | None = None,
     ) -> None:
+        self.memo = memo or AllocatorMemo()
         self.pools = {(p.driver, p.name): p for p in pools}
         self.exclusive: set[DeviceId] = set(allocated.devices)
         self.consumed: dict[DeviceId, dict[str, int]] = {k: dict(v) for k, v in allocated.consumed.items()}
@@ -295,7 +312,7 @@ class _Search:
         key = (ci, choice.result_name, did)
         hit = self.selected.get(key)
         if hit is None:
-            hit = self.selected[key] = _selected(choice.where, choice.lazy, cand)
+            hit = self.selected[key] = _selected(choice.where, choice.lazy, cand, self.memo)
         return hit
 
     # -- the search ---------------------------------------------------------------------------
@@ -398,12 +415,12 @@ class _Search:
             return None  # selectors last of the cheap checks, first of the rest (upstream's order)
         if not _tolerated(exact, cand):
             return None
-        used = consumption(dev, exact.capacity_requests, cand.driver)
+        used = self.memo.consumption(cand.driver, dev, exact.capacity_requests)
         if used is None:
             return None
         if not exact.admin_access:
             held = self.consumed.get(did, {})
-            limit = {n: c.value for n, c in _qualified_caps(cand).items()}
+            limit = self.memo.limits(cand.driver, dev)
             if any(held.get(n, 0) + v > limit[n] for n, v in used.items()):
                 return None
             if not self.shares.get(did) and not self._counters_fit(cand):
@@ -428,13 +445,13 @@ class _Search:
                 cand.pool,
                 dev.name,
                 exact.admin_access,
-                used if multi else {},
+                dict(used) if multi else {},
                 multi,
                 dev.binding_conditions,
                 dev.binding_failure_conditions,
             )
         )
-        return used if multi else {}
+        return dict(used) if multi else {}
 
     def _release(self, ci: int, cand: Candidate, share: dict[str, int]) -> None:
         result = self.results[ci].pop()
@@ -466,7 +483,3 @@ class _Search:
         return any(
             c.node_local or c.device.binds_to_node for c in pool.devices if c.device.name == result.device
         )
-
-
-def _qualified_caps(cand: Candidate) -> dict[str, Capacity]:
-    return {qualify(cand.driver, n): c for n, c in cand.device.capacity.items()}

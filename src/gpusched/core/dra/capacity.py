@@ -36,6 +36,8 @@ def consumed_amount(cap: Capacity, requested: int | None) -> int | None:
 def consumption(device: Device, requests: Mapping[str, int], driver: str) -> dict[str, int] | None:
     """Per capacity name (qualified), what one allocation consumes; None if it cannot fit the policy
     or asks for a capacity the device does not have."""
+    if not device.capacity and not requests:
+        return {}  # the common case (whole devices, MIG slices): nothing to qualify
     caps = {qualify(driver, n): c for n, c in device.capacity.items()}
     wanted = {qualify(driver, n): v for n, v in requests.items()}
     if any(n not in caps for n in wanted):

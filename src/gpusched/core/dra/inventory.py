@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from gpusched.core.dra.allocator import Allocator, DoesNotFit, Fits, Outcome
+from gpusched.core.dra.memo import AllocatorMemo
 from gpusched.core.dra.model import (
     AllocatedState,
     Claim,
@@ -30,7 +31,7 @@ from gpusched.core.dra.model import (
     NodeSelector,
     ResourceSlice,
 )
-from gpusched.core.dra.pools import selector_matches
+from gpusched.core.dra.pools import Pool, selector_matches
 from gpusched.core.dra.score import SCORED, SearchBudget
 from gpusched.core.dra.selector import SelectorCompiler
 
@@ -83,6 +84,9 @@ class DraInventory:
     compiler: SelectorCompiler
     budget: SearchBudget = SCORED
     """How many solutions the allocator scores per node (``FIRST_FIT``: kube-scheduler's choice)."""
+    memo: AllocatorMemo = field(default_factory=AllocatorMemo, repr=False)
+    """Pools per node and selector results per device, kept while this inventory lives (its slices
+    and classes do not change: a front end builds a new inventory when one does)."""
     _by_node: dict[str, tuple[ResourceSlice, ...]] = field(init=False, repr=False)
     _everywhere: tuple[ResourceSlice, ...] = field(init=False, repr=False)
 
@@ -105,8 +109,14 @@ class DraInventory:
         """The slices of every pool that may reach ``node`` (the allocator picks what does)."""
         return self._by_node.get(node, ()) + self._everywhere
 
+    def pools(self, node: Node) -> list[Pool]:
+        """The pools that reach ``node`` (``gather_pools``), gathered once per node."""
+        return self.memo.pools(self.slices_for(node.name), node)
+
     def allocator(self, node: str, allocated: AllocatedState) -> Allocator:
-        return Allocator(self.classes, self.slices_for(node), self.compiler, allocated, self.budget)
+        return Allocator(
+            self.classes, self.slices_for(node), self.compiler, allocated, self.budget, self.memo
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -149,12 +159,14 @@ class PodClaims:
         if not self.avoid_devices:
             return inv.allocator(node.name, allocated).allocate(node, claims)
         slices = tuple(_without(s, self.avoid_devices) for s in inv.slices_for(node.name))
-        return Allocator(inv.classes, slices, inv.compiler, allocated, inv.budget).allocate(node, claims)
+        return Allocator(inv.classes, slices, inv.compiler, allocated, inv.budget, inv.memo).allocate(
+            node, claims
+        )
 
     def check(self) -> None:
         """Raise ``DraError`` for what no node can change: an unknown or missing class, a selector
         that does not compile, a claim over the device limit (the allocator on a node with no pools)."""
-        Allocator(self.inventory.classes, (), self.inventory.compiler).allocate(
+        Allocator(self.inventory.classes, (), self.inventory.compiler, memo=self.inventory.memo).allocate(
             Node(name=""), self.to_allocate
         )
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -200,8 +201,10 @@ class Claim:
     constraints: tuple[Constraint, ...] = ()
 
 
-@dataclass(frozen=True, order=True)
-class DeviceId:
+class DeviceId(NamedTuple):
+    """A device by driver, pool and name. A NamedTuple, not a dataclass: it is hashed in every
+    device lookup of the allocator's search (a dataclass's ``__hash__`` runs in Python)."""
+
     driver: str
     pool: str
     device: str

@@ -32,7 +32,6 @@ from gpusched.core.cluster import I64, BoolArr, ClusterState
 from gpusched.core.dra.allocator import DoesNotFit, Fits, Outcome
 from gpusched.core.dra.inventory import PodClaims
 from gpusched.core.dra.model import AllocatedState, ClaimAllocation, DeviceId, Node, qualify
-from gpusched.core.dra.pools import gather_pools
 from gpusched.core.dra.score import Score
 from gpusched.core.dra.selector import DraError
 from gpusched.core.framework import F64, LEAVING, CycleState, StateKey
@@ -194,7 +193,7 @@ def _packing(outcomes: _Outcomes, snap: ClusterState, n: int) -> float:
                     book[name] = book.get(name, 0) + v
     spec = snap.nodes[n]
     units: list[float] = []
-    for pool in gather_pools(outcomes.claims.inventory.slices_for(spec.name), Node(spec.name, spec.labels)):
+    for pool in outcomes.claims.inventory.pools(Node(spec.name, spec.labels)):
         used: dict[str, dict[str, int]] = {}
         for cand in pool.every_device:
             did = DeviceId(cand.driver, cand.pool, cand.device.name)

@@ -186,7 +186,7 @@ class DraBooks:
             else:
                 self._held[key] = held
                 self._written(key)
-            self._changed()
+            self.version += 1  # the inventory stays: it holds no claim (the ledger is this book)
 
     def delete_claim(self, obj: Obj) -> None:
         key = claim_key(obj)
@@ -195,7 +195,7 @@ class DraBooks:
             self._index_consumers(key, ())
             self._held.pop(key, None)
             self._written(key)
-            self._changed()
+            self.version += 1
 
     def sync(self, kind: str, items: list[Obj]) -> None:
         """After a (re)list: drop the objects of ``kind`` that are gone."""
@@ -244,6 +244,8 @@ class DraBooks:
             self._changed()
 
     def _changed(self) -> None:
+        """A class, slice or taint rule changed: the next ``inventory()`` is built anew (with a new
+        ``AllocatorMemo``, so no pool or selector result read from the old objects is reused)."""
         self._inventory = None
         self.version += 1
 
