@@ -109,6 +109,7 @@ def fake_pynvml(*, init_fails: bool = False) -> types.ModuleType:
         nvmlDeviceGetMigMode=lambda h: gpus[h][2],
         nvmlDeviceGetCudaComputeCapability=lambda h: (8, 0),
         nvmlDeviceGetNumaNodeId=lambda h: gpus[h][3],
+        nvmlDeviceGetMinorNumber=lambda h: (3, 1)[h],  # /dev/nvidia3 and /dev/nvidia1: not the indices
         nvmlSystemGetDriverVersion=lambda: "550.107.02",
         nvmlSystemGetCudaDriverVersion=lambda: 12040,
         nvmlDeviceGetMaxMigDeviceCount=lambda h: 7,
@@ -151,6 +152,7 @@ def test_inventory_from_nvml(backend: NvmlBackend) -> None:
         0,
     )
     assert g0.mig_capable and not g0.mig_enabled and g0.mig_instances == ()
+    assert (g0.device_node, g1.device_node) == ("nvidia3", "nvidia1")
     assert g0.nvlink_peers == (1,) and g1.nvlink_peers == (0,)
     assert g1.mig_enabled
     got = [
