@@ -219,48 +219,30 @@ def place_in_domain(
         if request.mode is Mode.REQUIRED
         else [request.keys[i:] for i in range(len(request.keys))]
     )
+
+    def place(nodes: I64 | None, diagnose_failures: bool = False) -> GroupResult:
+        """The gang's own placement (its joint claim search included) on ``nodes`` (None: anywhere)."""
+        return schedule_gang(
+            profile, pods, snap, tiebreak=tiebreak, min_count=need, diagnose_failures=diagnose_failures,
+            nodes=nodes, leaving=leaving,
+        )  # fmt: skip
+
     tried = 0
     most = 0
     for keys in levels:
         for d in candidates(snap, pods, need, keys, anchor):
             tried += 1
-            r = schedule_gang(
-                profile,
-                pods,
-                snap,
-                tiebreak=tiebreak,
-                min_count=need,
-                diagnose_failures=False,
-                nodes=d.nodes,
-                leaving=leaving,
-            )
+            r = place(d.nodes)
             if r.scheduled:
                 return TopologyPlacement(r, d)
             most = max(most, sum(1 for x in r.results if x.scheduled))
     if request.mode is Mode.PREFERRED:
         few = fewest_domains(snap, pods, need, request.keys[-1:]) if not anchor else None
         if few is not None:
-            r = schedule_gang(
-                profile,
-                pods,
-                snap,
-                tiebreak=tiebreak,
-                min_count=need,
-                diagnose_failures=False,
-                nodes=few,
-                leaving=leaving,
-            )
+            r = place(few)
             if r.scheduled:
                 return TopologyPlacement(r, None)
-        r = schedule_gang(
-            profile,
-            pods,
-            snap,
-            tiebreak=tiebreak,
-            min_count=need,
-            diagnose_failures=diagnose,
-            leaving=leaving,
-        )
+        r = place(None, diagnose)
         return TopologyPlacement(r, None)
     return TopologyPlacement(
         GroupResult(
