@@ -209,12 +209,20 @@ def container_gpus(
     all get its one GPU."""
     if resource != RES_GPU:
         return assignment.gpus
+    offset, amount = container_span(pod, container, resource)
+    return assignment.gpus[offset : offset + amount]
+
+
+def container_span(pod: Mapping[str, Any], container: str, resource: str) -> tuple[int, int]:
+    """Where ``container``'s devices of ``resource`` start among the pod's, and how many it asks for:
+    init containers run one after another, so each starts at 0; the others run together, each after
+    the ones before it in the pod's order."""
     spec = pod.get("spec") or {}
     inits = {str(c.get("name", "")) for c in spec.get("initContainers") or []}
     reqs = container_requests(pod, resource)
     amount = dict(reqs)[container]
     if container in inits:
-        return assignment.gpus[:amount]
+        return 0, amount
     offset = 0
     for name, n in reqs:
         if name in inits:
@@ -222,7 +230,7 @@ def container_gpus(
         if name == container:
             break
         offset += n
-    return assignment.gpus[offset : offset + amount]
+    return offset, amount
 
 
 def share_env(assignment: Assignment) -> dict[str, str]:

@@ -27,6 +27,7 @@ from typing import Any
 from gpusched.agent.allocation import (
     AllocationError,
     OverlapError,
+    container_span,
     live_allocations,
     pod_key,
 )
@@ -117,21 +118,8 @@ def container_slices(
     """The slices of ``profile`` that belong to ``container``, which asks for ``resource`` (init containers
     from the first slice; the others in order after each other)."""
     mine = [s for s in slices if s.profile == profile]
-    spec = pod.get("spec") or {}
-    inits = {str(c.get("name", "")) for c in spec.get("initContainers") or []}
-    reqs = container_requests(pod, resource)
-    amount = dict(reqs)[container]
-    if container in inits:
-        got = mine[:amount]
-    else:
-        offset = 0
-        for name, n in reqs:
-            if name in inits:
-                continue
-            if name == container:
-                break
-            offset += n
-        got = mine[offset : offset + amount]
+    offset, amount = container_span(pod, container, resource)
+    got = mine[offset : offset + amount]
     if len(got) != amount:
         raise AllocationError(
             f"pod {pod_key(pod)}: {WHERE} has {len(mine)} slice(s) of {profile} for containers asking for "
