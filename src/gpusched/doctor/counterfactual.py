@@ -27,7 +27,7 @@ import numpy as np
 from gpusched.core.cluster import ClusterState
 from gpusched.core.defrag import REFUSAL_TEXT, Refusal, Rules, WorkBudget, plan_for
 from gpusched.core.framework import Profile
-from gpusched.core.model import GPU_MILLI, PodSpec, Taint, Toleration
+from gpusched.core.model import GPU_MILLI, NodeSpec, PodSpec, Taint, Toleration
 from gpusched.core.scheduler import feasible
 from gpusched.core.status import Code, Diagnosis
 from gpusched.doctor.findings import Counterfactual
@@ -170,13 +170,22 @@ def healed(snap: ClusterState) -> ClusterState:
     bookings). Unhealthy GPUs keep their capacity and their pods in the books, so only which GPUs
     may take a pod changes; ``ClusterState.__init__`` derives it the same way. GPUs held by DRA
     claims (``NodeSpec.claimed_gpus``) stay withheld: healing does not free them."""
+    nodes = tuple(replace(n, unhealthy_gpus=frozenset()) if n.unhealthy_gpus else n for n in snap.nodes)
+    return _with_nodes(snap, nodes)
+
+
+def _with_nodes(snap: ClusterState, nodes: tuple[NodeSpec, ...]) -> ClusterState:
+    """A copy of ``snap``'s arrays with ``nodes`` (the same nodes, some GPUs no longer withheld): which
+    GPUs may take a pod derived again as ``ClusterState.__init__`` does (a GPU exists unless it is
+    unhealthy or a DRA claim holds it)."""
     out = snap.copy()
-    out.nodes = tuple(replace(n, unhealthy_gpus=frozenset()) if n.unhealthy_gpus else n for n in out.nodes)
+    out.nodes = nodes
     out.gpu_exists = np.arange(snap.max_gpus)[None, :] < snap.gpu_count[:, None]
-    for i, nd in enumerate(out.nodes):
-        if nd.claimed_gpus:
-            out.gpu_exists[i, list(nd.claimed_gpus)] = False
-    out.any_unhealthy = any(nd.claimed_gpus for nd in out.nodes)
+    for i, nd in enumerate(nodes):
+        withheld = nd.unhealthy_gpus | nd.claimed_gpus
+        if withheld:
+            out.gpu_exists[i, list(withheld)] = False
+    out.any_unhealthy = any(nd.unhealthy_gpus or nd.claimed_gpus for nd in nodes)
     return out
 
 
@@ -210,14 +219,8 @@ def healthy_counterfactual(profile: Profile, pod: PodSpec, snap: ClusterState) -
 def unclaimed(snap: ClusterState) -> ClusterState:
     """``snap`` with the GPUs DRA claims hold (``NodeSpec.claimed_gpus``) usable again, unhealthy
     ones still withheld (as ``healed`` does the other way round)."""
-    out = snap.copy()
-    out.nodes = tuple(replace(n, claimed_gpus=frozenset()) if n.claimed_gpus else n for n in out.nodes)
-    out.gpu_exists = np.arange(snap.max_gpus)[None, :] < snap.gpu_count[:, None]
-    for i, nd in enumerate(out.nodes):
-        if nd.unhealthy_gpus:
-            out.gpu_exists[i, list(nd.unhealthy_gpus)] = False
-    out.any_unhealthy = any(nd.unhealthy_gpus for nd in out.nodes)
-    return out
+    nodes = tuple(replace(n, claimed_gpus=frozenset()) if n.claimed_gpus else n for n in snap.nodes)
+    return _with_nodes(snap, nodes)
 
 
 def claimed_counterfactual(profile: Profile, pod: PodSpec, snap: ClusterState) -> list[Counterfactual]:
