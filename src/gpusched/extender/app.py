@@ -2,6 +2,8 @@
 
 - ``POST /filter``, ``/prioritize``, ``/preempt``: decided on the event loop; the numpy work
   runs under ``LiveCluster``'s lock for about a millisecond and never awaits while holding it.
+  A preemptor failing on its node reads that node's pods from the API in the thread pool first
+  (``Extender.node_to_recheck``): the books may still hold victims kube-scheduler has deleted.
 - ``POST /bind``: the GPUs are chosen and booked under the lock, then the Binding (which carries
   the assignment annotation) is sent without it: from the loop itself over kept-alive
   connections when a ``first_binder`` is set (``apibind``; what gpusched extender does), so
@@ -110,8 +112,9 @@ def _json(obj: object, status: int = 200) -> web.Response:
 
 class GuardMetrics:
     """``gpusched_extender_sync_waits_total{verb,result}`` (a verb that found the informers not
-    synced: ``served`` once they were, ``refused`` after the wait) and
-    ``gpusched_extender_rejected_requests_total{verb,reason}`` (over a limit, too slow)."""
+    synced: ``served`` once they were, ``refused`` after the wait),
+    ``gpusched_extender_rejected_requests_total{verb,reason}`` (over a limit, too slow) and
+    ``gpusched_extender_node_rechecks_total{result}`` (``Verbs.filter``)."""
 
     def __init__(self, m: SchedulerMetrics) -> None:
         self.sync_waits = Counter(
@@ -124,6 +127,14 @@ class GuardMetrics:
             "gpusched_extender_rejected_requests",
             "Extender requests refused for their size or shape, by verb and reason.",
             ["verb", "reason"],
+            registry=m.registry,
+        )
+        self.rechecks = Counter(
+            "gpusched_extender_node_rechecks",
+            "Filters of a nominated pod failing on its nominated node that read the node's pods from "
+            "the API first, by result: released (the books held pods the API no longer has; answered "
+            "again), unchanged, or failed (the read failed; answered from the books).",
+            ["result"],
             registry=m.registry,
         )
 
@@ -416,7 +427,19 @@ class Verbs:
         return await read_json(request, self.admission, self.body_timeout_s)
 
     async def filter(self, request: web.Request) -> web.Response:
-        return _json(self.extender.filter(await self._args(request)))
+        """The filter's answer; a nominated pod failing on its nominated node is answered again
+        after the pods the books hold there are checked against the API (``node_to_recheck``)."""
+        ext = self.extender
+        args = await self._args(request)
+        answer = ext.filter(args)
+        node = ext.node_to_recheck(args, answer)
+        if node is not None:
+            released = await asyncio.get_running_loop().run_in_executor(self.pool, ext.recheck_node, node)
+            result = "failed" if released is None else "released" if released else "unchanged"
+            self.admission.metrics.rechecks.labels(result).inc()
+            if released:
+                answer = ext.filter(args)
+        return _json(answer)
 
     async def prioritize(self, request: web.Request) -> web.Response:
         answer = self.extender.prioritize_json(await self._args(request))

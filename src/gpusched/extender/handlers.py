@@ -13,7 +13,9 @@
   the API refused the binding or the pod is gone, never while the outcome is unknown
   (``k8s/binding.py``).
 - ``preempt``: kube-scheduler's proposed victims are kept on the nodes where, once they are
-  gone (in a copy of the books), the pod passes the filters; other nodes are dropped.
+  gone (in a copy of the books), the pod passes the filters; other nodes are dropped. The nodes
+  kept are remembered for the pod: a preemptor failing there later is answered after the books
+  are checked against the API (``node_to_recheck``, ``recheck_node``; the HTTP app does the read).
 
 Nodes sent by name (``nodeCacheCapable: true``) are the informer's; a name it does not know
 yet fails (resolvable). Nodes sent as objects (``false``) that the informer does not know are
@@ -23,9 +25,10 @@ evaluated from the sent objects, with empty books.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,8 +64,18 @@ from gpusched.k8s.convert import InvalidRequest, pod_from_k8s
 from gpusched.k8s.podevents import PodEvent
 from gpusched.k8s.state import LiveCluster, pod_key
 
+log = logging.getLogger(__name__)
+
 PodGetter = Callable[[str, str], Mapping[str, Any]]
 """``get(namespace, name)``: the pod as an API dict (used when bind sees a pod filter did not)."""
+PREEMPTORS_KEPT = 4096
+"""Preemptors whose ``/preempt`` answers are remembered (the oldest are dropped first)."""
+RECHECK_NODES = 4
+"""Of the nodes ``/preempt`` kept for a pod, those a failing filter may read back before the
+pod is nominated (kube-scheduler picks one of them)."""
+NodePodsLister = Callable[[str], Sequence[Mapping[str, Any]]]
+"""``list(node)``: the pods bound to ``node`` as the API has them now (a consistent read), as
+API dicts (used to check the books when a nominated pod fails on its nominated node)."""
 
 
 def soft_preferences(pod: Mapping[str, Any]) -> bool:
@@ -111,6 +124,7 @@ class Extender:
         *,
         binder: BindPlugin | None = None,
         pod_getter: PodGetter | None = None,
+        node_pods: NodePodsLister | None = None,
         pod_cache: int = 16384,
         bind_budget_s: float = 6.0,
         pick: bool = False,
@@ -127,6 +141,10 @@ class Extender:
         self.settler = Settler(cluster, self._read_pod)
         self.profile = dataclasses.replace(profile, binds=(binder,)) if binder is not None else profile
         self.pod_getter = pod_getter
+        self.node_pods = node_pods
+        """Without it, a nominated pod's failure is answered from the books as they are."""
+        self._preempting: LRUCache[str, tuple[str, ...]] = LRUCache(PREEMPTORS_KEPT)
+        """Preemptor UID -> the nodes ``/preempt`` last kept for it (kube-scheduler nominates one)."""
         self._plock = threading.Lock()
         self._specs: LRUCache[str, tuple[str, PodSpec]] = LRUCache(pod_cache)  # uid (or key) -> (rv, spec)
         self._uids: dict[str, str] = {}  # uid -> namespace/name, from the informer
@@ -222,6 +240,56 @@ class Extender:
         out.update(FailedNodes=failed, FailedAndUnresolvableNodes=unres, Error="")
         return out
 
+    def node_to_recheck(self, args: Mapping[str, Any], answer: Mapping[str, Any]) -> str | None:
+        """The node whose pods to read from the API before ``answer`` (this extender's filter
+        answer to ``args``) is sent: the pod's ``status.nominatedNodeName`` (before the
+        nomination reaches the pod: a node ``/preempt`` last kept for it) when the answer fails it
+        there for what the books hold (not unresolvably) and the books hold pods bound there.
+
+        kube-scheduler nominates a preemptor, deletes its victims and retries it as soon as its
+        own informer shows them gone; this extender's informer may not have delivered those
+        deletions yet. A failure answered from such books sends the pod back to wait for a
+        cluster event that has already passed (up to five minutes). None: answer as it is."""
+        if self.node_pods is None:
+            return None
+        obj = args.get("Pod")
+        if not isinstance(obj, Mapping):
+            return None
+        status, meta = obj.get("status"), obj.get("metadata")
+        nominated = status.get("nominatedNodeName") if isinstance(status, Mapping) else None
+        uid = str(meta.get("uid") or "") if isinstance(meta, Mapping) else ""
+        with self._plock:  # before kube-scheduler's nomination reaches the pod: where /preempt kept it
+            kept = self._preempting.get(uid) if uid else None
+        failed = answer.get("FailedNodes") or {}
+        candidates = [nominated] if isinstance(nominated, str) and nominated else list(kept or ())
+        with self.cluster.live_books() as snap:
+            for node in candidates:
+                i = snap.index.get(node)
+                if node in failed and i is not None and snap.node_pods[i]:
+                    return node
+        return None
+
+    def recheck_node(self, node: str) -> list[str] | None:
+        """Read the pods bound to ``node`` from the API and release from the books those it no
+        longer has (``LiveCluster.reconcile_node``); blocking: call it off the event loop.
+        Returns the released pods' keys (None when the read failed: the answer stands)."""
+        if self.node_pods is None:
+            return None
+        try:
+            items = self.node_pods(node)
+        except Exception as e:
+            log.warning("cannot read the pods of node %s to check the books: %s", node, describe(e))
+            return None
+        released = self.cluster.reconcile_node(node, items)
+        if released:
+            log.info(
+                "node %s: the API no longer has %s (their deletion had not come through the informer yet): "
+                "released from the books",
+                node,
+                ", ".join(released),
+            )
+        return released
+
     def _held_node(self, pod: PodSpec) -> str | None:
         """The node where the books hold ``pod`` (same UID): an earlier ``/bind`` whose outcome
         is not known yet, which kube-scheduler retries after its own timeout."""
@@ -298,11 +366,14 @@ class Extender:
                     if a is not None and a.node == i:
                         what_if.evict(a.pod.key)
             ok, _, _ = run_filters(self.profile, pod, snap, idx, explain=False)
+        kept = [n for n, fits in zip(nodes, ok.tolist(), strict=True) if fits]
+        if pod.uid and kept:
+            with self._plock:
+                self._preempting.put(pod.uid, tuple(kept[:RECHECK_NODES]))
         return {
             "NodeNameToMetaVictims": {
                 n: {"Pods": [{"UID": u} for u in victims[n][0]], "NumPDBViolations": victims[n][1]}
-                for n, fits in zip(nodes, ok.tolist(), strict=True)
-                if fits
+                for n in kept
             }
         }
 

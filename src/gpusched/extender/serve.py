@@ -128,12 +128,20 @@ def serve_extender(
         obj: Mapping[str, Any] = orjson.loads(resp.data)
         return obj
 
+    def node_pods(node: str) -> list[Mapping[str, Any]]:
+        resp: Any = core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node}", _preload_content=False
+        )
+        items: list[Mapping[str, Any]] = orjson.loads(resp.data).get("items") or []
+        return items
+
     cluster = LiveCluster(reporter=EventRecorder(core, "gpusched-extender"))  # nodes unreadable, conflicts
     extender = Extender(
         cluster,
         build_profile(policy),
         binder=APIBinder(core, in_binding=True, mig=cluster),  # MIG slices from the books (issue 31)
         pod_getter=get_pod,
+        node_pods=node_pods,  # a nominated pod failing on its node: the books checked against the API
         pick=pick_in_filter,
     )
     # each pod event parsed once (k8s/podevents.py), for the books, then the extender's UIDs and pods

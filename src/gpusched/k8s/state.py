@@ -25,7 +25,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Protocol
@@ -392,16 +392,51 @@ class LiveCluster:
         return True
 
     def delete_pod(self, key: str, uid: str = "") -> None:
-        """The pod ``key`` is deleted (``uid``: the deleted pod's, when known: its last event)."""
+        """The pod ``key`` is deleted (``uid``: the deleted pod's, when known: its last event).
+        A booking of another pod under the same name (a StatefulSet's pod created again, and
+        booked here before the old one's deletion came through the informer) is kept."""
         with self.lock:
             if uid:
                 self._gone.pop(uid)  # nothing of it comes after its deletion
+                if self._holder_uid(key) not in ("", uid):
+                    return
             held = self._bound.pop(key, None) is not None
             self._bound_at.pop(key, None)
             held |= self._assumed.pop(key, None) is not None
             self._mig.pop(key, None)
             if held and self._state is not None and key in self._state.allocations:
                 self._state.forget(key)
+
+    def _holder_uid(self, key: str) -> str:
+        """The UID of the pod the books hold under ``key`` ("" when none or unknown). Holds the lock."""
+        held = self._bound.get(key) or self._assumed.get(key)
+        return held[0].uid if held is not None else ""
+
+    def reconcile_node(self, node: str, items: Sequence[Mapping[str, Any]]) -> list[str]:
+        """Make the bound pods the books hold on ``node`` agree with ``items``, the pods the API
+        has on it now (a consistent read): a pod held there as bound that the API no longer
+        has, or that has finished, is released now, before its event comes through the informer;
+        its earlier events still on their way book nothing (as after ``gone``). Decisions of
+        ours not yet seen bound are not touched. Returns the released keys, sorted.
+
+        For the extender, whose informer can lag behind kube-scheduler's: kube-scheduler retries
+        a preemptor as soon as it sees the victims deleted, and a filter answered from books that
+        still hold them sends the pod back to wait for an event that has already passed."""
+        holding: dict[str, str] = {}
+        for obj in items:
+            ev = parse_pod_event(obj)
+            if ev.holds_resources and ev.node == node:
+                holding[ev.key] = ev.uid
+        released = []
+        with self.lock:
+            for key, (spec, at, _) in list(self._bound.items()):
+                if at != node or (key in holding and (not spec.uid or holding[key] in ("", spec.uid))):
+                    continue
+                if spec.uid:
+                    self._gone.put(spec.uid, True)
+                self.delete_pod(key)
+                released.append(key)
+        return sorted(released)
 
     def sync_nodes(self, items: list[Mapping[str, Any]]) -> None:
         """After a (re)list: forget nodes the API no longer has."""
