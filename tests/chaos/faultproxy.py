@@ -64,6 +64,9 @@ class Fault(enum.Enum):
     """Drop the client's connection without forwarding (not committed)."""
     DELAY = "delay"
     """Hold the request ``Rule.delay_s`` seconds, then forward it (a slow apiserver, a big list)."""
+    LAG = "lag"
+    """Forward at once, and hand each piece of the answer on ``Rule.delay_s`` seconds after it came
+    (a watch whose client sees every event that late: an informer behind the others)."""
 
 
 @dataclass
@@ -143,6 +146,31 @@ def _pod_of(path: str, body: bytes) -> str:
     return ""
 
 
+async def _write_late(up: Any, resp: web.StreamResponse, lag_s: float) -> None:
+    """Each chunk of ``up`` written to ``resp`` ``lag_s`` seconds after it arrived, in order (a
+    reader keeps reading meanwhile, so the lags do not add up)."""
+    loop = asyncio.get_running_loop()
+    pieces: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
+
+    async def read() -> None:
+        try:
+            async for chunk in up.content.iter_any():
+                pieces.put_nowait((loop.time(), chunk))
+        finally:
+            pieces.put_nowait(None)
+
+    reader = asyncio.ensure_future(read())
+    try:
+        while (piece := await pieces.get()) is not None:
+            came, chunk = piece
+            await asyncio.sleep(max(0.0, came + lag_s - loop.time()))
+            await resp.write(chunk)
+    finally:  # also when the handler is closed with the proxy's loop already closed (RuntimeError)
+        with contextlib.suppress(asyncio.CancelledError, ClientError, OSError, RuntimeError):
+            reader.cancel()
+            await reader
+
+
 class _Dropped(Exception):
     """The client's connection was dropped on purpose."""
 
@@ -180,6 +208,8 @@ class FaultProxy:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._watches: set[asyncio.Transport] = set()
+        self._lagging: set[asyncio.Task[Any]] = set()
+        """The handlers writing a ``LAG`` answer: cancelled (and awaited) on ``stop``."""
         self.watches_severed = 0
 
     # -------------------------------------------------------------- construction
@@ -253,6 +283,7 @@ class FaultProxy:
                 "faults_after": sum(1 for f in self.faults if f.mode == Fault.AFTER),
                 "faults_before": sum(1 for f in self.faults if f.mode == Fault.BEFORE),
                 "faults_delay": sum(1 for f in self.faults if f.mode == Fault.DELAY),
+                "faults_lag": sum(1 for f in self.faults if f.mode == Fault.LAG),
                 "upstream_errors": self.upstream_errors,
                 "watches_severed": self.watches_severed,
             }
@@ -315,6 +346,9 @@ class FaultProxy:
         self.port = int(server.sockets[0].getsockname()[1]) if server is not None else 0
 
     async def _shutdown(self) -> None:
+        for task in list(self._lagging):  # waiting for their next piece: they would outlive the loop
+            task.cancel()
+        await asyncio.gather(*self._lagging, return_exceptions=True)
         if self._runner is not None:
             await self._runner.cleanup()
         if self._session is not None:
@@ -391,8 +425,21 @@ class FaultProxy:
                     if k.lower() not in _HOP_BY_HOP:
                         resp.headers.add(k, v)
                 await resp.prepare(request)
-                async for chunk in up.content.iter_any():
-                    await resp.write(chunk)
+                if rule is not None and fault == Fault.LAG:
+                    with self._lock:
+                        self.faults.append(
+                            FaultRecord(Fault.LAG, request.method, request.path, up.status, pod)
+                        )
+                    task = asyncio.current_task()
+                    assert task is not None
+                    self._lagging.add(task)
+                    try:
+                        await _write_late(up, resp, rule.delay_s)
+                    finally:
+                        self._lagging.discard(task)
+                else:
+                    async for chunk in up.content.iter_any():
+                        await resp.write(chunk)
                 await resp.write_eof()
                 return resp
         except (ClientError, OSError) as e:
