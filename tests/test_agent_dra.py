@@ -621,15 +621,35 @@ def test_the_counters_admit_exactly_the_legal_mig_layouts(model: str) -> None:
     assert len(at0) > 2 and all(not _fits([a, b], gp.counters) for a in at0 for b in at0 if a is not b)
 
 
+def _withheld(**gpu1: Any) -> set[str]:
+    """The placements published on the empty GPU 1 and not with ``gpu1``'s instances made by hand."""
+    every, names = (
+        {d.name for d in build_slice(b.inventory(), NODE, DRIVER, mig="dynamic").devices}
+        for b in (dyn_backend(), dyn_backend(**gpu1))
+    )
+    assert names <= every
+    return every - names
+
+
 def test_a_placement_under_an_instance_no_claim_made_is_withheld() -> None:
+    """Exactly the placements sharing a memory slice with the foreign instance go: a 3g.40gb at 4 (slices
+    4-7) and a 1g.10gb at 3 (slice 3; its neighbours' placements stay)."""
+    assert _withheld(mig=[{"profile": "3g.40gb", "start": 4}]) == {
+        "gpu-1-mig-1g10gb-19-4", "gpu-1-mig-1g10gb-19-5", "gpu-1-mig-1g10gb-19-6",
+        "gpu-1-mig-1g10gb-me-20-4", "gpu-1-mig-1g10gb-me-20-5", "gpu-1-mig-1g10gb-me-20-6",
+        "gpu-1-mig-1g20gb-15-4", "gpu-1-mig-1g20gb-15-6", "gpu-1-mig-2g20gb-14-4", "gpu-1-mig-3g40gb-9-4",
+        "gpu-1-mig-7g80gb-0-0",
+    }  # fmt: skip
+    assert _withheld(mig=[{"profile": "1g.10gb", "start": 3}]) == {
+        "gpu-1-mig-1g10gb-19-3", "gpu-1-mig-1g10gb-me-20-3", "gpu-1-mig-1g20gb-15-2", "gpu-1-mig-2g20gb-14-2",
+        "gpu-1-mig-3g40gb-9-0", "gpu-1-mig-4g40gb-5-0", "gpu-1-mig-7g80gb-0-0",
+    }  # fmt: skip
     backend = dyn_backend(mig=[{"profile": "3g.40gb", "start": 4}])
-    s = build_slice(backend.inventory(), NODE, DRIVER, mig="dynamic")
-    names = {d.name for d in s.devices}
-    assert "gpu-1-mig-3g40gb-9-0" in names and "gpu-1-mig-1g10gb-19-3" in names
-    assert not names & {"gpu-1-mig-3g40gb-9-4", "gpu-1-mig-1g10gb-19-5", "gpu-1-mig-7g80gb-0-0"}
     (inst,) = backend.inventory().devices[1].mig_instances
     ours = build_slice(backend.inventory(), NODE, DRIVER, mig="dynamic", ours={inst.uuid})
-    assert "gpu-1-mig-3g40gb-9-4" in {d.name for d in ours.devices}  # a prepared claim's: still published
+    assert not _withheld() and {d.name for d in ours.devices} == {
+        d.name for d in build_slice(dyn_backend().inventory(), NODE, DRIVER, mig="dynamic").devices
+    }  # a prepared claim's instance withholds nothing (the counters keep its placements apart)
 
 
 def test_the_pool_of_several_slices_is_written_whole_with_one_generation() -> None:

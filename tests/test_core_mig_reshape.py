@@ -174,7 +174,8 @@ def test_a_batch_of_three_pods_of_two_profiles_gets_one_recut_where_one_at_a_tim
 
 def test_a_batch_keeps_its_order_a_pod_that_does_not_fit_with_those_before_it_waits() -> None:
     """First come the 7g (the whole GPU), then a 3g and a 1g: the 7g is served, the others are left for a
-    later re-cut, never served in its place; an empty request or one the node cannot host serves nothing."""
+    later re-cut, never served in its place; an empty request or one the node cannot host serves nothing.
+    A pod that waits does not end the batch: a later one joins, until ``misses`` pods in a row did not."""
     node = Node((gpu("n/0", *ALL_1G),), (0,))
     idle = {0: MigGpu("n/0", A100, True, ())}
     found = plan_node_batch(node, idle, [["7g.80gb"], ["3g.40gb"], ["1g.10gb"]], DemandMix(["7g.80gb"]))
@@ -182,6 +183,18 @@ def test_a_batch_keeps_its_order_a_pod_that_does_not_fit_with_those_before_it_wa
     found = plan_node_batch(node, idle, [["4g.40gb", "4g.40gb"], ["3g.40gb"]], DemandMix(["3g.40gb"]))
     assert found is not None and found[1] == (1,)  # two 4g never fit one GPU: that pod waits, the 3g goes
     assert plan_node_batch(node, idle, [[], ["4g.40gb", "4g.40gb"]], DemandMix()) is None
+    # a pod that waits does not end the batch: a later one that fits with those before joins, until
+    # ``misses`` in a row did not
+    reqs = [["4g.40gb"], ["7g.80gb"], ["7g.80gb"], ["3g.40gb"]]
+    demand = DemandMix([p for r in reqs for p in r])
+    found = plan_node_batch(node, idle, reqs, demand, misses=3)
+    assert found is not None and found[1] == (0, 3)
+    assert found[0].create == (Instance("3g.40gb", 4), Instance("4g.40gb", 0))
+    found = plan_node_batch(node, idle, reqs, demand, misses=2)
+    assert found is not None and found[1] == (0,) and found[0].create == (Instance("4g.40gb", 0),)
+    reqs = [["4g.40gb"], ["7g.80gb"], ["1g.10gb"], ["7g.80gb"], ["1g.10gb"]]  # one that joins: count anew
+    found = plan_node_batch(node, idle, reqs, DemandMix([p for r in reqs for p in r]), misses=2)
+    assert found is not None and found[1] == (0, 2, 4)
 
 
 def test_whole_gpu_scope_recuts_only_a_gpu_no_pod_holds_anything_of() -> None:

@@ -97,11 +97,15 @@ def test_the_pending_pod_does_not_take_the_slice_kept_for_the_moved_pod() -> Non
 
 
 def test_a_room_of_higher_priority_is_not_kept_from_a_pod_above_it_and_an_expired_one_from_none() -> None:
+    """With n2 GPU 0's 3g.40gb taken, the room's and the steer's are the only free 3g.40gb: a pod of
+    higher priority takes the room's (best fit: the fuller GPU), the next one the steer's; once the plan
+    lapsed, three pods of equal priority take all three."""
     snap = cluster()
+    held(snap, "n2-3g", 1, (0, 4, "3g.40gb"))
     held_rooms = rooms()
     held_rooms.on_pod_event(parse_pod_event(pending("big", "n1", ROOM, STEER)))
-    urgent = mig_pod("urgent", "3g.40gb", priority=10)
-    assert land(snap, held_rooms, urgent)[0] in ("n1", "n2")
+    assert land(snap, held_rooms, mig_pod("urgent", "3g.40gb", priority=10)) == ("n1", ROOM)
+    assert land(snap, held_rooms, mig_pod("urgent-2", "3g.40gb", priority=10)) == ("n2", (TARGET,))
     snap2, lapsed = cluster(), rooms(expires=NOW - 1)
     lapsed.on_pod_event(parse_pod_event(pending("big", "n1", ROOM, STEER)))
     assert land(snap2, lapsed, mig_pod("a", "3g.40gb"))[0] != ""

@@ -272,10 +272,15 @@ def test_a_gang_whose_second_member_cannot_be_written_leaves_no_claim_allocated(
 
 
 def test_a_gang_whose_members_are_all_written_keeps_every_allocation() -> None:
-    api, _books, dra, members = gang_of_two(shared=True)
+    """Every member's claims are written (p's c, q's d; c shared, allocated once) and nothing is taken back:
+    the books keep both members' devices until the informer brings the API's copies."""
+    api, books, dra, members = gang_of_two(shared=True)
     w = dra.write_all(members, keep_trying=always)
-    assert w.ok
+    assert w.ok and w.failed == "" and w.outcome is None
     c, d = api.claims[("ns", "c")], api.claims[("ns", "d")]
     assert [r["device"] for r in c["status"]["allocation"]["devices"]["results"]] == ["gpu-0"]
+    assert [r["device"] for r in d["status"]["allocation"]["devices"]["results"]] == ["gpu-1"]
     assert [r["uid"] for r in c["status"]["reservedFor"]] == ["uid-p", "uid-q"]  # shared, allocated once
     assert [r["uid"] for r in d["status"]["reservedFor"]] == ["uid-q"]
+    assert books.reservations() == ["ns/p", "ns/q"]
+    assert books.allocated().devices == {DeviceId(DRIVER, NODE, "gpu-0"), DeviceId(DRIVER, NODE, "gpu-1")}

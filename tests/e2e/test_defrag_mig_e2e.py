@@ -5,7 +5,8 @@ in halves (4g.40gb at 0, 3g.40gb at 4), made as the MIG e2e makes its node (``te
 Bare pods hold both 4g.40gb; a ReplicaSet-owned 3g.40gb pod (a Deployment's) runs on m1; a 3g.40gb pod pinned
 to m1 waits: it fits nowhere. The controller moves the Deployment's pod to m2's free 3g.40gb through the
 Eviction API; its replacement lands on that planned slice and the pending pod on the freed one, though an
-older pod of equal priority that may go anywhere is tried first once the slice is freed (its room holds it).
+older pod of equal priority that may go anywhere is tried while the planned slice is the only free one (held
+for the replacement) and once the slice is freed (its room holds it).
 An observer lists the pods all along: no slice is held by two pods at any moment it saw.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -128,11 +129,23 @@ def statefulset(denv: DefragEnv, app: str) -> None:
 
 
 @contextmanager
-def carried_out(denv: DefragEnv) -> Iterator[DefragController]:
+def carried_out(
+    denv: DefragEnv, before_eviction: Callable[[], None] | None = None
+) -> Iterator[DefragController]:
     """The controller runs in the block (the observer lists the pods meanwhile) and until its plan is carried
-    out; then no slice was held by two pods at any moment the observer saw."""
+    out; then no slice was held by two pods at any moment the observer saw. ``before_eviction`` runs in the
+    controller's thread before each eviction (its rooms written)."""
     seen = Observer(denv)
-    ctl = denv.controller().start()
+    ctl = denv.controller()
+    if before_eviction is not None:
+        evict = ctl.evictor.evict
+
+        def hooked(*args: Any, **kw: Any) -> Any:
+            before_eviction()
+            return evict(*args, **kw)
+
+        ctl.evictor.evict = hooked  # type: ignore[method-assign]
+    ctl.start()
     try:
         yield ctl
         wait_until(lambda: bool(ctl.attempts), timeout=120, what="a plan carried out")
@@ -172,12 +185,21 @@ def landed(
 def test_a_replicaset_mig_pod_moves_to_a_free_instance_and_the_pending_pod_lands_on_the_freed_one(
     denv: DefragEnv,
 ) -> None:
-    """The freed slice is the pending pod's room: once web has left, the older pod, tried first, waits."""
+    """The target slice is kept for web's replacement from the moment the rooms are written: the older pod
+    that may go anywhere, let go just before web's eviction, is tried while m2's 3g.40gb (the steer's) is the
+    only free one and kept off it, and the replacement takes it. The freed slice is the pending pod's room:
+    once web has left, the older pod still waits."""
     m1, m2, web, freed = fragmented(denv, "deployment")
-    with carried_out(denv) as ctl:
-        wait_until(lambda: web not in denv.running("web"), timeout=120, what="web evicted")
-        wait_until(lambda: list(denv.running("web").values()) == [m2], timeout=60, what="web recreated on m2")
+
+    def other_tried_first() -> None:  # the rooms are written, web not evicted yet
         denv.v1.patch_namespaced_pod("other", denv.ns, {"spec": {"schedulingGates": None}})
+        wait_until(lambda: tried(denv, "other") or "other" in denv.running(), timeout=60, what="other tried")
+
+    with carried_out(denv, other_tried_first) as ctl:
+        wait_until(lambda: web not in denv.running("web"), timeout=120, what="web evicted")
+        assert "other" not in denv.running(), "other took m2's 3g.40gb, the slice kept for web's replacement"
+        assert tried(denv, "other")
+        wait_until(lambda: list(denv.running("web").values()) == [m2], timeout=60, what="web recreated on m2")
         denv.unhold()  # web leaves
     landed(denv, ctl, m1, m2, web, freed)
 
