@@ -153,10 +153,7 @@ def test_beside_nvidias_plugin_only_the_share_slots_are_served() -> None:
     # nvidia.com/gpu and the MIG resources, and the kubelet must never see two plugins for one resource.
     inv = FakeBackend.from_dict(json.loads(json.dumps(DOC)), "t").inventory()
     assert NodeDevices(NODE, inv).resources() == [
-        RES_GPU,
-        RES_SHARE,
-        "nvidia.com/mig-1g.10gb",
-        "nvidia.com/mig-3g.40gb",
+        RES_GPU, RES_SHARE, "nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb"
     ]
     beside = NodeDevices(NODE, inv, nvidia_resources=False)
     assert beside.resources() == [RES_SHARE]

@@ -29,21 +29,17 @@ class Config:
     lending: tuple[int | None, ...]
 
     def tree(self) -> QueueTree:
-        return QueueTree(
-            [
-                QueueSpec("root"),
-                *(
-                    QueueSpec(
-                        q,
-                        "root",
-                        Quota(gpus=n),
-                        borrowing_limit=None if b is None else Quota(gpus=b),
-                        lending_limit=None if lend is None else Quota(gpus=lend),
-                    )
-                    for q, n, b, lend in zip(LEAVES, self.nominal, self.borrowing, self.lending, strict=True)
-                ),
-            ]
-        )
+        return QueueTree([
+            QueueSpec("root"),
+            *(
+                QueueSpec(
+                    q, "root", Quota(gpus=n),
+                    borrowing_limit=None if b is None else Quota(gpus=b),
+                    lending_limit=None if lend is None else Quota(gpus=lend),
+                )
+                for q, n, b, lend in zip(LEAVES, self.nominal, self.borrowing, self.lending, strict=True)
+            ),
+        ])
 
 
 limits = st.one_of(st.none(), st.integers(0, 4))
@@ -54,11 +50,7 @@ configs = st.builds(
     st.tuples(*[limits] * 3),
 )
 submit = st.tuples(
-    st.just("submit"),
-    st.integers(0, 2),
-    st.integers(1, 4),
-    st.integers(1, 2),
-    st.booleans(),
+    st.just("submit"), st.integers(0, 2), st.integers(1, 4), st.integers(1, 2), st.booleans(),
     st.integers(0, 2),
 )
 ops = st.lists(
@@ -136,3 +128,4 @@ def test_queues_and_gangs_keep_their_invariants(cfg: Config, stream: list[tuple]
         book.release(k)
     assert not book.charged and all(u.zero for u in book.own.values())
     assert all(d == 0 for keys in book.demand.values() for d in keys.values())
+

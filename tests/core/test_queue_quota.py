@@ -26,14 +26,12 @@ from gpusched.core.queues.fairshare import dominant_share, water_fill
 
 
 def tree(a: dict | None = None, b: dict | None = None, c: dict | None = None) -> QueueTree:
-    return QueueTree(
-        [
-            QueueSpec("root"),
-            QueueSpec("A", "root", Quota(gpus=4), **(a or {})),
-            QueueSpec("B", "root", Quota(gpus=4), **(b or {})),
-            QueueSpec("C", "root", Quota(gpus=0), **(c or {})),
-        ]
-    )
+    return QueueTree([
+        QueueSpec("root"),
+        QueueSpec("A", "root", Quota(gpus=4), **(a or {})),
+        QueueSpec("B", "root", Quota(gpus=4), **(b or {})),
+        QueueSpec("C", "root", Quota(gpus=0), **(c or {})),
+    ])
 
 
 def gpus(n: int) -> object:
@@ -83,15 +81,13 @@ def test_lending_limit_keeps_part_of_a_quota_for_its_owner() -> None:
 
 
 def test_hierarchy_pools_children_and_the_root_caps_everything() -> None:
-    t = QueueTree(
-        [
-            QueueSpec("root", nominal=Quota(gpus=2)),
-            QueueSpec("research", "root", Quota(gpus=4), lending_limit=Quota(gpus=0)),
-            QueueSpec("r1", "research", Quota(gpus=1)),
-            QueueSpec("r2", "research", Quota(gpus=1)),
-            QueueSpec("prod", "root", Quota(gpus=4)),
-        ]
-    )
+    t = QueueTree([
+        QueueSpec("root", nominal=Quota(gpus=2)),
+        QueueSpec("research", "root", Quota(gpus=4), lending_limit=Quota(gpus=0)),
+        QueueSpec("r1", "research", Quota(gpus=1)),
+        QueueSpec("r2", "research", Quota(gpus=1)),
+        QueueSpec("prod", "root", Quota(gpus=4)),
+    ])
     book = QueueBook(t)
     # r1 may use r2's idle quota, research's own 4 and the root's 2, prod's 4: 12 in all
     assert book.check("r1", gpus(12)).ok and not book.check("r1", gpus(13)).ok
@@ -122,13 +118,11 @@ def test_pods_of_unknown_queues_wait_with_the_reason_and_nothing_is_bound() -> N
 
 
 def test_dominant_share_is_weighted_and_zero_within_quota() -> None:
-    t = QueueTree(
-        [
-            QueueSpec("root"),
-            QueueSpec("A", "root", Quota(gpus=4, gpu_memory_mib=40_000), weight=2),
-            QueueSpec("B", "root", Quota(gpus=4, gpu_memory_mib=40_000)),
-        ]
-    )
+    t = QueueTree([
+        QueueSpec("root"),
+        QueueSpec("A", "root", Quota(gpus=4, gpu_memory_mib=40_000), weight=2),
+        QueueSpec("B", "root", Quota(gpus=4, gpu_memory_mib=40_000)),
+    ])
     book = QueueBook(t)
     mem_heavy = charge_of(PodSpec("m", num_gpu=1, gpu_milli=500, gpu_memory_mib=30_000))
     assert dominant_share(book, "A", gpus(4)) == 0

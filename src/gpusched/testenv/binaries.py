@@ -19,6 +19,7 @@ _BUILD_SCRIPT = Path("hack") / "build-control-plane.sh"
 _GO_MISSING_EXIT_CODE = 2
 
 
+
 class ControlPlaneError(GpuschedError, RuntimeError):
     """The control plane could not be built, started or used."""
 
@@ -92,3 +93,5 @@ def run_build_script(script: Path, timeout: float, *, tail_lines: int = 25) -> P
     if not lines:
         raise BinariesUnavailableError(f"{script} printed no directory")
     return Path(lines[-1])
+
+

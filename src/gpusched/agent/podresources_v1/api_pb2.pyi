@@ -22,12 +22,7 @@ class AllocatableResourcesResponse(_message.Message):
     devices: _containers.RepeatedCompositeFieldContainer[ContainerDevices]
     cpu_ids: _containers.RepeatedScalarFieldContainer[int]
     memory: _containers.RepeatedCompositeFieldContainer[ContainerMemory]
-    def __init__(
-        self,
-        devices: _Optional[_Iterable[_Union[ContainerDevices, _Mapping]]] = ...,
-        cpu_ids: _Optional[_Iterable[int]] = ...,
-        memory: _Optional[_Iterable[_Union[ContainerMemory, _Mapping]]] = ...,
-    ) -> None: ...
+    def __init__(self, devices: _Optional[_Iterable[_Union[ContainerDevices, _Mapping]]] = ..., cpu_ids: _Optional[_Iterable[int]] = ..., memory: _Optional[_Iterable[_Union[ContainerMemory, _Mapping]]] = ...) -> None: ...
 
 class ListPodResourcesRequest(_message.Message):
     __slots__ = ()
@@ -51,14 +46,7 @@ class PodResources(_message.Message):
     containers: _containers.RepeatedCompositeFieldContainer[ContainerResources]
     cpu_ids: _containers.RepeatedScalarFieldContainer[int]
     memory: _containers.RepeatedCompositeFieldContainer[ContainerMemory]
-    def __init__(
-        self,
-        name: _Optional[str] = ...,
-        namespace: _Optional[str] = ...,
-        containers: _Optional[_Iterable[_Union[ContainerResources, _Mapping]]] = ...,
-        cpu_ids: _Optional[_Iterable[int]] = ...,
-        memory: _Optional[_Iterable[_Union[ContainerMemory, _Mapping]]] = ...,
-    ) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., namespace: _Optional[str] = ..., containers: _Optional[_Iterable[_Union[ContainerResources, _Mapping]]] = ..., cpu_ids: _Optional[_Iterable[int]] = ..., memory: _Optional[_Iterable[_Union[ContainerMemory, _Mapping]]] = ...) -> None: ...
 
 class ContainerResources(_message.Message):
     __slots__ = ("name", "devices", "cpu_ids", "memory", "dynamic_resources")
@@ -72,14 +60,7 @@ class ContainerResources(_message.Message):
     cpu_ids: _containers.RepeatedScalarFieldContainer[int]
     memory: _containers.RepeatedCompositeFieldContainer[ContainerMemory]
     dynamic_resources: _containers.RepeatedCompositeFieldContainer[DynamicResource]
-    def __init__(
-        self,
-        name: _Optional[str] = ...,
-        devices: _Optional[_Iterable[_Union[ContainerDevices, _Mapping]]] = ...,
-        cpu_ids: _Optional[_Iterable[int]] = ...,
-        memory: _Optional[_Iterable[_Union[ContainerMemory, _Mapping]]] = ...,
-        dynamic_resources: _Optional[_Iterable[_Union[DynamicResource, _Mapping]]] = ...,
-    ) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[ContainerDevices, _Mapping]]] = ..., cpu_ids: _Optional[_Iterable[int]] = ..., memory: _Optional[_Iterable[_Union[ContainerMemory, _Mapping]]] = ..., dynamic_resources: _Optional[_Iterable[_Union[DynamicResource, _Mapping]]] = ...) -> None: ...
 
 class ContainerMemory(_message.Message):
     __slots__ = ("memory_type", "size", "topology")
@@ -89,12 +70,7 @@ class ContainerMemory(_message.Message):
     memory_type: str
     size: int
     topology: TopologyInfo
-    def __init__(
-        self,
-        memory_type: _Optional[str] = ...,
-        size: _Optional[int] = ...,
-        topology: _Optional[_Union[TopologyInfo, _Mapping]] = ...,
-    ) -> None: ...
+    def __init__(self, memory_type: _Optional[str] = ..., size: _Optional[int] = ..., topology: _Optional[_Union[TopologyInfo, _Mapping]] = ...) -> None: ...
 
 class ContainerDevices(_message.Message):
     __slots__ = ("resource_name", "device_ids", "topology")
@@ -104,12 +80,7 @@ class ContainerDevices(_message.Message):
     resource_name: str
     device_ids: _containers.RepeatedScalarFieldContainer[str]
     topology: TopologyInfo
-    def __init__(
-        self,
-        resource_name: _Optional[str] = ...,
-        device_ids: _Optional[_Iterable[str]] = ...,
-        topology: _Optional[_Union[TopologyInfo, _Mapping]] = ...,
-    ) -> None: ...
+    def __init__(self, resource_name: _Optional[str] = ..., device_ids: _Optional[_Iterable[str]] = ..., topology: _Optional[_Union[TopologyInfo, _Mapping]] = ...) -> None: ...
 
 class TopologyInfo(_message.Message):
     __slots__ = ("nodes",)
@@ -131,12 +102,7 @@ class DynamicResource(_message.Message):
     claim_name: str
     claim_namespace: str
     claim_resources: _containers.RepeatedCompositeFieldContainer[ClaimResource]
-    def __init__(
-        self,
-        claim_name: _Optional[str] = ...,
-        claim_namespace: _Optional[str] = ...,
-        claim_resources: _Optional[_Iterable[_Union[ClaimResource, _Mapping]]] = ...,
-    ) -> None: ...
+    def __init__(self, claim_name: _Optional[str] = ..., claim_namespace: _Optional[str] = ..., claim_resources: _Optional[_Iterable[_Union[ClaimResource, _Mapping]]] = ...) -> None: ...
 
 class ClaimResource(_message.Message):
     __slots__ = ("cdi_devices", "driver_name", "pool_name", "device_name", "share_id")
@@ -150,14 +116,7 @@ class ClaimResource(_message.Message):
     pool_name: str
     device_name: str
     share_id: str
-    def __init__(
-        self,
-        cdi_devices: _Optional[_Iterable[_Union[CDIDevice, _Mapping]]] = ...,
-        driver_name: _Optional[str] = ...,
-        pool_name: _Optional[str] = ...,
-        device_name: _Optional[str] = ...,
-        share_id: _Optional[str] = ...,
-    ) -> None: ...
+    def __init__(self, cdi_devices: _Optional[_Iterable[_Union[CDIDevice, _Mapping]]] = ..., driver_name: _Optional[str] = ..., pool_name: _Optional[str] = ..., device_name: _Optional[str] = ..., share_id: _Optional[str] = ...) -> None: ...
 
 class CDIDevice(_message.Message):
     __slots__ = ("name",)

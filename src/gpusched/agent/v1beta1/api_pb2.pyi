@@ -16,11 +16,7 @@ class DevicePluginOptions(_message.Message):
     GET_PREFERRED_ALLOCATION_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     pre_start_required: bool
     get_preferred_allocation_available: bool
-    def __init__(
-        self,
-        pre_start_required: _Optional[bool] = ...,
-        get_preferred_allocation_available: _Optional[bool] = ...,
-    ) -> None: ...
+    def __init__(self, pre_start_required: _Optional[bool] = ..., get_preferred_allocation_available: _Optional[bool] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("version", "endpoint", "resource_name", "options")
@@ -32,13 +28,7 @@ class RegisterRequest(_message.Message):
     endpoint: str
     resource_name: str
     options: DevicePluginOptions
-    def __init__(
-        self,
-        version: _Optional[str] = ...,
-        endpoint: _Optional[str] = ...,
-        resource_name: _Optional[str] = ...,
-        options: _Optional[_Union[DevicePluginOptions, _Mapping]] = ...,
-    ) -> None: ...
+    def __init__(self, version: _Optional[str] = ..., endpoint: _Optional[str] = ..., resource_name: _Optional[str] = ..., options: _Optional[_Union[DevicePluginOptions, _Mapping]] = ...) -> None: ...
 
 class Empty(_message.Message):
     __slots__ = ()
@@ -70,12 +60,7 @@ class Device(_message.Message):
     ID: str
     health: str
     topology: TopologyInfo
-    def __init__(
-        self,
-        ID: _Optional[str] = ...,
-        health: _Optional[str] = ...,
-        topology: _Optional[_Union[TopologyInfo, _Mapping]] = ...,
-    ) -> None: ...
+    def __init__(self, ID: _Optional[str] = ..., health: _Optional[str] = ..., topology: _Optional[_Union[TopologyInfo, _Mapping]] = ...) -> None: ...
 
 class PreStartContainerRequest(_message.Message):
     __slots__ = ("devices_ids",)
@@ -91,10 +76,7 @@ class PreferredAllocationRequest(_message.Message):
     __slots__ = ("container_requests",)
     CONTAINER_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     container_requests: _containers.RepeatedCompositeFieldContainer[ContainerPreferredAllocationRequest]
-    def __init__(
-        self,
-        container_requests: _Optional[_Iterable[_Union[ContainerPreferredAllocationRequest, _Mapping]]] = ...,
-    ) -> None: ...
+    def __init__(self, container_requests: _Optional[_Iterable[_Union[ContainerPreferredAllocationRequest, _Mapping]]] = ...) -> None: ...
 
 class ContainerPreferredAllocationRequest(_message.Message):
     __slots__ = ("available_deviceIDs", "must_include_deviceIDs", "allocation_size")
@@ -104,23 +86,13 @@ class ContainerPreferredAllocationRequest(_message.Message):
     available_deviceIDs: _containers.RepeatedScalarFieldContainer[str]
     must_include_deviceIDs: _containers.RepeatedScalarFieldContainer[str]
     allocation_size: int
-    def __init__(
-        self,
-        available_deviceIDs: _Optional[_Iterable[str]] = ...,
-        must_include_deviceIDs: _Optional[_Iterable[str]] = ...,
-        allocation_size: _Optional[int] = ...,
-    ) -> None: ...
+    def __init__(self, available_deviceIDs: _Optional[_Iterable[str]] = ..., must_include_deviceIDs: _Optional[_Iterable[str]] = ..., allocation_size: _Optional[int] = ...) -> None: ...
 
 class PreferredAllocationResponse(_message.Message):
     __slots__ = ("container_responses",)
     CONTAINER_RESPONSES_FIELD_NUMBER: _ClassVar[int]
     container_responses: _containers.RepeatedCompositeFieldContainer[ContainerPreferredAllocationResponse]
-    def __init__(
-        self,
-        container_responses: _Optional[
-            _Iterable[_Union[ContainerPreferredAllocationResponse, _Mapping]]
-        ] = ...,
-    ) -> None: ...
+    def __init__(self, container_responses: _Optional[_Iterable[_Union[ContainerPreferredAllocationResponse, _Mapping]]] = ...) -> None: ...
 
 class ContainerPreferredAllocationResponse(_message.Message):
     __slots__ = ("deviceIDs",)
@@ -132,9 +104,7 @@ class AllocateRequest(_message.Message):
     __slots__ = ("container_requests",)
     CONTAINER_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     container_requests: _containers.RepeatedCompositeFieldContainer[ContainerAllocateRequest]
-    def __init__(
-        self, container_requests: _Optional[_Iterable[_Union[ContainerAllocateRequest, _Mapping]]] = ...
-    ) -> None: ...
+    def __init__(self, container_requests: _Optional[_Iterable[_Union[ContainerAllocateRequest, _Mapping]]] = ...) -> None: ...
 
 class ContainerAllocateRequest(_message.Message):
     __slots__ = ("devices_ids",)
@@ -152,9 +122,7 @@ class AllocateResponse(_message.Message):
     __slots__ = ("container_responses",)
     CONTAINER_RESPONSES_FIELD_NUMBER: _ClassVar[int]
     container_responses: _containers.RepeatedCompositeFieldContainer[ContainerAllocateResponse]
-    def __init__(
-        self, container_responses: _Optional[_Iterable[_Union[ContainerAllocateResponse, _Mapping]]] = ...
-    ) -> None: ...
+    def __init__(self, container_responses: _Optional[_Iterable[_Union[ContainerAllocateResponse, _Mapping]]] = ...) -> None: ...
 
 class ContainerAllocateResponse(_message.Message):
     __slots__ = ("envs", "mounts", "devices", "annotations", "cdi_devices")
@@ -165,7 +133,6 @@ class ContainerAllocateResponse(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
-
     class AnnotationsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -173,7 +140,6 @@ class ContainerAllocateResponse(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
-
     ENVS_FIELD_NUMBER: _ClassVar[int]
     MOUNTS_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
@@ -184,14 +150,7 @@ class ContainerAllocateResponse(_message.Message):
     devices: _containers.RepeatedCompositeFieldContainer[DeviceSpec]
     annotations: _containers.ScalarMap[str, str]
     cdi_devices: _containers.RepeatedCompositeFieldContainer[CDIDevice]
-    def __init__(
-        self,
-        envs: _Optional[_Mapping[str, str]] = ...,
-        mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ...,
-        devices: _Optional[_Iterable[_Union[DeviceSpec, _Mapping]]] = ...,
-        annotations: _Optional[_Mapping[str, str]] = ...,
-        cdi_devices: _Optional[_Iterable[_Union[CDIDevice, _Mapping]]] = ...,
-    ) -> None: ...
+    def __init__(self, envs: _Optional[_Mapping[str, str]] = ..., mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[DeviceSpec, _Mapping]]] = ..., annotations: _Optional[_Mapping[str, str]] = ..., cdi_devices: _Optional[_Iterable[_Union[CDIDevice, _Mapping]]] = ...) -> None: ...
 
 class Mount(_message.Message):
     __slots__ = ("container_path", "host_path", "read_only")
@@ -201,12 +160,7 @@ class Mount(_message.Message):
     container_path: str
     host_path: str
     read_only: bool
-    def __init__(
-        self,
-        container_path: _Optional[str] = ...,
-        host_path: _Optional[str] = ...,
-        read_only: _Optional[bool] = ...,
-    ) -> None: ...
+    def __init__(self, container_path: _Optional[str] = ..., host_path: _Optional[str] = ..., read_only: _Optional[bool] = ...) -> None: ...
 
 class DeviceSpec(_message.Message):
     __slots__ = ("container_path", "host_path", "permissions")
@@ -216,9 +170,4 @@ class DeviceSpec(_message.Message):
     container_path: str
     host_path: str
     permissions: str
-    def __init__(
-        self,
-        container_path: _Optional[str] = ...,
-        host_path: _Optional[str] = ...,
-        permissions: _Optional[str] = ...,
-    ) -> None: ...
+    def __init__(self, container_path: _Optional[str] = ..., host_path: _Optional[str] = ..., permissions: _Optional[str] = ...) -> None: ...

@@ -20,13 +20,7 @@ class PluginInfo(_message.Message):
     name: str
     endpoint: str
     supported_versions: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(
-        self,
-        type: _Optional[str] = ...,
-        name: _Optional[str] = ...,
-        endpoint: _Optional[str] = ...,
-        supported_versions: _Optional[_Iterable[str]] = ...,
-    ) -> None: ...
+    def __init__(self, type: _Optional[str] = ..., name: _Optional[str] = ..., endpoint: _Optional[str] = ..., supported_versions: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegistrationStatus(_message.Message):
     __slots__ = ("plugin_registered", "error")

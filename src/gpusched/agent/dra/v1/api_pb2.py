@@ -8,55 +8,58 @@
 # source: gpusched/agent/dra/v1/api.proto
 # Protobuf Python Version: 7.35.1
 """Generated protocol buffer code."""
-
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import descriptor_pool as _descriptor_pool
 from google.protobuf import runtime_version as _runtime_version
 from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
-
 _runtime_version.ValidateProtobufRuntimeVersion(
-    _runtime_version.Domain.PUBLIC, 7, 35, 1, "", "gpusched/agent/dra/v1/api.proto"
+    _runtime_version.Domain.PUBLIC,
+    7,
+    35,
+    1,
+    '',
+    'gpusched/agent/dra/v1/api.proto'
 )
 # @@protoc_insertion_point(imports)
 
 _sym_db = _symbol_database.Default()
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n\x1fgpusched/agent/dra/v1/api.proto\x12\x1ek8s.io.kubelet.pkg.apis.dra.v1"T\n\x1bNodePrepareResourcesRequest\x12\x35\n\x06\x63laims\x18\x01 \x03(\x0b\x32%.k8s.io.kubelet.pkg.apis.dra.v1.Claim"\xe4\x01\n\x1cNodePrepareResourcesResponse\x12X\n\x06\x63laims\x18\x01 \x03(\x0b\x32H.k8s.io.kubelet.pkg.apis.dra.v1.NodePrepareResourcesResponse.ClaimsEntry\x1aj\n\x0b\x43laimsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12J\n\x05value\x18\x02 \x01(\x0b\x32;.k8s.io.kubelet.pkg.apis.dra.v1.NodePrepareResourceResponse:\x02\x38\x01"e\n\x1bNodePrepareResourceResponse\x12\x37\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32&.k8s.io.kubelet.pkg.apis.dra.v1.Device\x12\r\n\x05\x65rror\x18\x02 \x01(\t"\x83\x01\n\x06\x44\x65vice\x12\x15\n\rrequest_names\x18\x01 \x03(\t\x12\x11\n\tpool_name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x64i_device_ids\x18\x04 \x03(\t\x12\x15\n\x08share_id\x18\x05 \x01(\tH\x00\x88\x01\x01\x42\x0b\n\t_share_id"V\n\x1dNodeUnprepareResourcesRequest\x12\x35\n\x06\x63laims\x18\x01 \x03(\x0b\x32%.k8s.io.kubelet.pkg.apis.dra.v1.Claim"\xea\x01\n\x1eNodeUnprepareResourcesResponse\x12Z\n\x06\x63laims\x18\x01 \x03(\x0b\x32J.k8s.io.kubelet.pkg.apis.dra.v1.NodeUnprepareResourcesResponse.ClaimsEntry\x1al\n\x0b\x43laimsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12L\n\x05value\x18\x02 \x01(\x0b\x32=.k8s.io.kubelet.pkg.apis.dra.v1.NodeUnprepareResourceResponse:\x02\x38\x01".\n\x1dNodeUnprepareResourceResponse\x12\r\n\x05\x65rror\x18\x01 \x01(\t"5\n\x05\x43laim\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03uid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t2\xbd\x02\n\tDRAPlugin\x12\x93\x01\n\x14NodePrepareResources\x12;.k8s.io.kubelet.pkg.apis.dra.v1.NodePrepareResourcesRequest\x1a<.k8s.io.kubelet.pkg.apis.dra.v1.NodePrepareResourcesResponse"\x00\x12\x99\x01\n\x16NodeUnprepareResources\x12=.k8s.io.kubelet.pkg.apis.dra.v1.NodeUnprepareResourcesRequest\x1a>.k8s.io.kubelet.pkg.apis.dra.v1.NodeUnprepareResourcesResponse"\x00\x42 Z\x1ek8s.io/kubelet/pkg/apis/dra/v1b\x06proto3'
-)
+
+
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fgpusched/agent/dra/v1/api.proto\x12\x1ek8s.io.kubelet.pkg.apis.dra.v1\"T\n\x1bNodePrepareResourcesRequest\x12\x35\n\x06\x63laims\x18\x01 \x03(\x0b\x32%.k8s.io.kubelet.pkg.apis.dra.v1.Claim\"\xe4\x01\n\x1cNodePrepareResourcesResponse\x12X\n\x06\x63laims\x18\x01 \x03(\x0b\x32H.k8s.io.kubelet.pkg.apis.dra.v1.NodePrepareResourcesResponse.ClaimsEntry\x1aj\n\x0b\x43laimsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12J\n\x05value\x18\x02 \x01(\x0b\x32;.k8s.io.kubelet.pkg.apis.dra.v1.NodePrepareResourceResponse:\x02\x38\x01\"e\n\x1bNodePrepareResourceResponse\x12\x37\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32&.k8s.io.kubelet.pkg.apis.dra.v1.Device\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"\x83\x01\n\x06\x44\x65vice\x12\x15\n\rrequest_names\x18\x01 \x03(\t\x12\x11\n\tpool_name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x64i_device_ids\x18\x04 \x03(\t\x12\x15\n\x08share_id\x18\x05 \x01(\tH\x00\x88\x01\x01\x42\x0b\n\t_share_id\"V\n\x1dNodeUnprepareResourcesRequest\x12\x35\n\x06\x63laims\x18\x01 \x03(\x0b\x32%.k8s.io.kubelet.pkg.apis.dra.v1.Claim\"\xea\x01\n\x1eNodeUnprepareResourcesResponse\x12Z\n\x06\x63laims\x18\x01 \x03(\x0b\x32J.k8s.io.kubelet.pkg.apis.dra.v1.NodeUnprepareResourcesResponse.ClaimsEntry\x1al\n\x0b\x43laimsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12L\n\x05value\x18\x02 \x01(\x0b\x32=.k8s.io.kubelet.pkg.apis.dra.v1.NodeUnprepareResourceResponse:\x02\x38\x01\".\n\x1dNodeUnprepareResourceResponse\x12\r\n\x05\x65rror\x18\x01 \x01(\t\"5\n\x05\x43laim\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03uid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t2\xbd\x02\n\tDRAPlugin\x12\x93\x01\n\x14NodePrepareResources\x12;.k8s.io.kubelet.pkg.apis.dra.v1.NodePrepareResourcesRequest\x1a<.k8s.io.kubelet.pkg.apis.dra.v1.NodePrepareResourcesResponse\"\x00\x12\x99\x01\n\x16NodeUnprepareResources\x12=.k8s.io.kubelet.pkg.apis.dra.v1.NodeUnprepareResourcesRequest\x1a>.k8s.io.kubelet.pkg.apis.dra.v1.NodeUnprepareResourcesResponse\"\x00\x42 Z\x1ek8s.io/kubelet/pkg/apis/dra/v1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, "gpusched.agent.dra.v1.api_pb2", _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gpusched.agent.dra.v1.api_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-    _globals["DESCRIPTOR"]._loaded_options = None
-    _globals["DESCRIPTOR"]._serialized_options = b"Z\036k8s.io/kubelet/pkg/apis/dra/v1"
-    _globals["_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY"]._loaded_options = None
-    _globals["_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY"]._serialized_options = b"8\001"
-    _globals["_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY"]._loaded_options = None
-    _globals["_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY"]._serialized_options = b"8\001"
-    _globals["_NODEPREPARERESOURCESREQUEST"]._serialized_start = 67
-    _globals["_NODEPREPARERESOURCESREQUEST"]._serialized_end = 151
-    _globals["_NODEPREPARERESOURCESRESPONSE"]._serialized_start = 154
-    _globals["_NODEPREPARERESOURCESRESPONSE"]._serialized_end = 382
-    _globals["_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY"]._serialized_start = 276
-    _globals["_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY"]._serialized_end = 382
-    _globals["_NODEPREPARERESOURCERESPONSE"]._serialized_start = 384
-    _globals["_NODEPREPARERESOURCERESPONSE"]._serialized_end = 485
-    _globals["_DEVICE"]._serialized_start = 488
-    _globals["_DEVICE"]._serialized_end = 619
-    _globals["_NODEUNPREPARERESOURCESREQUEST"]._serialized_start = 621
-    _globals["_NODEUNPREPARERESOURCESREQUEST"]._serialized_end = 707
-    _globals["_NODEUNPREPARERESOURCESRESPONSE"]._serialized_start = 710
-    _globals["_NODEUNPREPARERESOURCESRESPONSE"]._serialized_end = 944
-    _globals["_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY"]._serialized_start = 836
-    _globals["_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY"]._serialized_end = 944
-    _globals["_NODEUNPREPARERESOURCERESPONSE"]._serialized_start = 946
-    _globals["_NODEUNPREPARERESOURCERESPONSE"]._serialized_end = 992
-    _globals["_CLAIM"]._serialized_start = 994
-    _globals["_CLAIM"]._serialized_end = 1047
-    _globals["_DRAPLUGIN"]._serialized_start = 1050
-    _globals["_DRAPLUGIN"]._serialized_end = 1367
+  _globals['DESCRIPTOR']._loaded_options = None
+  _globals['DESCRIPTOR']._serialized_options = b'Z\036k8s.io/kubelet/pkg/apis/dra/v1'
+  _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._loaded_options = None
+  _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_options = b'8\001'
+  _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._loaded_options = None
+  _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_options = b'8\001'
+  _globals['_NODEPREPARERESOURCESREQUEST']._serialized_start=67
+  _globals['_NODEPREPARERESOURCESREQUEST']._serialized_end=151
+  _globals['_NODEPREPARERESOURCESRESPONSE']._serialized_start=154
+  _globals['_NODEPREPARERESOURCESRESPONSE']._serialized_end=382
+  _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_start=276
+  _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_end=382
+  _globals['_NODEPREPARERESOURCERESPONSE']._serialized_start=384
+  _globals['_NODEPREPARERESOURCERESPONSE']._serialized_end=485
+  _globals['_DEVICE']._serialized_start=488
+  _globals['_DEVICE']._serialized_end=619
+  _globals['_NODEUNPREPARERESOURCESREQUEST']._serialized_start=621
+  _globals['_NODEUNPREPARERESOURCESREQUEST']._serialized_end=707
+  _globals['_NODEUNPREPARERESOURCESRESPONSE']._serialized_start=710
+  _globals['_NODEUNPREPARERESOURCESRESPONSE']._serialized_end=944
+  _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_start=836
+  _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_end=944
+  _globals['_NODEUNPREPARERESOURCERESPONSE']._serialized_start=946
+  _globals['_NODEUNPREPARERESOURCERESPONSE']._serialized_end=992
+  _globals['_CLAIM']._serialized_start=994
+  _globals['_CLAIM']._serialized_end=1047
+  _globals['_DRAPLUGIN']._serialized_start=1050
+  _globals['_DRAPLUGIN']._serialized_end=1367
 # @@protoc_insertion_point(module_scope)

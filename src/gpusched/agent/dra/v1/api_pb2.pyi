@@ -24,12 +24,7 @@ class NodePrepareResourcesResponse(_message.Message):
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: NodePrepareResourceResponse
-        def __init__(
-            self,
-            key: _Optional[str] = ...,
-            value: _Optional[_Union[NodePrepareResourceResponse, _Mapping]] = ...,
-        ) -> None: ...
-
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[NodePrepareResourceResponse, _Mapping]] = ...) -> None: ...
     CLAIMS_FIELD_NUMBER: _ClassVar[int]
     claims: _containers.MessageMap[str, NodePrepareResourceResponse]
     def __init__(self, claims: _Optional[_Mapping[str, NodePrepareResourceResponse]] = ...) -> None: ...
@@ -40,9 +35,7 @@ class NodePrepareResourceResponse(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     devices: _containers.RepeatedCompositeFieldContainer[Device]
     error: str
-    def __init__(
-        self, devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., error: _Optional[str] = ...
-    ) -> None: ...
+    def __init__(self, devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Device(_message.Message):
     __slots__ = ("request_names", "pool_name", "device_name", "cdi_device_ids", "share_id")
@@ -56,14 +49,7 @@ class Device(_message.Message):
     device_name: str
     cdi_device_ids: _containers.RepeatedScalarFieldContainer[str]
     share_id: str
-    def __init__(
-        self,
-        request_names: _Optional[_Iterable[str]] = ...,
-        pool_name: _Optional[str] = ...,
-        device_name: _Optional[str] = ...,
-        cdi_device_ids: _Optional[_Iterable[str]] = ...,
-        share_id: _Optional[str] = ...,
-    ) -> None: ...
+    def __init__(self, request_names: _Optional[_Iterable[str]] = ..., pool_name: _Optional[str] = ..., device_name: _Optional[str] = ..., cdi_device_ids: _Optional[_Iterable[str]] = ..., share_id: _Optional[str] = ...) -> None: ...
 
 class NodeUnprepareResourcesRequest(_message.Message):
     __slots__ = ("claims",)
@@ -79,12 +65,7 @@ class NodeUnprepareResourcesResponse(_message.Message):
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: NodeUnprepareResourceResponse
-        def __init__(
-            self,
-            key: _Optional[str] = ...,
-            value: _Optional[_Union[NodeUnprepareResourceResponse, _Mapping]] = ...,
-        ) -> None: ...
-
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[NodeUnprepareResourceResponse, _Mapping]] = ...) -> None: ...
     CLAIMS_FIELD_NUMBER: _ClassVar[int]
     claims: _containers.MessageMap[str, NodeUnprepareResourceResponse]
     def __init__(self, claims: _Optional[_Mapping[str, NodeUnprepareResourceResponse]] = ...) -> None: ...
@@ -103,6 +84,4 @@ class Claim(_message.Message):
     namespace: str
     uid: str
     name: str
-    def __init__(
-        self, namespace: _Optional[str] = ..., uid: _Optional[str] = ..., name: _Optional[str] = ...
-    ) -> None: ...
+    def __init__(self, namespace: _Optional[str] = ..., uid: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
