@@ -395,6 +395,11 @@ def test_rbac_is_least_privilege(rbac: ControlPlane) -> None:
 def service_account_kubeconfig(cp: ControlPlane, sa: str, path: Path) -> Path:
     """A kubeconfig authenticating as ``sa`` of gpusched-system with a bound token (TokenRequest)."""
     token = cp.kubectl("create", "token", sa, "-n", NAMESPACE, "--duration=1h").stdout.strip()
+    return token_kubeconfig(cp, sa, token, path)
+
+
+def token_kubeconfig(cp: ControlPlane, sa: str, token: str, path: Path) -> Path:
+    """A kubeconfig authenticating with ``token`` (user name ``sa`` in the file only)."""
     ca = base64.b64encode(cp.ca_cert_path.read_bytes()).decode()
     path.write_text(
         json.dumps(
@@ -582,6 +587,25 @@ def test_helm_chart_matches_manifests(helm: list[str], mode: str) -> None:
     assert extra == {("Namespace", "", AGENT_NAMESPACE), ("Secret", NAMESPACE, "gpusched-webhook-tls")}, extra
 
 
+def test_helm_agent_policies_are_the_manifests(helm: list[str]) -> None:
+    """The agent's ValidatingAdmissionPolicies and bindings the chart renders have the specs of
+    agent/01-agent-rbac.yaml (which the e2e tests apply): own node, and own DeviceTaintRules where the agent
+    may write them (held-GPU taints, not the DRA driver); agent.restrictToOwnNode=false renders none."""
+    kinds = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+
+    def specs(docs: list[dict[str, Any]]) -> dict[tuple[str, str, str], Any]:
+        return {ident(d): d["spec"] for d in docs if d["kind"] in kinds}
+
+    plain = specs(manifest_docs(MANIFEST_DIR / "agent" / "01-agent-rbac.yaml"))
+    assert ("ValidatingAdmissionPolicy", "", "gpusched-agent-own-taint-rules") in plain
+    assert specs(load_docs(helm_template(helm, "standalone"))) == plain
+    dra = specs(load_docs(helm_template(helm, "standalone", "--set", "agent.dra.enabled=true")))
+    assert {n for (_, _, n) in dra} == {"gpusched-agent-own-node", "gpusched-agent-own-slices"}, dra
+    held_off = load_docs(helm_template(helm, "standalone", "--set", "agent.heldGpuTaints=false"))
+    assert {n for (_, _, n) in specs(held_off)} == {"gpusched-agent-own-node"}
+    assert not specs(load_docs(helm_template(helm, "standalone", "--set", "agent.restrictToOwnNode=false")))
+
+
 # ---------------------------------------------------------------------------------------- gpusched testenv
 
 
@@ -727,6 +751,115 @@ def test_agent_changes_only_its_own_node_and_its_pods(rbac: ControlPlane) -> Non
     for what, (kind, name, body, node) in denied.items():
         err = patch(kind, name, body, node)
         assert "ValidatingAdmissionPolicy 'gpusched-agent-own-node'" in err and "denied" in err, (what, err)
+
+
+def test_agent_writes_only_the_device_taint_rules_of_its_own_node(rbac: ControlPlane, tmp_path: Path) -> None:
+    """RBAC lets the agent create and delete any DeviceTaintRule, and no node authorizer guards them; the
+    ValidatingAdmissionPolicy gpusched-agent-own-taint-rules of agent/01-agent-rbac.yaml (the chart renders
+    the same spec) admits the agent's rule only for the node its token names. The token is a real one,
+    requested through the TokenRequest API bound to a pod on node taint-a (the apiserver adds the node's
+    name); the rules are built by the agent's own code (heldtaints.rule). The admin is unaffected; a token
+    bound to no pod is refused."""
+    from gpusched.agent.dra.heldtaints import HeldDevice, rule
+
+    cp = rbac
+    for n in ("taint-a", "taint-b"):
+        cp.kubectl(
+            "create",
+            "-f",
+            "-",
+            input=json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n}}),
+        )
+    cp.kubectl("create", "-f", "-", input=json.dumps({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "agent-on-taint-a", "namespace": AGENT_NAMESPACE},
+        "spec": {"nodeName": "taint-a", "serviceAccountName": "gpusched-agent",
+                 "containers": [{"name": "agent", "image": "gpusched"}]},
+    }))  # fmt: skip
+    uid = cp.kubectl(
+        "get", "pod", "agent-on-taint-a", "-n", AGENT_NAMESPACE, "-o", "jsonpath={.metadata.uid}"
+    )
+    token = ("create", "token", "gpusched-agent", "-n", AGENT_NAMESPACE, "--duration=1h")
+    bound = cp.kubectl(*token, "--bound-object-kind=Pod", "--bound-object-name=agent-on-taint-a",
+                       f"--bound-object-uid={uid.stdout.strip()}").stdout.strip()  # fmt: skip
+    agent = token_kubeconfig(cp, "gpusched-agent", bound, tmp_path / "agent.kubeconfig")
+    unbound = token_kubeconfig(
+        cp, "gpusched-agent", cp.kubectl(*token).stdout.strip(), tmp_path / "sa.kubeconfig"
+    )
+    kubectl = str(cp.bin_dir / "kubectl")
+
+    def call(
+        kubeconfig: Path | None, *args: str, body: dict[str, Any] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        auth = ["--kubeconfig", str(kubeconfig or cp.kubeconfig_path)]
+        return run([kubectl, *auth, *args], input=json.dumps(body) if body else None)
+
+    def as_(kubeconfig: Path | None, *args: str, body: dict[str, Any] | None = None) -> str:
+        proc = call(kubeconfig, *args, body=body)
+        return "ok" if proc.returncode == 0 else proc.stderr
+
+    who = json.loads(call(agent, "auth", "whoami", "-o", "json").stdout)
+    assert who["status"]["userInfo"]["extra"]["authentication.kubernetes.io/node-name"] == ["taint-a"], who
+
+    def held(
+        node: str,
+        device: str = "gpu-0",
+        pool: str | None = None,
+        taint: dict[str, str] | None = None,
+        **meta: Any,
+    ) -> dict[str, Any]:
+        """The agent's rule for ``device`` of ``node``, with ``pool``, ``taint`` and ``meta`` changed."""
+        body = rule(node, HeldDevice("gpu.nvidia.com", pool or node, device, f"GPU-{node}-{device}"))
+        body["spec"]["taint"].update(taint or {})
+        body["metadata"].update(meta)
+        return body
+
+    mine, theirs = held("taint-a"), held("taint-b")
+    policy = "ValidatingAdmissionPolicy 'gpusched-agent-own-taint-rules'"
+    # the policy takes a moment to reach the admission chain after it is created (a dry run is admitted too)
+    wait_until(
+        lambda: policy in as_(agent, "create", "--dry-run=server", "-f", "-", body=theirs),
+        timeout=30,
+        what="the agent's taint-rule policy",
+    )
+    assert as_(agent, "create", "-f", "-", body=mine) == "ok"
+    assert as_(None, "create", "-f", "-", body=theirs) == "ok"  # the admin is not affected
+    other_node = 'its token names node "taint-a", DeviceTaintRule '
+    denied = {
+        "another node's rule": ("create", theirs, other_node),
+        "another node's rule deleted": ("delete", theirs, other_node),
+        "another node's pool": ("create", held("taint-a", "gpu-1", pool="taint-b"), 'selects pool "taint-b"'),
+        "another node's label": (
+            "create",
+            held("taint-a", "gpu-2", labels={"gpusched.io/held-gpu-node": "taint-b"}),
+            'labelled gpusched.io/held-gpu-node="taint-b"',
+        ),
+        "another node's name": (
+            "create",
+            held("taint-a", "gpu-3", name=held("taint-b", "gpu-3")["metadata"]["name"]),
+            other_node,
+        ),
+        "an evicting taint": (
+            "create",
+            held("taint-a", "gpu-4", taint={"effect": "NoExecute"}),
+            "effect NoSchedule",
+        ),
+        "another taint": (
+            "create",
+            held("taint-a", "gpu-5", taint={"key": "example.com/x"}),
+            "a gpusched.io/* taint",
+        ),
+    }
+    for what, (verb, body, says) in denied.items():
+        args = (verb, "devicetaintrule", body["metadata"]["name"]) if verb == "delete" else (verb, "-f", "-")
+        err = as_(agent, *args, body=None if verb == "delete" else body)
+        assert policy in err and "denied" in err and says in err, (what, err)
+    err = as_(unbound, "create", "-f", "-", body=held("taint-a", "gpu-6"))
+    assert policy in err and "only with a token bound to a pod on a node" in err, err
+    listed = call(None, "get", "devicetaintrules", "-o", "jsonpath={.items[*].metadata.name}").stdout
+    assert sorted(listed.split()) == sorted(b["metadata"]["name"] for b in (mine, theirs)), listed
+    assert as_(agent, "delete", "devicetaintrule", mine["metadata"]["name"]) == "ok"
+    assert as_(None, "delete", "devicetaintrule", theirs["metadata"]["name"]) == "ok"
 
 
 def daemonset(docs: list[dict[str, Any]]) -> dict[str, Any]:
