@@ -760,7 +760,7 @@ def test_agent_writes_only_the_device_taint_rules_of_its_own_node(rbac: ControlP
     requested through the TokenRequest API bound to a pod on node taint-a (the apiserver adds the node's
     name); the rules are built by the agent's own code (heldtaints.rule). The admin is unaffected; a token
     bound to no pod is refused."""
-    from gpusched.agent.dra.heldtaints import HeldDevice, rule
+    from gpusched.agent.dra.heldtaints import HeldDevice, HeldTaints, KubeTaintRules, rule
 
     cp = rbac
     for n in ("taint-a", "taint-b"):
@@ -860,6 +860,22 @@ def test_agent_writes_only_the_device_taint_rules_of_its_own_node(rbac: ControlP
     assert sorted(listed.split()) == sorted(b["metadata"]["name"] for b in (mine, theirs)), listed
     assert as_(agent, "delete", "devicetaintrule", mine["metadata"]["name"]) == "ok"
     assert as_(None, "delete", "devicetaintrule", theirs["metadata"]["name"]) == "ok"
+
+    # The agent's own client (KubeTaintRules, HeldTaints) with that token: its node's GPU is tainted, then
+    # freed; posing as taint-b (a compromised agent) it creates nothing.
+    for n in ("taint-a", "taint-b"):
+        cp.kubectl("create", "-f", "-", input=json.dumps({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{n}-gpu"},
+            "spec": {"driver": "gpu.nvidia.com", "nodeName": n,
+                     "pool": {"name": n, "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": "gpu-0", "attributes": {"uuid": {"string": f"GPU-{n}"}}}]},
+        }))  # fmt: skip
+    api = KubeTaintRules(str(agent))
+    created, _ = HeldTaints(api, "taint-a").sync({"GPU-taint-a"})
+    assert len(created) == 1 and [r["metadata"]["name"] for r in api.list_rules("taint-a")] == created
+    assert HeldTaints(api, "taint-a").sync(set()) == ([], created)
+    assert HeldTaints(api, "taint-b").sync({"GPU-taint-b"}) == ([], [])
+    assert not api.list_rules("taint-b")
 
 
 def daemonset(docs: list[dict[str, Any]]) -> dict[str, Any]:
