@@ -394,3 +394,24 @@ def test_a_preemptor_whose_room_is_freed_while_it_is_decided_preempts_no_one_els
     assert isinstance(prepared, PodSpec)
     r = schedule_one(profile, prepared, w.snap)
     assert r.scheduled and r.node_name == "node-a"  # in its room
+
+
+def test_the_note_of_a_busy_room_goes_with_the_room() -> None:
+    """What ``prepare`` notes for ``room_freed`` does not outlive the room (a preemptor deleted while
+    its room was busy leaves nothing behind once its room is gone)."""
+    w = World({"node-a": 1})
+    w.holder("ca", "node-a", ("gpu-0",), [("lo", 0)])
+    p = w.preemptor("pre", 50)
+    other = w.preemptor("other", 10)
+    claims = DraClaims(None, books=w.books)
+    claims.synced = lambda: True  # type: ignore[method-assign]
+    claims.hold_room(p, Node("node-a"), ("ns/lo",))
+    assert isinstance(
+        claims.prepare(pod("pre", [{"name": "gpu", "resourceClaimName": "pre-gpu"}]), p), PodSpec
+    )
+    assert claims._room_busy == {"ns/pre"}  # ca still holds its room's device
+    w.books.unreserve(p.key)  # its room goes (the preemptor deleted, or the room expired)
+    assert isinstance(
+        claims.prepare(pod("other", [{"name": "gpu", "resourceClaimName": "other-gpu"}]), other), PodSpec
+    )
+    assert claims._room_busy == set()

@@ -152,6 +152,10 @@ class DraClaims:
             return ClaimsRefusal(WAITING_FOR_INFORMERS)
         busy = bool(self.room_waits(pod.key))  # as the cycle about to run reads the ledger (``room_freed``)
         with self._lock:
+            noted = set(self._room_busy)
+        gone = {k for k in noted if (room := self.books.reservation(k)) is None or room.room_until is None}
+        with self._lock:  # a pod deleted while its room was busy is forgotten with its room
+            self._room_busy -= gone
             if busy:
                 self._room_busy.add(pod.key)
             else:
