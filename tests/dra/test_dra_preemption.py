@@ -329,3 +329,89 @@ def test_a_gang_of_claim_pods_that_preempts_holds_a_room_for_each_member() -> No
     other = w.preemptor("other", 10)
     r = schedule_one(make_profile("bestfit"), other, w.snap)
     assert not r.scheduled  # both devices held for the gang
+
+
+def test_a_preemptor_whose_room_is_freed_while_it_is_decided_preempts_no_one_else() -> None:
+    """Found under load by ``test_dra_preempt_e2e.py`` (a PodDisruptionBudget's pod deleted): the
+    preemptor is tried again when its victim is deleted, while the victim's claim is still allocated,
+    so its cycle preempts elsewhere; kube-controller-manager deallocates the claim before the outcome
+    is carried out. That preemption is stale (its room is free): nobody is evicted, it is decided again
+    and lands in its room."""
+    from types import SimpleNamespace
+
+    from gpusched.core.batch import Outcome, UnitOutcome, single
+    from gpusched.k8s.actuator import Acts, Actuator, Decision, Popped
+    from gpusched.k8s.podevents import Kind, parse_pod_event
+    from gpusched.k8s.preemption import Nominations
+
+    w = World({"node-a": 1, "node-b": 1})
+    w.holder("ca", "node-a", ("gpu-0",), [("cheap", 0)])
+    w.holder("cb", "node-b", ("gpu-0",), [("dear", 5)])
+    p = w.preemptor("pre", 50)
+    obj = pod("pre", [{"name": "gpu", "resourceClaimName": "pre-gpu"}])
+    claims = DraClaims(None, books=w.books)
+    claims.synced = lambda: True  # type: ignore[method-assign]
+    noms = Nominations("gpusched")
+    act = Actuator(
+        cluster=None, queue=None, events=None, metrics=None, pool=None, settler=None,
+        nominations=noms, preemptor=None, budgets=None, reservations=SimpleNamespace(note=lambda _p: ""),
+        tenants=None, gangs=None, claims=claims, mig=None, running=(None, None),
+    )  # fmt: skip
+    profile = make_profile("bestfit", preemption=True)
+
+    def decide() -> Acts:
+        prepared = claims.prepare(obj, p)
+        assert isinstance(prepared, PodSpec)
+        r = schedule_one(profile, prepared, w.snap)
+        assert not r.scheduled and r.nominated_node >= 0, r.status.message()
+        o = UnitOutcome(single(p), Outcome.PREEMPT, victims=r.victims, nominated_node=r.nominated_node)
+        d = Decision(Popped(single(p), {}), o, profile)
+        acts = Acts(d)
+        acts.message = act._rooms(d, w.snap, acts)
+        return acts
+
+    first = decide()
+    assert first.preempt is not None and [v.key for v in first.preempt[1]] == ["ns/cheap"]
+    w.snap.forget("ns/cheap")  # the victim is deleted: its preemptor is tried again at once
+    gone = {
+        "metadata": {"name": "cheap", "namespace": "ns", "uid": "uid-cheap"},
+        "spec": {"nodeName": "node-a"},
+    }
+    assert noms.observe(parse_pod_event(gone, Kind.DELETE)) == ["ns/pre"]
+    prepared = claims.prepare(obj, p)  # its claim ca still allocated: its room is busy
+    assert isinstance(prepared, PodSpec)
+    r = schedule_one(profile, prepared, w.snap)
+    assert r.victims == ("ns/dear",)  # node-a looks full to this cycle
+    w.claims["ca"]["status"] = {}  # kube-controller-manager deallocates ca meanwhile
+    w._show("ca")
+    o = UnitOutcome(single(p), Outcome.PREEMPT, victims=r.victims, nominated_node=r.nominated_node)
+    d = Decision(Popped(single(p), {}), o, profile)
+    second = Acts(d)
+    second.message = act._rooms(d, w.snap, second)
+    assert second.preempt is None, "a stale preemption evicted ns/dear"
+    assert "freed while it was decided" in second.message
+    prepared = claims.prepare(obj, p)
+    assert isinstance(prepared, PodSpec)
+    r = schedule_one(profile, prepared, w.snap)
+    assert r.scheduled and r.node_name == "node-a"  # in its room
+
+
+def test_the_note_of_a_busy_room_goes_with_the_room() -> None:
+    """What ``prepare`` notes for ``room_freed`` does not outlive the room (a preemptor deleted while
+    its room was busy leaves nothing behind once its room is gone)."""
+    w = World({"node-a": 1})
+    w.holder("ca", "node-a", ("gpu-0",), [("lo", 0)])
+    p = w.preemptor("pre", 50)
+    other = w.preemptor("other", 10)
+    claims = DraClaims(None, books=w.books)
+    claims.synced = lambda: True  # type: ignore[method-assign]
+    claims.hold_room(p, Node("node-a"), ("ns/lo",))
+    assert isinstance(
+        claims.prepare(pod("pre", [{"name": "gpu", "resourceClaimName": "pre-gpu"}]), p), PodSpec
+    )
+    assert claims._room_busy == {"ns/pre"}  # ca still holds its room's device
+    w.books.unreserve(p.key)  # its room goes (the preemptor deleted, or the room expired)
+    assert isinstance(
+        claims.prepare(pod("other", [{"name": "gpu", "resourceClaimName": "other-gpu"}]), other), PodSpec
+    )
+    assert claims._room_busy == set()

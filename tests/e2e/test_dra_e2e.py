@@ -287,30 +287,42 @@ def test_whole_gpu_claims_from_a_template_each_get_their_own_device(dra: DraEnv)
             }
         ],
     )
-    for i in range(3):
-        dra.pod(f"whole-{i}", group, [{"name": "gpu", "resourceClaimTemplateName": "a100"}])
-    assert dra.bound("whole-0") == node and dra.bound("whole-1") == node
+    names = [f"whole-{i}" for i in range(3)]
+    for name in names:
+        dra.pod(name, group, [{"name": "gpu", "resourceClaimTemplateName": "a100"}])
+
+    # Which two get the GPUs is not the creation order: kube-controller-manager makes and records each
+    # pod's claim in its own time (several workers), and a pod is decided once its claim is seen (the
+    # claims and the pods come by two watches), as with kube-scheduler
+    def two_bound() -> list[str] | None:
+        placed = [n for n in names if dra.read_pod(n)["spec"].get("nodeName")]
+        return placed if len(placed) >= 2 else None
+
+    placed = wait_until(two_bound, timeout=60, what="two of the three pods bound", control_plane=dra.cp)
+    assert len(placed) == 2, f"three pods bound on two GPUs: {placed}"
+    (waiting,) = set(names) - set(placed)
     got = set()
-    for i in (0, 1):
-        claim = dra.claim_of(f"whole-{i}", "gpu")
+    for name in placed:
+        assert dra.read_pod(name)["spec"]["nodeName"] == node
+        claim = dra.claim_of(name, "gpu")
         alloc = claim["status"]["allocation"]
         (result,) = alloc["devices"]["results"]
         assert (result["request"], result["driver"], result["pool"]) == ("gpu", DRIVER, node)
         got.add(result["device"])
         assert alloc["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == [node]
-        pod = dra.read_pod(f"whole-{i}")
+        pod = dra.read_pod(name)
         assert claim["status"]["reservedFor"] == [
-            {"resource": "pods", "name": f"whole-{i}", "uid": pod["metadata"]["uid"]}
+            {"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]}
         ]
         assert "resource.kubernetes.io/delete-protection" in claim["metadata"]["finalizers"]
     assert got == {"gpu-0", "gpu-1"}
-    msg = dra.failure("whole-2", contains="cannot allocate all claims")
+    msg = dra.failure(waiting, contains="cannot allocate all claims")
     assert node in msg or "1 cannot allocate" in msg
-    assert not dra.read_pod("whole-2")["spec"].get("nodeName")
-    assert not (dra.claim_of("whole-2", "gpu").get("status") or {}).get("allocation")
-    # the first pod leaves: the resourceclaim controller deletes its claim; the waiting pod gets the GPU
-    dra.v1.delete_namespaced_pod("whole-0", dra.ns, grace_period_seconds=0, _preload_content=False)
-    assert dra.bound("whole-2", timeout=90) == node
+    assert not dra.read_pod(waiting)["spec"].get("nodeName")
+    assert not (dra.claim_of(waiting, "gpu").get("status") or {}).get("allocation")
+    # a pod leaves: the resourceclaim controller deletes its claim; the waiting pod gets the GPU
+    dra.v1.delete_namespaced_pod(placed[0], dra.ns, grace_period_seconds=0, _preload_content=False)
+    assert dra.bound(waiting, timeout=90) == node
     held = dra.devices_held()
     assert sorted(held) == sorted(set(held)), f"a device allocated twice: {held}"
 

@@ -184,6 +184,7 @@ class Actuator:
             )
             wait = next((w for q, n in placement if (w := self.nominations.may_preempt(q.key, n, snap))), "")
             wait = wait or next((w for q in unit.pods if (w := self.claims.room_waits(q.key))), "")  # DRA
+            wait = wait or next((w for q in unit.pods if (w := self.claims.room_freed(q.key))), "")
             if wait:
                 acted = f"; preemption {wait}"
             elif held:

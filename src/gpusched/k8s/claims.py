@@ -91,6 +91,7 @@ class DraClaims:
         self.books = books or DraBooks(CelCompiler())
         self.writer = writer or ClaimWriter(self.resource, self.books)
         self._refs: dict[str, tuple[ClaimRef, ...]] = {}  # pod key -> its claims at its last prepare
+        self._room_busy: set[str] = set()  # preemptors whose room was still busy at their last prepare
         self._lock = threading.Lock()
         self._reflectors: list[Reflector] = []
         self.mixed = MixedNodes(self.books, cluster) if cluster is not None else None
@@ -149,6 +150,16 @@ class DraClaims:
             return pod
         if not self.synced():
             return ClaimsRefusal(WAITING_FOR_INFORMERS)
+        busy = bool(self.room_waits(pod.key))  # as the cycle about to run reads the ledger (``room_freed``)
+        with self._lock:
+            noted = set(self._room_busy)
+        gone = {k for k in noted if (room := self.books.reservation(k)) is None or room.room_until is None}
+        with self._lock:  # a pod deleted while its room was busy is forgotten with its room
+            self._room_busy -= gone
+            if busy:
+                self._room_busy.add(pod.key)
+            else:
+                self._room_busy.discard(pod.key)
         held = self.books.reservation(pod.key)
         if held is not None and held.held_since is not None:
             return ClaimsRefusal(
@@ -215,6 +226,22 @@ class DraClaims:
             return ""
         return f"waiting for {len(busy)} device(s) of its victims' ResourceClaims to be deallocated"
 
+    def room_freed(self, key: str) -> str:
+        """Why preemptor ``key`` is decided again instead of preempting ("" when it need not be): its
+        room was still busy when it was prepared (its victims' claims allocated, as its cycle read
+        the ledger) and is free now: kube-controller-manager deallocated them while it was decided.
+        A preemption that cycle chose elsewhere is stale (it fits its room now); carried out, it
+        would evict a pod for nothing, and break a budget it broke "knowingly" (found under load
+        by ``tests/e2e/test_dra_preempt_e2e.py``: the PodDisruptionBudget's pod deleted)."""
+        with self._lock:
+            if key not in self._room_busy:
+                return ""
+            self._room_busy.discard(key)
+        res = self.books.reservation(key)
+        if res is None or res.room_until is None or self.room_waits(key):
+            return ""
+        return "its room's devices were freed while it was decided: decided again"
+
     # ------------------------------------------------------------------ tenant queues
     def claim_charges(self) -> Mapping[str, Usage]:
         """Per booked pod, what its claims ask per DeviceClass (``DraBooks.claim_charges``)."""
@@ -270,3 +297,4 @@ class DraClaims:
     def bound(self, pod: PodSpec) -> None:
         with self._lock:
             self._refs.pop(pod.key, None)
+            self._room_busy.discard(pod.key)

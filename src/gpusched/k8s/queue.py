@@ -7,7 +7,11 @@
 - **unschedulable**: pods that fit nowhere at their last attempt. They go back to active
   when the cluster changes (``cluster_changed``: a pod deleted, a node added or changed) once
   their backoff (1 s doubling to 10 s) has passed, and in any case after ``flush_s``.
-- **in flight**: popped and being decided; the scheduler calls ``done`` when finished.
+- **in flight**: popped and being decided; the scheduler calls ``done`` when finished. A cluster
+  change or an update of the pod that comes while it is decided is not lost: a pod refused by that
+  attempt goes back to active once its backoff has passed (kube-scheduler's in-flight events), not
+  at the next change or flush (a claim pod refused "waiting for its ResourceClaim" while the
+  informer delivered the claim waited 30 s for the flush).
 - **gated**: pods with scheduling gates (``gate``), held nowhere else, only counted.
 
 ``counts`` splits the unschedulable pods as kube-scheduler's queues do: **backoff** once a
@@ -15,8 +19,9 @@ cluster change (or a failed binding) released them and they wait out their backo
 **unschedulable** (waiting for a change).
 
 An update of a pending pod replaces its event (``k8s/podevents.py``); an update that changes what
-scheduling reads (spec, annotations other than our own) moves an unschedulable pod back to active
-and brings the spec converted from it (``QueuedPod.spec``); any other keeps the spec it has.
+scheduling reads (spec, annotations other than our own, ``status.resourceClaimStatuses``: the
+claims kube-controller-manager made from the pod's templates) moves an unschedulable pod back to
+active and brings the spec converted from it (``QueuedPod.spec``); any other keeps the spec it has.
 """
 
 from __future__ import annotations
@@ -51,7 +56,8 @@ class QueuedPod:
     event that last changed what scheduling reads (``fingerprint``); kept across status updates."""
     attempts: int = 0
     since: float = 0.0  # when it became unschedulable
-    event_seq: int = 0  # cluster-change counter at that time
+    event_seq: int = 0  # the cluster-change counter its last attempt saw (at its pop)
+    popped_seq: int = 0  # the counter at its pop; -1 once it changed while in flight
 
     @property
     def obj(self) -> Mapping[str, Any]:
@@ -68,12 +74,15 @@ class QueuedPod:
 
 
 def fingerprint(obj: Mapping[str, Any]) -> bytes:
-    """What scheduling reads of a pending pod (UID, spec, labels, annotations but our own), as
-    canonical JSON. Labels are in it: topology spread and pod (anti-)affinity read them."""
+    """What scheduling reads of a pending pod (UID, spec, labels, annotations but our own, the
+    ResourceClaims made for it), as canonical JSON. Labels are in it: topology spread and pod
+    (anti-)affinity read them; ``status.resourceClaimStatuses`` too: a claim pod from a template
+    waits for it (``k8s/dra/podclaims.py``)."""
     meta = obj.get("metadata") or {}
     ann = {k: v for k, v in (meta.get("annotations") or {}).items() if k != ANN_ASSIGNMENT}
+    claims = (obj.get("status") or {}).get("resourceClaimStatuses")
     return orjson.dumps(
-        [meta.get("uid"), obj.get("spec"), meta.get("labels") or {}, ann],
+        [meta.get("uid"), obj.get("spec"), meta.get("labels") or {}, ann, claims],
         option=orjson.OPT_SORT_KEYS,
         default=str,
     )
@@ -121,6 +130,8 @@ class SchedulingQueue:
                     if key in self._unschedulable:
                         self._unschedulable.discard(key)
                         self._push(qp)
+                    elif key in self._in_flight:
+                        qp.popped_seq = -1  # its attempt read the old pod: retried after backoff
                 return
             order = pending_order(ev.priority, ev.created, next(self._seq))
             qp = QueuedPod(key, ev, order, fp, ev.conversion)
@@ -131,6 +142,8 @@ class SchedulingQueue:
                 self._unschedulable.add(key)
             elif key not in self._in_flight:
                 self._push(qp)
+            else:  # came while a pod of its name is decided: retried after backoff
+                qp.popped_seq = -1
 
     def remove(self, key: str) -> None:
         with self._cond:
@@ -158,6 +171,8 @@ class SchedulingQueue:
         members of a gang that was just decided as a unit and did not fit)."""
         with self._cond:
             if key in self._pods:
+                if key not in self._in_flight:  # decided with its unit's popped pod: as of now
+                    self._pods[key].popped_seq = self._event_seq
                 self._active.pop(key, None)
                 self._in_flight.add(key)
         self.done(key, unschedulable=True)
@@ -195,7 +210,9 @@ class SchedulingQueue:
                     if self._active.get(key) == gen:
                         del self._active[key]
                         self._in_flight.add(key)
-                        return self._pods[key]
+                        qp = self._pods[key]
+                        qp.popped_seq = self._event_seq
+                        return qp
                 left = deadline - self._clock()
                 if left <= 0:
                     return None
@@ -213,7 +230,8 @@ class SchedulingQueue:
             if unschedulable:
                 qp.attempts += 1
                 qp.since = self._clock()
-                qp.event_seq = self._event_seq
+                # what its attempt saw: a change since its pop (or of the pod) retries it after backoff
+                qp.event_seq = qp.popped_seq
                 self._unschedulable.add(key)
             elif requeue:
                 qp.attempts += 1
