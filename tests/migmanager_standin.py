@@ -35,7 +35,10 @@ class StandInMigManager:
     ) -> None:
         self.node, self.gpus, self.mode = node, gpus, mode
         self._labels, self._set, self._config = labels, set_labels, config
-        self.seen: str | None = None
+        current = labels()
+        # mig-manager applies the label's configuration when it starts; one the state says it applied (a
+        # node set up as "already done") would be applied again and is taken as seen instead.
+        self.seen: str | None = current.get(LABEL_CONFIG) if current.get(LABEL_STATE) == "success" else None
         self.applied: list[str] = []
         self.errors: list[str] = []
 

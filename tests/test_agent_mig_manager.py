@@ -193,6 +193,23 @@ def test_a_failed_configuration_puts_the_label_back() -> None:
     assert res.config not in s.cms.configs()  # the failed entry is gone
 
 
+def test_a_configuration_mig_manager_is_still_applying_is_waited_for_first() -> None:
+    """mig-manager is applying all-balanced (state pending) when the agent comes: its result for that one
+    (failed, here) must not be read as the new configuration's."""
+    s = Setup(labels={LABEL_CONFIG: "all-balanced", LABEL_STATE: "pending"})
+    s.standin.seen = "all-balanced"
+    finish = s.standin.step
+
+    def next_round() -> None:  # its next round ends all-balanced; then it goes on as usual
+        s.pods.patch_node(NODE, {"metadata": {"labels": {LABEL_STATE: "failed"}}})
+        s.standin.step = finish  # type: ignore[method-assign]
+
+    s.standin.step = next_round  # type: ignore[method-assign]
+    res = s.way.apply(NODE, s.gpus.inventory(), plan_for(s.gpus, {}, ["7g.80gb"]))
+    assert res.outcome is ManagerOutcome.APPLIED and res.previous == "all-balanced", res.message
+    assert s.standin.applied == [res.config] and s.labels()[LABEL_STATE] == "success"
+
+
 def test_no_answer_in_time_puts_the_label_back() -> None:
     s = Setup("silent")
     res = s.way.apply(NODE, s.gpus.inventory(), plan_for(s.gpus, {}, ["7g.80gb"]))

@@ -167,6 +167,10 @@ class KubeConfigMaps:
 
 
 # ------------------------------------------------------------------------------------------------- the way
+BUSY = ("pending", "rebooting")
+"""``nvidia.com/mig.config.state`` while mig-manager applies the label's configuration."""
+
+
 @dataclass(frozen=True)
 class ManagerSettings:
     namespace: str = "gpu-operator"
@@ -229,6 +233,14 @@ class MigManagerWay:
         name = entry_name(node, entry)
         labels = (self.nodes.get_node(node).get("metadata") or {}).get("labels") or {}
         previous, state = labels.get(LABEL_CONFIG), labels.get(LABEL_STATE)
+        if state in BUSY:
+            # mig-manager is still applying ``previous``: the state it writes for that one would be read
+            # as this configuration's if the label changed now. Wait (up to the timeout) until it is done.
+            log.info("node %s: mig-manager is applying %s (%s=%s); waiting before %s", node, previous,
+                     LABEL_STATE, state, name)  # fmt: skip
+            self._wait(node, self._clock())
+            labels = (self.nodes.get_node(node).get("metadata") or {}).get("labels") or {}
+            previous, state = labels.get(LABEL_CONFIG), labels.get(LABEL_STATE)
         if previous == name and state == "success":
             return ManagerResult(node, ManagerOutcome.APPLIED, name, previous, state, 0.0, tuple(entry))
         self._edit(lambda configs: {**configs, name: entry})
