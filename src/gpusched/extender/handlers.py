@@ -255,9 +255,8 @@ class Extender:
         obj = args.get("Pod")
         if not isinstance(obj, Mapping):
             return None
-        status, meta = obj.get("status"), obj.get("metadata")
+        status, uid = obj.get("status"), uid_of(obj)
         nominated = status.get("nominatedNodeName") if isinstance(status, Mapping) else None
-        uid = str(meta.get("uid") or "") if isinstance(meta, Mapping) else ""
         with self._plock:  # before kube-scheduler's nomination reaches the pod: where /preempt kept it
             kept = self._preempting.get(uid) if uid else None
         failed = answer.get("FailedNodes") or {}

@@ -18,7 +18,8 @@ results are the only entries that grow with the claims (one per expression and d
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 from gpusched.core.dra.capacity import consumption
 from gpusched.core.dra.model import Device, Node, ResourceSlice, qualify
@@ -27,6 +28,7 @@ from gpusched.core.dra.selector import CompiledSelector, SelectorError, device_v
 
 _PoolKey = tuple[str, tuple[tuple[str, str], ...]]
 MATCHES_LIMIT = 1_000_000
+_T = TypeVar("_T")
 
 
 class AllocatorMemo:
@@ -68,39 +70,52 @@ class AllocatorMemo:
         (the caller must not change the dict it gets)."""
         if requests:
             return consumption(device, requests, driver)
-        key = (driver, id(device))
-        hit = self._plain.get(key)
-        if hit is None or hit[0] is not device:
-            hit = self._plain[key] = (device, consumption(device, {}, driver))
-        return hit[1]
+        return self._kept(self._plain, _plain_consumption, driver, device)
 
     def fits_alone(self, driver: str, device: Device) -> bool:
         """Whether an allocation without capacity requests fits the device when no claim holds any
         of its capacity (``_capacity_fits`` with nothing held): kept per device object."""
-        key = (driver, id(device))
-        hit = self._alone.get(key)
-        if hit is None or hit[0] is not device:
-            used = self.consumption(driver, device, {})
-            limits = self.limits(driver, device)
-            fits = used is not None and all(v <= limits[n] for n, v in used.items())
-            hit = self._alone[key] = (device, fits)
-        return hit[1]
+        return self._kept(self._alone, _fits_alone, driver, device)
 
     def limits(self, driver: str, device: Device) -> dict[str, int]:
         """The device's capacities by qualified name, in their base unit (read-only)."""
-        key = (driver, id(device))
-        hit = self._limits.get(key)
-        if hit is None or hit[0] is not device:
-            limits = {qualify(driver, n): c.value for n, c in device.capacity.items()}
-            hit = self._limits[key] = (device, limits)
-        return hit[1]
+        return self._kept(self._limits, _limits_of, driver, device)
 
     def _view(self, driver: str, device: Device) -> dict[str, object]:
+        return self._kept(self._views, _view_of, driver, device)
+
+    def _kept(
+        self,
+        table: dict[tuple[str, int], tuple[Device, _T]],
+        compute: Callable[[AllocatorMemo, str, Device], _T],
+        driver: str,
+        device: Device,
+    ) -> _T:
+        """``compute(self, driver, device)``, kept in ``table`` per device object (the device is kept
+        with its entry, so its ``id`` is not reused while the entry lives)."""
         key = (driver, id(device))
-        hit = self._views.get(key)
+        hit = table.get(key)
         if hit is None or hit[0] is not device:
-            hit = self._views[key] = (device, device_view(driver, device))
+            hit = table[key] = (device, compute(self, driver, device))
         return hit[1]
+
+
+def _plain_consumption(memo: AllocatorMemo, driver: str, device: Device) -> dict[str, int] | None:
+    return consumption(device, {}, driver)
+
+
+def _fits_alone(memo: AllocatorMemo, driver: str, device: Device) -> bool:
+    used = memo.consumption(driver, device, {})
+    limits = memo.limits(driver, device)
+    return used is not None and all(v <= limits[n] for n, v in used.items())
+
+
+def _limits_of(memo: AllocatorMemo, driver: str, device: Device) -> dict[str, int]:
+    return {qualify(driver, n): c.value for n, c in device.capacity.items()}
+
+
+def _view_of(memo: AllocatorMemo, driver: str, device: Device) -> dict[str, object]:
+    return device_view(driver, device)
 
 
 def _same(a: Sequence[ResourceSlice], b: Sequence[ResourceSlice]) -> bool:
