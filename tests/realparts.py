@@ -35,3 +35,21 @@ def started(bin_dir: Path, **kwargs: Any) -> Iterator[ControlPlane]:
         yield cp
     finally:
         cp.stop()
+
+
+GONE = "<deleted>"
+"""What ``node_of`` answers for a pod the API no longer has."""
+
+
+def node_of(core: Any, namespace: str, name: str) -> str | None:
+    """The node pod ``namespace/name`` is bound to (None while pending; ``GONE`` once deleted), read
+    from the API with ``core`` (a ``CoreV1Api``)."""
+    from kubernetes import client
+
+    try:
+        node: str | None = core.read_namespaced_pod(name, namespace).spec.node_name
+    except client.ApiException as e:
+        if e.status == 404:
+            return GONE
+        raise
+    return node

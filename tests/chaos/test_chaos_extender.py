@@ -21,7 +21,8 @@ from faultproxy import Fault, FaultProxy, Rule
 
 from gpusched.testenv import ControlPlane, free_port, wait_until
 from gpusched.testenv.kwoknodes import kwok_gpu_node
-from realparts import started
+from realparts import GONE, started
+from realparts import node_of as bound_to
 
 pytestmark = pytest.mark.chaos
 
@@ -114,13 +115,7 @@ def test_a_preemptor_is_placed_while_the_extenders_pod_watch_lags(
             return {"metadata": {"name": name}, "spec": spec}
 
         def node_of(name: str) -> str | None:
-            try:
-                bound: str | None = v1.read_namespaced_pod(name, ns).spec.node_name
-            except client.ApiException as e:
-                if e.status == 404:
-                    return "<deleted>"
-                raise
-            return bound
+            return bound_to(v1, ns, name)
 
         v1.create_namespaced_pod(ns, pod("low"))
         assert (
@@ -130,7 +125,7 @@ def test_a_preemptor_is_placed_while_the_extenders_pod_watch_lags(
         time.sleep(LAG_S + 1)  # the extender's books have the binding from its watch
         v1.create_namespaced_pod(ns, pod("vip", high))
         assert wait_until(lambda: node_of("vip"), timeout=60, what="vip bound after preemption") == node
-        assert node_of("low") == "<deleted>"
+        assert node_of("low") == GONE
         assert proxy.faulted(Fault.LAG), "the extender's pod watch never lagged"
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
             metrics = r.read().decode()

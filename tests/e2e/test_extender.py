@@ -18,6 +18,8 @@ import yaml
 
 from gpusched.k8s.convert import ANN_ASSIGNMENT
 from gpusched.testenv import ControlPlane, ControlPlaneError, free_port, wait_until
+from realparts import GONE
+from realparts import node_of as bound_to
 
 pytestmark = pytest.mark.e2e
 
@@ -241,20 +243,14 @@ def test_preemption_of_whole_gpu_pods_goes_through_the_extender(
         core.create_namespaced_pod(NAMESPACE, whole_gpu_pod(p, 1))
 
     def node_of(name: str) -> str | None:
-        try:
-            node: str | None = core.read_namespaced_pod(name, NAMESPACE).spec.node_name
-        except client.ApiException as e:
-            if e.status == 404:
-                return "<deleted>"
-            raise
-        return node
+        return bound_to(core, NAMESPACE, name)
 
     for p in low:
         assert wait_until(lambda p=p: node_of(p), timeout=90, what=f"{p} bound", control_plane=env.cp) == n
     vip = unique_name("vip")
     core.create_namespaced_pod(NAMESPACE, whole_gpu_pod(vip, 1, high))
     assert wait_until(lambda: node_of(vip), timeout=120, what=f"{vip} bound after preemption") == n
-    assert sorted(node_of(p) for p in low) == ["<deleted>", n]  # exactly one victim
+    assert sorted(node_of(p) for p in low) == [GONE, n]  # exactly one victim
     _, text = env.get("/metrics")
     counts = [
         ln for ln in text.splitlines() if ln.startswith("gpusched_extender_request_duration_seconds_count")
@@ -262,7 +258,7 @@ def test_preemption_of_whole_gpu_pods_goes_through_the_extender(
     preempts = next(float(ln.split()[-1]) for ln in counts if 'verb="preempt"' in ln)
     assert preempts >= 1  # kube-scheduler asked the extender about its victims
     for p in [vip, *low]:
-        if node_of(p) != "<deleted>":
+        if node_of(p) != GONE:
             core.delete_namespaced_pod(p, NAMESPACE, grace_period_seconds=0)
     core.delete_node(n)
     sched.delete_priority_class(high)
