@@ -304,3 +304,34 @@ def test_a_binding_event_arriving_after_the_api_said_gone_books_nothing() -> Non
     with cluster.live_books() as snap:
         a = snap.allocations["default/p"]
         assert (snap.names[a.node], a.gpus) == ("n1", (0,)) and (snap.gpu_free >= 0).all()
+
+
+def test_a_stale_decision_found_gone_keeps_the_booking_of_its_successor() -> None:
+    """The state machine's find: a pod decided from its old object (deleted and created again under the
+    same name before the informer said so) gets 409 and no read-back, and the settler holds it; the
+    informer then delivers the deletion, and the new pod is decided and bound. The settler's read-back
+    finds the old UID gone: it must not release the new pod's booking (it did, by name)."""
+    api, cluster = FakeAPI(), LiveCluster()
+    for n in NODES:
+        cluster.upsert_node(node_obj(n))
+    api.create("p", {"gpusched.io/gpu-milli": "100"})
+    old = pod_from_k8s(api.pods["default/p"])
+    api.delete("default/p")
+    api.create("p", {"gpusched.io/gpu-milli": "100"})
+    new = pod_from_k8s(api.pods["default/p"])
+    settler = Settler(cluster, api.read, grace_s=GRACE_S, interval_s=0, clock=lambda: 0.0)
+    with cluster.live_books() as snap:
+        cluster.assume(old, snap.index["n0"], (0,))
+    api.read_fails = True
+    out = bind_until_settled(lambda: api.bind(old, "n0", (0,), "ok"), old, settler, keep_trying=lambda: False)
+    assert out.result is Result.HELD
+    api.read_fails = False
+    cluster.delete_pod("default/p")  # the informer: the old pod's deletion
+    with cluster.live_books() as snap:
+        cluster.assume(new, snap.index["n0"], (1,))
+    assert api.bind(new, "n0", (1,), "ok").ok
+    settler.run_once()  # the old UID is gone
+    with cluster.live_books() as snap:
+        a = snap.allocations.get("default/p")
+        assert a is not None and a.pod.uid == new.uid and a.gpus == (1,)
+    assert cluster.assumed() == ["default/p"] and settler.held() == []

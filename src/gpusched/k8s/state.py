@@ -486,6 +486,8 @@ class LiveCluster:
         with self.lock:
             if uid:
                 self._gone.put(uid, True)
+                if self._holder_uid(key) not in ("", uid):
+                    return  # the books hold a successor under the same name (decided since): kept
             self.forget(key)  # booked as bound by an earlier event: kept until its deletion's event
 
     def forget(self, key: str) -> None:
